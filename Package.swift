@@ -1,0 +1,37 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "Keychain",
+    platforms: [.macOS(.v13)],
+    products: [
+        .library(name: "Keychain", targets: ["Keychain"]),
+        .executable(name: "keychainctl", targets: ["keychainctl"]),
+        .executable(name: "keychain-bench", targets: ["keychain-bench"]),
+    ],
+    targets: [
+        // C libraries, seen only by the modules directly above them.
+        .systemLibrary(name: "CTSS2", pkgConfig: "tss2-esys tss2-tctildr tss2-rc tss2-mu",
+                       providers: [.apt(["libtss2-dev"])]),
+        .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+
+        // The TPM 2.0 layer: one ESYS call point, sessions, policies, offline policy digests.
+        .target(name: "TPM2", dependencies: ["CTSS2", "CSodium", "SecureMemory"]),
+        // Secrets on sodium_malloc, and the libsodium primitives the keychain uses.
+        .target(name: "SecureMemory", dependencies: ["CSodium"]),
+        // The SQLite store: one database per store directory.
+        .target(name: "KeychainStore", dependencies: ["CSQLite"]),
+        // The public API.
+        .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore"]),
+
+        .executableTarget(name: "keychainctl", dependencies: ["Keychain"]),
+        .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2"]),
+
+        .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory"]),
+        .testTarget(name: "TPM2Tests", dependencies: ["TPM2", "SecureMemory"]),
+        .testTarget(name: "KeychainStoreTests", dependencies: ["KeychainStore"]),
+        .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,52 @@
+import Foundation
+import SecureMemory
+
+/// Where a process's keychain lives: the store directory and the TPM behind it. A value; the
+/// default comes from the environment (`KEYCHAIN_STORE`, `KEYCHAIN_TCTI`, then `TPM2TCTI`).
+public struct KeychainConfiguration: Sendable {
+    /// Which TPM seals the wrapping keys.
+    public enum TPMSource: Sendable, Hashable {
+        /// A TCTI configuration string: `device:/dev/tpmrm0`, `swtpm:host=…,port=…`, `tabrmd:`.
+        case tcti(String)
+        /// A software TPM (swtpm) kept in the store directory and started on demand.
+        case embedded
+    }
+
+    /// The directory of the SQLite store (created 0700).
+    public var storeDirectory: String
+    public var tpm: TPMSource
+    /// PCRs a `ThisDeviceOnly` wrapping key is bound to. PCR 7 (Secure Boot state) by default;
+    /// PCRs 16 and 23 are resettable by anyone and make no binding.
+    public var pcrSelection: [Int]
+    /// Wrong passcodes the TPM accepts before it refuses the passcode (its PIN index's limit).
+    public var passcodeRetryLimit: UInt32
+    /// The owner hierarchy's authorization set at device provisioning; nil for an empty one.
+    public var ownerAuthorization: SecureBytes?
+
+    public init(storeDirectory: String, tpm: TPMSource, pcrSelection: [Int] = [7],
+                passcodeRetryLimit: UInt32 = 10, ownerAuthorization: SecureBytes? = nil) {
+        self.storeDirectory = storeDirectory
+        self.tpm = tpm
+        self.pcrSelection = pcrSelection
+        self.passcodeRetryLimit = passcodeRetryLimit
+        self.ownerAuthorization = ownerAuthorization
+    }
+
+    /// `KEYCHAIN_STORE` or `~/.local/share/keychain`; `KEYCHAIN_TCTI`, `TPM2TCTI`, `/dev/tpmrm0`,
+    /// and the embedded software TPM when there is none of them.
+    public static var `default`: KeychainConfiguration {
+        let env = ProcessInfo.processInfo.environment
+        let store = env["KEYCHAIN_STORE"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? (env["HOME"] ?? NSHomeDirectory()) + "/.local/share/keychain"
+        let tcti = (env["KEYCHAIN_TCTI"] ?? env["TPM2TCTI"]).flatMap { $0.isEmpty ? nil : $0 }
+        let source: TPMSource = if let tcti {
+            .tcti(tcti)
+        } else if FileManager.default.fileExists(atPath: "/dev/tpmrm0") {
+            .tcti("device:/dev/tpmrm0")
+        } else {
+            .embedded
+        }
+        return KeychainConfiguration(storeDirectory: store, tpm: source)
+    }
+}
+

@@ -1,0 +1,28 @@
+import KeychainStore
+import TPM2
+
+extension KeychainError.Cause {
+    static func tpm(_ error: TPMError) -> Self {
+        .tpm(code: error.code.rawValue, name: "\(error.command): \(error.code)")
+    }
+}
+
+extension KeychainError {
+    /// SQLite and filesystem failures: the store is unusable or the disk refused; nothing was half-written.
+    init(store error: StoreError) {
+        let cause: Cause = if let code = error.sqliteExtendedCode ?? error.sqliteCode {
+            .sqlite(code: code, message: error.message)
+        } else if let errno = error.errno {
+            .errno(errno)
+        } else {
+            .other(error.message)
+        }
+        switch error.kind {
+        case .corrupt:
+            self.init(.dataCorrupted, "The keychain database at \(error.path) is damaged: restore it from a backup",
+                      underlying: cause)
+        default:
+            self.init(.storageError, error.message, underlying: cause)
+        }
+    }
+}

@@ -1,0 +1,167 @@
+import Foundation
+import SecureMemory
+
+/// A storage: one service and its defaults for every call, over the TPM-backed store (seed: `createKeychain`).
+///
+/// Cheap to make and touches nothing until the first call; two storages of the same service see the
+/// same items. Every method is async and runs on the store's engine, never on the caller's thread.
+public struct Keychain: Sendable {
+    /// The storage's options, checked.
+    public let options: KeychainOptions
+    /// The service its items belong to (the options' service, or the process name).
+    public let service: String
+    public let configuration: KeychainConfiguration
+    let engine: Engine
+
+    /// - Throws: `INVALID_ARGUMENT` with the seed's message for options that break a rule.
+    public init(options: KeychainOptions = .init(), configuration: KeychainConfiguration = .default) throws(KeychainError) {
+        self.options = try options.validated()
+        self.service = options.service ?? Self.defaultService
+        self.configuration = configuration
+        self.engine = Engine.shared(for: configuration)
+    }
+
+    /// Linux has no bundle identifier: the default service is the program's name.
+    static var defaultService: String { ProcessInfo.processInfo.processName }
+
+    /// Stores `value` under `key`, replacing any value atomically; never prompts.
+    public func setItem(_ key: String, _ value: String, options call: SetItemOptions? = nil) async throws(KeychainError) {
+        try await setItem(key, SecureBytes(copying: Array(value.utf8)), options: call)
+    }
+
+    public func setItem(_ key: String, _ value: Data, options call: SetItemOptions? = nil) async throws(KeychainError) {
+        try await setItem(key, SecureBytes(copying: value), options: call)
+    }
+
+    public func setItem(_ key: String, _ value: SecureBytes, options call: SetItemOptions? = nil) async throws(KeychainError) {
+        let protection = try options.resolved(for: call)
+        try await engine.set(value, service: service, key: key, protection: protection, label: call?.label)
+    }
+
+    /// The value as UTF-8 text, or nil when there is none.
+    /// - Throws: `INVALID_ARGUMENT` when the stored bytes are not UTF-8 (read them with `getData`).
+    public func getItem(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> String? {
+        guard let bytes = try await engine.get(service: service, key: key) else { return nil }
+        guard let text = bytes.withUnsafeBytes({ String(validating: $0.bindMemory(to: UInt8.self), as: UTF8.self) }) else {
+            throw KeychainError.invalidArgument("Item '\(key)' holds bytes that are not UTF-8 text: read it with getData")
+        }
+        return text
+    }
+
+    /// The value's bytes, or nil when there is none.
+    public func getData(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> Data? {
+        guard let bytes = try await engine.get(service: service, key: key) else { return nil }
+        return bytes.withUnsafeBytes { Data($0) }
+    }
+
+    /// The value in locked memory, wiped when released: for keys and tokens that should not linger.
+    public func getSecureBytes(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> SecureBytes? {
+        try await engine.get(service: service, key: key)
+    }
+
+    /// Whether an item exists; never prompts and never touches the TPM.
+    public func hasItem(_ key: String) async throws(KeychainError) -> Bool {
+        try await engine.has(service: service, key: key)
+    }
+
+    /// Removes an item; removing an absent one is not an error.
+    public func removeItem(_ key: String) async throws(KeychainError) {
+        try await engine.remove(service: service, key: key)
+    }
+
+    /// Removes every item of this storage's service and its wrapping keys; never prompts.
+    public func clear() async throws(KeychainError) {
+        try await engine.clear(service: service)
+    }
+
+    /// The keys of this storage's items, sorted; never prompts and never touches the TPM.
+    public func getAllKeys() async throws(KeychainError) -> [String] {
+        try await engine.keys(service: service)
+    }
+
+    /// What is known of an item without reading its value: protection, label, dates, security level.
+    public func getItemInfo(_ key: String) async throws(KeychainError) -> ItemInfo? {
+        try await engine.info(service: service, key: key)
+    }
+}
+
+/// Makes a storage (seed: `createKeychain(options)`); the options are checked at once.
+public func createKeychain(_ options: KeychainOptions = .init(),
+                           configuration: KeychainConfiguration = .default) throws(KeychainError) -> Keychain {
+    try Keychain(options: options, configuration: configuration)
+}
+
+/// The default storage: the program's service, `afterFirstUnlock`, no access control.
+public let keychain: Keychain = {
+    do { return try Keychain() } catch { fatalError("default options are valid: \(error)") }
+}()
+
+/// What `getItemInfo` returns.
+public struct ItemInfo: Sendable, Hashable, Codable {
+    public enum SecurityLevel: String, Sendable, Hashable, Codable {
+        /// Sealed by a hardware TPM.
+        case hardwareTPM
+        /// Sealed by a software TPM (swtpm): no protection against someone who can read its state files.
+        case softwareTPM
+    }
+    public var key: String
+    public var service: String
+    public var accessible: Accessible
+    public var accessControl: AccessControl
+    public var label: String?
+    public var created: Date
+    public var modified: Date
+    public var securityLevel: SecurityLevel
+}
+
+/// The device lock as the TPM sees it.
+public struct DeviceStatus: Sendable, Hashable, Codable {
+    public enum LockState: String, Sendable, Hashable, Codable { case beforeFirstUnlock, locked, unlocked }
+    public var passcodeSet: Bool
+    public var lockState: LockState
+    public var securityLevel: ItemInfo.SecurityLevel
+    public var tpm: String
+}
+
+/// The device: its passcode and lock, shared by every storage of a store.
+public struct KeychainDevice: Sendable {
+    let engine: Engine
+    public init(configuration: KeychainConfiguration = .default) {
+        engine = Engine.shared(for: configuration)
+    }
+
+    /// Provisions the TPM (SRK, device-lock indices) and the store when needed, and reports the state.
+    @discardableResult
+    public func initialize() async throws(KeychainError) -> DeviceStatus { try await engine.initialize() }
+    public func status() async throws(KeychainError) -> DeviceStatus { try await engine.status() }
+
+    /// Unlocks with the passcode, checked by the TPM (wrong ones count toward its limit).
+    public func unlock(passcode: SecureBytes?) async throws(KeychainError) { try await engine.unlock(passcode: passcode) }
+    /// Locks: `whenUnlocked*` items become `INTERACTION_NOT_ALLOWED` until the next unlock.
+    public func lock() async throws(KeychainError) { try await engine.lock() }
+    public func setPasscode(_ passcode: SecureBytes) async throws(KeychainError) {
+        try checkPasscode(passcode)
+        try await engine.setPasscode(old: nil, new: passcode)
+    }
+    public func changePasscode(from old: SecureBytes, to new: SecureBytes) async throws(KeychainError) {
+        try checkPasscode(new)
+        try await engine.setPasscode(old: old, new: new)
+    }
+    /// Removes the passcode; `whenPasscodeSetThisDeviceOnly` items are destroyed, as on iOS.
+    public func removePasscode(current: SecureBytes) async throws(KeychainError) {
+        try await engine.setPasscode(old: current, new: nil)
+    }
+    /// Resets the TPM's count of wrong passcodes (needs the owner authorization of the configuration).
+    public func resetPasscodeTries() async throws(KeychainError) { try await engine.resetPasscodeTries() }
+
+    /// TPM commands this process sent since the last call (for benchmarks).
+    public func takeTPMCommandCount() async -> Int { await engine.drainCommandCount() }
+    /// Forgets unsealed keys held in memory, as a new process would start (for benchmarks and tests).
+    public func dropCaches() async { await engine.dropCaches() }
+
+    private func checkPasscode(_ passcode: SecureBytes) throws(KeychainError) {
+        guard (4...64).contains(passcode.count) else {
+            throw KeychainError.invalidArgument("Invalid passcode: expected 4 to 64 bytes, got \(passcode.count)")
+        }
+    }
+}

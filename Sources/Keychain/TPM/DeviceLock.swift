@@ -1,0 +1,99 @@
+import SecureMemory
+import TPM2
+
+/// The device lock, kept in the TPM's NV memory so the TPM, not this code, decides what is unlocked.
+///
+/// Four indices in the owner range (TCG handle registry: 0x01000000–0x013FFFFF):
+/// - `pin`: a `TPM_NT_PIN_FAIL` index whose authValue is the device passcode. The TPM counts wrong
+///   passcodes there (its own limit, independent of the TPM-wide DA lockout); only the owner resets it.
+/// - `state`: 1 byte, `CLEAR_STCLEAR`: unwritten after every TPM reset (before first unlock), 1 when
+///   unlocked, 0 when locked. Writing it needs the passcode (PolicySecret on `pin`), except writing 0,
+///   which a once-approved PolicyAuthorize allows to anyone: locking needs no secret, unlocking does.
+/// - `epoch`: a counter bumped when the passcode is removed; `whenPasscodeSet` keys are sealed to its
+///   value, so removing the passcode kills them in the TPM, not only in our database.
+/// - `descriptor`: public data every store on this TPM needs: the passcode-set hint and the lock approval.
+enum DeviceLockLayout {
+    static let pinIndex: UInt32 = 0x0100_4B50
+    static let stateIndex: UInt32 = 0x0100_4B51
+    static let epochIndex: UInt32 = 0x0100_4B52
+    static let descriptorIndex: UInt32 = 0x0100_4B53
+    static let descriptorSize: UInt16 = 512
+    static let lockPolicyRef = Array("keychain-lock".utf8)
+
+    static let unlocked: [UInt8] = [1]
+    static let locked: [UInt8] = [0]
+
+    /// The passcode can be changed by whoever knows it (ADMIN role: PolicyCommandCode + PolicyAuthValue).
+    static let pinPublic = NVPublic(
+        index: pinIndex,
+        attributes: NVAttributes.typePINFail | NVAttributes.ownerWrite | NVAttributes.authRead | NVAttributes.noDA,
+        authPolicy: PolicyDigest.compute([.commandCode(CommandCode.nvChangeAuth), .authValue]),
+        size: 8)
+
+    static var pinName: [UInt8] { pinPublic.name(written: true) }
+
+    /// Branch 1 of the state index's write policy: the passcode was proven, write anything.
+    static let unlockBranch = PolicyDigest.compute([
+        .secret(index: pinIndex, name: pinPublic.name(written: true), policyRef: []),
+        .commandCode(CommandCode.nvWrite),
+    ])
+
+    static func statePublic(approvalKeyName: [UInt8]) -> NVPublic {
+        let lockBranch = PolicyStep.authorizeDigest(keyName: approvalKeyName, policyRef: lockPolicyRef)
+        return NVPublic(
+            index: stateIndex,
+            attributes: NVAttributes.policyWrite | NVAttributes.authRead | NVAttributes.noDA | NVAttributes.clearSTClear,
+            authPolicy: PolicyDigest.compute([.or([unlockBranch, lockBranch])]),
+            size: 1)
+    }
+
+    /// The policy the approval key signs: exactly "NV_Write(state, state, [0], 0)".
+    static func lockPolicy(state: NVPublic) -> [UInt8] {
+        PolicyDigest.compute([.cpHash(state.writeCpHash(data: locked, offset: 0, written: true))])
+    }
+
+    static let epochPublic = NVPublic(
+        index: epochIndex,
+        attributes: NVAttributes.typeCounter | NVAttributes.policyWrite | NVAttributes.authRead | NVAttributes.noDA,
+        authPolicy: PolicyDigest.compute([.commandCode(CommandCode.nvIncrement)]),
+        size: 8)
+
+    static let descriptorPublic = NVPublic(
+        index: descriptorIndex,
+        attributes: NVAttributes.authWrite | NVAttributes.authRead | NVAttributes.noDA,
+        authPolicy: [], size: descriptorSize)
+}
+
+/// What every store on one TPM shares, read from the descriptor index.
+struct LockDescriptor: Equatable {
+    var passcodeSet: Bool
+    var approval: TPMContext.Approval
+
+    /// [passcodeSet:1][keyPublic len:2][keyPublic][keyName len:2][keyName][signature len:2][signature]
+    func encoded() -> [UInt8] {
+        func field(_ bytes: [UInt8]) -> [UInt8] { [UInt8(bytes.count >> 8), UInt8(bytes.count & 0xFF)] + bytes }
+        return [passcodeSet ? 1 : 0] + field(approval.keyPublic) + field(approval.keyName)
+            + field(approval.signatures.first ?? [])
+    }
+
+    init(passcodeSet: Bool, approval: TPMContext.Approval) {
+        self.passcodeSet = passcodeSet
+        self.approval = approval
+    }
+
+    init?(decoding bytes: [UInt8]) {
+        guard let first = bytes.first, first <= 1 else { return nil }
+        var offset = 1
+        func field() -> [UInt8]? {
+            guard offset + 2 <= bytes.count else { return nil }
+            let count = Int(bytes[offset]) << 8 | Int(bytes[offset + 1])
+            offset += 2
+            guard count > 0, offset + count <= bytes.count else { return nil }
+            defer { offset += count }
+            return Array(bytes[offset..<offset + count])
+        }
+        guard let pub = field(), let name = field(), let sig = field() else { return nil }
+        passcodeSet = first == 1
+        approval = .init(keyPublic: pub, keyName: name, signatures: [sig])
+    }
+}

@@ -1,0 +1,413 @@
+import KeychainStore
+import SecureMemory
+import TPM2
+
+/// The TPM side of the keychain: the SRK, the device lock, and sealing/unsealing wrapping keys.
+///
+/// Owned by the engine actor (ESAPI contexts are not thread-safe). Every transient object and
+/// session is flushed on every path: a TPM without a resource manager (swtpm) has 3 object slots.
+final class TPMKeyring {
+    static let srkHandle: UInt32 = 0x8100_0001
+
+    let context: TPMContext
+    private let store: Store
+    private(set) var srk: TPMHandle
+    private var stateNV: TPMHandle
+    private var epochNV: TPMHandle
+    private(set) var descriptor: LockDescriptor
+    /// Manufacturer 'IBM ' is the reference implementation that swtpm runs: a software TPM.
+    let isSoftwareTPM: Bool
+
+    private enum Meta {
+        static let srkTR = "tpm.srk.tr"
+        static let srkName = "tpm.srk.name"
+        static let stateTR = "tpm.state.tr"
+        static let epochTR = "tpm.epoch.tr"
+        static let descriptor = "tpm.lock.descriptor"
+        static let manufacturer = "tpm.manufacturer"
+    }
+
+    init(device: TPMDevice, store: Store, configuration: KeychainConfiguration) throws(KeychainError) {
+        do {
+            context = try TPMContext(device: device)
+        } catch {
+            throw KeychainError(.hardwareUnavailable,
+                                "Cannot reach the TPM at \(device): check that it exists and that this user may open it "
+                                + "(or pass --tcti / set KEYCHAIN_TCTI)", underlying: .tpm(error))
+        }
+        self.store = store
+        // A store that knows its TPM needs no TPM command to start: its handles are deserialized.
+        if let srkTR = try Self.meta(store, Meta.srkTR), let stateTR = try Self.meta(store, Meta.stateTR),
+           let epochTR = try Self.meta(store, Meta.epochTR),
+           let desc = try Self.meta(store, Meta.descriptor).flatMap(LockDescriptor.init(decoding:)),
+           let manufacturer = try Self.meta(store, Meta.manufacturer) {
+            do {
+                srk = try context.deserialize(srkTR)
+                stateNV = try context.deserialize(stateTR)
+                epochNV = try context.deserialize(epochTR)
+            } catch {
+                throw KeychainError(.dataCorrupted, "The store's TPM handles cannot be read", underlying: .tpm(error))
+            }
+            descriptor = desc
+            isSoftwareTPM = manufacturer.starts(with: Array("IBM".utf8))
+            return
+        }
+        (srk, stateNV, epochNV, descriptor, isSoftwareTPM) = try Self.provision(
+            context: context, store: store, configuration: configuration)
+    }
+
+    private static func meta(_ store: Store, _ name: String) throws(KeychainError) -> [UInt8]? {
+        do { return try store.meta(name) } catch { throw KeychainError(store: error) }
+    }
+
+    // MARK: Provisioning
+
+    /// Makes the SRK and the device-lock indices when absent, and records them in the store.
+    private static func provision(context: TPMContext, store: Store, configuration: KeychainConfiguration)
+        throws(KeychainError) -> (TPMHandle, TPMHandle, TPMHandle, LockDescriptor, Bool) {
+        do {
+            try context.setAuth(TPMContext.owner, configuration.ownerAuthorization)
+            let srk: TPMHandle
+            if let existing = try? context.resource(forPersistent: srkHandle) {
+                srk = existing
+            } else {
+                srk = try context.provisionSRK(at: srkHandle)
+            }
+            let srkName = try context.name(of: srk)
+            if let pinned = try store.meta(Meta.srkName), pinned != srkName {
+                throw KeychainError(.hardwareUnavailable,
+                                    "The TPM's storage root key at 0x81000001 is not the one this store was made with: "
+                                    + "the TPM was cleared or replaced, and the items sealed to the old one cannot be opened")
+            }
+            let descriptor = try provisionDeviceLock(context: context, srk: srk, configuration: configuration)
+            let state = try context.resource(forPersistent: DeviceLockLayout.stateIndex)
+            let epoch = try context.resource(forPersistent: DeviceLockLayout.epochIndex)
+            let manufacturer = try context.property(TPMContext.propertyManufacturer).bigEndianBytes
+            let srkTR = try context.serialize(srk)
+            let stateTR = try context.serialize(state)
+            let epochTR = try context.serialize(epoch)
+            try store.write { tx in
+                try tx.setMeta(Meta.srkTR, srkTR)
+                try tx.setMeta(Meta.srkName, srkName)
+                try tx.setMeta(Meta.stateTR, stateTR)
+                try tx.setMeta(Meta.epochTR, epochTR)
+                try tx.setMeta(Meta.descriptor, descriptor.encoded())
+                try tx.setMeta(Meta.manufacturer, manufacturer)
+            }
+            return (srk, state, epoch, descriptor, manufacturer.starts(with: Array("IBM".utf8)))
+        } catch let error as KeychainError {
+            throw error
+        } catch let error as TPMError {
+            throw KeychainError(.hardwareUnavailable,
+                                "Cannot provision the TPM (\(error.command)): the owner authorization may be wrong, "
+                                + "or NV space is full", underlying: .tpm(error))
+        } catch let error as StoreError {
+            throw KeychainError(store: error)
+        } catch {
+            throw KeychainError(.internal, "\(error)")
+        }
+    }
+
+    /// Defines the four device-lock indices if the descriptor is absent (a crash half-way is redone).
+    private static func provisionDeviceLock(context: TPMContext, srk: TPMHandle,
+                                            configuration: KeychainConfiguration) throws(TPMError) -> LockDescriptor {
+        if let descriptorNV = try? context.resource(forPersistent: DeviceLockLayout.descriptorIndex) {
+            defer { context.close(descriptorNV) }
+            let bytes = try context.readNV(descriptorNV, size: DeviceLockLayout.descriptorSize)
+            if let descriptor = LockDescriptor(decoding: bytes) { return descriptor }
+        }
+        // Start clean: without the descriptor the approval key of an old state index is lost for good.
+        for index in [DeviceLockLayout.descriptorIndex, DeviceLockLayout.stateIndex,
+                      DeviceLockLayout.pinIndex, DeviceLockLayout.epochIndex] {
+            if let old = try? context.resource(forPersistent: index) { try context.undefineNV(old) }
+        }
+        let approval = try context.approveOnce(parent: srk, policyRef: DeviceLockLayout.lockPolicyRef) { keyName in
+            [DeviceLockLayout.lockPolicy(state: DeviceLockLayout.statePublic(approvalKeyName: keyName))]
+        }
+        let pin = try context.defineNV(DeviceLockLayout.pinPublic, auth: nil)
+        try context.writeNV(pin, data: UInt32(0).bigEndianBytes + configuration.passcodeRetryLimit.bigEndianBytes,
+                            authHandle: TPMContext.owner, session: nil)
+        let state = try context.defineNV(DeviceLockLayout.statePublic(approvalKeyName: approval.keyName), auth: nil)
+        context.close(state)
+        let epoch = try context.defineNV(DeviceLockLayout.epochPublic, auth: nil)
+        try context.withSession(.policy, saltKey: nil) { session throws(TPMError) in
+            try context.policyCommandCode(session, CommandCode.nvIncrement)
+            try context.incrementNV(epoch, session: session)
+        }
+        let descriptor = LockDescriptor(passcodeSet: false, approval: approval)
+        let descriptorNV = try context.defineNV(DeviceLockLayout.descriptorPublic, auth: nil)
+        try context.writeNV(descriptorNV, data: descriptor.encoded(), authHandle: descriptorNV, session: nil)
+        return descriptor
+    }
+
+    var stateName: [UInt8] { DeviceLockLayout.statePublic(approvalKeyName: descriptor.approval.keyName).name(written: true) }
+
+    // MARK: Wrapping keys
+
+    /// Seals a wrapping key's secret half for `accessible` (one salted session, one Create).
+    func seal(_ secret: SecureBytes, accessible: Accessible, pcrs: [Int]) throws(KeychainError) -> (TPMContext.SealedBlob, SealPolicy) {
+        do {
+            var policy = SealPolicy(availability: .init(accessible), stateName: stateName)
+            if accessible.isThisDeviceOnly {
+                policy.pcrs = PCRSelection(pcrs).indices
+                policy.pcrDigest = sha256(try context.readPCRs(PCRSelection(pcrs)).flatMap { $0 })
+            }
+            if accessible.requiresPasscode {
+                guard try currentDescriptor().passcodeSet else {
+                    throw KeychainError(.passcodeNotSet,
+                                        "accessible 'whenPasscodeSetThisDeviceOnly' needs a device passcode: "
+                                        + "set one first (keychainctl passcode set)")
+                }
+                policy.passcodeEpoch = try currentPasscodeEpoch()
+            }
+            let digest = policy.digest
+            let blob = try context.withSession(.hmac, saltKey: srk, decryptCommand: true) { session throws(TPMError) in
+                try context.seal(secret, parent: srk, policy: digest, fixed: policy.fixedToThisTPM,
+                                 userWithAuth: digest.isEmpty, session: session)
+            }
+            return (blob, policy)
+        } catch let error as KeychainError {
+            throw error
+        } catch let error as TPMError {
+            throw diagnose(error, doing: "seal a wrapping key")
+        } catch {
+            throw KeychainError(.internal, "\(error)")
+        }
+    }
+
+    /// Unseals a wrapping key: StartAuthSession, Load, the policy steps, Unseal, FlushContext.
+    /// The session is salted with the SRK and encrypts the response: the key never crosses the bus in clear.
+    func unseal(_ blob: TPMContext.SealedBlob, policy: SealPolicy) throws(KeychainError) -> SecureBytes {
+        do {
+            guard try TPMContext.authPolicy(ofPublic: blob.publicArea) == policy.digest else {
+                throw KeychainError(.dataCorrupted, "A wrapping key's stored policy does not match its sealed object")
+            }
+        } catch let error as KeychainError { throw error } catch {
+            throw KeychainError(.dataCorrupted, "A wrapping key's sealed object cannot be decoded", underlying: .other("\(error)"))
+        }
+        let steps = policy.steps
+        var session: TPMHandle?
+        var object: TPMHandle?
+        var sessionClosed = false
+        defer {
+            context.flush(object)
+            if !sessionClosed { context.flush(session) }
+        }
+        var step = "StartAuthSession"
+        do {
+            session = try context.startSession(steps.isEmpty ? .hmac : .policy, saltKey: srk, encryptResponse: true)
+            step = "Load"
+            object = try context.load(blob, parent: srk)
+            for policyStep in steps {
+                switch policyStep {
+                case .pcr(let selection, let digest):
+                    step = "PolicyPCR"
+                    try context.policyPCR(session!, selection: selection, digest: digest)
+                case .nv(let index, _, let operand, let offset, let comparison):
+                    step = index == DeviceLockLayout.epochIndex ? "PolicyNV(epoch)" : "PolicyNV(state)"
+                    try context.policyNV(session!, index: index == DeviceLockLayout.epochIndex ? epochNV : stateNV,
+                                         operand: operand, offset: offset, comparison: comparison)
+                default:
+                    throw KeychainError(.internal, "Unexpected policy step in a wrapping key policy")
+                }
+            }
+            step = "Unseal"
+            let secret = try context.unseal(object!, session: session!)
+            sessionClosed = true  // continueSession was clear: the TPM closed it.
+            return secret
+        } catch let error as KeychainError {
+            throw error
+        } catch let error as TPMError {
+            throw mapUnsealError(error, step: step)
+        } catch {
+            throw KeychainError(.internal, "\(error)")
+        }
+    }
+
+    private func mapUnsealError(_ error: TPMError, step: String) -> KeychainError {
+        let code = error.code
+        switch step {
+        case "PolicyPCR" where code.is(.value):
+            return KeychainError(.deviceStateChanged,
+                                 "The device state changed: PCRs this ThisDeviceOnly item is bound to no longer hold "
+                                 + "the values it was sealed to. The item is kept; it opens again if they return",
+                                 underlying: .tpm(error))
+        case "PolicyNV(state)" where code.is(.nvUninitialized):
+            return KeychainError(.interactionNotAllowed,
+                                 "The device has not been unlocked since the TPM started: unlock it first (keychainctl unlock)",
+                                 underlying: .tpm(error))
+        case "PolicyNV(state)" where code.is(.policy):
+            return KeychainError(.interactionNotAllowed, "The device is locked: unlock it first (keychainctl unlock)",
+                                 underlying: .tpm(error))
+        case "PolicyNV(epoch)" where code.is(.policy):
+            return KeychainError(.keyInvalidated,
+                                 "The device passcode was removed since this item was written, which destroys "
+                                 + "'whenPasscodeSetThisDeviceOnly' items; the item was removed", underlying: .tpm(error))
+        case "Load" where code.is(.integrity) || code.is(.size) || code.is(.value):
+            if srkChanged() { return srkError(error) }
+            return KeychainError(.dataCorrupted, "A wrapping key's sealed object failed the TPM's integrity check",
+                                 underlying: .tpm(error))
+        case "Unseal" where code.is(.policyFail):
+            return KeychainError(.dataCorrupted, "A wrapping key's policy did not verify", underlying: .tpm(error))
+        default:
+            return diagnose(error, doing: step)
+        }
+    }
+
+    /// For failures that may mean the TPM is not the one we provisioned: check the SRK's name.
+    func diagnose(_ error: TPMError, doing what: String) -> KeychainError {
+        if error.isConnectionFailure {
+            return KeychainError(.hardwareUnavailable, "Lost the connection to the TPM at \(context.device) while trying to \(what)",
+                                 underlying: .tpm(error))
+        }
+        if srkChanged() { return srkError(error) }
+        return KeychainError(.hardwareUnavailable, "The TPM refused to \(what) (\(error.command))", underlying: .tpm(error))
+    }
+
+    private func srkError(_ error: TPMError) -> KeychainError {
+        KeychainError(.hardwareUnavailable,
+                      "The TPM's storage root key at 0x81000001 is missing or not the one this store was made with: "
+                      + "the TPM was cleared or replaced, and items sealed to the old one cannot be opened",
+                      underlying: .tpm(error))
+    }
+
+    private func srkChanged() -> Bool {
+        guard let pinned = try? store.meta(Meta.srkName) else { return false }
+        guard let current = try? context.resource(forPersistent: Self.srkHandle) else { return true }
+        defer { context.close(current) }
+        return (try? context.name(of: current)) != pinned
+    }
+
+    // MARK: The device lock
+
+    func currentDescriptor() throws(TPMError) -> LockDescriptor {
+        let nv = try context.resource(forPersistent: DeviceLockLayout.descriptorIndex)
+        defer { context.close(nv) }
+        let bytes = try context.readNV(nv, size: DeviceLockLayout.descriptorSize)
+        guard let descriptor = LockDescriptor(decoding: bytes) else {
+            throw TPMError(command: "decode lock descriptor", code: .value)
+        }
+        self.descriptor.passcodeSet = descriptor.passcodeSet
+        return descriptor
+    }
+
+    func currentPasscodeEpoch() throws(TPMError) -> UInt64 {
+        UInt64(bigEndianBytes: try context.readNV(epochNV, size: 8)) ?? 0
+    }
+
+    enum LockState: String { case beforeFirstUnlock, locked, unlocked }
+
+    func lockState() throws(KeychainError) -> LockState {
+        do {
+            let bytes = try context.readNV(stateNV, size: 1)
+            return bytes == DeviceLockLayout.unlocked ? .unlocked : .locked
+        } catch where error.code.is(.nvUninitialized) {
+            return .beforeFirstUnlock
+        } catch {
+            throw diagnose(error, doing: "read the lock state")
+        }
+    }
+
+    /// Writes "unlocked", authorized by the passcode through PolicySecret in a salted session:
+    /// the TPM checks the PIN and counts wrong ones on its PIN index.
+    func unlock(passcode: SecureBytes?) throws(KeychainError) {
+        do {
+            let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
+            let state = try context.resource(forPersistent: DeviceLockLayout.stateIndex)
+            defer { context.close(pin); context.close(state) }
+            try context.setAuth(pin, passcode)
+            defer { try? context.setAuth(pin, nil) }
+            let lockBranch = PolicyStep.authorizeDigest(keyName: descriptor.approval.keyName, policyRef: DeviceLockLayout.lockPolicyRef)
+            try context.withSession(.hmac, saltKey: srk) { auth throws(TPMError) in
+                try context.withSession(.policy, saltKey: nil) { policy throws(TPMError) in
+                    try context.policySecret(policy, entity: pin, authSession: auth)
+                    try context.policyCommandCode(policy, CommandCode.nvWrite)
+                    try context.policyOR(policy, [DeviceLockLayout.unlockBranch, lockBranch])
+                    try context.writeNV(state, data: DeviceLockLayout.unlocked, authHandle: state, session: policy)
+                }
+            }
+        } catch {
+            throw passcodeError(error, doing: "unlock")
+        }
+    }
+
+    /// Writes "locked" through the once-approved policy: no secret needed, and none could unlock.
+    func lock() throws(KeychainError) {
+        do {
+            let state = try context.resource(forPersistent: DeviceLockLayout.stateIndex)
+            defer { context.close(state) }
+            guard (try? context.readNV(state, size: 1)) != nil else { return }  // before first unlock: locked already
+            let statePublic = DeviceLockLayout.statePublic(approvalKeyName: descriptor.approval.keyName)
+            let approval = descriptor.approval
+            let lockBranch = PolicyStep.authorizeDigest(keyName: approval.keyName, policyRef: DeviceLockLayout.lockPolicyRef)
+            try context.withSession(.policy, saltKey: nil) { policy throws(TPMError) in
+                try context.policyCpHash(policy, statePublic.writeCpHash(data: DeviceLockLayout.locked, offset: 0, written: true))
+                try context.policyAuthorize(policy, approvedPolicy: DeviceLockLayout.lockPolicy(state: statePublic),
+                                            policyRef: DeviceLockLayout.lockPolicyRef, keyPublic: approval.keyPublic,
+                                            keyName: approval.keyName, signature: approval.signatures[0])
+                try context.policyOR(policy, [DeviceLockLayout.unlockBranch, lockBranch])
+                try context.writeNV(state, data: DeviceLockLayout.locked, authHandle: state, session: policy)
+            }
+        } catch {
+            throw diagnose(error, doing: "lock the device")
+        }
+    }
+
+    /// NV_ChangeAuth on the PIN index: needs the current passcode (PolicyAuthValue), and the new one
+    /// crosses the bus encrypted (salted session, decrypt attribute). Removing it bumps the epoch.
+    func changePasscode(from old: SecureBytes?, to new: SecureBytes?) throws(KeychainError) {
+        do {
+            let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
+            defer { context.close(pin) }
+            try context.setAuth(pin, old)
+            defer { try? context.setAuth(pin, nil) }
+            try context.withSession(.policy, saltKey: srk, decryptCommand: true) { policy throws(TPMError) in
+                try context.policyCommandCode(policy, CommandCode.nvChangeAuth)
+                try context.policyAuthValue(policy)
+                try context.changeNVAuth(pin, to: new, session: policy)
+            }
+        } catch {
+            throw passcodeError(error, doing: "change the passcode")
+        }
+        do {
+            if new == nil {
+                try context.withSession(.policy, saltKey: nil) { policy throws(TPMError) in
+                    try context.policyCommandCode(policy, CommandCode.nvIncrement)
+                    try context.incrementNV(epochNV, session: policy)
+                }
+            }
+            let nv = try context.resource(forPersistent: DeviceLockLayout.descriptorIndex)
+            defer { context.close(nv) }
+            try context.writeNV(nv, data: [new == nil ? 0 : 1], offset: 0, authHandle: nv, session: nil)
+            descriptor.passcodeSet = new != nil
+        } catch {
+            throw diagnose(error, doing: "record the passcode change")
+        }
+    }
+
+    /// Resets the TPM's count of wrong passcodes (needs the owner authorization).
+    func resetPasscodeTries(ownerAuthorization: SecureBytes?, limit: UInt32) throws(KeychainError) {
+        do {
+            let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
+            defer { context.close(pin) }
+            try context.setAuth(TPMContext.owner, ownerAuthorization)
+            try context.writeNV(pin, data: UInt32(0).bigEndianBytes + limit.bigEndianBytes,
+                                authHandle: TPMContext.owner, session: nil)
+        } catch {
+            throw KeychainError(.authenticationFailed, "Cannot reset the passcode tries: the owner authorization was refused",
+                                underlying: .tpm(error))
+        }
+    }
+
+    private func passcodeError(_ error: TPMError, doing what: String) -> KeychainError {
+        if error.code.is(.badAuth) || error.code.is(.authFail) {
+            return KeychainError(.authenticationFailed, "Wrong passcode: could not \(what)", underlying: .tpm(error))
+        }
+        if error.code.is(.authUnavailable) {
+            return KeychainError(.lockout,
+                                 "Too many wrong passcodes: the TPM refuses the passcode until the owner resets its "
+                                 + "count (keychainctl passcode reset-tries)", underlying: .tpm(error))
+        }
+        return diagnose(error, doing: what)
+    }
+}

@@ -1,0 +1,265 @@
+internal import CSQLite
+
+/// Schema version 1, created in one transaction. WITHOUT ROWID: every lookup is
+/// by primary key, so this saves the second B-tree search per read.
+let schemaVersion: Int64 = 1
+let schemaV1 = """
+    CREATE TABLE meta(
+        name TEXT PRIMARY KEY,
+        value BLOB NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE wrapping_keys(
+        service TEXT NOT NULL,
+        protection TEXT NOT NULL,
+        public_key BLOB NOT NULL,
+        sealed_public BLOB NOT NULL,
+        sealed_private BLOB NOT NULL,
+        policy BLOB NOT NULL,
+        created INTEGER NOT NULL,
+        PRIMARY KEY(service, protection)
+    ) WITHOUT ROWID;
+    CREATE TABLE items(
+        service TEXT NOT NULL,
+        key TEXT NOT NULL,
+        protection TEXT NOT NULL,
+        label TEXT,
+        created INTEGER NOT NULL,
+        modified INTEGER NOT NULL,
+        writer_public BLOB NOT NULL,
+        salt BLOB NOT NULL,
+        nonce BLOB NOT NULL,
+        ciphertext BLOB NOT NULL,
+        PRIMARY KEY(service, key)
+    ) WITHOUT ROWID;
+    -- Resetting a protection level touches every item that uses it.
+    CREATE INDEX items_by_protection ON items(protection);
+    PRAGMA user_version = 1;
+    """
+
+/// The SQL behind both Store (on its read connection) and Transaction (on the
+/// write connection). Callers hold the connection's lock.
+extension Connection {
+    // MARK: Reading rows
+
+    private func itemRecord(_ row: Statement) -> ItemRecord {
+        ItemRecord(
+            service: row.text(0), key: row.text(1), protection: row.text(2), label: row.optionalText(3),
+            created: row.int64(4), modified: row.int64(5),
+            writerPublic: row.blob(6), salt: row.blob(7), nonce: row.blob(8), ciphertext: row.blob(9))
+    }
+
+    private func wrappingKeyRecord(_ row: Statement) -> WrappingKeyRecord {
+        WrappingKeyRecord(
+            service: row.text(0), protection: row.text(1), publicKey: row.blob(2),
+            sealedPublic: row.blob(3), sealedPrivate: row.blob(4), policy: row.blob(5), created: row.int64(6))
+    }
+
+    // MARK: Meta
+
+    func meta(_ name: String) throws(StoreError) -> [UInt8]? {
+        try withStatement("SELECT value FROM meta WHERE name = ?1") { (s: inout Statement) throws(StoreError) in
+            try s.bind(1, name)
+            return try s.step("reading meta \(name)") ? s.blob(0) : nil
+        }
+    }
+
+    func setMeta(_ name: String, _ value: [UInt8]) throws(StoreError) {
+        _ = try change("INSERT OR REPLACE INTO meta(name, value) VALUES(?1, ?2)", "writing meta \(name)") {
+            (s: inout Statement) throws(StoreError) in
+            try s.bind(1, name)
+            try s.bind(2, value)
+        }
+    }
+
+    func deleteMeta(_ name: String) throws(StoreError) -> Bool {
+        try change("DELETE FROM meta WHERE name = ?1", "deleting meta \(name)") {
+            (s: inout Statement) throws(StoreError) in try s.bind(1, name)
+        } > 0
+    }
+
+    // MARK: Items
+
+    func item(service: String, key: String) throws(StoreError) -> ItemRecord? {
+        try withStatement("""
+            SELECT service, key, protection, label, created, modified, writer_public, salt, nonce, ciphertext
+            FROM items WHERE service = ?1 AND key = ?2
+            """) { (s: inout Statement) throws(StoreError) in
+            try s.bind(1, service)
+            try s.bind(2, key)
+            return try s.step("reading an item") ? itemRecord(s) : nil
+        }
+    }
+
+    func hasItem(service: String, key: String) throws(StoreError) -> Bool {
+        try withStatement("SELECT 1 FROM items WHERE service = ?1 AND key = ?2") {
+            (s: inout Statement) throws(StoreError) in
+            try s.bind(1, service)
+            try s.bind(2, key)
+            return try s.step("looking up an item")
+        }
+    }
+
+    func keys(service: String) throws(StoreError) -> [String] {
+        try withStatement("SELECT key FROM items WHERE service = ?1 ORDER BY key") {
+            (s: inout Statement) throws(StoreError) in
+            try s.bind(1, service)
+            var keys: [String] = []
+            while try s.step("listing keys") { keys.append(s.text(0)) }
+            return keys
+        }
+    }
+
+    func items(protection: String) throws(StoreError) -> [ItemRecord] {
+        try withStatement("""
+            SELECT service, key, protection, label, created, modified, writer_public, salt, nonce, ciphertext
+            FROM items WHERE protection = ?1 ORDER BY service, key
+            """) { (s: inout Statement) throws(StoreError) in
+            try s.bind(1, protection)
+            var records: [ItemRecord] = []
+            while try s.step("listing items") { records.append(itemRecord(s)) }
+            return records
+        }
+    }
+
+    func itemCount(service: String, protection: String) throws(StoreError) -> Int {
+        try withStatement("SELECT count(*) FROM items WHERE service = ?1 AND protection = ?2") {
+            (s: inout Statement) throws(StoreError) in
+            try s.bind(1, service)
+            try s.bind(2, protection)
+            _ = try s.step("counting items")
+            return Int(s.int64(0))
+        }
+    }
+
+    func services() throws(StoreError) -> [String] {
+        try withStatement("SELECT service FROM items UNION SELECT service FROM wrapping_keys ORDER BY 1") {
+            (s: inout Statement) throws(StoreError) in
+            var services: [String] = []
+            while try s.step("listing services") { services.append(s.text(0)) }
+            return services
+        }
+    }
+
+    func putItem(_ r: ItemRecord) throws(StoreError) {
+        _ = try change("""
+            INSERT OR REPLACE INTO items(
+                service, key, protection, label, created, modified, writer_public, salt, nonce, ciphertext)
+            VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+            """, "writing an item") { (s: inout Statement) throws(StoreError) in
+            try s.bind(1, r.service)
+            try s.bind(2, r.key)
+            try s.bind(3, r.protection)
+            try s.bind(4, r.label)
+            try s.bind(5, r.created)
+            try s.bind(6, r.modified)
+            try s.bind(7, r.writerPublic)
+            try s.bind(8, r.salt)
+            try s.bind(9, r.nonce)
+            try s.bind(10, r.ciphertext)
+        }
+    }
+
+    func deleteItem(service: String, key: String) throws(StoreError) -> Bool {
+        try change("DELETE FROM items WHERE service = ?1 AND key = ?2", "deleting an item") {
+            (s: inout Statement) throws(StoreError) in
+            try s.bind(1, service)
+            try s.bind(2, key)
+        } > 0
+    }
+
+    func deleteItems(service: String) throws(StoreError) -> Int {
+        try change("DELETE FROM items WHERE service = ?1", "deleting a service's items") {
+            (s: inout Statement) throws(StoreError) in try s.bind(1, service)
+        }
+    }
+
+    func deleteItems(protection: String) throws(StoreError) -> Int {
+        try change("DELETE FROM items WHERE protection = ?1", "deleting items by protection") {
+            (s: inout Statement) throws(StoreError) in try s.bind(1, protection)
+        }
+    }
+
+    // MARK: Wrapping keys
+
+    func wrappingKey(service: String, protection: String) throws(StoreError) -> WrappingKeyRecord? {
+        try withStatement("""
+            SELECT service, protection, public_key, sealed_public, sealed_private, policy, created
+            FROM wrapping_keys WHERE service = ?1 AND protection = ?2
+            """) { (s: inout Statement) throws(StoreError) in
+            try s.bind(1, service)
+            try s.bind(2, protection)
+            return try s.step("reading a wrapping key") ? wrappingKeyRecord(s) : nil
+        }
+    }
+
+    func wrappingKeys(service: String) throws(StoreError) -> [WrappingKeyRecord] {
+        try withStatement("""
+            SELECT service, protection, public_key, sealed_public, sealed_private, policy, created
+            FROM wrapping_keys WHERE service = ?1 ORDER BY protection
+            """) { (s: inout Statement) throws(StoreError) in
+            try s.bind(1, service)
+            var records: [WrappingKeyRecord] = []
+            while try s.step("listing wrapping keys") { records.append(wrappingKeyRecord(s)) }
+            return records
+        }
+    }
+
+    func wrappingKeys(protectionPrefix prefix: String) throws(StoreError) -> [WrappingKeyRecord] {
+        // substr/length count characters alike, so this is an exact prefix test
+        // with no LIKE wildcards or case folding to escape.
+        try withStatement("""
+            SELECT service, protection, public_key, sealed_public, sealed_private, policy, created
+            FROM wrapping_keys WHERE substr(protection, 1, length(?1)) = ?1 ORDER BY service, protection
+            """) { (s: inout Statement) throws(StoreError) in
+            try s.bind(1, prefix)
+            var records: [WrappingKeyRecord] = []
+            while try s.step("listing wrapping keys") { records.append(wrappingKeyRecord(s)) }
+            return records
+        }
+    }
+
+    func putWrappingKey(_ r: WrappingKeyRecord) throws(StoreError) {
+        _ = try change("""
+            INSERT OR REPLACE INTO wrapping_keys(
+                service, protection, public_key, sealed_public, sealed_private, policy, created)
+            VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)
+            """, "writing a wrapping key") { (s: inout Statement) throws(StoreError) in
+            try s.bind(1, r.service)
+            try s.bind(2, r.protection)
+            try s.bind(3, r.publicKey)
+            try s.bind(4, r.sealedPublic)
+            try s.bind(5, r.sealedPrivate)
+            try s.bind(6, r.policy)
+            try s.bind(7, r.created)
+        }
+    }
+
+    func deleteWrappingKey(service: String, protection: String) throws(StoreError) -> Bool {
+        try change("DELETE FROM wrapping_keys WHERE service = ?1 AND protection = ?2", "deleting a wrapping key") {
+            (s: inout Statement) throws(StoreError) in
+            try s.bind(1, service)
+            try s.bind(2, protection)
+        } > 0
+    }
+
+    func deleteWrappingKeys(service: String) throws(StoreError) -> Int {
+        try change("DELETE FROM wrapping_keys WHERE service = ?1", "deleting a service's wrapping keys") {
+            (s: inout Statement) throws(StoreError) in try s.bind(1, service)
+        }
+    }
+
+    func deleteWrappingKeys(protection: String) throws(StoreError) -> Int {
+        try change("DELETE FROM wrapping_keys WHERE protection = ?1", "deleting wrapping keys by protection") {
+            (s: inout Statement) throws(StoreError) in try s.bind(1, protection)
+        }
+    }
+
+    // MARK: Schema
+
+    func userVersion() throws(StoreError) -> Int64 {
+        try withStatement("PRAGMA user_version") { (s: inout Statement) throws(StoreError) in
+            _ = try s.step("reading the schema version")
+            return s.int64(0)
+        }
+    }
+}

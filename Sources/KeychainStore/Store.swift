@@ -1,0 +1,157 @@
+internal import CSQLite
+
+/// The keychain's durable store: one SQLite database, `keychain.db`, in a
+/// private directory. Safe to share between threads, and between processes
+/// using the same directory.
+///
+/// Reads go through their own connection, so they never wait for a writer
+/// (WAL lets readers and one writer run together); writes are serialised by
+/// SQLite's write lock, taken up front by `BEGIN IMMEDIATE`.
+public final class Store: @unchecked Sendable {
+    public let directory: String
+    public let databasePath: String
+
+    private let reader: Connection
+    private let readLock = Lock()
+    private let writer: Connection
+    // Recursive so that `write` called inside a write body fails with an error instead of deadlocking.
+    private let writeLock = Lock(recursive: true)
+
+    public convenience init(directory: String) throws(StoreError) {
+        try self.init(directory: directory, busy: .standard)
+    }
+
+    init(directory: String, busy: BusyPolicy) throws(StoreError) {
+        self.directory = directory
+        databasePath = directory.hasSuffix("/") ? directory + "keychain.db" : directory + "/keychain.db"
+
+        try FileSystem.prepareDirectory(directory)
+        try FileSystem.prepareDatabaseFile(databasePath)
+
+        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX
+        writer = try Connection(path: databasePath, flags: flags, busy: busy)
+        // WAL survives in the file; the other settings are per connection.
+        // synchronous=FULL: a commit that returned is on disk even after power loss.
+        // secure_delete: deleted ciphertext is overwritten, not left in free pages.
+        try writer.execute("PRAGMA journal_mode=WAL", "enabling write-ahead logging")
+        try Store.configure(writer)
+        try Store.migrate(writer)
+        try FileSystem.tightenIfPresent(databasePath + "-wal")
+        try FileSystem.tightenIfPresent(databasePath + "-shm")
+
+        reader = try Connection(path: databasePath, flags: flags, busy: busy)
+        try Store.configure(reader)
+        // A guard against a read path ever writing through this connection.
+        try reader.execute("PRAGMA query_only=ON", "configuring the read connection")
+    }
+
+    private static func configure(_ connection: Connection) throws(StoreError) {
+        try connection.execute("PRAGMA synchronous=FULL", "configuring durability")
+        try connection.execute("PRAGMA foreign_keys=ON", "enabling foreign keys")
+        try connection.execute("PRAGMA secure_delete=ON", "enabling secure delete")
+    }
+
+    /// Creates the schema on first use; several processes may race here, and
+    /// BEGIN IMMEDIATE makes exactly one of them do it.
+    private static func migrate(_ connection: Connection) throws(StoreError) {
+        guard try connection.userVersion() != schemaVersion else { return }
+        try connection.begin()
+        do throws(StoreError) {
+            let version = try connection.userVersion()
+            if version == 0 {
+                try connection.executeScript(schemaV1, "creating the store schema")
+            } else if version != schemaVersion {
+                throw StoreError(
+                    kind: .cannotOpen, path: connection.path,
+                    message: "keychain database \(connection.path) has schema version \(version); "
+                        + "this build understands version \(schemaVersion) only")
+            }
+            try connection.commit()
+        } catch {
+            connection.rollback()
+            throw error
+        }
+    }
+
+    // MARK: Reads (a consistent snapshot per call; never take the write lock)
+
+    private func read<R>(_ body: (Connection) throws(StoreError) -> R) throws(StoreError) -> R {
+        try readLock.withLock { () throws(StoreError) -> R in try body(reader) }
+    }
+
+    public func meta(_ name: String) throws(StoreError) -> [UInt8]? {
+        try read { c throws(StoreError) in try c.meta(name) }
+    }
+
+    public func item(service: String, key: String) throws(StoreError) -> ItemRecord? {
+        try read { c throws(StoreError) in try c.item(service: service, key: key) }
+    }
+
+    public func hasItem(service: String, key: String) throws(StoreError) -> Bool {
+        try read { c throws(StoreError) in try c.hasItem(service: service, key: key) }
+    }
+
+    /// The service's keys, sorted by their UTF-8 bytes.
+    public func keys(service: String) throws(StoreError) -> [String] {
+        try read { c throws(StoreError) in try c.keys(service: service) }
+    }
+
+    /// Items of every service with exactly this protection, sorted by service then key.
+    public func items(protection: String) throws(StoreError) -> [ItemRecord] {
+        try read { c throws(StoreError) in try c.items(protection: protection) }
+    }
+
+    /// Every service with an item or a wrapping key, sorted.
+    public func services() throws(StoreError) -> [String] {
+        try read { c throws(StoreError) in try c.services() }
+    }
+
+    public func wrappingKey(service: String, protection: String) throws(StoreError) -> WrappingKeyRecord? {
+        try read { c throws(StoreError) in try c.wrappingKey(service: service, protection: protection) }
+    }
+
+    /// The service's wrapping keys, sorted by protection.
+    public func wrappingKeys(service: String) throws(StoreError) -> [WrappingKeyRecord] {
+        try read { c throws(StoreError) in try c.wrappingKeys(service: service) }
+    }
+
+    /// Wrapping keys whose protection starts with `prefix` (case-sensitive), sorted by service then protection.
+    public func wrappingKeys(whereProtectionHasPrefix prefix: String) throws(StoreError) -> [WrappingKeyRecord] {
+        try read { c throws(StoreError) in try c.wrappingKeys(protectionPrefix: prefix) }
+    }
+
+    /// The schema version in the file (for tests and diagnostics).
+    func schemaVersionOnDisk() throws(StoreError) -> Int64 {
+        try read { c throws(StoreError) in try c.userVersion() }
+    }
+
+    // MARK: Writes
+
+    /// Runs `body` in one transaction: all of its changes are committed
+    /// together, or, if it throws, none are (its error is rethrown unchanged).
+    /// Blocks while another thread or process is writing; only gives up, with a
+    /// `.busy` StoreError, after about 30 s past SQLite's own 10 s wait.
+    /// The Transaction is valid only inside `body`.
+    public func write<T>(_ body: (Transaction) throws -> T) throws -> T {
+        try writeLock.withLock { () throws -> T in
+            guard !writer.inTransaction else {
+                throw StoreError(
+                    kind: .sqlite, path: databasePath,
+                    message: "Store.write was called inside another write on the same store (\(databasePath)); "
+                        + "use the Transaction passed to the outer body instead")
+            }
+            try writer.begin()
+            let transaction = Transaction(writer)
+            defer { transaction.close() }
+            let result: T
+            do {
+                result = try body(transaction)
+                try writer.commit()
+            } catch {
+                writer.rollback()
+                throw error
+            }
+            return result
+        }
+    }
+}

@@ -1,0 +1,376 @@
+internal import CTSS2
+import SecureMemory
+
+/// The TPM commands the keychain uses, each a thin typed wrapper over one ESAPI call.
+extension TPMContext {
+    // MARK: Sessions (Part 3, 11.1)
+
+    public enum SessionKind: Sendable { case hmac, policy, trial }
+
+    /// Starts a session salted with `saltKey` (the SRK), AES-128-CFB parameter encryption available.
+    /// With `encryptResponse`, secrets returned by the next command cross the bus encrypted;
+    /// with `decryptCommand`, the first command parameter (a new PIN, a sealed secret) does.
+    public func startSession(_ kind: SessionKind, saltKey: TPMHandle?, encryptResponse: Bool = false,
+                             decryptCommand: Bool = false, continueSession: Bool = false) throws(TPMError) -> TPMHandle {
+        var symmetric = TPMT_SYM_DEF()
+        symmetric.algorithm = UInt16(TPM2_ALG_AES)
+        symmetric.keyBits.aes = 128
+        symmetric.mode.aes = UInt16(TPM2_ALG_CFB)
+        let type: TPM2_SE = switch kind { case .hmac: UInt8(TPM2_SE_HMAC); case .policy: UInt8(TPM2_SE_POLICY); case .trial: UInt8(TPM2_SE_TRIAL) }
+        var session: ESYS_TR = 0
+        try call("StartAuthSession") {
+            Esys_StartAuthSession(esys, saltKey?.tr ?? Self.none, Self.none, Self.none, Self.none, Self.none,
+                                  nil, type, &symmetric, UInt16(TPM2_ALG_SHA256), &session)
+        }
+        var flags: TPMA_SESSION = 0
+        if continueSession { flags |= KC_SESSION_CONTINUE }
+        if encryptResponse { flags |= KC_SESSION_ENCRYPT }
+        if decryptCommand { flags |= KC_SESSION_DECRYPT }
+        let mask = KC_SESSION_CONTINUE | KC_SESSION_ENCRYPT | KC_SESSION_DECRYPT
+        let rc = Esys_TRSess_SetAttributes(esys, session, flags, mask)
+        guard rc == 0 else {
+            flush(TPMHandle(tr: session, mustFlush: true))
+            throw TPMError(command: "TRSess_SetAttributes", code: .init(rawValue: rc))
+        }
+        return TPMHandle(tr: session, mustFlush: true)
+    }
+
+    /// Runs `body` with a session and flushes the session afterwards, whether `body` threw or not.
+    /// A session that a command already closed (continueSession clear) is flushed harmlessly.
+    public func withSession<T>(_ kind: SessionKind, saltKey: TPMHandle?, encryptResponse: Bool = false,
+                               decryptCommand: Bool = false,
+                               _ body: (TPMHandle) throws(TPMError) -> T) throws(TPMError) -> T {
+        let session = try startSession(kind, saltKey: saltKey, encryptResponse: encryptResponse,
+                                       decryptCommand: decryptCommand, continueSession: true)
+        defer { flush(session) }
+        return try body(session)
+    }
+
+    // MARK: The storage root key (TCG EK/SRK provisioning guidance: ECC P-256 SRK template)
+
+    /// Creates the SRK in the owner hierarchy and makes it persistent at `persistentHandle`.
+    public func provisionSRK(at persistentHandle: UInt32) throws(TPMError) -> TPMHandle {
+        var inPublic = TPM2B_PUBLIC()
+        inPublic.publicArea.type = UInt16(TPM2_ALG_ECC)
+        inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA256)
+        inPublic.publicArea.objectAttributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT
+            | TPMA_OBJECT_SENSITIVEDATAORIGIN | TPMA_OBJECT_USERWITHAUTH | TPMA_OBJECT_NODA
+            | TPMA_OBJECT_RESTRICTED | TPMA_OBJECT_DECRYPT
+        inPublic.publicArea.parameters.eccDetail.symmetric.algorithm = UInt16(TPM2_ALG_AES)
+        inPublic.publicArea.parameters.eccDetail.symmetric.keyBits.aes = 128
+        inPublic.publicArea.parameters.eccDetail.symmetric.mode.aes = UInt16(TPM2_ALG_CFB)
+        inPublic.publicArea.parameters.eccDetail.scheme.scheme = UInt16(TPM2_ALG_NULL)
+        inPublic.publicArea.parameters.eccDetail.curveID = UInt16(TPM2_ECC_NIST_P256)
+        inPublic.publicArea.parameters.eccDetail.kdf.scheme = UInt16(TPM2_ALG_NULL)
+        inPublic.publicArea.unique.ecc.x.size = 32
+        inPublic.publicArea.unique.ecc.y.size = 32
+        var inSensitive = TPM2B_SENSITIVE_CREATE()
+        var outsideInfo = TPM2B_DATA()
+        var creationPCR = TPML_PCR_SELECTION()
+        var primary: ESYS_TR = 0
+        try call("CreatePrimary(SRK)") {
+            Esys_CreatePrimary(esys, KC_ESYS_TR_RH_OWNER, Self.password, Self.none, Self.none,
+                               &inSensitive, &inPublic, &outsideInfo, &creationPCR, &primary, nil, nil, nil, nil)
+        }
+        defer { flush(TPMHandle(tr: primary, mustFlush: true)) }
+        var persistent: ESYS_TR = 0
+        try call("EvictControl(SRK)") {
+            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, primary, Self.password, Self.none, Self.none,
+                              persistentHandle, &persistent)
+        }
+        return TPMHandle(tr: persistent, mustFlush: false)
+    }
+
+    // MARK: Sealed data objects (Part 3, 12.1 Create, 12.2 Load, 12.7 Unseal)
+
+    public struct SealedBlob: Sendable, Hashable {
+        /// Marshalled TPM2B_PUBLIC and TPM2B_PRIVATE, as stored.
+        public var publicArea: [UInt8]
+        public var privateArea: [UInt8]
+        public init(publicArea: [UInt8], privateArea: [UInt8]) { self.publicArea = publicArea; self.privateArea = privateArea }
+    }
+
+    /// Seals `secret` under `parent` with an authorization policy.
+    /// - Parameters:
+    ///   - fixed: `fixedTPM|fixedParent`: the object can never leave this TPM.
+    ///   - userWithAuth: also usable with its (empty) authValue, for objects with no policy.
+    ///   - session: a salted session with `decryptCommand`, so the secret crosses the bus encrypted.
+    public func seal(_ secret: SecureBytes, parent: TPMHandle, policy: [UInt8], fixed: Bool,
+                     userWithAuth: Bool, session: TPMHandle) throws(TPMError) -> SealedBlob {
+        var inSensitive = TPM2B_SENSITIVE_CREATE()
+        defer { TPM2B.wipe(&inSensitive) }
+        secret.withUnsafeBytes { inSensitive.sensitive.data.size = TPM2B.set(&inSensitive.sensitive.data.buffer, $0) }
+        var inPublic = TPM2B_PUBLIC()
+        inPublic.publicArea.type = UInt16(TPM2_ALG_KEYEDHASH)
+        inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA256)
+        var attributes = TPMA_OBJECT_NODA | TPMA_OBJECT_ADMINWITHPOLICY
+        if fixed { attributes |= TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT }
+        if userWithAuth { attributes |= TPMA_OBJECT_USERWITHAUTH }
+        inPublic.publicArea.objectAttributes = attributes
+        inPublic.publicArea.authPolicy.size = TPM2B.set(&inPublic.publicArea.authPolicy.buffer, policy)
+        inPublic.publicArea.parameters.keyedHashDetail.scheme.scheme = UInt16(TPM2_ALG_NULL)
+        var outsideInfo = TPM2B_DATA()
+        var creationPCR = TPML_PCR_SELECTION()
+        var outPrivate: UnsafeMutablePointer<TPM2B_PRIVATE>?
+        var outPublic: UnsafeMutablePointer<TPM2B_PUBLIC>?
+        try call("Create(sealed)") {
+            Esys_Create(esys, parent.tr, session.tr, Self.none, Self.none, &inSensitive, &inPublic,
+                        &outsideInfo, &creationPCR, &outPrivate, &outPublic, nil, nil, nil)
+        }
+        defer { Esys_Free(outPrivate); Esys_Free(outPublic) }
+        return SealedBlob(publicArea: try Marshal.public(outPublic!.pointee),
+                          privateArea: try Marshal.private(outPrivate!.pointee))
+    }
+
+    /// Loads a sealed blob under `parent`; the returned handle must be flushed.
+    public func load(_ blob: SealedBlob, parent: TPMHandle) throws(TPMError) -> TPMHandle {
+        var inPublic = try Marshal.public(blob.publicArea)
+        var inPrivate = try Marshal.private(blob.privateArea)
+        var object: ESYS_TR = 0
+        try call("Load") {
+            Esys_Load(esys, parent.tr, Self.password, Self.none, Self.none, &inPrivate, &inPublic, &object)
+        }
+        return TPMHandle(tr: object, mustFlush: true)
+    }
+
+    /// Unseals with `session` (a policy session, or an HMAC session for userWithAuth objects).
+    public func unseal(_ object: TPMHandle, session: TPMHandle) throws(TPMError) -> SecureBytes {
+        var out: UnsafeMutablePointer<TPM2B_SENSITIVE_DATA>?
+        try call("Unseal") { Esys_Unseal(esys, object.tr, session.tr, Self.none, Self.none, &out) }
+        guard let out else { throw TPMError(command: "Unseal", code: .failure) }
+        defer { TPM2B.wipe(&out.pointee); Esys_Free(out) }
+        return withUnsafeBytes(of: out.pointee.buffer) { SecureBytes(copying: $0.prefix(Int(out.pointee.size))) }
+    }
+
+    /// The authPolicy digest inside a marshalled public area (what the object was sealed to).
+    public static func authPolicy(ofPublic bytes: [UInt8]) throws(TPMError) -> [UInt8] {
+        let pub = try Marshal.public(bytes)
+        return TPM2B.bytes(pub.publicArea.authPolicy.buffer, size: pub.publicArea.authPolicy.size)
+    }
+
+    // MARK: Policy commands (Part 3, 23)
+
+    public func policyPCR(_ session: TPMHandle, selection: PCRSelection, digest: [UInt8]) throws(TPMError) {
+        var pcrDigest = TPM2B_DIGEST()
+        pcrDigest.size = TPM2B.set(&pcrDigest.buffer, digest)
+        var pcrs = Marshal.pcrSelection(selection)
+        try call("PolicyPCR") { Esys_PolicyPCR(esys, session.tr, Self.none, Self.none, Self.none, &pcrDigest, &pcrs) }
+    }
+
+    /// PolicyNV with the index as its own read authorization (AUTHREAD with an empty authValue).
+    public func policyNV(_ session: TPMHandle, index: TPMHandle, operand: [UInt8], offset: UInt16,
+                         comparison: NVComparison) throws(TPMError) {
+        var operandB = TPM2B_OPERAND()
+        operandB.size = TPM2B.set(&operandB.buffer, operand)
+        try call("PolicyNV") {
+            Esys_PolicyNV(esys, index.tr, index.tr, session.tr, Self.password, Self.none, Self.none,
+                          &operandB, offset, comparison.rawValue)
+        }
+    }
+
+    /// PolicySecret: `authSession` proves knowledge of the entity's authValue (set with `setAuth`).
+    public func policySecret(_ session: TPMHandle, entity: TPMHandle, authSession: TPMHandle,
+                             policyRef: [UInt8] = []) throws(TPMError) {
+        var ref = TPM2B_NONCE()
+        ref.size = TPM2B.set(&ref.buffer, policyRef)
+        var timeout: UnsafeMutablePointer<TPM2B_TIMEOUT>?
+        var ticket: UnsafeMutablePointer<TPMT_TK_AUTH>?
+        try call("PolicySecret") {
+            Esys_PolicySecret(esys, entity.tr, session.tr, authSession.tr, Self.none, Self.none,
+                              nil, nil, &ref, 0, &timeout, &ticket)
+        }
+        Esys_Free(timeout); Esys_Free(ticket)
+    }
+
+    public func policyCommandCode(_ session: TPMHandle, _ code: UInt32) throws(TPMError) {
+        try call("PolicyCommandCode") { Esys_PolicyCommandCode(esys, session.tr, Self.none, Self.none, Self.none, code) }
+    }
+
+    public func policyCpHash(_ session: TPMHandle, _ cpHash: [UInt8]) throws(TPMError) {
+        var digest = TPM2B_DIGEST()
+        digest.size = TPM2B.set(&digest.buffer, cpHash)
+        try call("PolicyCpHash") { Esys_PolicyCpHash(esys, session.tr, Self.none, Self.none, Self.none, &digest) }
+    }
+
+    public func policyAuthValue(_ session: TPMHandle) throws(TPMError) {
+        try call("PolicyAuthValue") { Esys_PolicyAuthValue(esys, session.tr, Self.none, Self.none, Self.none) }
+    }
+
+    public func policyOR(_ session: TPMHandle, _ branches: [[UInt8]]) throws(TPMError) {
+        var list = TPML_DIGEST()
+        list.count = UInt32(branches.count)
+        withUnsafeMutableBytes(of: &list.digests) { raw in
+            let digests = raw.bindMemory(to: TPM2B_DIGEST.self)
+            for (i, branch) in branches.enumerated() {
+                digests[i].size = TPM2B.set(&digests[i].buffer, branch)
+            }
+        }
+        try call("PolicyOR") { Esys_PolicyOR(esys, session.tr, Self.none, Self.none, Self.none, &list) }
+    }
+
+    public func policyDigest(_ session: TPMHandle) throws(TPMError) -> [UInt8] {
+        var digest: UnsafeMutablePointer<TPM2B_DIGEST>?
+        try call("PolicyGetDigest") { Esys_PolicyGetDigest(esys, session.tr, Self.none, Self.none, Self.none, &digest) }
+        defer { Esys_Free(digest) }
+        return TPM2B.bytes(digest!.pointee.buffer, size: digest!.pointee.size)
+    }
+
+    // MARK: NV indices (Part 3, 31)
+
+    public func defineNV(_ pub: NVPublic, auth: SecureBytes?, ownerSession: TPMHandle? = nil) throws(TPMError) -> TPMHandle {
+        var authValue = TPM2B_AUTH()
+        defer { TPM2B.wipe(&authValue) }
+        auth?.withUnsafeBytes { authValue.size = TPM2B.set(&authValue.buffer, $0) }
+        var info = TPM2B_NV_PUBLIC()
+        info.nvPublic.nvIndex = pub.index
+        info.nvPublic.nameAlg = UInt16(TPM2_ALG_SHA256)
+        info.nvPublic.attributes = pub.attributes
+        info.nvPublic.authPolicy.size = TPM2B.set(&info.nvPublic.authPolicy.buffer, pub.authPolicy)
+        info.nvPublic.dataSize = pub.size
+        var handle: ESYS_TR = 0
+        try call("NV_DefineSpace(0x\(String(pub.index, radix: 16)))") {
+            Esys_NV_DefineSpace(esys, KC_ESYS_TR_RH_OWNER, ownerSession?.tr ?? Self.password, Self.none, Self.none,
+                                &authValue, &info, &handle)
+        }
+        return TPMHandle(tr: handle, mustFlush: false)
+    }
+
+    public func undefineNV(_ index: TPMHandle) throws(TPMError) {
+        try call("NV_UndefineSpace") {
+            Esys_NV_UndefineSpace(esys, KC_ESYS_TR_RH_OWNER, index.tr, Self.password, Self.none, Self.none)
+        }
+    }
+
+    /// NV_Write authorized by `authHandle` (the owner or the index) with `session` (password if nil).
+    public func writeNV(_ index: TPMHandle, data: [UInt8], offset: UInt16 = 0, authHandle: TPMHandle,
+                        session: TPMHandle?) throws(TPMError) {
+        var buffer = TPM2B_MAX_NV_BUFFER()
+        buffer.size = TPM2B.set(&buffer.buffer, data)
+        try call("NV_Write") {
+            Esys_NV_Write(esys, authHandle.tr, index.tr, session?.tr ?? Self.password, Self.none, Self.none, &buffer, offset)
+        }
+    }
+
+    /// NV_Read with the index's own (empty) authValue.
+    public func readNV(_ index: TPMHandle, size: UInt16, offset: UInt16 = 0, session: TPMHandle? = nil) throws(TPMError) -> [UInt8] {
+        var out: UnsafeMutablePointer<TPM2B_MAX_NV_BUFFER>?
+        try call("NV_Read") {
+            Esys_NV_Read(esys, index.tr, index.tr, session?.tr ?? Self.password, Self.none, Self.none, size, offset, &out)
+        }
+        defer { Esys_Free(out) }
+        return TPM2B.bytes(out!.pointee.buffer, size: out!.pointee.size)
+    }
+
+    /// NV_ChangeAuth: `session` is a policy session satisfying the index's ADMIN policy, with `decryptCommand`.
+    public func changeNVAuth(_ index: TPMHandle, to newAuth: SecureBytes?, session: TPMHandle) throws(TPMError) {
+        var auth = TPM2B_AUTH()
+        defer { TPM2B.wipe(&auth) }
+        newAuth?.withUnsafeBytes { auth.size = TPM2B.set(&auth.buffer, $0) }
+        try call("NV_ChangeAuth") { Esys_NV_ChangeAuth(esys, index.tr, session.tr, Self.none, Self.none, &auth) }
+    }
+
+    public func incrementNV(_ index: TPMHandle, session: TPMHandle) throws(TPMError) {
+        try call("NV_Increment") { Esys_NV_Increment(esys, index.tr, index.tr, session.tr, Self.none, Self.none) }
+    }
+
+    // MARK: PCRs (Part 3, 22)
+
+    /// Current SHA-256 values of the selected PCRs, in index order.
+    public func readPCRs(_ selection: PCRSelection) throws(TPMError) -> [[UInt8]] {
+        var values: [[UInt8]] = []
+        // PCR_Read returns at most 8 digests per call: read one PCR at a time, simple and bounded.
+        for index in selection.indices {
+            var sel = Marshal.pcrSelection(PCRSelection([index]))
+            var counter: UInt32 = 0
+            var outSel: UnsafeMutablePointer<TPML_PCR_SELECTION>?
+            var outValues: UnsafeMutablePointer<TPML_DIGEST>?
+            try call("PCR_Read") { Esys_PCR_Read(esys, Self.none, Self.none, Self.none, &sel, &counter, &outSel, &outValues) }
+            defer { Esys_Free(outSel); Esys_Free(outValues) }
+            guard let outValues, outValues.pointee.count == 1 else {
+                throw TPMError(command: "PCR_Read(\(index))", code: .value)
+            }
+            values.append(TPM2B.bytes(outValues.pointee.digests.0.buffer, size: outValues.pointee.digests.0.size))
+        }
+        return values
+    }
+
+    /// Extends a PCR with a SHA-256 digest (tests use it to change the device state).
+    public func extendPCR(_ index: Int, digest: [UInt8]) throws(TPMError) {
+        var digests = TPML_DIGEST_VALUES()
+        digests.count = 1
+        digests.digests.0.hashAlg = UInt16(TPM2_ALG_SHA256)
+        withUnsafeMutableBytes(of: &digests.digests.0.digest) { $0.copyBytes(from: digest) }
+        try call("PCR_Extend") { Esys_PCR_Extend(esys, ESYS_TR(index), Self.password, Self.none, Self.none, &digests) }
+    }
+
+    // MARK: Capabilities and dictionary-attack settings
+
+    /// A TPM property (TPM_PT_*) from GetCapability.
+    public func property(_ property: UInt32) throws(TPMError) -> UInt32 {
+        var more: TPMI_YES_NO = 0
+        var data: UnsafeMutablePointer<TPMS_CAPABILITY_DATA>?
+        try call("GetCapability") {
+            Esys_GetCapability(esys, Self.none, Self.none, Self.none, TPM2_CAP_TPM_PROPERTIES, property, 1, &more, &data)
+        }
+        defer { Esys_Free(data) }
+        guard let data, data.pointee.data.tpmProperties.count >= 1,
+              data.pointee.data.tpmProperties.tpmProperty.0.property == property else { return 0 }
+        return data.pointee.data.tpmProperties.tpmProperty.0.value
+    }
+
+    public static let propertyManufacturer: UInt32 = KC_PT_MANUFACTURER
+    public static let propertyLockoutCounter: UInt32 = KC_PT_LOCKOUT_COUNTER
+    public static let propertyMaxAuthFail: UInt32 = KC_PT_MAX_AUTH_FAIL
+
+    /// Sets the TPM-wide dictionary-attack limits (needs the lockout authorization).
+    public func setDictionaryAttackParameters(maxTries: UInt32, recoveryTime: UInt32, lockoutRecovery: UInt32) throws(TPMError) {
+        try call("DictionaryAttackParameters") {
+            Esys_DictionaryAttackParameters(esys, KC_ESYS_TR_RH_LOCKOUT, Self.password, Self.none, Self.none,
+                                            maxTries, recoveryTime, lockoutRecovery)
+        }
+    }
+}
+
+/// Marshalling of the structures we store.
+enum Marshal {
+    static func `public`(_ value: TPM2B_PUBLIC) throws(TPMError) -> [UInt8] {
+        var v = value
+        var buffer = [UInt8](repeating: 0, count: MemoryLayout<TPM2B_PUBLIC>.size + 8)
+        var offset = 0
+        let rc = Tss2_MU_TPM2B_PUBLIC_Marshal(&v, &buffer, buffer.count, &offset)
+        guard rc == 0 else { throw TPMError(command: "marshal TPM2B_PUBLIC", code: .init(rawValue: rc)) }
+        return Array(buffer.prefix(offset))
+    }
+    static func `private`(_ value: TPM2B_PRIVATE) throws(TPMError) -> [UInt8] {
+        var v = value
+        var buffer = [UInt8](repeating: 0, count: MemoryLayout<TPM2B_PRIVATE>.size + 8)
+        var offset = 0
+        let rc = Tss2_MU_TPM2B_PRIVATE_Marshal(&v, &buffer, buffer.count, &offset)
+        guard rc == 0 else { throw TPMError(command: "marshal TPM2B_PRIVATE", code: .init(rawValue: rc)) }
+        return Array(buffer.prefix(offset))
+    }
+    static func `public`(_ bytes: [UInt8]) throws(TPMError) -> TPM2B_PUBLIC {
+        var out = TPM2B_PUBLIC()
+        var offset = 0
+        let rc = Tss2_MU_TPM2B_PUBLIC_Unmarshal(bytes, bytes.count, &offset, &out)
+        guard rc == 0, offset == bytes.count else { throw TPMError(command: "unmarshal TPM2B_PUBLIC", code: .init(rawValue: rc == 0 ? TPMReturnCode.size.rawValue : rc)) }
+        return out
+    }
+    static func `private`(_ bytes: [UInt8]) throws(TPMError) -> TPM2B_PRIVATE {
+        var out = TPM2B_PRIVATE()
+        var offset = 0
+        let rc = Tss2_MU_TPM2B_PRIVATE_Unmarshal(bytes, bytes.count, &offset, &out)
+        guard rc == 0, offset == bytes.count else { throw TPMError(command: "unmarshal TPM2B_PRIVATE", code: .init(rawValue: rc == 0 ? TPMReturnCode.size.rawValue : rc)) }
+        return out
+    }
+    static func pcrSelection(_ selection: PCRSelection) -> TPML_PCR_SELECTION {
+        var sel = TPML_PCR_SELECTION()
+        sel.count = 1
+        sel.pcrSelections.0.hash = UInt16(TPM2_ALG_SHA256)
+        sel.pcrSelections.0.sizeofSelect = 3
+        withUnsafeMutableBytes(of: &sel.pcrSelections.0.pcrSelect) { raw in
+            for i in selection.indices where (0..<24).contains(i) { raw[i / 8] |= UInt8(1 << (i % 8)) }
+        }
+        return sel
+    }
+}

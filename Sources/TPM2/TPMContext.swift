@@ -1,0 +1,151 @@
+internal import CTSS2
+import SecureMemory
+import Foundation
+
+/// A handle to a TPM entity, as ESAPI knows it. `mustFlush` is true for transient objects and sessions.
+public struct TPMHandle: Sendable, Hashable {
+    public let tr: UInt32
+    public let mustFlush: Bool
+}
+
+/// One connection to a TPM: owns the TCTI and ESAPI contexts and is the only place that calls ESAPI.
+///
+/// - Important: not thread-safe. Confine it to one actor; the keychain's engine does.
+public final class TPMContext {
+    let esys: OpaquePointer
+    private var tcti: OpaquePointer?
+    public let device: TPMDevice
+    /// TPM commands sent on this connection; the benchmark reads it.
+    public private(set) var commandCount = 0
+
+    public init(device: TPMDevice) throws(TPMError) {
+        setenv("TSS2_LOG", "all+none", 0)
+        self.device = device
+        var tctiContext: OpaquePointer?
+        let rc = Tss2_TctiLdr_Initialize(device.tctiConfiguration, &tctiContext)
+        guard rc == 0, let tctiContext else {
+            throw TPMError(command: "connect to \(device)", code: TPMReturnCode(rawValue: rc))
+        }
+        var ctx: OpaquePointer?
+        let rc2 = Esys_Initialize(&ctx, tctiContext, nil)
+        guard rc2 == 0, let ctx else {
+            var t: OpaquePointer? = tctiContext
+            Tss2_TctiLdr_Finalize(&t)
+            throw TPMError(command: "Esys_Initialize", code: TPMReturnCode(rawValue: rc2))
+        }
+        self.tcti = tctiContext
+        self.esys = ctx
+    }
+
+    deinit {
+        var ctx: OpaquePointer? = esys
+        Esys_Finalize(&ctx)
+        Tss2_TctiLdr_Finalize(&tcti)
+    }
+
+    /// The one call point: counts the command and turns a non-zero code into a `TPMError`.
+    /// TPM "retry" warnings are retried a few times, as the spec asks of callers.
+    func call(_ command: String, _ body: () -> UInt32) throws(TPMError) {
+        var attempt = 0
+        while true {
+            commandCount += 1
+            let rc = TPMReturnCode(rawValue: body())
+            if rc == .success { return }
+            if rc.isRetryable && attempt < 50 {
+                attempt += 1
+                usleep(useconds_t(min(100_000, 1_000 * attempt)))
+                continue
+            }
+            throw TPMError(command: command, code: rc)
+        }
+    }
+
+    /// Flushes a transient object or session; never throws, so it can run on every error path.
+    public func flush(_ handle: TPMHandle?) {
+        guard let handle, handle.mustFlush else { return }
+        try? call("FlushContext") { Esys_FlushContext(esys, handle.tr) }
+    }
+
+    /// Forgets an ESAPI resource without touching the TPM (persistent objects, NV indices).
+    public func close(_ handle: TPMHandle) {
+        var tr = handle.tr
+        _ = Esys_TR_Close(esys, &tr)
+    }
+
+    // MARK: Resources by TPM handle
+
+    /// Makes an ESAPI resource for a persistent object or NV index (one ReadPublic/NV_ReadPublic).
+    public func resource(forPersistent tpmHandle: UInt32) throws(TPMError) -> TPMHandle {
+        var tr: ESYS_TR = 0
+        try call("ReadPublic(0x\(String(tpmHandle, radix: 16)))") {
+            Esys_TR_FromTPMPublic(esys, tpmHandle, KC_ESYS_TR_NONE, KC_ESYS_TR_NONE, KC_ESYS_TR_NONE, &tr)
+        }
+        return TPMHandle(tr: tr, mustFlush: false)
+    }
+
+    /// Serializes a resource so a later process can use it without a ReadPublic.
+    public func serialize(_ handle: TPMHandle) throws(TPMError) -> [UInt8] {
+        var buffer: UnsafeMutablePointer<UInt8>?
+        var size = 0
+        let rc = Esys_TR_Serialize(esys, handle.tr, &buffer, &size)
+        guard rc == 0, let buffer else { throw TPMError(command: "TR_Serialize", code: .init(rawValue: rc)) }
+        defer { free(buffer) }
+        return Array(UnsafeBufferPointer(start: buffer, count: size))
+    }
+
+    public func deserialize(_ bytes: [UInt8]) throws(TPMError) -> TPMHandle {
+        var tr: ESYS_TR = 0
+        let rc = Esys_TR_Deserialize(esys, bytes, bytes.count, &tr)
+        guard rc == 0 else { throw TPMError(command: "TR_Deserialize", code: .init(rawValue: rc)) }
+        return TPMHandle(tr: tr, mustFlush: false)
+    }
+
+    /// The TPM name (nameAlg || digest of the public area) ESAPI holds for a resource.
+    public func name(of handle: TPMHandle) throws(TPMError) -> [UInt8] {
+        var name: UnsafeMutablePointer<TPM2B_NAME>?
+        let rc = Esys_TR_GetName(esys, handle.tr, &name)
+        guard rc == 0, let name else { throw TPMError(command: "TR_GetName", code: .init(rawValue: rc)) }
+        defer { Esys_Free(name) }
+        return TPM2B.bytes(name.pointee.name, size: name.pointee.size)
+    }
+
+    /// Sets the authorization value ESAPI uses for an entity (a PIN, the owner's auth).
+    public func setAuth(_ handle: TPMHandle, _ auth: SecureBytes?) throws(TPMError) {
+        var value = TPM2B_AUTH()
+        defer { TPM2B.wipe(&value.buffer) }
+        if let auth {
+            guard auth.count <= MemoryLayout.size(ofValue: value.buffer) else {
+                throw TPMError(command: "TR_SetAuth", code: .size)
+            }
+            auth.withUnsafeBytes { value.size = TPM2B.set(&value.buffer, $0) }
+        }
+        let rc = Esys_TR_SetAuth(esys, handle.tr, &value)
+        guard rc == 0 else { throw TPMError(command: "TR_SetAuth", code: .init(rawValue: rc)) }
+    }
+
+    public static let owner = TPMHandle(tr: KC_ESYS_TR_RH_OWNER, mustFlush: false)
+    public static let lockout = TPMHandle(tr: KC_ESYS_TR_RH_LOCKOUT, mustFlush: false)
+    static let none = KC_ESYS_TR_NONE
+    static let password = KC_ESYS_TR_PASSWORD
+}
+
+/// Copying between Swift bytes and the fixed arrays of TPM2B structures (imported as tuples).
+enum TPM2B {
+    static func bytes<T>(_ buffer: T, size: UInt16) -> [UInt8] {
+        withUnsafeBytes(of: buffer) { Array($0.prefix(Int(size))) }
+    }
+    @discardableResult
+    static func set<T>(_ buffer: inout T, _ source: UnsafeRawBufferPointer) -> UInt16 {
+        withUnsafeMutableBytes(of: &buffer) { dest in
+            precondition(source.count <= dest.count, "TPM2B overflow")
+            dest.copyMemory(from: source)
+        }
+        return UInt16(source.count)
+    }
+    static func set<T>(_ buffer: inout T, _ source: [UInt8]) -> UInt16 {
+        source.withUnsafeBytes { set(&buffer, $0) }
+    }
+    static func wipe<T>(_ buffer: inout T) {
+        withUnsafeMutableBytes(of: &buffer) { $0.initializeMemory(as: UInt8.self, repeating: 0) }
+    }
+}

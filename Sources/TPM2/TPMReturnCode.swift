@@ -1,0 +1,84 @@
+internal import CTSS2
+
+/// A TSS2/TPM response code, decoded once at the call point so nothing else parses raw integers.
+///
+/// Layout (TPM 2.0 Part 2, 6.6): the top byte is the TSS layer (0 = the TPM itself); format-one codes
+/// (bit 7) carry the handle, session or parameter number they apply to in bits 8–11.
+public struct TPMReturnCode: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+    public let rawValue: UInt32
+    public init(rawValue: UInt32) { self.rawValue = rawValue }
+
+    /// The TSS layer that produced the code (0 = the TPM, 7 = ESAPI, 10 = TCTI, 11 = resource manager).
+    public var layer: UInt8 { UInt8(truncatingIfNeeded: rawValue >> 16) }
+    /// The code with layer and parameter/handle/session number stripped, comparable with the constants.
+    public var base: UInt32 {
+        let code = rawValue & 0xFFFF
+        if layer != 0 && layer != 11 { return code }
+        return code & 0x80 != 0 ? code & 0xBF : code
+    }
+    /// For format-one codes: 1-based number of the parameter, session or handle the error is about.
+    public var subject: (kind: Subject, number: Int)? {
+        let code = rawValue & 0xFFFF
+        guard code & 0x80 != 0 else { return nil }
+        let n = Int((code >> 8) & 0xF)
+        if code & 0x40 != 0 { return (.parameter, n) }
+        return n & 0x8 != 0 ? (.session, n & 0x7) : (.handle, n)
+    }
+    public enum Subject: Sendable { case handle, session, parameter }
+
+    public var isTPMError: Bool { layer == 0 || layer == 11 }
+    /// Transient conditions the TPM asks to retry (RETRY, YIELDED, TESTING, NV_RATE).
+    public var isRetryable: Bool {
+        isTPMError && [Self.retry, .yielded, .testing, .nvRate].map(\.rawValue).contains(base)
+    }
+
+    /// A readable name from the TSS decoder, e.g. "tpm:session(1):authorization failure without DA implications".
+    public var description: String {
+        String(format: "0x%X ", rawValue) + String(cString: Tss2_RC_Decode(rawValue))
+    }
+
+    public static let success = Self(rawValue: 0)
+    // Format one (Part 2, Table 16), compared against `base`.
+    public static let value = Self(rawValue: 0x084)
+    public static let handle = Self(rawValue: 0x08B)
+    public static let authFail = Self(rawValue: 0x08E)
+    public static let policyFail = Self(rawValue: 0x09D)
+    public static let integrity = Self(rawValue: 0x09F)
+    public static let badAuth = Self(rawValue: 0x0A2)
+    public static let size = Self(rawValue: 0x095)
+    // Format zero.
+    public static let initialize = Self(rawValue: 0x100)
+    public static let failure = Self(rawValue: 0x101)
+    public static let authUnavailable = Self(rawValue: 0x12F)
+    public static let policy = Self(rawValue: 0x126)
+    public static let nvLocked = Self(rawValue: 0x148)
+    public static let nvAuthorization = Self(rawValue: 0x149)
+    public static let nvUninitialized = Self(rawValue: 0x14A)
+    public static let nvDefined = Self(rawValue: 0x14C)
+    public static let nvSpace = Self(rawValue: 0x14B)
+    public static let nvRange = Self(rawValue: 0x146)
+    // Warnings.
+    public static let objectMemory = Self(rawValue: 0x902)
+    public static let sessionMemory = Self(rawValue: 0x903)
+    public static let lockout = Self(rawValue: KC_RC_LOCKOUT)
+    public static let retry = Self(rawValue: KC_RC_RETRY)
+    public static let yielded = Self(rawValue: KC_RC_YIELDED)
+    public static let testing = Self(rawValue: KC_RC_TESTING)
+    public static let nvRate = Self(rawValue: KC_RC_NV_RATE)
+
+    /// True when this is a TPM code whose base equals `other`.
+    public func `is`(_ other: TPMReturnCode) -> Bool { isTPMError && base == other.rawValue }
+}
+
+/// A failed TPM (or TSS) call: which command, and the decoded response code.
+public struct TPMError: Error, Sendable, CustomStringConvertible {
+    public let command: String
+    public let code: TPMReturnCode
+    public init(command: String, code: TPMReturnCode) { self.command = command; self.code = code }
+    public var description: String { "\(command) failed: \(code)" }
+
+    /// The TPM could not be reached at all (TCTI layer, or ESAPI failing to talk to it).
+    public var isConnectionFailure: Bool {
+        code.layer == 10 || code.layer == 9 || (code.layer == 7 && [0x0A, 0x05, 0x1A].contains(code.rawValue & 0xFFFF))
+    }
+}

@@ -1,0 +1,148 @@
+import Foundation
+import Keychain
+import SecureMemory
+
+/// Exit codes: 0 success (and "present" for `has`); 1 not found; 2 usage or INVALID_ARGUMENT; 3 any other error.
+enum Exit: Int32 { case ok = 0, notFound = 1, usage = 2, failure = 3 }
+
+struct UsageError: Error { let message: String }
+
+/// Global options and the command's own arguments, parsed by hand (no outside packages).
+struct Invocation {
+    var store: String?
+    var tcti: String?
+    var json = false
+    var command: [String] = []
+    var flags: [String: String] = [:]
+    var switches: Set<String> = []
+
+    static let valued: Set<String> = ["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
+                                      "--pcrs", "--touch"]
+    static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--help", "-h"]
+
+    init(_ args: [String]) throws(UsageError) {
+        var i = 0
+        while i < args.count {
+            let arg = args[i]
+            if arg.hasPrefix("--"), let eq = arg.firstIndex(of: "=") {
+                flags[String(arg[..<eq])] = String(arg[arg.index(after: eq)...])
+            } else if Self.valued.contains(arg) {
+                guard i + 1 < args.count else { throw UsageError(message: "\(arg) needs a value") }
+                flags[arg] = args[i + 1]
+                i += 1
+            } else if Self.booleans.contains(arg) {
+                switches.insert(arg)
+            } else if arg.hasPrefix("--") {
+                throw UsageError(message: "unknown option \(arg)")
+            } else {
+                command.append(arg)
+            }
+            i += 1
+        }
+        store = flags["--store"]
+        tcti = flags["--tcti"]
+        json = switches.contains("--json")
+    }
+
+    func configuration() -> KeychainConfiguration {
+        var configuration = KeychainConfiguration.default
+        if let store { configuration.storeDirectory = store }
+        if let tcti { configuration.tpm = .tcti(tcti) }
+        if let pcrs = flags["--pcrs"] {
+            configuration.pcrSelection = pcrs.split(separator: ",").compactMap { Int($0) }
+        }
+        return configuration
+    }
+}
+
+let usage = """
+    usage: keychainctl [--store DIR] [--tcti CONF] [--json] COMMAND …
+
+    Device:
+      init                         provision the TPM and the store
+      status                       the TPM, the passcode and the lock state
+      passcode set|change|remove   PINs on stdin, one per line (change: old then new)
+      passcode reset-tries         reset the TPM's count of wrong passcodes (owner authorization)
+      unlock                       the passcode on stdin (no input when none is set)
+      lock
+      tpm reboot                   restart the embedded software TPM (a TPM reset)
+
+    Items (the value of `set` is read from stdin to EOF, bytes kept exactly):
+      set SERVICE KEY [--accessible A] [--access-control C] [--label L] [--auth-validity N] [--synchronizable]
+      get SERVICE KEY              the value on stdout, exactly as stored
+      has SERVICE KEY              exit 0 when present, 1 when not
+      rm SERVICE KEY
+      ls SERVICE
+      info SERVICE KEY
+      clear SERVICE
+      can-use ACCESS_CONTROL
+      biometry-types
+      demo                         the sign-in flow, step by step, on a fresh embedded software TPM
+
+    Environment: KEYCHAIN_STORE (store directory), KEYCHAIN_TCTI then TPM2TCTI (the TPM).
+    Without either and without /dev/tpmrm0, a software TPM kept in the store directory is used.
+    """
+
+/// Reads stdin to EOF into locked memory: values and PINs never pass through a Swift String.
+func readStdin() -> SecureBytes {
+    var buffer = SecureBytes(count: 4096)
+    var length = 0
+    while true {
+        if length == buffer.count {
+            let bigger = SecureBytes(count: buffer.count * 2)
+            bigger.withUnsafeMutableBytes { dest in buffer.withUnsafeBytes { dest.copyMemory(from: $0) } }
+            buffer = bigger
+        }
+        let n = buffer.withUnsafeMutableBytes { raw in read(0, raw.baseAddress! + length, raw.count - length) }
+        if n > 0 { length += n } else if n == 0 || errno != EINTR { break }
+    }
+    return buffer.withUnsafeBytes { SecureBytes(copying: $0.prefix(length)) }
+}
+
+/// Splits stdin into lines (PINs), without the newline; at most `count` lines are used.
+func readLines(_ count: Int) -> [SecureBytes] {
+    let all = readStdin()
+    return all.withUnsafeBytes { raw -> [SecureBytes] in
+        var lines: [SecureBytes] = []
+        var start = 0
+        for i in 0...raw.count where lines.count < count {
+            if i == raw.count || raw[i] == UInt8(ascii: "\n") {
+                var end = i
+                if end > start, raw[end - 1] == UInt8(ascii: "\r") { end -= 1 }
+                if i < raw.count || end > start { lines.append(SecureBytes(copying: raw[start..<end])) }
+                start = i + 1
+            }
+        }
+        return lines
+    }
+}
+
+func writeStdout(_ bytes: UnsafeRawBufferPointer) {
+    var offset = 0
+    while offset < bytes.count {
+        let n = write(1, bytes.baseAddress! + offset, bytes.count - offset)
+        if n > 0 { offset += n } else if errno != EINTR { return }
+    }
+}
+
+func printJSON(_ value: some Encodable) {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.sortedKeys]
+    encoder.dateEncodingStrategy = .iso8601
+    if let data = try? encoder.encode(value), let text = String(data: data, encoding: .utf8) { print(text) }
+}
+
+struct ErrorBody: Encodable {
+    struct Inner: Encodable { let code: String; let message: String; let cause: String? }
+    let error: Inner
+}
+
+func report(_ error: KeychainError, json: Bool) -> Exit {
+    if json {
+        printJSON(ErrorBody(error: .init(code: error.code.rawValue, message: error.message,
+                                         cause: error.underlying.map { "\($0)" })))
+    } else {
+        FileHandle.standardError.write(Data("keychainctl: \(error)\n".utf8))
+    }
+    return error.code == .invalidArgument ? .usage : .failure
+}

@@ -1,0 +1,187 @@
+import Foundation
+import Keychain
+import SecureMemory
+
+struct Commands {
+    let inv: Invocation
+    let configuration: KeychainConfiguration
+
+    var device: KeychainDevice { KeychainDevice(configuration: configuration) }
+
+    func storage(_ service: String, _ options: KeychainOptions = .init()) throws(KeychainError) -> Keychain {
+        var options = options
+        options.service = service
+        return try createKeychain(options, configuration: configuration)
+    }
+
+    func arguments(_ n: Int, _ names: String) throws(UsageError) -> [String] {
+        let args = Array(inv.command.dropFirst())
+        guard args.count == n else { throw UsageError(message: "\(inv.command[0]) takes \(names)") }
+        return args
+    }
+
+    func run() async throws -> Exit {
+        switch inv.command.first {
+        case "init":
+            let status = try await device.initialize()
+            output(status) { "initialized: \($0.tpm) (\($0.securityLevel.rawValue)), passcode \($0.passcodeSet ? "set" : "not set")" }
+        case "status":
+            let status = try await device.status()
+            output(status) {
+                "tpm: \($0.tpm)\nsecurity level: \($0.securityLevel.rawValue)\npasscode: \($0.passcodeSet ? "set" : "not set")\nlock: \($0.lockState.rawValue)"
+            }
+        case "unlock":
+            let lines = readLines(1)
+            try await device.unlock(passcode: lines.first.flatMap { $0.count == 0 ? nil : $0 })
+            done("unlocked")
+        case "lock":
+            try await device.lock()
+            done("locked")
+        case "passcode":
+            return try await passcode()
+        case "tpm":
+            guard inv.command.dropFirst().first == "reboot" else { throw UsageError(message: "tpm takes: reboot") }
+            guard case .embedded = configuration.tpm else {
+                throw KeychainError.invalidArgument("tpm reboot only restarts the embedded software TPM; this store uses \(configuration.tpm)")
+            }
+            EmbeddedTPM.reboot(storeDirectory: configuration.storeDirectory)
+            done("rebooted the embedded software TPM")
+        case "set":
+            let args = try arguments(2, "SERVICE KEY")
+            var call = SetItemOptions()
+            if let a = inv.flags["--accessible"] { call.accessible = try Accessible(parsing: a) }
+            if let c = inv.flags["--access-control"] { call.accessControl = try AccessControl(parsing: c) }
+            if let l = inv.flags["--label"] { call.label = l }
+            if let v = inv.flags["--auth-validity"] {
+                guard let n = Int(v) else { throw KeychainError.invalidArgument("Invalid authValidity: expected a whole number of seconds, got '\(v)'") }
+                call.authValidity = n
+            }
+            if inv.switches.contains("--synchronizable") { call.synchronizable = true }
+            let store = try storage(args[0])
+            try await store.setItem(args[1], readStdin(), options: call)
+            if inv.json { printJSON(["stored": true]) }
+        case "get":
+            let args = try arguments(2, "SERVICE KEY")
+            guard let value = try await storage(args[0]).getSecureBytes(args[1]) else {
+                return notFound(args)
+            }
+            value.withUnsafeBytes { writeStdout($0) }
+        case "has":
+            let args = try arguments(2, "SERVICE KEY")
+            let present = try await storage(args[0]).hasItem(args[1])
+            if inv.json { printJSON(["present": present]) }
+            return present ? .ok : .notFound
+        case "rm":
+            let args = try arguments(2, "SERVICE KEY")
+            let store = try storage(args[0])
+            let present = try await store.hasItem(args[1])
+            try await store.removeItem(args[1])
+            if inv.json { printJSON(["removed": present]) }
+            return present ? .ok : .notFound
+        case "ls":
+            let args = try arguments(1, "SERVICE")
+            let keys = try await storage(args[0]).getAllKeys()
+            if inv.json { printJSON(keys) } else { keys.forEach { print($0) } }
+        case "info":
+            let args = try arguments(2, "SERVICE KEY")
+            guard let info = try await storage(args[0]).getItemInfo(args[1]) else { return notFound(args) }
+            output(info) { info in
+                let f = ISO8601DateFormatter()
+                return ["service: \(info.service)", "key: \(info.key)", "accessible: \(info.accessible.rawValue)",
+                        "accessControl: \(info.accessControl.rawValue)", "label: \(info.label ?? "")",
+                        "created: \(f.string(from: info.created))", "modified: \(f.string(from: info.modified))",
+                        "securityLevel: \(info.securityLevel.rawValue)"].joined(separator: "\n")
+            }
+        case "clear":
+            let args = try arguments(1, "SERVICE")
+            try await storage(args[0]).clear()
+            if inv.json { printJSON(["cleared": true]) }
+        case "can-use":
+            let args = try arguments(1, "ACCESS_CONTROL")
+            let check = await canUseAccessControl(try AccessControl(parsing: args[0]))
+            output(check) { "available: \($0.available)" + ($0.reason.map { "\nreason: \($0.rawValue)" } ?? "") }
+        case "biometry-types":
+            let types = await getBiometryTypes()
+            if inv.json { printJSON(types.map(\.rawValue)) } else { types.forEach { print($0.rawValue) } }
+        case "demo":
+            return try await Demo(json: inv.json).run()
+        case nil:
+            throw UsageError(message: "no command given")
+        case let other?:
+            throw UsageError(message: "unknown command '\(other)'")
+        }
+        return .ok
+    }
+
+    private func passcode() async throws -> Exit {
+        switch inv.command.dropFirst().first {
+        case "set":
+            let lines = readLines(1)
+            guard let pin = lines.first else { throw KeychainError.invalidArgument("passcode set reads the new passcode from stdin") }
+            try await device.setPasscode(pin)
+            done("passcode set")
+        case "change":
+            let lines = readLines(2)
+            guard lines.count == 2 else {
+                throw KeychainError.invalidArgument("passcode change reads two lines from stdin: the current passcode, then the new one")
+            }
+            try await device.changePasscode(from: lines[0], to: lines[1])
+            done("passcode changed")
+        case "remove":
+            let lines = readLines(1)
+            guard let pin = lines.first else { throw KeychainError.invalidArgument("passcode remove reads the current passcode from stdin") }
+            try await device.removePasscode(current: pin)
+            done("passcode removed; whenPasscodeSetThisDeviceOnly items were destroyed")
+        case "reset-tries":
+            try await device.resetPasscodeTries()
+            done("passcode tries reset")
+        default:
+            throw UsageError(message: "passcode takes: set, change, remove or reset-tries")
+        }
+        return .ok
+    }
+
+    private func notFound(_ args: [String]) -> Exit {
+        if inv.json { printJSON(["error": ["code": "NOT_FOUND", "message": "No item '\(args[1])' in service '\(args[0])'"]]) }
+        else { FileHandle.standardError.write(Data("keychainctl: no item '\(args[1])' in service '\(args[0])'\n".utf8)) }
+        return .notFound
+    }
+
+    private func done(_ text: String) {
+        if inv.json { printJSON(["ok": text]) } else { print(text) }
+    }
+
+    private func output<T: Encodable>(_ value: T, text: (T) -> String) {
+        if inv.json { printJSON(value) } else { print(text(value)) }
+    }
+}
+
+@main
+struct KeychainCtl {
+    static func main() async {
+        let args = Array(CommandLine.arguments.dropFirst())
+        let code: Exit
+        do {
+            let inv = try Invocation(args)
+            if inv.switches.contains("--help") || inv.switches.contains("-h") || inv.command.first == "help" {
+                print(usage)
+                exit(0)
+            }
+            let configuration = inv.configuration()
+            if case .embedded = configuration.tpm, inv.command.first != "demo", inv.command.first != "can-use",
+               inv.command.first != "biometry-types" {
+                FileHandle.standardError.write(Data("keychainctl: no TPM device or --tcti: using the embedded software TPM in \(configuration.storeDirectory)/swtpm (security level: software)\n".utf8))
+            }
+            code = try await Commands(inv: inv, configuration: configuration).run()
+        } catch let error as UsageError {
+            FileHandle.standardError.write(Data("keychainctl: \(error.message)\n\n\(usage)\n".utf8))
+            code = .usage
+        } catch let error as KeychainError {
+            code = report(error, json: CommandLine.arguments.contains("--json"))
+        } catch {
+            code = report(KeychainError(.internal, "\(error)"), json: CommandLine.arguments.contains("--json"))
+        }
+        fflush(nil)
+        exit(code.rawValue)
+    }
+}
