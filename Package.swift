@@ -8,6 +8,8 @@ let package = Package(
         .library(name: "Keychain", targets: ["Keychain"]),
         .executable(name: "keychainctl", targets: ["keychainctl"]),
         .executable(name: "keychain-bench", targets: ["keychain-bench"]),
+        // For our users' own test suites: a private software TPM per test or suite.
+        .library(name: "KeychainTestSupport", targets: ["KeychainTestSupport"]),
     ],
     targets: [
         // C libraries, seen only by the modules directly above them.
@@ -25,13 +27,15 @@ let package = Package(
         // The public API.
         .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore"]),
 
+        .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2"]),
+
         .executableTarget(name: "keychainctl", dependencies: ["Keychain"]),
-        .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2"]),
+        .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport"]),
 
         .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory"]),
-        .testTarget(name: "TPM2Tests", dependencies: ["TPM2", "SecureMemory"]),
+        .testTarget(name: "TPM2Tests", dependencies: ["TPM2", "SecureMemory", "KeychainTestSupport"]),
         .testTarget(name: "KeychainStoreTests", dependencies: ["KeychainStore"]),
-        .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory"]),
+        .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

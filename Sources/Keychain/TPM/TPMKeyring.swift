@@ -112,7 +112,6 @@ final class TPMKeyring {
     private static func provisionDeviceLock(context: TPMContext, srk: TPMHandle,
                                             configuration: KeychainConfiguration) throws(TPMError) -> LockDescriptor {
         if let descriptorNV = try? context.resource(forPersistent: DeviceLockLayout.descriptorIndex) {
-            defer { context.close(descriptorNV) }
             let bytes = try context.readNV(descriptorNV, size: DeviceLockLayout.descriptorSize)
             if let descriptor = LockDescriptor(decoding: bytes) { return descriptor }
         }
@@ -128,7 +127,6 @@ final class TPMKeyring {
         try context.writeNV(pin, data: UInt32(0).bigEndianBytes + configuration.passcodeRetryLimit.bigEndianBytes,
                             authHandle: TPMContext.owner, session: nil)
         let state = try context.defineNV(DeviceLockLayout.statePublic(approvalKeyName: approval.keyName), auth: nil)
-        context.close(state)
         let epoch = try context.defineNV(DeviceLockLayout.epochPublic, auth: nil)
         try context.withSession(.policy, saltKey: nil) { session throws(TPMError) in
             try context.policyCommandCode(session, CommandCode.nvIncrement)
@@ -274,7 +272,6 @@ final class TPMKeyring {
     private func srkChanged() -> Bool {
         guard let pinned = try? store.meta(Meta.srkName) else { return false }
         guard let current = try? context.resource(forPersistent: Self.srkHandle) else { return true }
-        defer { context.close(current) }
         return (try? context.name(of: current)) != pinned
     }
 
@@ -282,7 +279,6 @@ final class TPMKeyring {
 
     func currentDescriptor() throws(TPMError) -> LockDescriptor {
         let nv = try context.resource(forPersistent: DeviceLockLayout.descriptorIndex)
-        defer { context.close(nv) }
         let bytes = try context.readNV(nv, size: DeviceLockLayout.descriptorSize)
         guard let descriptor = LockDescriptor(decoding: bytes) else {
             throw TPMError(command: "decode lock descriptor", code: .value)
@@ -314,7 +310,6 @@ final class TPMKeyring {
         do {
             let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
             let state = try context.resource(forPersistent: DeviceLockLayout.stateIndex)
-            defer { context.close(pin); context.close(state) }
             try context.setAuth(pin, passcode)
             defer { try? context.setAuth(pin, nil) }
             let lockBranch = PolicyStep.authorizeDigest(keyName: descriptor.approval.keyName, policyRef: DeviceLockLayout.lockPolicyRef)
@@ -335,7 +330,6 @@ final class TPMKeyring {
     func lock() throws(KeychainError) {
         do {
             let state = try context.resource(forPersistent: DeviceLockLayout.stateIndex)
-            defer { context.close(state) }
             guard (try? context.readNV(state, size: 1)) != nil else { return }  // before first unlock: locked already
             let statePublic = DeviceLockLayout.statePublic(approvalKeyName: descriptor.approval.keyName)
             let approval = descriptor.approval
@@ -358,7 +352,6 @@ final class TPMKeyring {
     func changePasscode(from old: SecureBytes?, to new: SecureBytes?) throws(KeychainError) {
         do {
             let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
-            defer { context.close(pin) }
             try context.setAuth(pin, old)
             defer { try? context.setAuth(pin, nil) }
             try context.withSession(.policy, saltKey: srk, decryptCommand: true) { policy throws(TPMError) in
@@ -377,7 +370,6 @@ final class TPMKeyring {
                 }
             }
             let nv = try context.resource(forPersistent: DeviceLockLayout.descriptorIndex)
-            defer { context.close(nv) }
             try context.writeNV(nv, data: [new == nil ? 0 : 1], offset: 0, authHandle: nv, session: nil)
             descriptor.passcodeSet = new != nil
         } catch {
@@ -389,7 +381,6 @@ final class TPMKeyring {
     func resetPasscodeTries(ownerAuthorization: SecureBytes?, limit: UInt32) throws(KeychainError) {
         do {
             let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
-            defer { context.close(pin) }
             try context.setAuth(TPMContext.owner, ownerAuthorization)
             try context.writeNV(pin, data: UInt32(0).bigEndianBytes + limit.bigEndianBytes,
                                 authHandle: TPMContext.owner, session: nil)

@@ -1,0 +1,111 @@
+import Foundation
+import Keychain
+import TPM2
+
+/// A private software TPM for one test or suite: swtpm on a free loopback port with its state in a
+/// temporary directory, small dictionary-attack limits, stopped and removed when released.
+///
+/// ```swift
+/// let tpm = try SoftwareTPM()
+/// let keychain = try createKeychain(.init(service: "tests"), configuration: tpm.configuration())
+/// ```
+public final class SoftwareTPM: @unchecked Sendable {
+    public let directory: String
+    public private(set) var port: Int
+    private var pid: pid_t = 0
+    private let lock = NSLock()
+
+    /// The TCTI string of this TPM (`swtpm:host=127.0.0.1,port=…`).
+    public var tcti: String { "swtpm:host=127.0.0.1,port=\(port)" }
+    public var device: TPMDevice { .swtpm(host: "127.0.0.1", port: port) }
+
+    public init() throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("keychain-swtpm-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory + "/state", withIntermediateDirectories: true,
+                                                attributes: [.posixPermissions: 0o700])
+        port = 0
+        try start(newPort: true)
+        // Low DA limits, so a test that fails authorizations never waits minutes (our own objects are noDA).
+        let context = try TPMContext(device: device)
+        try context.setDictionaryAttackParameters(maxTries: 1000, recoveryTime: 1, lockoutRecovery: 1)
+    }
+
+    deinit {
+        stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    /// A keychain configuration on this TPM with its store in `directory/store` (or `store`).
+    public func configuration(store: String? = nil, pcrSelection: [Int] = [7]) -> KeychainConfiguration {
+        KeychainConfiguration(storeDirectory: store ?? directory + "/store", tpm: .tcti(tcti), pcrSelection: pcrSelection)
+    }
+
+    /// A TPM reset: the process stops and starts again on the same state and port.
+    public func reboot() throws {
+        stop()
+        try start(newPort: false)
+    }
+
+    public func stop() {
+        lock.lock(); defer { lock.unlock() }
+        guard pid > 0 else { return }
+        kill(pid, SIGKILL)
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        pid = 0
+    }
+
+    private func start(newPort: Bool) throws {
+        lock.lock(); defer { lock.unlock() }
+        guard let swtpm = ["/usr/bin/swtpm", "/usr/local/bin/swtpm"].first(where: FileManager.default.isExecutableFile) else {
+            throw SoftwareTPMError("swtpm is not installed (apt-get install swtpm)")
+        }
+        for attempt in 0..<10 {
+            if newPort || attempt > 0 { port = Int.random(in: 20_000..<60_000) & ~1 }
+            let argv = ["swtpm", "socket", "--tpm2",
+                        "--server", "type=tcp,port=\(port),bindaddr=127.0.0.1",
+                        "--ctrl", "type=tcp,port=\(port + 1),bindaddr=127.0.0.1",
+                        "--tpmstate", "dir=\(directory)/state",
+                        "--flags", "not-need-init,startup-clear",
+                        "--log", "file=\(directory)/swtpm.log"]
+            var actions = posix_spawn_file_actions_t()
+            posix_spawn_file_actions_init(&actions)
+            defer { posix_spawn_file_actions_destroy(&actions) }
+            for fd in 0...2 { posix_spawn_file_actions_addopen(&actions, Int32(fd), "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0) }
+            var cArgs = argv.map { strdup($0) } + [nil]
+            defer { cArgs.forEach { free($0) } }
+            var child: pid_t = 0
+            guard posix_spawn(&child, swtpm, &actions, nil, &cArgs, environ) == 0 else {
+                throw SoftwareTPMError("cannot start swtpm: errno \(errno)")
+            }
+            for _ in 0..<300 {
+                var status: Int32 = 0
+                if waitpid(child, &status, WNOHANG) == child { break }  // exited: port taken, try another
+                if Self.canConnect(port) { pid = child; return }
+                usleep(5_000)
+            }
+            kill(child, SIGKILL)
+            var status: Int32 = 0
+            waitpid(child, &status, 0)
+        }
+        throw SoftwareTPMError("swtpm did not start; see \(directory)/swtpm.log")
+    }
+
+    static func canConnect(_ port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = in_port_t(UInt16(port).bigEndian)
+        addr.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+        return withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
+    }
+}
+
+public struct SoftwareTPMError: Error, CustomStringConvertible {
+    public let description: String
+    init(_ description: String) { self.description = description }
+}

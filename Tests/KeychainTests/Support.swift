@@ -1,0 +1,75 @@
+import Foundation
+import Keychain
+import KeychainTestSupport
+import SecureMemory
+import Testing
+import TPM2
+
+/// One private swtpm and a fresh store on it, per test.
+struct Fixture {
+    let tpm: SoftwareTPM
+    let configuration: KeychainConfiguration
+    let device: KeychainDevice
+
+    init(pcrSelection: [Int] = [7]) throws {
+        tpm = try SoftwareTPM()
+        configuration = tpm.configuration(pcrSelection: pcrSelection)
+        device = KeychainDevice(configuration: configuration)
+    }
+
+    func storage(_ service: String = "tests", accessible: Accessible = .afterFirstUnlock) throws -> Keychain {
+        try createKeychain(.init(service: service, accessible: accessible), configuration: configuration)
+    }
+
+    /// A TPM reset, and a new "process": the engine forgets the keys it unsealed.
+    func reboot() async throws {
+        try tpm.reboot()
+        await device.dropCaches()
+    }
+
+    func extendPCR(_ index: Int) throws {
+        let context = try TPMContext(device: tpm.device)
+        try context.extendPCR(index, digest: sha256(Array("keychain tests: boot changed".utf8)))
+    }
+}
+
+func bytes(_ text: String) -> SecureBytes { SecureBytes(copying: Array(text.utf8)) }
+
+/// The code of the KeychainError `body` throws, or nil when it does not throw.
+func code<T>(_ body: () async throws -> T) async -> KeychainError.Code? {
+    do { _ = try await body(); return nil } catch let error as KeychainError { return error.code } catch {
+        Issue.record("unexpected error \(error)")
+        return nil
+    }
+}
+
+/// The build directory holding the test bundle and the executables (`.build/debug`).
+var buildDirectory: URL {
+    var url = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+    while url.pathComponents.count > 1 && !FileManager.default.fileExists(atPath: url.appendingPathComponent("keychainctl").path) {
+        url.deleteLastPathComponent()
+    }
+    return url
+}
+
+/// Runs a program with `input` on stdin; returns its exit status and stdout.
+@discardableResult
+func run(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:]) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: path)
+    process.arguments = args
+    var env = ProcessInfo.processInfo.environment
+    env.merge(environment) { $1 }
+    process.environment = env
+    let stdin = Pipe(), stdout = Pipe(), stderr = Pipe()
+    process.standardInput = stdin
+    process.standardOutput = stdout
+    process.standardError = stderr
+    try process.run()
+    stdin.fileHandleForWriting.write(Data(input))
+    try stdin.fileHandleForWriting.close()
+    let out = stdout.fileHandleForReading.readDataToEndOfFile()
+    let err = stderr.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return (process.terminationStatus, Array(out), String(decoding: err, as: UTF8.self))
+}
