@@ -1,0 +1,158 @@
+import Foundation
+@testable import Keychain
+import KeychainStore
+import KeychainTestSupport
+import SecureMemory
+import Testing
+import TPM2
+
+/// Someone who reads our files and talks to the TPM directly, skipping this library's Swift code.
+@Suite("Bypass with the stored blobs and direct ESAPI")
+struct BypassTests {
+    struct Stolen {
+        let blob: TPMContext.SealedBlob
+        let policy: SealPolicy
+    }
+
+    func steal(_ f: Fixture, service: String, accessible: Accessible) throws -> Stolen {
+        let store = try Store(directory: f.configuration.storeDirectory)
+        let tag = try ItemProtection(accessible: accessible).storageTag
+        let record = try #require(try store.wrappingKey(service: service, protection: tag))
+        return Stolen(blob: .init(publicArea: record.sealedPublic, privateArea: record.sealedPrivate),
+                      policy: try #require(SealPolicy.decode(record.policy)))
+    }
+
+    /// Tries to unseal with the policy steps the attacker chooses to run; returns the TPM error.
+    func attempt(_ f: Fixture, _ stolen: Stolen, steps: [PolicyStep]) throws -> TPMError? {
+        let context = try TPMContext(device: f.tpm.device)
+        let srk = try context.resource(forPersistent: 0x8100_0001)
+        let state = try context.resource(forPersistent: DeviceLockLayout.stateIndex)
+        let epoch = try context.resource(forPersistent: DeviceLockLayout.epochIndex)
+        let session = try context.startSession(.policy, saltKey: srk, encryptResponse: true, continueSession: true)
+        defer { context.flush(session) }
+        let object = try context.load(stolen.blob, parent: srk)
+        defer { context.flush(object) }
+        do {
+            for step in steps {
+                switch step {
+                case .pcr(let selection, let digest): try context.policyPCR(session, selection: selection, digest: digest)
+                case .nv(let index, _, let operand, let offset, let comparison):
+                    try context.policyNV(session, index: index == DeviceLockLayout.epochIndex ? epoch : state,
+                                         operand: operand, offset: offset, comparison: comparison)
+                default: Issue.record("unexpected step")
+                }
+            }
+            _ = try context.unseal(object, session: session)
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    @Test func theSameStepsUnsealWhileTheDeviceStateIsRight() async throws {
+        let f = try Fixture()
+        try await f.storage("tdo", accessible: .afterFirstUnlockThisDeviceOnly).setItem("k", "v")
+        try await f.device.unlock(passcode: nil)  // no passcode: anyone may unlock, as the library does itself
+        let stolen = try steal(f, service: "tdo", accessible: .afterFirstUnlockThisDeviceOnly)
+        // The control: with the state right, the attacker's own ESAPI calls do unseal (so the checks below can fail).
+        #expect(try attempt(f, stolen, steps: stolen.policy.steps) == nil)
+    }
+
+    @Test func thisDeviceOnlyKeyDoesNotUnsealAfterPCRChange() async throws {
+        let f = try Fixture()
+        try await f.storage("tdo", accessible: .afterFirstUnlockThisDeviceOnly).setItem("k", "v")
+        try await f.device.unlock(passcode: nil)  // no passcode: anyone may unlock, as the library does itself
+        let stolen = try steal(f, service: "tdo", accessible: .afterFirstUnlockThisDeviceOnly)
+        try f.extendPCR(7)
+        let withStoredDigest = try attempt(f, stolen, steps: stolen.policy.steps)
+        #expect(withStoredDigest?.code.is(.value) == true, "PolicyPCR must refuse the old digest")
+        // Skipping PolicyPCR, or asserting today's PCRs, leaves a digest the key was not sealed to.
+        let skipped = try attempt(f, stolen, steps: stolen.policy.steps.filter { if case .pcr = $0 { false } else { true } })
+        #expect(skipped?.code.is(.policyFail) == true)
+        let context = try TPMContext(device: f.tpm.device)
+        let today = sha256(try context.readPCRs(PCRSelection([7])).flatMap { $0 })
+        let withToday = try attempt(f, stolen, steps: stolen.policy.steps.map {
+            if case .pcr(let sel, _) = $0 { .pcr(selection: sel, digest: today) } else { $0 }
+        })
+        #expect(withToday?.code.is(.policyFail) == true)
+    }
+
+    @Test func afterFirstUnlockKeyDoesNotUnsealAfterReboot() async throws {
+        let f = try Fixture()
+        try await f.device.setPasscode(bytes("2580"))
+        try await f.storage("afu", accessible: .afterFirstUnlock).setItem("k", "v")
+        let stolen = try steal(f, service: "afu", accessible: .afterFirstUnlock)
+        try f.tpm.reboot()
+        let asSealed = try attempt(f, stolen, steps: stolen.policy.steps)
+        #expect(asSealed?.code.is(.nvUninitialized) == true)
+        let skipped = try attempt(f, stolen, steps: [])
+        #expect(skipped?.code.is(.policyFail) == true)
+    }
+
+    @Test func whenUnlockedKeyDoesNotUnsealWhileLocked() async throws {
+        let f = try Fixture()
+        try await f.device.setPasscode(bytes("2580"))
+        try await f.storage("wu", accessible: .whenUnlocked).setItem("k", "v")
+        let stolen = try steal(f, service: "wu", accessible: .whenUnlocked)
+        try await f.device.lock()
+        #expect(try attempt(f, stolen, steps: stolen.policy.steps)?.code.is(.policy) == true)
+        // Asserting "locked" instead gives a digest the key was not sealed to.
+        let lockedSteps = stolen.policy.steps.map {
+            if case .nv(let i, let n, _, let o, let c) = $0 { PolicyStep.nv(index: i, name: n, operand: [0], offset: o, comparison: c) } else { $0 }
+        }
+        #expect(try attempt(f, stolen, steps: lockedSteps)?.code.is(.policyFail) == true)
+    }
+
+    @Test func theStateIndexCannotBeUnlockedWithoutThePasscode() async throws {
+        let f = try Fixture()
+        try await f.device.setPasscode(bytes("2580"))
+        try await f.device.lock()
+        let context = try TPMContext(device: f.tpm.device)
+        let state = try context.resource(forPersistent: DeviceLockLayout.stateIndex)
+        let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
+        let srk = try context.resource(forPersistent: 0x8100_0001)
+        let descriptor = try #require(LockDescriptor(decoding: try context.readNV(
+            try context.resource(forPersistent: DeviceLockLayout.descriptorIndex), size: DeviceLockLayout.descriptorSize)))
+        let lockBranch = PolicyStep.authorizeDigest(keyName: descriptor.approval.keyName, policyRef: DeviceLockLayout.lockPolicyRef)
+        let branches = [DeviceLockLayout.unlockBranch, lockBranch]
+
+        // 1. The unlock branch without PolicySecret: PolicyOR refuses a digest that is no branch.
+        let s1 = try context.startSession(.policy, saltKey: nil, continueSession: true)
+        try context.policyCommandCode(s1, CommandCode.nvWrite)
+        #expect(throws: TPMError.self) { try context.policyOR(s1, branches) }
+        context.flush(s1)
+
+        // 2. PolicySecret with a guessed PIN: the TPM refuses it (and counts it on the PIN index).
+        try context.setAuth(pin, bytes("1111"))
+        let auth = try context.startSession(.hmac, saltKey: srk, continueSession: true)
+        let s2 = try context.startSession(.policy, saltKey: nil, continueSession: true)
+        #expect(throws: TPMError.self) { try context.policySecret(s2, entity: pin, authSession: auth) }
+        context.flush(s2); context.flush(auth)
+
+        // 3. The once-approved lock policy cannot be bent into writing "unlocked".
+        let statePublic = DeviceLockLayout.statePublic(approvalKeyName: descriptor.approval.keyName)
+        let s3 = try context.startSession(.policy, saltKey: nil, continueSession: true)
+        try context.policyCpHash(s3, statePublic.writeCpHash(data: DeviceLockLayout.unlocked, offset: 0, written: true))
+        #expect(throws: TPMError.self) {
+            try context.policyAuthorize(s3, approvedPolicy: DeviceLockLayout.lockPolicy(state: statePublic),
+                                        policyRef: DeviceLockLayout.lockPolicyRef, keyPublic: descriptor.approval.keyPublic,
+                                        keyName: descriptor.approval.keyName, signature: descriptor.approval.signatures[0])
+        }
+        context.flush(s3)
+        _ = state
+        #expect(try await f.device.status().lockState == .locked)
+    }
+
+    @Test func aKeyOfARemovedPasscodeStaysDeadInTheTPM() async throws {
+        let f = try Fixture()
+        try await f.device.setPasscode(bytes("2580"))
+        try await f.storage("wps", accessible: .whenPasscodeSetThisDeviceOnly).setItem("k", "v")
+        let stolen = try steal(f, service: "wps", accessible: .whenPasscodeSetThisDeviceOnly)
+        #expect(try attempt(f, stolen, steps: stolen.policy.steps) == nil)
+        try await f.device.removePasscode(current: bytes("2580"))
+        // The blobs were copied before the removal: the epoch counter moved, so they never open again.
+        #expect(try attempt(f, stolen, steps: stolen.policy.steps)?.code.is(.policy) == true)
+        try await f.device.setPasscode(bytes("2580"))
+        #expect(try attempt(f, stolen, steps: stolen.policy.steps)?.code.is(.policy) == true)
+    }
+}
