@@ -82,33 +82,38 @@ enum FileSystem {
 
     /// Creates the database file with mode 0600 before SQLite sees it, so it is
     /// never readable by others, even for an instant; tightens an existing one.
+    ///
+    /// - Important: never open and close a file that SQLite may have open in this process:
+    ///   closing any descriptor of a file drops every POSIX lock the process holds on it,
+    ///   and another process may then reset the WAL index under our mapping (SIGBUS).
+    ///   So the file is opened only when `O_EXCL` proves it is new, and modes are set by path.
     static func prepareDatabaseFile(_ path: String) throws(StoreError) {
-        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw failure(nil, path, "cannot open keychain database", errno) }
-        defer { close(fd) }
+        let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        if fd >= 0 {
+            close(fd)
+            return
+        }
+        guard errno == EEXIST else { throw failure(nil, path, "cannot create keychain database", errno) }
         var info = stat()
-        guard fstat(fd, &info) == 0 else { throw failure(nil, path, "cannot inspect keychain database", errno) }
+        guard lstat(path, &info) == 0 else { throw failure(nil, path, "cannot inspect keychain database", errno) }
         guard info.st_mode & typeMask == regularType else {
             throw StoreError(
                 kind: .cannotOpen, path: path, message: "keychain database \(path) is not a regular file")
         }
-        try tighten(fd: fd, info: info, path: path)
+        try tighten(info: info, path: path)
     }
 
     /// SQLite gives -wal and -shm the database's mode, but files left by an older
-    /// build or another tool may be looser.
+    /// build or another tool may be looser. By path only (see `prepareDatabaseFile`).
     static func tightenIfPresent(_ path: String) throws(StoreError) {
-        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-        guard fd >= 0 else { return }  // Absent (or a symlink we will not touch).
-        defer { close(fd) }
         var info = stat()
-        guard fstat(fd, &info) == 0 else { return }
-        try tighten(fd: fd, info: info, path: path)
+        guard lstat(path, &info) == 0, info.st_mode & typeMask == regularType else { return }
+        try tighten(info: info, path: path)
     }
 
-    private static func tighten(fd: Int32, info: stat, path: String) throws(StoreError) {
+    private static func tighten(info: stat, path: String) throws(StoreError) {
         guard info.st_uid == geteuid(), info.st_mode & 0o777 != 0o600 else { return }
-        if fchmod(fd, 0o600) != 0 {
+        if chmod(path, 0o600) != 0 {
             throw failure(.permissions, path, "cannot set mode 0600 on", errno)
         }
     }

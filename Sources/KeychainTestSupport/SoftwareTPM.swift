@@ -107,5 +107,5 @@ public final class SoftwareTPM: @unchecked Sendable {
 
 public struct SoftwareTPMError: Error, CustomStringConvertible {
     public let description: String
-    init(_ description: String) { self.description = description }
+    public init(_ description: String) { self.description = description }
 }

@@ -1,1 +1,27 @@
-print("bench")
+import Foundation
+
+// keychain-bench: the keychain's latencies, throughput and TPM commands per operation for every
+// accessibility level, on a private swtpm, against tpm2-tools and the keychainctl process.
+// Run it with `swift run -c release keychain-bench`; see docs/performance.md.
+
+/// Runs the benchmark; the swtpm and its directory go when `bench` does, on every path.
+func runBench(_ options: BenchOptions) async -> Int32 {
+    do {
+        let bench = try Bench(options: options)
+        let signals = bench.stopOnSignals()
+        defer { signals.forEach { $0.cancel() } }
+        print(try await bench.run())
+        return 0
+    } catch {
+        FileHandle.standardError.write(Data("keychain-bench: \(error)\n".utf8))
+        return 1
+    }
+}
+
+do {
+    let options = try BenchOptions(CommandLine.arguments.dropFirst())
+    exit(await runBench(options))
+} catch {
+    FileHandle.standardError.write(Data("keychain-bench: \(error.message)\n\(BenchOptions.usage)\n".utf8))
+    exit(2)
+}

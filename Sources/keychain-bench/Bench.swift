@@ -1,0 +1,260 @@
+import Foundation
+import Keychain
+import KeychainTestSupport
+import SecureMemory
+
+/// How many samples each measurement takes.
+struct BenchOptions {
+    /// Warm reads, hasItem and getAllKeys calls per level.
+    var warm = 20_000
+    /// Cold reads per level (each after `dropCaches()`).
+    var cold = 50
+    /// setItem calls on an existing service per level (each one commits with fsync).
+    var writes = 200
+    /// First writes of a new service per level (each seals a wrapping key).
+    var firstWrites = 5
+    /// Process runs of each reference pipeline.
+    var runs = 20
+
+    static let usage = """
+        usage: keychain-bench [--quick] [--warm N] [--cold N] [--writes N] [--first-writes N] [--runs N]
+          --quick   a tenth of the default samples, for a check that everything runs
+        """
+
+    struct UsageError: Error { let message: String }
+
+    init(_ arguments: some Collection<String>) throws(UsageError) {
+        var arguments = Array(arguments)[...]
+        while let flag = arguments.popFirst() {
+            if flag == "--quick" {
+                (warm, cold, writes, firstWrites, runs) = (2_000, 10, 20, 2, 5)
+                continue
+            }
+            let field: WritableKeyPath<BenchOptions, Int>
+            switch flag {
+            case "--warm": field = \.warm
+            case "--cold": field = \.cold
+            case "--writes": field = \.writes
+            case "--first-writes": field = \.firstWrites
+            case "--runs": field = \.runs
+            default: throw UsageError(message: "unknown option \(flag)")
+            }
+            guard let value = arguments.popFirst().flatMap(Int.init), value > 0 else {
+                throw UsageError(message: "\(flag) needs a positive whole number")
+            }
+            self[keyPath: field] = value
+        }
+    }
+}
+
+/// What one accessibility level measured.
+struct LevelResult {
+    let accessible: Accessible
+    var firstWrite = Samples()
+    var coldGet = Samples()
+    var warmGet = Samples()
+    var set = Samples()
+    var has = Samples()
+    var keys = Samples()
+}
+
+struct BenchFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// The benchmark: a private swtpm and store, every accessibility level, then the process references.
+final class Bench {
+    let options: BenchOptions
+    let tpm: SoftwareTPM
+    let configuration: KeychainConfiguration
+    let device: KeychainDevice
+    /// The secret every item holds: 32 bytes of ASCII, so it reads back through `getItem` as text
+    /// and is byte for byte what tpm2-tools seals in the reference.
+    let secret: String
+
+    init(options: BenchOptions) throws {
+        self.options = options
+        tpm = try SoftwareTPM()
+        configuration = tpm.configuration()
+        device = KeychainDevice(configuration: configuration)
+        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+        secret = String(Sodium.randomBytes(32).map { alphabet[Int($0) % alphabet.count] })
+    }
+
+    /// Stops swtpm and removes its directory if the run is interrupted (deinit does it otherwise).
+    func stopOnSignals() -> [DispatchSourceSignal] {
+        [SIGINT, SIGTERM].map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { [tpm] in
+                tpm.stop()
+                try? FileManager.default.removeItem(atPath: tpm.directory)
+                exit(128 + number)
+            }
+            source.resume()
+            return source
+        }
+    }
+
+    func run() async throws -> Report {
+        progress("swtpm on \(tpm.tcti), store in \(configuration.storeDirectory)")
+        try await device.initialize()
+        try await device.setPasscode(SecureBytes(copying: Array("246813".utf8)))
+        _ = await device.takeTPMCommandCount()
+
+        var levels: [LevelResult] = []
+        for accessible in Accessible.allCases {
+            progress("measuring \(accessible.rawValue)")
+            levels.append(try await measure(accessible))
+        }
+        progress("measuring tpm2-tools load + unseal")
+        let tools = try tpm2ToolsPipeline()
+        progress("measuring keychainctl get")
+        let cli = try keychainctlGet(service: Self.service(.afterFirstUnlock))
+        return Report(options: options, environment: EnvironmentInfo.current(scratch: tpm.directory), levels: levels,
+                      tpm2Tools: tools, keychainctl: cli)
+    }
+
+    static func service(_ accessible: Accessible) -> String { "bench.\(accessible.rawValue)" }
+
+    private func progress(_ message: String) {
+        FileHandle.standardError.write(Data("keychain-bench: \(message)\n".utf8))
+    }
+
+    // MARK: The library, in process
+
+    /// Times `op` `count` times (`before` runs untimed before each) and counts the TPM commands of all.
+    private func sample(_ count: Int, before: () async -> Void = {},
+                        _ op: () async throws -> Void) async throws -> Samples {
+        _ = await device.takeTPMCommandCount()
+        var samples = Samples(capacity: count)
+        for _ in 0..<count {
+            await before()
+            let start = monotonicNanoseconds()
+            try await op()
+            samples.record(monotonicNanoseconds() - start)
+        }
+        samples.tpmCommands = await device.takeTPMCommandCount()
+        return samples
+    }
+
+    private func measure(_ accessible: Accessible) async throws -> LevelResult {
+        var result = LevelResult(accessible: accessible)
+        let keychains = try (0..<options.firstWrites).map { i in
+            try createKeychain(.init(service: Self.service(accessible) + (i == 0 ? "" : ".\(i)"), accessible: accessible),
+                               configuration: configuration)
+        }
+        let keychain = keychains[0]
+        let secret = self.secret
+        func read() async throws {
+            guard try await keychain.getItem("k0") == secret else { throw BenchFailure("getItem returned another value") }
+        }
+
+        // Each write is the first of its service: it generates and seals the service's wrapping key.
+        var next = 0
+        result.firstWrite = try await sample(options.firstWrites) {
+            try await keychains[next].setItem("k0", secret)
+            next += 1
+        }
+        result.coldGet = try await sample(options.cold, before: { await device.dropCaches() }, read)
+        try await read()
+        result.warmGet = try await sample(options.warm, read)
+        result.has = try await sample(options.warm) {
+            guard try await keychain.hasItem("k0") else { throw BenchFailure("hasItem returned false") }
+        }
+        result.keys = try await sample(options.warm) {
+            guard try await keychain.getAllKeys() == ["k0"] else { throw BenchFailure("getAllKeys returned other keys") }
+        }
+        try await keychain.setItem("k0", secret)  // untimed: this process's writer key for the service is made
+        result.set = try await sample(options.writes) { try await keychain.setItem("k0", secret) }
+        try await read()
+        return result
+    }
+
+    // MARK: References: other processes on the same swtpm
+
+    /// The same 32-byte secret sealed under the keychain's SRK (persistent 0x81000001) with tpm2-tools,
+    /// and read as a shell user would: `tpm2_load … && tpm2_unseal …`, two processes per read.
+    ///
+    /// swtpm has no resource manager, so each read leaves its objects loaded; `tpm2_flushcontext -t`
+    /// clears them between reads, untimed (the kernel's resource manager would do it on a real TPM).
+    private func tpm2ToolsPipeline() throws -> Samples? {
+        let tools = ["tpm2_create", "tpm2_load", "tpm2_unseal", "tpm2_flushcontext"]
+        guard tools.allSatisfy(Subprocess.isInstalled) else { return nil }
+        let directory = tpm.directory + "/tpm2-tools"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
+                                                attributes: [.posixPermissions: 0o700])
+        let secretFile = directory + "/secret.bin", pub = directory + "/seal.pub"
+        let priv = directory + "/seal.priv", context = directory + "/seal.ctx"
+        guard FileManager.default.createFile(atPath: secretFile, contents: Data(secret.utf8),
+                                             attributes: [.posixPermissions: 0o600]) else {
+            throw BenchFailure("cannot write \(secretFile)")
+        }
+        let shell = Subprocess(directory: directory, extraEnvironment: ["TPM2TOOLS_TCTI": tpm.tcti])
+        try shell.check(["tpm2_flushcontext", "-t"])
+        try shell.check(["tpm2_create", "-C", "0x81000001", "-i", secretFile, "-u", pub, "-r", priv, "-Q"])
+
+        var samples = Samples(capacity: options.runs)
+        for run in 0...options.runs {  // run 0 warms the page cache and is not kept
+            let load = try shell.check(["tpm2_load", "-C", "0x81000001", "-u", pub, "-r", priv, "-c", context, "-Q"])
+            let unseal = try shell.check(["tpm2_unseal", "-c", context])
+            guard unseal.output == Array(secret.utf8) else { throw BenchFailure("tpm2_unseal returned another value") }
+            try shell.check(["tpm2_flushcontext", "-t"])
+            if run > 0 { samples.record(load.nanoseconds + unseal.nanoseconds) }
+        }
+        return samples
+    }
+
+    /// The whole `keychainctl get` process, built next to this binary, on the warm store.
+    private func keychainctlGet(service: String) throws -> Samples? {
+        let binary = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
+            .map { URL(fileURLWithPath: $0).deletingLastPathComponent().appendingPathComponent("keychainctl").path }
+        guard let binary, FileManager.default.isExecutableFile(atPath: binary) else { return nil }
+        let directory = tpm.directory + "/keychainctl"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
+                                                attributes: [.posixPermissions: 0o700])
+        let shell = Subprocess(directory: directory)
+        let argv = [binary, "--store", configuration.storeDirectory, "--tcti", tpm.tcti, "get", service, "k0"]
+        var samples = Samples(capacity: options.runs)
+        for run in 0...options.runs {
+            let get = try shell.check(argv)
+            guard get.output == Array(secret.utf8) else { throw BenchFailure("keychainctl get returned another value") }
+            if run > 0 { samples.record(get.nanoseconds) }
+        }
+        return samples
+    }
+}
+
+/// Where the figures were measured.
+struct EnvironmentInfo {
+    var cores: Int
+    var kernel: String
+    var swtpm: String
+    var tpm2Tools: String
+    var optimized: Bool
+
+    /// - Parameter scratch: a private directory for the version commands' output.
+    static func current(scratch: String) -> EnvironmentInfo {
+        var name = utsname()
+        uname(&name)
+        let kernel = withUnsafeBytes(of: name.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        let shell = Subprocess(directory: scratch)
+        func version(_ argv: [String], _ prefix: String) -> String {
+            guard let result = try? shell.run(argv), result.status == 0 else { return "not installed" }
+            let text = String(decoding: result.output, as: UTF8.self)
+            return text.split(separator: "\n").first.map { String($0) }.map {
+                $0.components(separatedBy: prefix).dropFirst().first?.split(separator: " ").first.map(String.init) ?? $0
+            } ?? "unknown"
+        }
+        #if DEBUG
+        let optimized = false
+        #else
+        let optimized = true
+        #endif
+        return EnvironmentInfo(cores: ProcessInfo.processInfo.activeProcessorCount, kernel: kernel,
+                               swtpm: version(["swtpm", "--version"], "version "),
+                               tpm2Tools: version(["tpm2_unseal", "--version"], "version=\"").replacingOccurrences(of: "\"", with: ""),
+                               optimized: optimized)
+    }
+}

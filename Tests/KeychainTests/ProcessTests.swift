@@ -1,0 +1,192 @@
+import Foundation
+import Keychain
+import KeychainTestSupport
+import SecureMemory
+import Testing
+
+/// `keychainctl` as scripts use it: separate processes on one store and one TPM.
+@Suite("keychainctl processes")
+struct ProcessTests {
+    var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
+
+    func cli(_ tpm: SoftwareTPM, _ store: String, _ args: [String], input: [UInt8] = [], tcti: String? = nil,
+             environment: [String: String] = [:]) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+        try run(ctl, ["--store", store, "--tcti", tcti ?? tpm.tcti] + args, input: input, environment: environment)
+    }
+
+    @Test func setAndGetKeepBytesExactlyWithTheDocumentedExitCodes() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        let value: [UInt8] = [0, 1, 2, 0x0A, 0xFF, 0x0D, 0x0A] + Array("tail\n\n".utf8)
+        #expect(try cli(tpm, store, ["set", "svc", "key", "--label", "L"], input: value).status == 0)
+        let got = try cli(tpm, store, ["get", "svc", "key"])
+        #expect(got.status == 0 && got.stdout == value)
+        #expect(try cli(tpm, store, ["has", "svc", "key"]).status == 0)
+        #expect(try cli(tpm, store, ["has", "svc", "nope"]).status == 1)
+        #expect(try cli(tpm, store, ["get", "svc", "nope"]).status == 1)
+        #expect(String(decoding: try cli(tpm, store, ["ls", "svc"]).stdout, as: UTF8.self) == "key\n")
+        let bad = try cli(tpm, store, ["set", "svc", "k2", "--accessible", "sometimes"], input: [1])
+        #expect(bad.status == 2)
+        #expect(bad.stderr.hasPrefix("keychainctl: INVALID_ARGUMENT: Invalid accessible"))
+        let json = try cli(tpm, store, ["--json", "set", "svc", "k2", "--access-control", "biometryAny"], input: [1])
+        #expect(json.status == 3)
+        let body = try JSONSerialization.jsonObject(with: Data(json.stdout)) as? [String: [String: String]]
+        #expect(body?["error"]?["code"] == "BIOMETRY_NOT_AVAILABLE")
+        #expect(try cli(tpm, store, ["rm", "svc", "key"]).status == 0)
+        #expect(try cli(tpm, store, ["rm", "svc", "key"]).status == 1)
+        #expect(try cli(tpm, store, ["frobnicate"]).status == 2)
+    }
+
+    /// The pcap TCTI records every command and response; the passcode must be in none of them.
+    @Test func thePasscodeNeverCrossesTheTPMConnectionInClear() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        let capture = tpm.directory + "/tpm.pcap"
+        let tcti = "pcap:" + tpm.tcti
+        let env = ["TCTI_PCAP_FILE": capture]
+        let pin = "739146285", newPin = "582064913"
+        #expect(try cli(tpm, store, ["passcode", "set"], input: Array("\(pin)\n".utf8), tcti: tcti, environment: env).status == 0)
+        #expect(try cli(tpm, store, ["lock"], tcti: tcti, environment: env).status == 0)
+        #expect(try cli(tpm, store, ["unlock"], input: Array("123456\n".utf8), tcti: tcti, environment: env).status == 3)
+        #expect(try cli(tpm, store, ["unlock"], input: Array("\(pin)\n".utf8), tcti: tcti, environment: env).status == 0)
+        #expect(try cli(tpm, store, ["set", "s", "k", "--accessible", "whenUnlocked"], input: Array("the-value-ZQXJ".utf8), tcti: tcti, environment: env).status == 0)
+        #expect(try cli(tpm, store, ["get", "s", "k"], tcti: tcti, environment: env).stdout == Array("the-value-ZQXJ".utf8))
+        #expect(try cli(tpm, store, ["passcode", "change"], input: Array("\(pin)\n\(newPin)\n".utf8), tcti: tcti, environment: env).status == 0)
+        let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: capture)))
+        func contains(_ needle: [UInt8]) -> Bool {
+            guard bytes.count >= needle.count else { return false }
+            return (0...(bytes.count - needle.count)).contains { bytes[$0..<$0 + needle.count].elementsEqual(needle) }
+        }
+        // The control: the capture holds real traffic (the state index's handle appears in clear).
+        #expect(bytes.count > 5_000)
+        #expect(contains([0x01, 0x00, 0x4B, 0x51]))
+        for secret in [pin, newPin, "the-value-ZQXJ"] {
+            #expect(!contains(Array(secret.utf8)), "\(secret) crossed the TPM connection in clear")
+        }
+    }
+
+    /// A writer killed with SIGKILL in the middle of `set` leaves the old or the new value.
+    @Test func aKilledWriterLeavesTheOldOrTheNewValueNeverNeither() async throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        let size = 1 << 20
+        #expect(try cli(tpm, store, ["set", "svc", "big"], input: [UInt8](repeating: 0, count: size)).status == 0)
+        var committed: Set<UInt8> = [0]
+        for round in 1...12 {
+            let fill = UInt8(round)
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: ctl)
+            process.arguments = ["--store", store, "--tcti", tpm.tcti, "set", "svc", "big"]
+            let stdin = Pipe()
+            process.standardInput = stdin
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            stdin.fileHandleForWriting.write(Data(repeating: fill, count: size))
+            try stdin.fileHandleForWriting.close()
+            usleep(UInt32.random(in: 0...60_000))
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+            committed.insert(fill)  // may or may not have landed
+            let got = try cli(tpm, store, ["get", "svc", "big"])
+            #expect(got.status == 0, "round \(round): \(got.stderr)")
+            #expect(got.stdout.count == size)
+            let first = got.stdout.first ?? 0xEE
+            #expect(committed.contains(first) && got.stdout.allSatisfy { $0 == first }, "round \(round): a mixed or unknown value")
+            // Later rounds may only see this value or newer ones.
+            committed = committed.filter { $0 >= first }
+        }
+        // The store is intact: a normal write and read still work.
+        #expect(try cli(tpm, store, ["set", "svc", "after"], input: [7]).status == 0)
+        #expect(try cli(tpm, store, ["get", "svc", "after"]).stdout == [7])
+    }
+
+    /// Several processes on one store and one TPM, through tpm2-abrmd as on a device with /dev/tpmrm0.
+    @Test func concurrentProcessesThroughTheResourceManagerLoseNothing() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        let broker = try ResourceManager(tpm: tpm)
+        defer { broker.stop() }
+        let tcti = broker.tcti
+        let env = broker.environment
+        #expect(try cli(tpm, store, ["init"], tcti: tcti, environment: env).status == 0)
+        let writers = 4, rounds = 6
+        let failures = Mutex<[String]>([])
+        DispatchQueue.concurrentPerform(iterations: writers) { w in
+            for r in 0..<rounds {
+                do {
+                    let key = "w\(w)-r\(r)"
+                    let level = ["afterFirstUnlock", "whenUnlockedThisDeviceOnly", "always"][r % 3]
+                    let set = try cli(tpm, store, ["set", "svc", key, "--accessible", level], input: Array(key.utf8), tcti: tcti, environment: env)
+                    let shared = try cli(tpm, store, ["set", "svc", "shared"], input: Array(key.utf8), tcti: tcti, environment: env)
+                    let got = try cli(tpm, store, ["get", "svc", key], tcti: tcti, environment: env)
+                    if set.status != 0 || shared.status != 0 || got.stdout != Array(key.utf8) {
+                        failures.withLock { $0.append("\(key): \(set.stderr) \(shared.stderr) \(got.stderr)") }
+                    }
+                } catch {
+                    failures.withLock { $0.append("\(error)") }
+                }
+            }
+        }
+        #expect(failures.withLock { $0 } == [])
+        let keys = String(decoding: try cli(tpm, store, ["ls", "svc"], tcti: tcti, environment: env).stdout, as: UTF8.self)
+        #expect(keys.split(separator: "\n").count == writers * rounds + 1)
+    }
+}
+
+import Synchronization
+
+/// tpm2-abrmd on a private D-Bus session bus, in front of a SoftwareTPM.
+final class ResourceManager {
+    let busDirectory: String
+    var environment: [String: String]
+    let tcti = "tabrmd:bus_type=session"
+    private var daemons: [Process] = []
+
+    init(tpm: SoftwareTPM) throws {
+        busDirectory = tpm.directory + "/dbus"
+        try FileManager.default.createDirectory(atPath: busDirectory, withIntermediateDirectories: true)
+        let address = "unix:path=\(busDirectory)/bus"
+        environment = ["DBUS_SESSION_BUS_ADDRESS": address]
+        let dbus = Process()
+        dbus.executableURL = URL(fileURLWithPath: "/usr/bin/dbus-daemon")
+        dbus.arguments = ["--session", "--nofork", "--address=\(address)"]
+        dbus.standardOutput = FileHandle.nullDevice
+        try dbus.run()
+        daemons.append(dbus)
+        for _ in 0..<200 where !FileManager.default.fileExists(atPath: busDirectory + "/bus") { usleep(10_000) }
+        let abrmd = Process()
+        abrmd.executableURL = URL(fileURLWithPath: "/usr/sbin/tpm2-abrmd")
+        abrmd.arguments = ["--session", "--allow-root", "--tcti=\(tpm.tcti)", "--flush-all"]
+        var env = ProcessInfo.processInfo.environment
+        env["DBUS_SESSION_BUS_ADDRESS"] = address
+        abrmd.environment = env
+        abrmd.standardOutput = FileHandle.nullDevice
+        abrmd.standardError = FileHandle.nullDevice
+        try abrmd.run()
+        daemons.append(abrmd)
+        // Ready when a client can talk to the TPM through it.
+        for _ in 0..<300 {
+            if let context = try? TPMContextProbe.connect(tcti: tcti, environment: environment), context { return }
+            usleep(20_000)
+        }
+        stop()
+        throw SoftwareTPMError("tpm2-abrmd did not come up")
+    }
+
+    func stop() {
+        for daemon in daemons.reversed() where daemon.isRunning {
+            kill(daemon.processIdentifier, SIGKILL)
+            daemon.waitUntilExit()
+        }
+        daemons.removeAll()
+    }
+}
+
+enum TPMContextProbe {
+    /// tpm2_getcap through the broker: true when it answers.
+    static func connect(tcti: String, environment: [String: String]) throws -> Bool {
+        var env = environment
+        env["TPM2TOOLS_TCTI"] = tcti
+        return try run("/usr/bin/tpm2_getcap", ["properties-fixed"], environment: env).status == 0
+    }
+}

@@ -1,0 +1,61 @@
+import KeychainTestSupport
+import SecureMemory
+import Testing
+import TPM2
+
+/// The same steps run on a real trial session and in `PolicyDigest.compute`, compared after every step,
+/// so a disagreement names the step that introduced it.
+@Suite("A trial session on swtpm agrees with the offline calculator")
+struct TrialSessionTests {
+    typealias Lock = DeviceLockFixture
+
+    @Test func trialSessionDigestMatchesOfflineDigestAfterEveryStep() throws {
+        let tpm = try SoftwareTPM()
+        let ctx = try TPMContext(device: tpm.device)
+        let passcode = SecureBytes(copying: Array("kat-pin".utf8))
+
+        // The PIN index, written; the epoch counter, incremented once (PolicyNV needs written indices).
+        let pin = try ctx.defineNV(Lock.pin, auth: passcode)
+        try ctx.writeNV(pin, data: Lock.pinParameters, authHandle: TPMContext.owner, session: nil)
+        let epoch = try ctx.defineNV(Lock.epoch, auth: nil)
+        try ctx.withSession(.policy, saltKey: nil) { session throws(TPMError) in
+            try ctx.policyCommandCode(session, CommandCode.nvIncrement)
+            try ctx.incrementNV(epoch, session: session)
+        }
+        // The names the TPM reports (NV_ReadPublic on fresh resources), not ESAPI's cached ones.
+        #expect(try ctx.name(of: ctx.resource(forPersistent: Lock.pin.index)).hex == Lock.pin.name(written: true).hex)
+        #expect(try ctx.name(of: ctx.resource(forPersistent: Lock.epoch.index)).hex == Lock.epoch.name(written: true).hex)
+
+        var steps: [PolicyStep] = [
+            .pcr(selection: PCRSelection([0, 7]), digest: sha256([UInt8](repeating: 0, count: 32) + Lock.pcr7Value)),
+            .commandCode(CommandCode.nvChangeAuth),
+            .authValue,
+        ]
+        steps.append(.or([PolicyDigest.compute([.commandCode(CommandCode.unseal)]), PolicyDigest.compute(steps)]))
+        steps += [
+            .secret(index: Lock.pin.index, name: Lock.pin.name(written: true), policyRef: Array("kat-ref".utf8)),
+            Lock.epochIs(1),
+            .cpHash(Lock.state.writeCpHash(data: [0], offset: 0, written: true)),
+        ]
+
+        try ctx.setAuth(pin, passcode)
+        let auth = try ctx.startSession(.hmac, saltKey: nil, continueSession: true)
+        defer { ctx.flush(auth) }
+        let trial = try ctx.startSession(.trial, saltKey: nil)
+        defer { ctx.flush(trial) }
+        for (count, step) in zip(1..., steps) {
+            switch step {
+            case .pcr(let selection, let digest): try ctx.policyPCR(trial, selection: selection, digest: digest)
+            case .nv(_, _, let operand, let offset, let comparison):
+                try ctx.policyNV(trial, index: epoch, operand: operand, offset: offset, comparison: comparison)
+            case .secret(_, _, let policyRef): try ctx.policySecret(trial, entity: pin, authSession: auth, policyRef: policyRef)
+            case .commandCode(let code): try ctx.policyCommandCode(trial, code)
+            case .cpHash(let cpHash): try ctx.policyCpHash(trial, cpHash)
+            case .authValue: try ctx.policyAuthValue(trial)
+            case .or(let branches): try ctx.policyOR(trial, branches)
+            }
+            let offline = PolicyDigest.compute(Array(steps.prefix(count)))
+            #expect(try ctx.policyDigest(trial).hex == offline.hex, "after step \(count): \(step)")
+        }
+    }
+}
