@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what Keychain for Linux needs on Debian 12: the C libraries it links, the software TPM and
+# the tools its tests and benchmark use. Idempotent; needs root (or sudo).
+set -euo pipefail
+packages=(
+  libtss2-dev libsodium-dev libsqlite3-dev pkg-config   # linked: tpm2-tss (esys, tctildr, rc, mu), libsodium, sqlite3
+  swtpm swtpm-tools                                      # the embedded and test software TPM
+  tpm2-tools tpm2-abrmd libtss2-tcti-tabrmd0 dbus        # tests: the tpm2-tools reference, the resource manager
+  python3                                                # store tests: a second SQLite process
+)
+missing=()
+for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+command -v swift >/dev/null || { echo "swift is not on PATH (Swift 6 toolchain, e.g. /opt/swift/usr/bin)" >&2; exit 1; }
