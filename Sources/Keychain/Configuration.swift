@@ -22,9 +22,18 @@ public struct KeychainConfiguration: Sendable {
     public var passcodeRetryLimit: UInt32
     /// The owner hierarchy's authorization set at device provisioning; nil for an empty one.
     public var ownerAuthorization: SecureBytes?
+    /// The simulated fingerprint reader's directory (its own trust boundary, apart from the store);
+    /// nil for a device without a reader.
+    public var readerDirectory: String?
+    /// Shows the prompt for reads behind an access control; without one such reads fail with
+    /// `INTERACTION_NOT_ALLOWED`.
+    public var authenticator: (any Authenticator)?
 
     public init(storeDirectory: String, tpm: TPMSource, pcrSelection: [Int] = [7],
-                passcodeRetryLimit: UInt32 = 10, ownerAuthorization: SecureBytes? = nil) {
+                passcodeRetryLimit: UInt32 = 10, ownerAuthorization: SecureBytes? = nil,
+                readerDirectory: String? = nil, authenticator: (any Authenticator)? = nil) {
+        self.readerDirectory = readerDirectory
+        self.authenticator = authenticator
         self.storeDirectory = storeDirectory
         self.tpm = tpm
         self.pcrSelection = pcrSelection
@@ -33,7 +42,8 @@ public struct KeychainConfiguration: Sendable {
     }
 
     /// `KEYCHAIN_STORE` or `~/.local/share/keychain`; `KEYCHAIN_TCTI`, `TPM2TCTI`, `/dev/tpmrm0`,
-    /// and the embedded software TPM when there is none of them.
+    /// and the embedded software TPM when there is none of them. The reader is `KEYCHAIN_READER`
+    /// (`none` for a device without one), or `<store>.reader`.
     public static var `default`: KeychainConfiguration {
         let env = ProcessInfo.processInfo.environment
         let store = env["KEYCHAIN_STORE"].flatMap { $0.isEmpty ? nil : $0 }
@@ -46,7 +56,12 @@ public struct KeychainConfiguration: Sendable {
         } else {
             .embedded
         }
-        return KeychainConfiguration(storeDirectory: store, tpm: source)
+        let reader: String? = switch env["KEYCHAIN_READER"] {
+        case "none": nil
+        case let path? where !path.isEmpty: path
+        default: store + ".reader"
+        }
+        return KeychainConfiguration(storeDirectory: store, tpm: source, readerDirectory: reader)
     }
 }
 

@@ -19,7 +19,7 @@ actor Engine {
     /// Unsealed wrapping keys, in locked memory (`sodium_malloc`). `always*`/`afterFirstUnlock*`
     /// keys stay until the process ends; `whenUnlocked*` keys only while the lock generation
     /// recorded at unseal time is current (a `lock` in any process on this store bumps it).
-    private var unsealed: [WrappingKeyID: (secret: SecureBytes, generation: UInt64?)] = [:]
+    private var unsealed: [WrappingKeyID: (secret: SecureBytes, generation: UInt64?, expires: ContinuousClock.Instant?)] = [:]
     /// Agreed secrets per (wrapping key, item writer), so a warm read does no X25519.
     private var agreed: [AgreedID: SecureBytes] = [:]
     /// This process's ephemeral writer pair per wrapping public key, and its agreed secret.
@@ -97,15 +97,54 @@ actor Engine {
 
     // MARK: Items
 
-    func set(_ value: SecureBytes, service: String, key: String, protection: ItemProtection, label: String?) throws(KeychainError) {
-        try checkKey(key)
-        guard protection.accessControl == .none else {
-            throw AccessControlSupport.writeError(for: protection.accessControl)
+    /// What a write needs (seed: AccessControl, "What a write needs"), checked before anything is
+    /// stored: a write never stores an item with less protection than asked.
+    func writeRequirements(_ protection: ItemProtection, reader: FingerprintReader?)
+        throws(KeychainError) -> (biometry: SealPolicy.BiometryBinding?, passcode: Bool) {
+        let control = protection.accessControl
+        guard control != .none else { return (nil, false) }
+        if control.needsBiometry && reader == nil {
+            throw KeychainError(.biometryNotAvailable,
+                                "accessControl '\(control.rawValue)' needs a fingerprint reader, and this device has none")
         }
+        let passcodeSet = try withKeyring { keyring throws(KeychainError) in
+            do throws(TPMError) { return try keyring.currentDescriptor().passcodeSet }
+            catch { throw keyring.diagnose(error, doing: "read the passcode state") }
+        }
+        guard passcodeSet else {
+            throw KeychainError(.passcodeNotSet,
+                                "accessControl '\(control.rawValue)' needs a device passcode: set one first (keychainctl passcode set)")
+        }
+        let enrolled = !(reader?.enrolled.isEmpty ?? true)
+        if control.needsBiometry && !enrolled {
+            throw KeychainError(.biometryNotEnrolled,
+                                "accessControl '\(control.rawValue)' needs an enrolled finger (keychainctl reader enroll NAME)"
+                                + (control.allowsPasscode ? "; the passcode does not make up for it" : ""))
+        }
+        var biometry: SealPolicy.BiometryBinding?
+        if control.usesBiometry, enrolled, let reader, let state = reader.state {
+            biometry = .init(keyName: state.keyName, tpmHandle: state.tpmHandle,
+                             policyRef: control.isCurrentSet ? reader.enrollmentSet : [], currentSet: control.isCurrentSet)
+        }
+        return (biometry, control.allowsPasscode)
+    }
+
+    func set(_ value: SecureBytes, service: String, key: String, protection: ItemProtection, label: String?,
+             readerDirectory: String?) throws(KeychainError) {
+        try checkKey(key)
+        guard value.count <= Self.maxValueLength else {
+            throw KeychainError.invalidArgument("Invalid value: at most \(Self.maxValueLength) bytes, got \(value.count)")
+        }
+        let reader = try readerDirectory.map { (dir: String) throws(KeychainError) in try FingerprintReader(directory: dir) }
+        let requirements = try writeRequirements(protection, reader: reader)
         let store = try store()
         let tag = protection.storageTag
         var wrapping = try read { try store.wrappingKey(service: service, protection: tag) }
-        var deadKey: [UInt8]?
+        var staleKey: [UInt8]?
+        if let existing = wrapping, let policy = SealPolicy.decode(existing.policy) {
+            // A CurrentSet key of an older enrollment set, or another reader key, is dead: make a new one.
+            if policy.biometry != requirements.biometry { staleKey = existing.publicKey; wrapping = nil }
+        }
         if let existing = wrapping, protection.accessible.requiresPasscode {
             // The passcode may have been removed (by any process) since: that key is dead in the TPM.
             let epoch = SealPolicy.decode(existing.policy)?.passcodeEpoch
@@ -114,12 +153,13 @@ actor Engine {
                 catch { throw keyring.diagnose(error, doing: "read the passcode state") }
             }
             guard current.isSet else { throw passcodeNotSet() }
-            if epoch != current.epoch { deadKey = existing.publicKey; wrapping = nil }
+            if epoch != current.epoch { staleKey = existing.publicKey; wrapping = nil }
         }
         if wrapping == nil {
             let pair = Sodium.generateX25519()
             let (blob, policy) = try withKeyring { keyring throws(KeychainError) in
-                try keyring.seal(pair.secretKey, accessible: protection.accessible, pcrs: configuration.pcrSelection)
+                try keyring.seal(pair.secretKey, accessible: protection.accessible, pcrs: configuration.pcrSelection,
+                                 biometry: requirements.biometry, passcode: requirements.passcode)
             }
             wrapping = WrappingKeyRecord(service: service, protection: tag, publicKey: pair.publicKey,
                                          sealedPublic: blob.publicArea, sealedPrivate: blob.privateArea,
@@ -130,8 +170,8 @@ actor Engine {
             try store.write { tx in
                 // Another process may have made this service's key meanwhile: theirs wins, ours is dropped.
                 var current = try tx.wrappingKey(service: service, protection: tag)
-                if current == nil || current?.publicKey == deadKey {
-                    if deadKey != nil { _ = try tx.deleteItems(protection: tag) }
+                if current == nil || current?.publicKey == staleKey {
+                    if staleKey != nil { try self.deleteItems(tx, service: service, protection: tag) }
                     try tx.putWrappingKey(candidate)
                     current = candidate
                 }
@@ -157,6 +197,16 @@ actor Engine {
         }
     }
 
+    static let maxValueLength = 16 << 20
+
+    private func deleteItems(_ tx: Transaction, service: String, protection: String) throws {
+        for key in try tx.keys(service: service) {
+            if let item = try tx.item(service: service, key: key), item.protection == protection {
+                _ = try tx.deleteItem(service: service, key: key)
+            }
+        }
+    }
+
     private func writer(for wrappingPublic: [UInt8]) throws(KeychainError) -> (publicKey: [UInt8], shared: SecureBytes) {
         if let writer = writers[wrappingPublic] { return writer }
         let ephemeral = Sodium.generateX25519()
@@ -169,7 +219,15 @@ actor Engine {
         }
     }
 
-    func get(service: String, key: String) throws(KeychainError) -> SecureBytes? {
+    /// What a read needs from the user, from the storage that asks.
+    struct ReadContext {
+        var prompt: Prompt
+        var authValidity: Int
+        var authenticator: (any Authenticator)?
+        var readerDirectory: String?
+    }
+
+    func get(service: String, key: String, context: ReadContext) async throws(KeychainError) -> SecureBytes? {
         try checkKey(key)
         let store = try store()
         guard let record = try read({ try store.item(service: service, key: key) }) else { return nil }
@@ -178,7 +236,7 @@ actor Engine {
         }
         let secret: SecureBytes
         do throws(KeychainError) {
-            secret = try unsealedSecret(for: wrapping, store: store)
+            secret = try await unsealedSecret(for: wrapping, record: record, store: store, context: context)
         } catch where error.code == .keyInvalidated {
             try? removeInvalidated(record)
             throw error
@@ -203,15 +261,42 @@ actor Engine {
         }
     }
 
-    private func unsealedSecret(for wrapping: WrappingKeyRecord, store: Store) throws(KeychainError) -> SecureBytes {
+    private func unsealedSecret(for wrapping: WrappingKeyRecord, record: ItemRecord, store: Store,
+                                context: ReadContext) async throws(KeychainError) -> SecureBytes {
         guard let policy = SealPolicy.decode(wrapping.policy) else {
             throw KeychainError(.dataCorrupted, "The wrapping key of service '\(wrapping.service)' has an unreadable policy")
         }
         let id = WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
         let generation: UInt64? = policy.availability == .whenUnlocked ? try lockGeneration(store) : nil
-        if let cached = unsealed[id], cached.generation == generation { return cached.secret }
+        if let cached = unsealed[id], cached.generation == generation,
+           cached.expires.map({ $0 > ContinuousClock.now }) ?? true {
+            return cached.secret
+        }
         let blob = TPMContext.SealedBlob(publicArea: wrapping.sealedPublic, privateArea: wrapping.sealedPrivate)
-        let secret = try withKeyring { keyring throws(KeychainError) -> SecureBytes in
+        let secret: SecureBytes
+        var expires: ContinuousClock.Instant?
+        if policy.branches.isEmpty {
+            secret = try unsealWithoutUser(blob, policy: policy)
+        } else {
+            secret = try await unsealWithUser(blob, policy: policy, record: record, context: context)
+            // authValidity: the window in which reads of this protection skip the prompt (this process).
+            guard context.authValidity > 0 else { return try checked(secret, wrapping) }
+            expires = .now + .seconds(context.authValidity)
+        }
+        let checkedSecret = try checked(secret, wrapping)
+        unsealed[id] = (checkedSecret, generation, expires)
+        return checkedSecret
+    }
+
+    private func checked(_ secret: SecureBytes, _ wrapping: WrappingKeyRecord) throws(KeychainError) -> SecureBytes {
+        guard secret.count == Sodium.x25519KeyLength, Sodium.x25519Public(of: secret) == wrapping.publicKey else {
+            throw KeychainError(.dataCorrupted, "The stored public key of service '\(wrapping.service)' does not match its sealed key")
+        }
+        return secret
+    }
+
+    private func unsealWithoutUser(_ blob: TPMContext.SealedBlob, policy: SealPolicy) throws(KeychainError) -> SecureBytes {
+        try withKeyring { keyring throws(KeychainError) -> SecureBytes in
             do throws(KeychainError) {
                 return try keyring.unseal(blob, policy: policy)
             } catch where error.code == .interactionNotAllowed {
@@ -225,11 +310,76 @@ actor Engine {
                 return try keyring.unseal(blob, policy: policy)
             }
         }
-        guard Sodium.x25519Public(of: secret) == wrapping.publicKey else {
-            throw KeychainError(.dataCorrupted, "The stored public key of service '\(wrapping.service)' does not match its sealed key")
+    }
+
+    /// Asks the user (the authenticator) and proves the answer to the TPM: the reader signs the
+    /// session nonce after a match, or the TPM checks the passcode. At most three tries per read.
+    private func unsealWithUser(_ blob: TPMContext.SealedBlob, policy: SealPolicy, record: ItemRecord,
+                                context: ReadContext) async throws(KeychainError) -> SecureBytes {
+        let reader = try context.readerDirectory.map { (dir: String) throws(KeychainError) in try FingerprintReader(directory: dir) }
+        var methods: [AuthenticationMethod] = []
+        if let binding = policy.biometry {
+            // CurrentSet: an enrollment change (or a new reader) invalidates the item, before any prompt.
+            let stillValid = reader?.keyName == binding.keyName
+                && (!binding.currentSet || reader?.enrollmentSet == binding.policyRef)
+            if !stillValid && binding.currentSet {
+                throw KeychainError(.keyInvalidated,
+                                    "The enrolled fingers changed since item '\(record.key)' was written; the item was removed")
+            }
+            if stillValid, reader?.lockState != .permanentLockout || policy.passcode != true { methods.append(.fingerprint) }
         }
-        unsealed[id] = (secret, generation)
-        return secret
+        if policy.passcode == true { methods.append(.passcode) }
+        guard !methods.isEmpty else {
+            throw KeychainError(.keyInvalidated, "Item '\(record.key)' can no longer be opened by this device's reader")
+        }
+        guard let authenticator = context.authenticator else {
+            throw KeychainError(.interactionNotAllowed,
+                                "Reading '\(record.key)' needs the user (\(methods.map(\.rawValue).joined(separator: " or "))), "
+                                + "and no authenticator can ask: pass --touch FINGER or --passcode-stdin, or run on a terminal")
+        }
+        var failure: String?
+        for attempt in 1...3 {
+            let answer = await authenticator.authenticate(AuthenticationRequest(
+                prompt: context.prompt, methods: methods, service: record.service, key: record.key,
+                attempt: attempt, previousFailure: failure))
+            switch answer {
+            case .cancel: throw KeychainError(.userCanceled, "The user canceled the prompt")
+            case .fallback: throw KeychainError(.userFallback, "The user chose the fallback")
+            case .interrupted: throw KeychainError(.systemCanceled, "The prompt was interrupted")
+            case .finger(let finger):
+                guard methods.contains(.fingerprint), let reader else {
+                    failure = "a fingerprint does not open this item"
+                    continue
+                }
+                switch try reader.read(finger: finger) {
+                case .match:
+                    return try withKeyring { keyring throws(KeychainError) in
+                        try keyring.unseal(blob, policy: policy, authorization: .finger(reader))
+                    }
+                case .noMatch:
+                    failure = "no match"
+                case .lockout:
+                    throw KeychainError(.lockout, "Too many failed fingerprint matches: enter the passcode to use the reader again")
+                case .permanentLockout:
+                    throw KeychainError(.lockoutPermanent, "The fingerprint reader is locked until the passcode is entered")
+                }
+            case .passcode(let pin):
+                guard methods.contains(.passcode) else {
+                    failure = "the passcode does not open this item"
+                    continue
+                }
+                do throws(KeychainError) {
+                    let secret = try withKeyring { keyring throws(KeychainError) in
+                        try keyring.unseal(blob, policy: policy, authorization: .passcode(pin))
+                    }
+                    try reader?.resetLockout()
+                    return secret
+                } catch where error.code == .authenticationFailed {
+                    failure = "wrong passcode"
+                }
+            }
+        }
+        throw KeychainError(.authenticationFailed, "Not recognised after 3 tries (\(failure ?? "no match"))")
     }
 
     private func removeInvalidated(_ record: ItemRecord) throws {
@@ -389,5 +539,60 @@ actor Engine {
         } catch {
             throw KeychainError(.internal, "\(error)")
         }
+    }
+}
+
+// MARK: Access control: the reader and what a write can get
+
+extension Engine {
+    /// The same answer as a write would give, without writing and without a prompt.
+    func canUse(_ value: AccessControl, readerDirectory: String?) -> AccessControlCheck {
+        guard value != .none else { return .init(available: true) }
+        do {
+            let reader = try readerDirectory.map { (dir: String) throws(KeychainError) in try FingerprintReader(directory: dir) }
+            _ = try writeRequirementsForCheck(value, reader: reader)
+            return .init(available: true)
+        } catch {
+            switch error.code {
+            case .biometryNotAvailable: return .init(available: false, reason: .notAvailable)
+            case .biometryNotEnrolled: return .init(available: false, reason: .notEnrolled)
+            case .passcodeNotSet: return .init(available: false, reason: .passcodeNotSet)
+            default: return .init(available: false, reason: .unsupported)
+            }
+        }
+    }
+
+    func writeRequirementsForCheck(_ value: AccessControl, reader: FingerprintReader?) throws(KeychainError) {
+        _ = try writeRequirements(try ItemProtection(accessControl: value), reader: reader)
+    }
+
+    /// Proves the passcode to the TPM (an unlock) when one is set, so enrollment follows the passcode.
+    private func requirePasscodeForEnrollment(_ passcode: SecureBytes?) throws(KeychainError) {
+        try withKeyring { keyring throws(KeychainError) in
+            let isSet: Bool
+            do throws(TPMError) { isSet = try keyring.currentDescriptor().passcodeSet } catch {
+                throw keyring.diagnose(error, doing: "read the passcode state")
+            }
+            guard isSet else { return }
+            guard let passcode else {
+                throw KeychainError(.authenticationFailed, "Changing the enrolled fingers needs the device passcode (on stdin)")
+            }
+            try keyring.unlock(passcode: passcode)
+        }
+    }
+
+    func enroll(_ finger: String, passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) {
+        try requirePasscodeForEnrollment(passcode)
+        let reader = try FingerprintReader(directory: readerDirectory)
+        try withKeyring { keyring throws(KeychainError) in try reader.enroll(finger, keyring: keyring) }
+        try reader.resetLockout()
+        unsealed = unsealed.filter { $0.value.expires == nil }
+    }
+
+    func removeFinger(_ finger: String, passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) -> Bool {
+        try requirePasscodeForEnrollment(passcode)
+        let reader = try FingerprintReader(directory: readerDirectory)
+        unsealed = unsealed.filter { $0.value.expires == nil }
+        return try reader.remove(finger)
     }
 }

@@ -35,13 +35,14 @@ public struct Keychain: Sendable {
 
     public func setItem(_ key: String, _ value: SecureBytes, options call: SetItemOptions? = nil) async throws(KeychainError) {
         let protection = try options.resolved(for: call)
-        try await engine.set(value, service: service, key: key, protection: protection, label: call?.label)
+        try await engine.set(value, service: service, key: key, protection: protection, label: call?.label,
+                             readerDirectory: configuration.readerDirectory)
     }
 
     /// The value as UTF-8 text, or nil when there is none.
     /// - Throws: `INVALID_ARGUMENT` when the stored bytes are not UTF-8 (read them with `getData`).
     public func getItem(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> String? {
-        guard let bytes = try await engine.get(service: service, key: key) else { return nil }
+        guard let bytes = try await engine.get(service: service, key: key, context: readContext(call)) else { return nil }
         guard let text = bytes.withUnsafeBytes({ String(validating: $0.bindMemory(to: UInt8.self), as: UTF8.self) }) else {
             throw KeychainError.invalidArgument("Item '\(key)' holds bytes that are not UTF-8 text: read it with getData")
         }
@@ -50,13 +51,24 @@ public struct Keychain: Sendable {
 
     /// The value's bytes, or nil when there is none.
     public func getData(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> Data? {
-        guard let bytes = try await engine.get(service: service, key: key) else { return nil }
+        guard let bytes = try await engine.get(service: service, key: key, context: readContext(call)) else { return nil }
         return bytes.withUnsafeBytes { Data($0) }
     }
 
     /// The value in locked memory, wiped when released: for keys and tokens that should not linger.
     public func getSecureBytes(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> SecureBytes? {
-        try await engine.get(service: service, key: key)
+        try await engine.get(service: service, key: key, context: readContext(call))
+    }
+
+    /// The prompt is the storage's, then the call's, field by field (seed: createKeychain).
+    func readContext(_ call: GetItemOptions?) -> Engine.ReadContext {
+        .init(prompt: options.resolvedPrompt(for: call), authValidity: options.authValidity,
+              authenticator: configuration.authenticator, readerDirectory: configuration.readerDirectory)
+    }
+
+    /// Whether this storage's device can protect an item with `value` now; never prompts, never writes.
+    public func canUseAccessControl(_ value: AccessControl) async -> AccessControlCheck {
+        await engine.canUse(value, readerDirectory: configuration.readerDirectory)
     }
 
     /// Whether an item exists; never prompts and never touches the TPM.
@@ -126,8 +138,37 @@ public struct DeviceStatus: Sendable, Hashable, Codable {
 /// The device: its passcode and lock, shared by every storage of a store.
 public struct KeychainDevice: Sendable {
     let engine: Engine
+    let configuration: KeychainConfiguration
     public init(configuration: KeychainConfiguration = .default) {
         engine = Engine.shared(for: configuration)
+        self.configuration = configuration
+    }
+
+    // MARK: The fingerprint reader
+
+    /// Enrolls a finger on the simulated reader; needs the device passcode when one is set.
+    public func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) {
+        try await engine.enroll(name, passcode: passcode, readerDirectory: try readerDirectory())
+    }
+    /// Removes a finger; needs the device passcode when one is set. CurrentSet items are invalidated.
+    @discardableResult
+    public func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool {
+        try await engine.removeFinger(name, passcode: passcode, readerDirectory: try readerDirectory())
+    }
+    public func enrolledFingers() async throws(KeychainError) -> [String] {
+        try FingerprintReader(directory: try readerDirectory()).enrolled
+    }
+    /// The biometric sensors present: a fingerprint reader when one is configured.
+    public func biometryTypes() -> [BiometryType] { configuration.readerDirectory == nil ? [] : [.fingerprint] }
+    public func canUseAccessControl(_ value: AccessControl) async -> AccessControlCheck {
+        await engine.canUse(value, readerDirectory: configuration.readerDirectory)
+    }
+
+    private func readerDirectory() throws(KeychainError) -> String {
+        guard let dir = configuration.readerDirectory else {
+            throw KeychainError(.biometryNotAvailable, "This device has no fingerprint reader (KEYCHAIN_READER=none)")
+        }
+        return dir
     }
 
     /// Provisions the TPM (SRK, device-lock indices) and the store when needed, and reports the state.

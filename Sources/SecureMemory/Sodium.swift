@@ -102,6 +102,20 @@ public enum Sodium {
         return out
     }
 
+    /// HMAC-SHA-256: the simulated fingerprint reader signs TPM policy nonces with it.
+    public static func hmacSHA256(key: SecureBytes, message: [UInt8]) -> [UInt8] {
+        SodiumRuntime.ensure()
+        var state = crypto_auth_hmacsha256_state()
+        var out = [UInt8](repeating: 0, count: 32)
+        key.withUnsafeBytes { k in
+            _ = crypto_auth_hmacsha256_init(&state, k.baseAddress!.assumingMemoryBound(to: UInt8.self), k.count)
+        }
+        _ = crypto_auth_hmacsha256_update(&state, message, UInt64(message.count))
+        _ = crypto_auth_hmacsha256_final(&state, &out)
+        sodium_memzero(&state, MemoryLayout<crypto_auth_hmacsha256_state>.size)
+        return out
+    }
+
     // MARK: XChaCha20-Poly1305 (IETF)
 
     /// Seals `plaintext`; the result is ciphertext followed by the 16-byte tag.

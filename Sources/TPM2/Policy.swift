@@ -44,6 +44,8 @@ public enum PolicyStep: Sendable, Hashable {
     case nv(index: UInt32, name: [UInt8], operand: [UInt8], offset: UInt16, comparison: NVComparison)
     /// Someone proved knowledge of the authValue of the entity with this name (a PIN index).
     case secret(index: UInt32, name: [UInt8], policyRef: [UInt8])
+    /// A signature by the key with this name over the session nonce and `policyRef` (the reader).
+    case signed(keyName: [UInt8], policyRef: [UInt8])
     case commandCode(UInt32)
     case cpHash([UInt8])
     case authValue
@@ -60,6 +62,8 @@ public enum PolicyStep: Sendable, Hashable {
         case .secret(_, let name, let policyRef):
             let first = sha256(digest, CommandCode.policySecret.bigEndianBytes, name)
             return sha256(first, policyRef)
+        case .signed(let keyName, let policyRef):
+            return sha256(sha256(digest, CommandCode.policySigned.bigEndianBytes, keyName), policyRef)
         case .commandCode(let code):
             return sha256(digest, CommandCode.policyCommandCode.bigEndianBytes, code.bigEndianBytes)
         case .cpHash(let cpHash):
@@ -88,6 +92,7 @@ public enum CommandCode {
     public static let unseal: UInt32 = 0x15E
     static let policyNV: UInt32 = 0x149
     static let policySecret: UInt32 = 0x151
+    static let policySigned: UInt32 = 0x160
     static let policyAuthValue: UInt32 = 0x16B
     static let policyCommandCode: UInt32 = 0x16C
     static let policyCpHash: UInt32 = 0x16E

@@ -17,7 +17,7 @@ struct Invocation {
     var switches: Set<String> = []
 
     static let valued: Set<String> = ["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
-                                      "--pcrs", "--touch"]
+                                      "--pcrs", "--touch", "--reader"]
     static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--help", "-h"]
 
     init(_ args: [String]) throws(UsageError) {
@@ -46,6 +46,10 @@ struct Invocation {
 
     func configuration() -> KeychainConfiguration {
         var configuration = KeychainConfiguration.default
+        if let store, ProcessInfo.processInfo.environment["KEYCHAIN_READER"] == nil {
+            configuration.readerDirectory = store + ".reader"
+        }
+        if let reader = flags["--reader"] { configuration.readerDirectory = reader == "none" ? nil : reader }
         if let store { configuration.storeDirectory = store }
         if let tcti { configuration.tpm = .tcti(tcti) }
         if let pcrs = flags["--pcrs"] {
@@ -75,8 +79,15 @@ let usage = """
       ls SERVICE
       info SERVICE KEY
       clear SERVICE
-      can-use ACCESS_CONTROL
+      can-use ACCESS_CONTROL       available, and the reason when not
       biometry-types
+
+    The fingerprint reader (simulated; its own directory, --reader DIR or KEYCHAIN_READER, 'none' for no reader):
+      reader enroll NAME | reader remove NAME   the device passcode on stdin when one is set
+      reader list
+
+    Reads of items behind an access control ask on the terminal; without one, answer with
+      --touch FINGER | --touch cancel | --touch fallback | --touch interrupt, or --passcode-stdin
       demo                         the sign-in flow, step by step, on a fresh embedded software TPM
 
     Environment: KEYCHAIN_STORE (store directory), KEYCHAIN_TCTI then TPM2TCTI (the TPM).

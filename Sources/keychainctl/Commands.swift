@@ -11,6 +11,8 @@ struct Commands {
     func storage(_ service: String, _ options: KeychainOptions = .init()) throws(KeychainError) -> Keychain {
         var options = options
         options.service = service
+        var configuration = configuration
+        if inv.command.first == "get" { configuration.authenticator = scriptedAuthenticator(inv) }
         return try createKeychain(options, configuration: configuration)
     }
 
@@ -98,10 +100,12 @@ struct Commands {
             if inv.json { printJSON(["cleared": true]) }
         case "can-use":
             let args = try arguments(1, "ACCESS_CONTROL")
-            let check = await canUseAccessControl(try AccessControl(parsing: args[0]))
+            let check = await device.canUseAccessControl(try AccessControl(parsing: args[0]))
             output(check) { "available: \($0.available)" + ($0.reason.map { "\nreason: \($0.rawValue)" } ?? "") }
+        case "reader":
+            return try await reader()
         case "biometry-types":
-            let types = await getBiometryTypes()
+            let types = device.biometryTypes()
             if inv.json { printJSON(types.map(\.rawValue)) } else { types.forEach { print($0.rawValue) } }
         case "demo":
             return try await Demo(json: inv.json).run()
@@ -109,6 +113,28 @@ struct Commands {
             throw UsageError(message: "no command given")
         case let other?:
             throw UsageError(message: "unknown command '\(other)'")
+        }
+        return .ok
+    }
+
+    private func reader() async throws -> Exit {
+        let args = Array(inv.command.dropFirst())
+        switch (args.first, args.count) {
+        case ("enroll", 2):
+            try await device.enrollFinger(args[1], passcode: readLines(1).first)
+            done("enrolled \(args[1])")
+        case ("remove", 2):
+            let removed = try await device.removeFinger(args[1], passcode: readLines(1).first)
+            if !removed {
+                FileHandle.standardError.write(Data("keychainctl: no finger '\(args[1])' is enrolled\n".utf8))
+                return .notFound
+            }
+            done("removed \(args[1])")
+        case ("list", 1):
+            let fingers = try await device.enrolledFingers()
+            if inv.json { printJSON(fingers) } else { fingers.forEach { print($0) } }
+        default:
+            throw UsageError(message: "reader takes: enroll NAME, remove NAME or list")
         }
         return .ok
     }

@@ -15,10 +15,38 @@ struct SealPolicy: Codable, Equatable {
     var passcodeEpoch: UInt64?
     /// Name of the state index (depends on the TPM's lock approval key).
     var stateName: [UInt8]
+    /// The fingerprint reader's signature (PolicySigned), for the biometric access controls.
+    var biometry: BiometryBinding?
+    /// The device passcode (PolicySecret on the PIN index), for `passcode` and the `…OrPasscode` values.
+    var passcode: Bool?
+
+    struct BiometryBinding: Codable, Equatable {
+        /// The reader's verification key (its TPM name) and persistent handle.
+        var keyName: [UInt8]
+        var tpmHandle: UInt32
+        /// The enrollment set for `biometryCurrentSet*`, empty for `biometryAny*`.
+        var policyRef: [UInt8]
+        var currentSet: Bool
+    }
+
+    enum Branch: Equatable { case biometry, passcode }
+
+    /// Who may open the key; two branches are joined by PolicyOR.
+    var branches: [Branch] { (biometry != nil ? [.biometry] : []) + (passcode == true ? [.passcode] : []) }
 
     var fixedToThisTPM: Bool { pcrs != nil }
 
-    /// The assertions, in the order they are run and hashed: PCRs, passcode epoch, lock state.
+    func step(for branch: Branch) -> PolicyStep {
+        switch branch {
+        case .biometry: .signed(keyName: biometry!.keyName, policyRef: biometry!.policyRef)
+        case .passcode: .secret(index: DeviceLockLayout.pinIndex, name: DeviceLockLayout.pinName, policyRef: [])
+        }
+    }
+
+    /// The digest of each branch (the common steps, then the branch's own), for PolicyOR.
+    var branchDigests: [[UInt8]] { branches.map { PolicyDigest.compute(steps + [step(for: $0)]) } }
+
+    /// The assertions every reader of the key makes first, in order: PCRs, passcode epoch, lock state.
     var steps: [PolicyStep] {
         var steps: [PolicyStep] = []
         if let pcrs, let pcrDigest {
@@ -42,7 +70,13 @@ struct SealPolicy: Codable, Equatable {
     }
 
     /// Empty when there is nothing to assert: such keys use their (empty) authValue instead.
-    var digest: [UInt8] { steps.isEmpty ? [] : PolicyDigest.compute(steps) }
+    var digest: [UInt8] {
+        switch branches.count {
+        case 0: steps.isEmpty ? [] : PolicyDigest.compute(steps)
+        case 1: branchDigests[0]
+        default: PolicyDigest.compute([.or(branchDigests)])
+        }
+    }
 
     func encoded() -> [UInt8] { Array((try? JSONEncoder().encode(self)) ?? Data()) }
     static func decode(_ bytes: [UInt8]) -> SealPolicy? { try? JSONDecoder().decode(SealPolicy.self, from: Data(bytes)) }

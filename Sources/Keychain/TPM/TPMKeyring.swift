@@ -23,6 +23,7 @@ final class TPMKeyring {
         static let srkName = "tpm.srk.name"
         static let stateTR = "tpm.state.tr"
         static let epochTR = "tpm.epoch.tr"
+        static let pinTR = "tpm.pin.tr"
         static let descriptor = "tpm.lock.descriptor"
         static let manufacturer = "tpm.manufacturer"
     }
@@ -86,11 +87,13 @@ final class TPMKeyring {
             let srkTR = try context.serialize(srk)
             let stateTR = try context.serialize(state)
             let epochTR = try context.serialize(epoch)
+            let pinTR = try context.serialize(try context.resource(forPersistent: DeviceLockLayout.pinIndex))
             try store.write { tx in
                 try tx.setMeta(Meta.srkTR, srkTR)
                 try tx.setMeta(Meta.srkName, srkName)
                 try tx.setMeta(Meta.stateTR, stateTR)
                 try tx.setMeta(Meta.epochTR, epochTR)
+                try tx.setMeta(Meta.pinTR, pinTR)
                 try tx.setMeta(Meta.descriptor, descriptor.encoded())
                 try tx.setMeta(Meta.manufacturer, manufacturer)
             }
@@ -143,9 +146,11 @@ final class TPMKeyring {
     // MARK: Wrapping keys
 
     /// Seals a wrapping key's secret half for `accessible` (one salted session, one Create).
-    func seal(_ secret: SecureBytes, accessible: Accessible, pcrs: [Int]) throws(KeychainError) -> (TPMContext.SealedBlob, SealPolicy) {
+    func seal(_ secret: SecureBytes, accessible: Accessible, pcrs: [Int], biometry: SealPolicy.BiometryBinding? = nil,
+              passcode: Bool = false) throws(KeychainError) -> (TPMContext.SealedBlob, SealPolicy) {
         do {
-            var policy = SealPolicy(availability: .init(accessible), stateName: stateName)
+            var policy = SealPolicy(availability: .init(accessible), stateName: stateName, biometry: biometry,
+                                    passcode: passcode ? true : nil)
             if accessible.isThisDeviceOnly {
                 policy.pcrs = PCRSelection(pcrs).indices
                 policy.pcrDigest = sha256(try context.readPCRs(PCRSelection(pcrs)).flatMap { $0 })
@@ -175,7 +180,15 @@ final class TPMKeyring {
 
     /// Unseals a wrapping key: StartAuthSession, Load, the policy steps, Unseal, FlushContext.
     /// The session is salted with the SRK and encrypts the response: the key never crosses the bus in clear.
-    func unseal(_ blob: TPMContext.SealedBlob, policy: SealPolicy) throws(KeychainError) -> SecureBytes {
+    /// What proves the user for a key behind an access control.
+    enum Authorization {
+        case none
+        /// The reader matched a finger; it signs the session nonce.
+        case finger(FingerprintReader)
+        case passcode(SecureBytes)
+    }
+
+    func unseal(_ blob: TPMContext.SealedBlob, policy: SealPolicy, authorization: Authorization = .none) throws(KeychainError) -> SecureBytes {
         do {
             guard try TPMContext.authPolicy(ofPublic: blob.publicArea) == policy.digest else {
                 throw KeychainError(.dataCorrupted, "A wrapping key's stored policy does not match its sealed object")
@@ -209,6 +222,9 @@ final class TPMKeyring {
                     throw KeychainError(.internal, "Unexpected policy step in a wrapping key policy")
                 }
             }
+            if !policy.branches.isEmpty {
+                try authorize(session!, policy: policy, authorization: authorization, step: &step)
+            }
             step = "Unseal"
             let secret = try context.unseal(object!, session: session!)
             sessionClosed = true  // continueSession was clear: the TPM closed it.
@@ -222,9 +238,57 @@ final class TPMKeyring {
         }
     }
 
+    /// The access-control branch: PolicySigned by the reader or PolicySecret with the passcode,
+    /// then PolicyOR when the key has both branches.
+    private func authorize(_ session: TPMHandle, policy: SealPolicy, authorization: Authorization,
+                           step: inout String) throws(TPMError) {
+        switch authorization {
+        case .finger(let reader):
+            guard let binding = policy.biometry, let keyTR = reader.state?.keyTR,
+                  let hmac = reader.sign(nonceTPM: try context.nonceTPM(session), policyRef: binding.policyRef) else {
+                throw TPMError(command: "reader signature", code: .policyFail)
+            }
+            step = "PolicySigned"
+            let readerKey = try context.deserialize(keyTR)
+            try context.policySigned(session, authObject: readerKey, nonceTPM: try context.nonceTPM(session),
+                                     policyRef: binding.policyRef, hmac: hmac)
+        case .passcode(let pin):
+            guard policy.passcode == true else { throw TPMError(command: "passcode branch", code: .policyFail) }
+            step = "PolicySecret"
+            let pinIndex = try pinResource()
+            try context.setAuth(pinIndex, pin)
+            defer { try? context.setAuth(pinIndex, nil) }
+            // A salted HMAC session: the passcode is the HMAC key, never sent, and a capture can't be brute-forced.
+            let auth = try context.startSession(.hmac, saltKey: srk)
+            var consumed = false
+            defer { if !consumed { context.flush(auth) } }
+            try context.policySecret(session, entity: pinIndex, authSession: auth)
+            consumed = true
+        case .none:
+            throw TPMError(command: "authorization", code: .policyFail)
+        }
+        if policy.branches.count > 1 {
+            step = "PolicyOR"
+            try context.policyOR(session, policy.branchDigests)
+        }
+    }
+
+    private func pinResource() throws(TPMError) -> TPMHandle {
+        if let tr = try? store.meta(Meta.pinTR), let handle = try? context.deserialize(tr) { return handle }
+        return try context.resource(forPersistent: DeviceLockLayout.pinIndex)
+    }
+
     private func mapUnsealError(_ error: TPMError, step: String) -> KeychainError {
         let code = error.code
         switch step {
+        case "PolicySecret" where code.is(.badAuth) || code.is(.authFail):
+            return KeychainError(.authenticationFailed, "Wrong passcode", underlying: .tpm(error))
+        case "PolicySecret" where code.is(.authUnavailable):
+            return KeychainError(.lockout, "Too many wrong passcodes: the TPM refuses the passcode until the owner "
+                                 + "resets its count (keychainctl passcode reset-tries)", underlying: .tpm(error))
+        case "PolicySigned":
+            return KeychainError(.keyInvalidated, "The fingerprint reader's signature does not open this item any more",
+                                 underlying: .tpm(error))
         case "PolicyPCR" where code.is(.value):
             return KeychainError(.deviceStateChanged,
                                  "The device state changed: PCRs this ThisDeviceOnly item is bound to no longer hold "

@@ -1,0 +1,86 @@
+import SecureMemory
+
+/// How the user may answer a prompt.
+public enum AuthenticationMethod: String, Sendable, Hashable, Codable { case fingerprint, passcode }
+
+/// What the storage asks the user: the merged prompt and the ways they may answer.
+public struct AuthenticationRequest: Sendable {
+    /// The storage's prompt fields, then the call's, merged field by field (seed: createKeychain).
+    public let prompt: Prompt
+    public let methods: [AuthenticationMethod]
+    public let service: String
+    public let key: String
+    /// 1 for the first question of a read; more after a failed match or a wrong passcode.
+    public let attempt: Int
+    /// Why the previous attempt failed ("no match", "wrong passcode"), for the prompt to show.
+    public let previousFailure: String?
+}
+
+/// The user's answer.
+public enum AuthenticationAnswer: Sendable {
+    /// The reader reads this finger: a match if it is enrolled, no match if not.
+    case finger(String)
+    case passcode(SecureBytes)
+    /// The prompt's cancel button: `USER_CANCELED`.
+    case cancel
+    /// The prompt's fallback button: `USER_FALLBACK`.
+    case fallback
+    /// The prompt was interrupted (a signal, a timeout, the device locking): `SYSTEM_CANCELED`.
+    case interrupted
+}
+
+/// Shows the prompt. The storage calls it only for reads of items behind an access control;
+/// writes, `hasItem`, `getAllKeys`, `getItemInfo`, `removeItem` and `clear` never do.
+public protocol Authenticator: Sendable {
+    func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer
+}
+
+/// Answers from a script, in order, for tests and appliances; records what it was asked.
+public final class ScriptedAuthenticator: Authenticator, @unchecked Sendable {
+    private let lock = NSLockLike()
+    private var answers: [AuthenticationAnswer]
+    private var asked: [AuthenticationRequest] = []
+    private let repeatsLast: Bool
+
+    /// - Parameter repeatsLast: when the script runs out, give the last answer again (a user who
+    ///   keeps touching with the same finger) instead of interrupting the prompt.
+    public init(_ answers: [AuthenticationAnswer] = [], repeatsLast: Bool = false) {
+        self.answers = answers
+        self.repeatsLast = repeatsLast
+    }
+
+    /// Queues more answers.
+    public func push(_ more: AuthenticationAnswer...) { lock.with { answers += more } }
+
+    /// The requests made so far.
+    public var requests: [AuthenticationRequest] { lock.with { asked } }
+
+    /// With no answer left, the prompt is interrupted (`SYSTEM_CANCELED`): a script never hangs.
+    public func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer {
+        lock.with {
+            asked.append(request)
+            if answers.count == 1 && repeatsLast { return answers[0] }
+            return answers.isEmpty ? .interrupted : answers.removeFirst()
+        }
+    }
+}
+
+/// An authenticator that fails the test or the appliance if it is ever asked.
+public struct FailingAuthenticator: Authenticator {
+    public let onPrompt: @Sendable (AuthenticationRequest) -> Void
+    public init(onPrompt: @escaping @Sendable (AuthenticationRequest) -> Void) { self.onPrompt = onPrompt }
+    public func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer {
+        onPrompt(request)
+        return .cancel
+    }
+}
+
+import Foundation
+
+final class NSLockLike: @unchecked Sendable {
+    private let lock = NSLock()
+    func with<T>(_ body: () throws -> T) rethrows -> T {
+        lock.lock(); defer { lock.unlock() }
+        return try body()
+    }
+}

@@ -1,0 +1,153 @@
+import Foundation
+import SecureMemory
+import TPM2
+
+/// A simulated fingerprint reader: the stand-in for a sensor's secure element on a Linux device.
+///
+/// Its trust boundary is its own directory (0700), apart from the keychain's store: it holds an
+/// HMAC-SHA256 key and the enrolled fingers. The TPM holds a verify-only copy of the key at a
+/// persistent handle; when a finger matches, the reader signs the policy session's nonce with the
+/// enrollment set as `policyRef` (PolicySigned). `biometryCurrentSet` keys are sealed to today's set,
+/// so any enrollment change makes the reader stop signing for them; `biometryAny` keys use an empty
+/// `policyRef`. After 5 failed matches in a row the reader is locked out (`LOCKOUT`), after 10
+/// `LOCKOUT_PERMANENT`, both until the passcode is entered.
+///
+/// - Important: whoever can read the reader's directory can sign as the reader. On a real device
+///   that key lives in the sensor; here, give the directory to a different user or keep it root-only.
+final class FingerprintReader {
+    static let lockoutAfter = 5
+    static let permanentLockoutAfter = 10
+    static let persistentHandles: ClosedRange<UInt32> = 0x8100_0010...0x8100_001F
+
+    struct State: Codable {
+        var hmacKey: [UInt8]
+        var tpmHandle: UInt32
+        var keyName: [UInt8]
+        /// ESAPI's serialized handle of the persistent key: using it costs no TPM command.
+        var keyTR: [UInt8]
+        var fingers: [String: [UInt8]] = [:]
+        var enrollmentSet: [UInt8]
+        var failures: Int = 0
+    }
+
+    let directory: String
+    private(set) var state: State?
+
+    init(directory: String) throws(KeychainError) {
+        self.directory = directory
+        state = try Self.load(directory)
+    }
+
+    var statePath: String { directory + "/reader.json" }
+    var enrolled: [String] { (state?.fingers.keys).map { Array($0).sorted() } ?? [] }
+    /// Today's enrollment set (what CurrentSet keys are sealed to); empty when nothing is enrolled.
+    var enrollmentSet: [UInt8] { state?.enrollmentSet ?? [] }
+    var keyName: [UInt8]? { state?.keyName }
+
+    enum Match: Equatable { case match, noMatch, lockout, permanentLockout }
+
+    var lockState: Match? {
+        guard let failures = state?.failures else { return nil }
+        if failures >= Self.permanentLockoutAfter { return .permanentLockout }
+        if failures >= Self.lockoutAfter { return .lockout }
+        return nil
+    }
+
+    /// Reads a finger: a match if it is enrolled. Failed matches count toward the lockouts.
+    func read(finger: String) throws(KeychainError) -> Match {
+        guard var current = state else { return .noMatch }
+        if let locked = lockState { return locked }
+        if current.fingers[finger] != nil {
+            current.failures = 0
+            try save(current)
+            return .match
+        }
+        current.failures += 1
+        try save(current)
+        return lockState ?? .noMatch
+    }
+
+    /// Signs what PolicySigned verifies; only ever for an empty `policyRef` or today's set.
+    func sign(nonceTPM: [UInt8], policyRef: [UInt8]) -> [UInt8]? {
+        guard let current = state, policyRef.isEmpty || policyRef == current.enrollmentSet else { return nil }
+        let key = SecureBytes(copying: current.hmacKey)
+        return Sodium.hmacSHA256(key: key, message: TPMContext.policySignedDigest(nonceTPM: nonceTPM, policyRef: policyRef))
+    }
+
+    /// The passcode was entered: the lockouts end.
+    func resetLockout() throws(KeychainError) {
+        guard var current = state, current.failures != 0 else { return }
+        current.failures = 0
+        try save(current)
+    }
+
+    /// Enrolls a finger (a new enrollment set); provisions the reader's TPM key on first use.
+    func enroll(_ finger: String, keyring: TPMKeyring) throws(KeychainError) {
+        guard !finger.isEmpty, finger.utf8.count <= 64 else {
+            throw KeychainError.invalidArgument("Invalid finger name: expected 1 to 64 bytes")
+        }
+        var current: State
+        if let existing = state { current = existing } else { current = try provision(keyring) }
+        current.fingers[finger] = Sodium.randomBytes(32)
+        current.enrollmentSet = Sodium.randomBytes(16)
+        try save(current)
+    }
+
+    func remove(_ finger: String) throws(KeychainError) -> Bool {
+        guard var current = state, current.fingers.removeValue(forKey: finger) != nil else { return false }
+        current.enrollmentSet = current.fingers.isEmpty ? [] : Sodium.randomBytes(16)
+        try save(current)
+        return true
+    }
+
+    private func provision(_ keyring: TPMKeyring) throws(KeychainError) -> State {
+        let key = SecureBytes(random: 32)
+        let context = keyring.context
+        let srk = keyring.srk
+        for handle in Self.persistentHandles {
+            if (try? context.resource(forPersistent: handle)) != nil { continue }  // taken (another reader)
+            do {
+                let name = try context.withSession(.hmac, saltKey: srk, decryptCommand: true) { session throws(TPMError) in
+                    try context.provisionVerificationKey(key, parent: srk, session: session, at: handle)
+                }
+                let tr = try context.serialize(try context.resource(forPersistent: handle))
+                return State(hmacKey: key.withUnsafeBytes { Array($0) }, tpmHandle: handle, keyName: name, keyTR: tr,
+                             enrollmentSet: [])
+            } catch {
+                throw keyring.diagnose(error, doing: "create the fingerprint reader's key")
+            }
+        }
+        throw KeychainError(.hardwareUnavailable, "No free persistent handle for the fingerprint reader's key (0x81000010–0x8100001F)")
+    }
+
+    private static func load(_ directory: String) throws(KeychainError) -> State? {
+        let path = directory + "/reader.json"
+        guard FileManager.default.fileExists(atPath: path) else { return nil }
+        guard let data = FileManager.default.contents(atPath: path),
+              let state = try? JSONDecoder().decode(State.self, from: data) else {
+            throw KeychainError(.dataCorrupted, "The fingerprint reader's state at \(path) cannot be read")
+        }
+        return state
+    }
+
+    /// Atomic: a temporary file renamed over the old one, mode 0600 in a 0700 directory.
+    private func save(_ new: State) throws(KeychainError) {
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
+                                                    attributes: [.posixPermissions: 0o700])
+            let data = try JSONEncoder().encode(new)
+            let temp = directory + "/.reader.json.\(getpid())"
+            guard FileManager.default.createFile(atPath: temp, contents: data, attributes: [.posixPermissions: 0o600]) else {
+                throw KeychainError(.storageError, "Cannot write \(temp)")
+            }
+            guard rename(temp, statePath) == 0 else {
+                throw KeychainError(.storageError, "Cannot replace \(statePath)", underlying: .errno(errno))
+            }
+            state = new
+        } catch let error as KeychainError {
+            throw error
+        } catch {
+            throw KeychainError(.storageError, "Cannot save the fingerprint reader's state: \(error.localizedDescription)")
+        }
+    }
+}

@@ -1,0 +1,88 @@
+internal import CTSS2
+import SecureMemory
+
+/// PolicySigned (Part 3, 23.3) with an HMAC verification key: the simulated fingerprint reader holds
+/// the HMAC key in software and signs the session's nonce; the TPM holds a copy that can only *verify*
+/// (its authPolicy is a random digest nobody can satisfy, so TPM2_HMAC with it is impossible).
+extension TPMContext {
+    /// Creates the verification key (keyedHash, HMAC-SHA256, sign, fixedTPM) holding `hmacKey`,
+    /// sent encrypted (`session` has the decrypt attribute), and makes it persistent at `handle`.
+    public func provisionVerificationKey(_ hmacKey: SecureBytes, parent: TPMHandle, session: TPMHandle,
+                                         at handle: UInt32) throws(TPMError) -> [UInt8] {
+        var inSensitive = TPM2B_SENSITIVE_CREATE()
+        defer { TPM2B.wipe(&inSensitive) }
+        hmacKey.withUnsafeBytes { inSensitive.sensitive.data.size = TPM2B.set(&inSensitive.sensitive.data.buffer, $0) }
+        var inPublic = TPM2B_PUBLIC()
+        inPublic.publicArea.type = UInt16(TPM2_ALG_KEYEDHASH)
+        inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA256)
+        inPublic.publicArea.objectAttributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT | TPMA_OBJECT_NODA
+            | TPMA_OBJECT_SIGN_ENCRYPT | TPMA_OBJECT_ADMINWITHPOLICY
+        inPublic.publicArea.authPolicy.size = TPM2B.set(&inPublic.publicArea.authPolicy.buffer, Sodium.randomBytes(32))
+        inPublic.publicArea.parameters.keyedHashDetail.scheme.scheme = UInt16(TPM2_ALG_HMAC)
+        inPublic.publicArea.parameters.keyedHashDetail.scheme.details.hmac.hashAlg = UInt16(TPM2_ALG_SHA256)
+        var outsideInfo = TPM2B_DATA()
+        var creationPCR = TPML_PCR_SELECTION()
+        var outPrivate: UnsafeMutablePointer<TPM2B_PRIVATE>?
+        var outPublic: UnsafeMutablePointer<TPM2B_PUBLIC>?
+        try call("Create(reader key)") {
+            Esys_Create(esys, parent.tr, session.tr, Self.none, Self.none, &inSensitive, &inPublic,
+                        &outsideInfo, &creationPCR, &outPrivate, &outPublic, nil, nil, nil)
+        }
+        defer { Esys_Free(outPrivate); Esys_Free(outPublic) }
+        var object: ESYS_TR = 0
+        try call("Load(reader key)") {
+            Esys_Load(esys, parent.tr, Self.password, Self.none, Self.none, outPrivate, outPublic, &object)
+        }
+        defer { flush(TPMHandle(tr: object, mustFlush: true)) }
+        let name = try self.name(of: TPMHandle(tr: object, mustFlush: false))
+        var persistent: ESYS_TR = 0
+        try call("EvictControl(reader key)") {
+            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, object, Self.password, Self.none, Self.none, handle, &persistent)
+        }
+        return name
+    }
+
+    /// Removes a persistent object (owner authorization).
+    public func evict(_ persistent: TPMHandle, at handle: UInt32) throws(TPMError) {
+        var out: ESYS_TR = 0
+        try call("EvictControl(remove)") {
+            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, persistent.tr, Self.password, Self.none, Self.none, handle, &out)
+        }
+    }
+
+    /// The TPM's current nonce of a session: what a PolicySigned signer must sign.
+    public func nonceTPM(_ session: TPMHandle) throws(TPMError) -> [UInt8] {
+        var nonce: UnsafeMutablePointer<TPM2B_NONCE>?
+        let rc = Esys_TRSess_GetNonceTPM(esys, session.tr, &nonce)
+        guard rc == 0, let nonce else { throw TPMError(command: "TRSess_GetNonceTPM", code: .init(rawValue: rc)) }
+        defer { Esys_Free(nonce) }
+        return TPM2B.bytes(nonce.pointee.buffer, size: nonce.pointee.size)
+    }
+
+    /// The digest a PolicySigned signer signs: H(nonceTPM || expiration || cpHashA || policyRef).
+    public static func policySignedDigest(nonceTPM: [UInt8], expiration: Int32 = 0, policyRef: [UInt8]) -> [UInt8] {
+        sha256(nonceTPM, UInt32(bitPattern: expiration).bigEndianBytes, [], policyRef)
+    }
+
+    /// PolicySigned with an HMAC-SHA256 signature verified by `authObject` (no authorization needed).
+    public func policySigned(_ session: TPMHandle, authObject: TPMHandle, nonceTPM: [UInt8], policyRef: [UInt8],
+                             hmac: [UInt8], expiration: Int32 = 0) throws(TPMError) {
+        var nonce = TPM2B_NONCE()
+        nonce.size = TPM2B.set(&nonce.buffer, nonceTPM)
+        var cpHash = TPM2B_DIGEST()
+        var ref = TPM2B_NONCE()
+        ref.size = TPM2B.set(&ref.buffer, policyRef)
+        var signature = TPMT_SIGNATURE()
+        signature.sigAlg = UInt16(TPM2_ALG_HMAC)
+        signature.signature.hmac.hashAlg = UInt16(TPM2_ALG_SHA256)
+        withUnsafeMutableBytes(of: &signature.signature.hmac.digest) { $0.copyBytes(from: hmac) }
+        var timeout: UnsafeMutablePointer<TPM2B_TIMEOUT>?
+        var ticket: UnsafeMutablePointer<TPMT_TK_AUTH>?
+        try call("PolicySigned") {
+            Esys_PolicySigned(esys, authObject.tr, session.tr, Self.none, Self.none, Self.none,
+                              &nonce, &cpHash, &ref, expiration, &signature, &timeout, &ticket)
+        }
+        Esys_Free(timeout); Esys_Free(ticket)
+    }
+}
+
