@@ -21,11 +21,13 @@ struct BenchOptions {
           --quick   a tenth of the default samples, for a check that everything runs
         """
 
-    struct UsageError: Error { let message: String }
+    /// A bad argument; no message for `--help`.
+    struct UsageError: Error { let message: String? }
 
     init(_ arguments: some Collection<String>) throws(UsageError) {
         var arguments = Array(arguments)[...]
         while let flag = arguments.popFirst() {
+            if flag == "--help" || flag == "-h" { throw UsageError(message: nil) }
             if flag == "--quick" {
                 (warm, cold, writes, firstWrites, runs) = (2_000, 10, 20, 2, 5)
                 continue
@@ -244,7 +246,8 @@ struct EnvironmentInfo {
             guard let result = try? shell.run(argv), result.status == 0 else { return "not installed" }
             let text = String(decoding: result.output, as: UTF8.self)
             return text.split(separator: "\n").first.map { String($0) }.map {
-                $0.components(separatedBy: prefix).dropFirst().first?.split(separator: " ").first.map(String.init) ?? $0
+                $0.components(separatedBy: prefix).dropFirst().first?.split(separator: " ").first
+                    .map { $0.trimmingCharacters(in: CharacterSet(charactersIn: ",\"")) } ?? $0
             } ?? "unknown"
         }
         #if DEBUG
@@ -254,7 +257,7 @@ struct EnvironmentInfo {
         #endif
         return EnvironmentInfo(cores: ProcessInfo.processInfo.activeProcessorCount, kernel: kernel,
                                swtpm: version(["swtpm", "--version"], "version "),
-                               tpm2Tools: version(["tpm2_unseal", "--version"], "version=\"").replacingOccurrences(of: "\"", with: ""),
+                               tpm2Tools: version(["tpm2_unseal", "--version"], "version=\""),
                                optimized: optimized)
     }
 }

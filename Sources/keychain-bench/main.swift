@@ -22,6 +22,7 @@ do {
     let options = try BenchOptions(CommandLine.arguments.dropFirst())
     exit(await runBench(options))
 } catch {
-    FileHandle.standardError.write(Data("keychain-bench: \(error.message)\n\(BenchOptions.usage)\n".utf8))
+    guard let message = error.message else { print(BenchOptions.usage); exit(0) }
+    FileHandle.standardError.write(Data("keychain-bench: \(message)\n\(BenchOptions.usage)\n".utf8))
     exit(2)
 }

@@ -9,8 +9,9 @@ import TPM2
 /// persistent handle; when a finger matches, the reader signs the policy session's nonce with the
 /// enrollment set as `policyRef` (PolicySigned). `biometryCurrentSet` keys are sealed to today's set,
 /// so any enrollment change makes the reader stop signing for them; `biometryAny` keys use an empty
-/// `policyRef`. After 5 failed matches in a row the reader is locked out (`LOCKOUT`), after 10
-/// `LOCKOUT_PERMANENT`, both until the passcode is entered.
+/// `policyRef`. After 5 failed matches in a row the reader is locked out (`LOCKOUT`): it refuses
+/// every finger, and each touch still counts; at 10 it is `LOCKOUT_PERMANENT`. Both last until the
+/// passcode is entered (a read that the passcode opens, or an enrollment change).
 ///
 /// - Important: whoever can read the reader's directory can sign as the reader. On a real device
 ///   that key lives in the sensor; here, give the directory to a different user or keep it root-only.
@@ -56,7 +57,13 @@ final class FingerprintReader {
     /// Reads a finger: a match if it is enrolled. Failed matches count toward the lockouts.
     func read(finger: String) throws(KeychainError) -> Match {
         guard var current = state else { return .noMatch }
-        if let locked = lockState { return locked }
+        if lockState == .permanentLockout { return .permanentLockout }
+        if lockState == .lockout {
+            // Touches during a lockout keep counting: ten in a row make it permanent.
+            current.failures += 1
+            try save(current)
+            return lockState!
+        }
         if current.fingers[finger] != nil {
             current.failures = 0
             try save(current)
