@@ -17,12 +17,16 @@ public import Keychain
 /// `biometricsSecured` (signed in, credentials in memory), `locked` (stored behind biometrics, not
 /// in memory). The state always matches what is stored:
 ///
-/// | stored                          | state                                         |
-/// |---------------------------------|-----------------------------------------------|
-/// | nothing                         | `ready`, or `unavailable` without biometrics  |
-/// | the keychain item               | `keychainSecured`                             |
-/// | the biometric item              | `biometricsSecured` or `locked`               |
-/// | both (a step that failed midway) | `keychainSecured`: the copy without a prompt decides how protected the credentials are |
+/// | stored                         | state                                        |
+/// |--------------------------------|----------------------------------------------|
+/// | nothing                        | `ready`, or `unavailable` without biometrics |
+/// | the keychain item              | `keychainSecured`                            |
+/// | the biometric item             | `biometricsSecured` or `locked`              |
+/// | both (a step failed half-way)  | `keychainSecured` (1)                        |
+///
+/// (1) The copy that opens without a prompt is what protects the credentials, so the state says
+/// so; the biometric copy holds the same credentials and is overwritten by the next upgrade or
+/// removed by a reset.
 ///
 /// The start-up state comes from that table (`init(startupFound:biometricsAvailable:)`): the driver
 /// reads the keychain item and asks `hasItem` for the biometric one, neither of which prompts.

@@ -51,6 +51,9 @@ struct ProcessTests {
         #expect(try cli(tpm, store, ["unlock"], input: Array("\(pin)\n".utf8), tcti: tcti, environment: env).status == 0)
         #expect(try cli(tpm, store, ["set", "s", "k", "--accessible", "whenUnlocked"], input: Array("the-value-ZQXJ".utf8), tcti: tcti, environment: env).status == 0)
         #expect(try cli(tpm, store, ["get", "s", "k"], tcti: tcti, environment: env).stdout == Array("the-value-ZQXJ".utf8))
+        // A passcode-protected item: the read proves the PIN with PolicySecret in a salted session.
+        #expect(try cli(tpm, store, ["set", "s", "p", "--access-control", "passcode"], input: Array("pin-guarded-WVKD".utf8), tcti: tcti, environment: env).status == 0)
+        #expect(try cli(tpm, store, ["get", "s", "p", "--passcode-stdin"], input: Array("\(pin)\n".utf8), tcti: tcti, environment: env).stdout == Array("pin-guarded-WVKD".utf8))
         #expect(try cli(tpm, store, ["passcode", "change"], input: Array("\(pin)\n\(newPin)\n".utf8), tcti: tcti, environment: env).status == 0)
         let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: capture)))
         func contains(_ needle: [UInt8]) -> Bool {
@@ -60,7 +63,7 @@ struct ProcessTests {
         // The control: the capture holds real traffic (the state index's handle appears in clear).
         #expect(bytes.count > 5_000)
         #expect(contains([0x01, 0x00, 0x4B, 0x51]))
-        for secret in [pin, newPin, "the-value-ZQXJ"] {
+        for secret in [pin, newPin, "the-value-ZQXJ", "pin-guarded-WVKD"] {
             #expect(!contains(Array(secret.utf8)), "\(secret) crossed the TPM connection in clear")
         }
     }
