@@ -1,0 +1,8 @@
+#!/bin/sh
+# Builds keychainctl and keychain-bench (release) and runs the benchmark; arguments go to the bench.
+# `swift run keychain-bench` alone builds only the bench, and the keychainctl reference needs the CLI
+# next to it. Set SCRATCH to build somewhere other than .build.
+set -eu
+cd "$(dirname "$0")/.."
+swift build -c release --product keychainctl ${SCRATCH:+--scratch-path "$SCRATCH"}
+exec swift run -c release ${SCRATCH:+--scratch-path "$SCRATCH"} keychain-bench "$@"
