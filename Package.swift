@@ -10,6 +10,8 @@ let package = Package(
         .executable(name: "keychain-bench", targets: ["keychain-bench"]),
         // For our users' own test suites: a private software TPM per test or suite.
         .library(name: "KeychainTestSupport", targets: ["KeychainTestSupport"]),
+        .library(name: "BiometricsVault", targets: ["BiometricsVault"]),
+        .library(name: "SignInFlow", targets: ["SignInFlow"]),
     ],
     targets: [
         // C libraries, seen only by the modules directly above them.
@@ -33,14 +35,17 @@ let package = Package(
         .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2"]),
         // BiometricsVault: biometric sign-in as a state machine over the public Keychain API.
         .target(name: "BiometricsVault", dependencies: ["Keychain"]),
+        // The seed's "sign in with Face ID" guide as code: where each token lives, the fallbacks.
+        .target(name: "SignInFlow", dependencies: ["Keychain"]),
 
-        .executableTarget(name: "keychainctl", dependencies: ["Keychain"]),
+        .executableTarget(name: "keychainctl", dependencies: ["Keychain", "SignInFlow"]),
         .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport"]),
 
         .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory"]),
         .testTarget(name: "TPM2Tests", dependencies: ["TPM2", "SecureMemory", "KeychainTestSupport"]),
         .testTarget(name: "PKCS11Tests", dependencies: ["PKCS11", "SecureMemory"]),
         .testTarget(name: "BiometricsVaultTests", dependencies: ["BiometricsVault", "Keychain", "KeychainTestSupport"]),
+        .testTarget(name: "SignInFlowTests", dependencies: ["SignInFlow", "Keychain", "KeychainTestSupport", "SecureMemory"]),
         .testTarget(name: "KeychainStoreTests", dependencies: ["KeychainStore"]),
         .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport"]),
     ],

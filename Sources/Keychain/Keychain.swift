@@ -144,6 +144,34 @@ public struct KeychainDevice: Sendable {
         self.configuration = configuration
     }
 
+    /// Asks the owner for the device passcode (the authenticator, passcode only) and proves it to the
+    /// TPM: this ends a biometric lockout (seed: BiometricsVault's `reauthenticateOwner`).
+    public func reauthenticateOwner(prompt: Prompt = .init(title: "Enter the device passcode")) async throws(KeychainError) {
+        guard let authenticator = configuration.authenticator else {
+            throw KeychainError(.interactionNotAllowed, "Reauthenticating needs the user, and no authenticator can ask")
+        }
+        var failure: String?
+        for attempt in 1...3 {
+            let answer = await authenticator.authenticate(AuthenticationRequest(
+                prompt: prompt, methods: [.passcode], service: "", key: "", attempt: attempt, previousFailure: failure))
+            switch answer {
+            case .cancel: throw KeychainError(.userCanceled, "The user canceled the prompt")
+            case .fallback: throw KeychainError(.userFallback, "The user chose the fallback")
+            case .interrupted: throw KeychainError(.systemCanceled, "The prompt was interrupted")
+            case .finger: failure = "enter the passcode"
+            case .passcode(let pin):
+                do throws(KeychainError) {
+                    try await engine.unlock(passcode: pin)
+                    if let dir = configuration.readerDirectory { try FingerprintReader(directory: dir).resetLockout() }
+                    return
+                } catch where error.code == .authenticationFailed {
+                    failure = "wrong passcode"
+                }
+            }
+        }
+        throw KeychainError(.authenticationFailed, "Not recognised after 3 tries (\(failure ?? "wrong passcode"))")
+    }
+
     // MARK: The fingerprint reader
 
     /// Enrolls a finger on the simulated reader; needs the device passcode when one is set.

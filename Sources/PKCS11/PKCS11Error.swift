@@ -27,8 +27,8 @@ public struct PKCS11ReturnValue: RawRepresentable, Hashable, Sendable, CustomStr
     public static let deviceRemoved = Self(rawValue: CKR_DEVICE_REMOVED)
     public static let encryptedDataInvalid = Self(rawValue: CKR_ENCRYPTED_DATA_INVALID)
     public static let encryptedDataLenRange = Self(rawValue: CKR_ENCRYPTED_DATA_LEN_RANGE)
-    /// PKCS#11 3.0; the p11-kit header we build against is 2.40.
-    public static let aeadDecryptFailed = Self(rawValue: 0x35)
+    /// PKCS#11 3.0 (0x42); the p11-kit 0.24 header we build against is 2.40 and lacks it.
+    public static let aeadDecryptFailed = Self(rawValue: 0x42)
     public static let keyHandleInvalid = Self(rawValue: CKR_KEY_HANDLE_INVALID)
     public static let mechanismInvalid = Self(rawValue: CKR_MECHANISM_INVALID)
     public static let mechanismParamInvalid = Self(rawValue: CKR_MECHANISM_PARAM_INVALID)
@@ -47,6 +47,7 @@ public struct PKCS11ReturnValue: RawRepresentable, Hashable, Sendable, CustomStr
     public static let userPinNotInitialized = Self(rawValue: CKR_USER_PIN_NOT_INITIALIZED)
     public static let bufferTooSmall = Self(rawValue: CKR_BUFFER_TOO_SMALL)
     public static let cryptokiNotInitialized = Self(rawValue: CKR_CRYPTOKI_NOT_INITIALIZED)
+    public static let libraryLoadFailed = Self(rawValue: CKR_LIBRARY_LOAD_FAILED)
 
     /// The session (and with it the login) is gone: open a new one and log in again.
     var losesSession: Bool {
@@ -84,7 +85,7 @@ public struct PKCS11ReturnValue: RawRepresentable, Hashable, Sendable, CustomStr
         CKR_DEVICE_REMOVED: "CKR_DEVICE_REMOVED",
         CKR_ENCRYPTED_DATA_INVALID: "CKR_ENCRYPTED_DATA_INVALID",
         CKR_ENCRYPTED_DATA_LEN_RANGE: "CKR_ENCRYPTED_DATA_LEN_RANGE",
-        0x35: "CKR_AEAD_DECRYPT_FAILED",
+        0x42: "CKR_AEAD_DECRYPT_FAILED",
         CKR_FUNCTION_CANCELED: "CKR_FUNCTION_CANCELED",
         CKR_FUNCTION_NOT_PARALLEL: "CKR_FUNCTION_NOT_PARALLEL",
         CKR_FUNCTION_NOT_SUPPORTED: "CKR_FUNCTION_NOT_SUPPORTED",
@@ -148,14 +149,22 @@ public struct PKCS11ReturnValue: RawRepresentable, Hashable, Sendable, CustomStr
         CKR_CRYPTOKI_ALREADY_INITIALIZED: "CKR_CRYPTOKI_ALREADY_INITIALIZED",
         CKR_MUTEX_BAD: "CKR_MUTEX_BAD",
         CKR_MUTEX_NOT_LOCKED: "CKR_MUTEX_NOT_LOCKED",
+        CKR_NEW_PIN_MODE: "CKR_NEW_PIN_MODE",
+        CKR_NEXT_OTP: "CKR_NEXT_OTP",
+        CKR_EXCEEDED_MAX_ITERATIONS: "CKR_EXCEEDED_MAX_ITERATIONS",
+        CKR_FIPS_SELF_TEST_FAILED: "CKR_FIPS_SELF_TEST_FAILED",
+        CKR_LIBRARY_LOAD_FAILED: "CKR_LIBRARY_LOAD_FAILED",
+        CKR_PIN_TOO_WEAK: "CKR_PIN_TOO_WEAK",
+        CKR_PUBLIC_KEY_INVALID: "CKR_PUBLIC_KEY_INVALID",
         CKR_FUNCTION_REJECTED: "CKR_FUNCTION_REJECTED",
     ]
 }
 
 /// A failed PKCS#11 call (or p11-kit step): what was attempted, and the `CK_RV` it returned.
 ///
-/// Loading a module that p11-kit can't open is `CKR_GENERAL_ERROR` (what p11-kit itself returns,
-/// with its message in `detail`); no token matching the URI is `CKR_TOKEN_NOT_PRESENT`.
+/// Two failures come before any module call, and get the nearest code from the spec: a module that
+/// p11-kit can't load, or no module by that name, is `CKR_LIBRARY_LOAD_FAILED` (p11-kit's own message in
+/// `detail`); no token matching the URI is `CKR_TOKEN_NOT_PRESENT` (the tokens present in `detail`).
 public struct PKCS11Error: Error, Sendable, CustomStringConvertible {
     /// The raw `CK_RV`.
     public let rv: UInt

@@ -2,6 +2,7 @@ import Foundation
 import Keychain
 import KeychainTestSupport
 import SecureMemory
+import TPM2
 
 /// How many samples each measurement takes.
 struct BenchOptions {
@@ -60,6 +61,12 @@ struct LevelResult {
     var keys = Samples()
 }
 
+/// The TPM connection alone, without the keychain.
+struct Transport {
+    var connect = Samples()
+    var command = Samples()
+}
+
 struct BenchFailure: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
@@ -84,8 +91,15 @@ final class Bench {
         secret = String(Sodium.randomBytes(32).map { alphabet[Int($0) % alphabet.count] })
     }
 
-    /// Stops swtpm and removes its directory if the run is interrupted (deinit does it otherwise).
-    func stopOnSignals() -> [DispatchSourceSignal] {
+    /// Stops swtpm and removes its directory (stores, tpm2-tools files) now, not whenever the last
+    /// reference to the `SoftwareTPM` goes: `exit` runs no deinit.
+    func cleanUp() {
+        tpm.stop()
+        try? FileManager.default.removeItem(atPath: tpm.directory)
+    }
+
+    /// Cleans up on Ctrl-C or SIGTERM too.
+    func cleanUpOnSignals() -> [DispatchSourceSignal] {
         [SIGINT, SIGTERM].map { number in
             signal(number, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
@@ -100,6 +114,7 @@ final class Bench {
     }
 
     func run() async throws -> Report {
+        let loadBefore = EnvironmentInfo.loadAverage()
         progress("swtpm on \(tpm.tcti), store in \(configuration.storeDirectory)")
         try await device.initialize()
         try await device.setPasscode(SecureBytes(copying: Array("246813".utf8)))
@@ -110,11 +125,15 @@ final class Bench {
             progress("measuring \(accessible.rawValue)")
             levels.append(try await measure(accessible))
         }
+        progress("measuring the TPM transport")
+        let transport = try measureTransport()
         progress("measuring tpm2-tools load + unseal")
         let tools = try tpm2ToolsPipeline()
         progress("measuring keychainctl get")
         let cli = try keychainctlGet(service: Self.service(.afterFirstUnlock))
-        return Report(options: options, environment: EnvironmentInfo.current(scratch: tpm.directory), levels: levels,
+        var environment = EnvironmentInfo.current(scratch: tpm.directory)
+        environment.loadBefore = loadBefore
+        return Report(options: options, environment: environment, levels: levels, transport: transport,
                       tpm2Tools: tools, keychainctl: cli)
     }
 
@@ -172,6 +191,31 @@ final class Bench {
         result.set = try await sample(options.writes) { try await keychain.setItem("k0", secret) }
         try await read()
         return result
+    }
+
+    // MARK: References
+
+    /// What the TPM connection costs by itself: opening one (TCTI loader and `Esys_Initialize`, then
+    /// closing it, as the engine does for every TPM operation), and a command with no session and
+    /// no client-side cryptography (GetCapability) round trip.
+    private func measureTransport() throws -> Transport {
+        var transport = Transport()
+        transport.connect = Samples(capacity: options.cold)
+        for _ in 0..<options.cold {
+            let start = monotonicNanoseconds()
+            withExtendedLifetime(try TPMContext(device: tpm.device)) {}
+            transport.connect.record(monotonicNanoseconds() - start)
+        }
+        let context = try TPMContext(device: tpm.device)
+        let count = options.cold * 10
+        transport.command = Samples(capacity: count)
+        for _ in 0..<count {
+            let start = monotonicNanoseconds()
+            _ = try context.property(TPMContext.propertyManufacturer)
+            transport.command.record(monotonicNanoseconds() - start)
+        }
+        transport.command.tpmCommands = context.commandCount
+        return transport
     }
 
     // MARK: References: other processes on the same swtpm
@@ -235,6 +279,13 @@ struct EnvironmentInfo {
     var swtpm: String
     var tpm2Tools: String
     var optimized: Bool
+    /// The 1-minute load average before and after the run: other work on the machine skews every figure.
+    var loadBefore = ""
+    var loadAfter = EnvironmentInfo.loadAverage()
+
+    static func loadAverage() -> String {
+        (try? String(contentsOfFile: "/proc/loadavg", encoding: .utf8))?.split(separator: " ").first.map(String.init) ?? "?"
+    }
 
     /// - Parameter scratch: a private directory for the version commands' output.
     static func current(scratch: String) -> EnvironmentInfo {

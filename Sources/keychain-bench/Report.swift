@@ -6,6 +6,7 @@ struct Report: CustomStringConvertible {
     let options: BenchOptions
     let environment: EnvironmentInfo
     let levels: [LevelResult]
+    let transport: Transport
     /// Nil when tpm2-tools is not installed.
     let tpm2Tools: Samples?
     /// Nil when keychainctl was not built next to the bench.
@@ -17,7 +18,8 @@ struct Report: CustomStringConvertible {
             # keychain-bench
 
             \(environment.cores) cores, Linux \(environment.kernel), swtpm \(environment.swtpm), tpm2-tools \(environment.tpm2Tools), \
-            \(environment.optimized ? "release build" : "DEBUG BUILD: figures not representative, use -c release").
+            \(environment.optimized ? "release build" : "DEBUG BUILD: figures not representative, use -c release"), \
+            load average \(environment.loadBefore) before the run and \(environment.loadAfter) after.
             Samples per level: \(options.cold) cold reads (dropCaches() before each), \(options.warm) warm reads, hasItem and \
             getAllKeys calls, \(options.writes) setItem on an existing service, \(options.firstWrites) first writes of a new \
             service. Processes: p50 of \(options.runs) runs after one warm-up. \
@@ -65,6 +67,13 @@ struct Report: CustomStringConvertible {
             paths.add("tpm2-tools: not installed", "-", "-", "-")
         }
         out.append("## Read paths against a shell user's tpm2-tools pipeline\n\n" + paths.render())
+
+        var wire = Table("the TPM connection alone", "p50", "p99", "TPM commands")
+        wire.add("open and close a connection (TCTI loader, Esys_Initialize)", Format.duration(transport.connect.p50),
+                 Format.duration(transport.connect.p99), "0")
+        wire.add("one command with no session (GetCapability), round trip", Format.duration(transport.command.p50),
+                 Format.duration(transport.command.p99), Format.commands(transport.command.commandsPerOp))
+        out.append("## The TPM transport\n\n" + wire.render())
 
         var targets = Table("target", "measured", "result")
         for target in self.targets { targets.add(target.name, target.measured, target.verdict) }

@@ -4,12 +4,15 @@ import Foundation
 // accessibility level, on a private swtpm, against tpm2-tools and the keychainctl process.
 // Run it with `swift run -c release keychain-bench`; see docs/performance.md.
 
-/// Runs the benchmark; the swtpm and its directory go when `bench` does, on every path.
+/// Runs the benchmark; the swtpm and its directory are removed on every path.
 func runBench(_ options: BenchOptions) async -> Int32 {
     do {
         let bench = try Bench(options: options)
-        let signals = bench.stopOnSignals()
-        defer { signals.forEach { $0.cancel() } }
+        let signals = bench.cleanUpOnSignals()
+        defer {
+            signals.forEach { $0.cancel() }
+            bench.cleanUp()
+        }
         print(try await bench.run())
         return 0
     } catch {

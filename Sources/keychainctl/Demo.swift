@@ -1,110 +1,121 @@
 import Foundation
 import Keychain
 import SecureMemory
+import SignInFlow
 
-/// `keychainctl demo`: the seed's sign-in flow, as far as this version reaches, on a fresh store
-/// and a fresh embedded software TPM, printing each step and what the TPM did.
+/// `keychainctl demo`: the seed's sign-in flow on a fresh store, a fresh embedded software TPM and
+/// the simulated fingerprint reader, printing each step, what the user answered, and what the TPM did.
 struct Demo {
     let json: Bool
     private let directory = FileManager.default.temporaryDirectory
         .appendingPathComponent("keychain-demo-\(getpid())").path
 
+    /// The demo's token server: each refresh revokes the old refresh token.
+    actor Server: TokenServer {
+        private var serial = 1
+        private var valid: Set<String> = ["rt-1"]
+        func refresh(_ refreshToken: String) async throws -> Tokens {
+            guard valid.remove(refreshToken) != nil else { throw KeychainError(.authenticationFailed, "revoked refresh token") }
+            serial += 1
+            valid.insert("rt-\(serial)")
+            return Tokens(accessToken: "at-\(serial)", refreshToken: "rt-\(serial)", username: "ivan@example.com")
+        }
+    }
+
     func run() async throws -> Exit {
         defer {
             EmbeddedTPM.stop(storeDirectory: directory)
             try? FileManager.default.removeItem(atPath: directory)
+            try? FileManager.default.removeItem(atPath: directory + ".reader")
         }
-        let configuration = KeychainConfiguration(storeDirectory: directory, tpm: .embedded)
+        let user = ScriptedAuthenticator()
+        var configuration = KeychainConfiguration(storeDirectory: directory, tpm: .embedded)
+        configuration.readerDirectory = directory + ".reader"
+        configuration.authenticator = user
         let device = KeychainDevice(configuration: configuration)
-        let session = try createKeychain(.init(service: "auth.session"), configuration: configuration)
+        let flow = try SignInFlow(server: Server(), configuration: configuration)
+        let pin = SecureBytes(copying: Array("2468".utf8))
 
-        say("Keychain for Linux: the sign-in flow on a fresh store (\(directory))")
-        say("with an embedded software TPM (swtpm): no hardware protection, the same TPM commands.\n")
+        say("Keychain for Linux: the sign-in flow on a fresh store (\(directory)),")
+        say("an embedded software TPM (swtpm: the same TPM commands, no hardware protection)")
+        say("and a simulated fingerprint reader (\(directory).reader).\n")
 
-        try await step("Provision: SRK at 0x81000001, device-lock NV indices", device) {
+        try await step("Provision the TPM: SRK at 0x81000001, the device-lock NV indices", device) {
             let status = try await device.initialize()
             return "TPM \(status.tpm), security level \(status.securityLevel.rawValue)"
         }
-
-        try await step("Sign in with a password: store the access token (afterFirstUnlock, no prompt)", device) {
-            try await session.setItem("accessToken", "at-1-\(UUID().uuidString.prefix(8))")
-            return "session.setItem('accessToken') done"
-        }
-
-        let offer = await canUseAccessControl(.biometryCurrentSet)
-        let vaultOptions: KeychainOptions
-        if offer.available {
-            vaultOptions = .init(service: "auth.vault", accessible: .whenUnlockedThisDeviceOnly, accessControl: .biometryCurrentSet,
-                                 prompt: .init(title: "Sign in to Example", cancel: "Use password"))
-        } else {
-            vaultOptions = .init(service: "auth.vault", accessible: .whenUnlockedThisDeviceOnly)
-        }
-        say("• Offer fingerprint sign-in? canUseAccessControl(biometryCurrentSet) = available: \(offer.available)"
-            + (offer.reason.map { ", reason: \($0.rawValue)" } ?? "")
-            + (offer.available ? "" : "\n    no reader on this device: the vault is whenUnlockedThisDeviceOnly, bound to this TPM and PCR 7"))
-        let vault = try createKeychain(vaultOptions, configuration: configuration)
-
-        try await step("Set the device passcode (the TPM keeps it on a PIN index with its own retry limit)", device) {
-            try await device.setPasscode(SecureBytes(copying: Array("2468".utf8)))
+        try await step("Set the device passcode (a PIN index in the TPM, with its own retry limit)", device) {
+            try await device.setPasscode(pin)
             return "passcode set"
         }
-
-        try await step("Store the refresh token in the vault with the username as label (no prompt)", device) {
-            try await vault.setItem("refreshToken", "rt-1", options: .init(label: "ivan@example.com"))
-            return "vault.setItem('refreshToken', label: 'ivan@example.com')"
+        try await step("Offer fingerprint sign-in before any finger is enrolled", device) {
+            let offer = await flow.biometricOffer()
+            return "offer: \(offer.name ?? "none"), reason: \(offer.reason?.rawValue ?? "-")"
         }
-
-        try await step("At launch: hasItem, then getItemInfo for 'Continue as …' (no prompt, no TPM)", device) {
-            let has = try await vault.hasItem("refreshToken")
-            let info = try await vault.getItemInfo("refreshToken")
-            return "hasItem = \(has); Continue as \(info?.label ?? "?") (\(info?.accessible.rawValue ?? ""), \(info?.securityLevel.rawValue ?? ""))"
+        try await step("Enroll a finger on the reader (needs the passcode)", device) {
+            try await device.enrollFinger("right-thumb", passcode: pin)
+            let offer = await flow.biometricOffer()
+            return "enrolled right-thumb; offer: \(offer.name ?? "none")"
         }
-
-        try await step("Unlock the refresh token (cold: unsealed by the TPM), refresh, rotate atomically", device) {
-            let token = try await vault.getItem("refreshToken") ?? "nil"
-            try await session.setItem("accessToken", "at-2")
-            try await vault.setItem("refreshToken", "rt-2")
-            let again = try await vault.getItem("refreshToken") ?? "nil"
-            return "read \(token), wrote rt-2, read back \(again) (warm: no TPM command)"
+        try await step("Sign in with a password; turn on fingerprint sign-in (no prompt)", device) {
+            let on = try await flow.completeSignIn(Tokens(accessToken: "at-1", refreshToken: "rt-1", username: "ivan@example.com"),
+                                                   withBiometrics: true)
+            return "access token in auth.session; refresh token in auth.vault (whenUnlockedThisDeviceOnly, biometryCurrentSet): \(on)"
         }
-
-        try await step("Lock the device", device) {
+        try await step("Restart the app: 'Continue as …' from the label, hasItem first (no prompt)", device) {
+            await device.dropCaches()
+            return "Continue as \(try await flow.continueAs() ?? "?"); vault has a refresh token: \(try await flow.vault.hasItem("refreshToken"))"
+        }
+        try await step("Unlock with a finger, refresh, rotate the refresh token", device) {
+            user.push(.finger("right-thumb"))
+            let outcome = try await flow.restoreSession { _ in true }
+            return "user touches right-thumb → \(outcome)\n    rotated: the vault now holds the server's new refresh token"
+        }
+        try await step("Launch again, the user cancels the prompt ('Use password')", device) {
+            user.push(.cancel)
+            let outcome = try await flow.restoreSession { _ in true }
+            return "→ \(outcome); the refresh token stays: \(try await flow.vault.hasItem("refreshToken"))"
+        }
+        try await step("A wrong finger three times, then the right one", device) {
+            user.push(.finger("left-index"), .finger("left-index"), .finger("left-index"))
+            let wrong = try await flow.restoreSession { _ in true }
+            user.push(.finger("right-thumb"))
+            let right = try await flow.restoreSession { _ in true }
+            return "wrong finger → \(wrong) (AUTHENTICATION_FAILED)\n    right finger → \(right)"
+        }
+        try await step("Lock the device: the vault is whenUnlocked; the session token afterFirstUnlock", device) {
             try await device.lock()
-            return "locked (anyone may lock; only the passcode unlocks)"
+            user.push(.finger("right-thumb"))
+            let vault = await outcome { try await flow.vault.getItem("refreshToken") }
+            let session = await outcome { try await flow.session.getItem("accessToken") }
+            return "vault: \(vault)\n    session: \(session)"
         }
-
-        try await step("Read while locked: the vault is whenUnlocked, the session token afterFirstUnlock", device) {
-            let vaultRead = await outcome { try await vault.getItem("refreshToken") }
-            let sessionRead = await outcome { try await session.getItem("accessToken") }
-            return "vault: \(vaultRead)\n    session: \(sessionRead)"
-        }
-
-        try await step("Unlock with a wrong passcode, then the right one", device) {
+        try await step("Unlock the device: a wrong passcode, then the right one", device) {
             let wrong = await outcome { try await device.unlock(passcode: SecureBytes(copying: Array("1111".utf8))); return "unlocked" }
-            try await device.unlock(passcode: SecureBytes(copying: Array("2468".utf8)))
-            let read = try await vault.getItem("refreshToken") ?? "nil"
-            return "wrong: \(wrong)\n    right: unlocked, vault reads \(read)"
+            try await device.unlock(passcode: pin)
+            return "wrong: \(wrong)\n    right: unlocked"
         }
-
-        try await step("Reboot the TPM (restart swtpm) and start the app again", device) {
+        try await step("Reboot the TPM (restart swtpm) and start the app", device) {
             EmbeddedTPM.reboot(storeDirectory: directory)
             await device.dropCaches()
-            let read = await outcome { try await session.getItem("accessToken") }
-            return "before the first unlock, the session token: \(read)"
+            let session = await outcome { try await flow.session.getItem("accessToken") }
+            try await device.unlock(passcode: pin)
+            let after = await outcome { try await flow.session.getItem("accessToken") }
+            return "before the first unlock: \(session)\n    after the first unlock: \(after)"
         }
-
-        try await step("First unlock after the reboot", device) {
-            try await device.unlock(passcode: SecureBytes(copying: Array("2468".utf8)))
-            let read = try await session.getItem("accessToken") ?? "nil"
-            return "session token: \(read)"
+        try await step("A new finger is enrolled: the vault is invalidated (KEY_INVALIDATED), back to sign-in", device) {
+            try await device.enrollFinger("left-index", passcode: pin)
+            let outcome = try await flow.restoreSession { _ in true }
+            return "→ \(outcome) with no prompt; the vault is empty: \(try await flow.vault.getAllKeys().isEmpty)"
         }
-
-        try await step("Sign out: remove the access token, clear the vault (no prompt)", device) {
-            try await session.removeItem("accessToken")
-            try await vault.clear()
-            return "session has accessToken: \(try await session.hasItem("accessToken")); vault keys: \(try await vault.getAllKeys())"
+        try await step("Sign in again, then sign out (no prompt)", device) {
+            _ = try await flow.completeSignIn(Tokens(accessToken: "at-9", refreshToken: "rt-9", username: "ivan@example.com"),
+                                              withBiometrics: true)
+            try await flow.signOut()
+            return "session has accessToken: \(try await flow.session.hasItem("accessToken")); vault keys: \(try await flow.vault.getAllKeys())"
         }
-        say("\nDone. The store and the software TPM of this demo were removed.")
+        say("\nThe user was asked \(user.requests.count) times; every prompt was a read of the refresh token.")
+        say("Done. The store, the reader and the software TPM of this demo were removed.")
         return .ok
     }
 

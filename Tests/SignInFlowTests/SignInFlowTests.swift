@@ -1,0 +1,111 @@
+import Foundation
+import Keychain
+import KeychainTestSupport
+import SecureMemory
+import SignInFlow
+import Testing
+
+/// A token server in-process: each refresh revokes the old refresh token.
+actor FakeServer: TokenServer {
+    private var valid: Set<String> = ["rt-1"]
+    private var serial = 1
+    func refresh(_ refreshToken: String) async throws -> Tokens {
+        guard valid.remove(refreshToken) != nil else { throw URLError(.userAuthenticationRequired) }
+        serial += 1
+        valid.insert("rt-\(serial)")
+        return Tokens(accessToken: "at-\(serial)", refreshToken: "rt-\(serial)", username: "ivan@example.com")
+    }
+}
+
+@Suite("The sign-in guide's flow, every fallback path")
+struct SignInFlowTests {
+    static let pin = SecureBytes(copying: Array("2468".utf8))
+
+    struct App {
+        let tpm: SoftwareTPM
+        let answers = ScriptedAuthenticator()
+        let device: KeychainDevice
+        let flow: SignInFlow
+        init() async throws {
+            tpm = try SoftwareTPM()
+            var configuration = tpm.configuration()
+            configuration.readerDirectory = tpm.directory + "/reader"
+            configuration.authenticator = answers
+            device = KeychainDevice(configuration: configuration)
+            try await device.setPasscode(SignInFlowTests.pin)
+            try await device.enrollFinger("thumb", passcode: SignInFlowTests.pin)
+            flow = try SignInFlow(server: FakeServer(), configuration: configuration)
+            #expect(await flow.biometricOffer().name == "fingerprint")
+            #expect(try await flow.completeSignIn(Tokens(accessToken: "at-1", refreshToken: "rt-1", username: "ivan@example.com"),
+                                                  withBiometrics: true))
+            #expect(answers.requests.isEmpty, "signing in never prompts")
+        }
+        /// The next launch: the access token has expired.
+        func launch() async throws -> SignInFlow.Outcome { try await flow.restoreSession { _ in true } }
+    }
+
+    @Test func aFingerUnlocksRefreshesAndRotatesTheRefreshToken() async throws {
+        let app = try await App()
+        #expect(try await app.flow.continueAs() == "ivan@example.com")
+        app.answers.push(.finger("thumb"))
+        #expect(try await app.launch() == .signedIn(accessToken: "at-2"))
+        #expect(app.answers.requests.first?.prompt.title == "Sign in to Example")
+        // The rotated token is what the next launch unlocks: the server revoked rt-1.
+        app.answers.push(.finger("thumb"))
+        #expect(try await app.launch() == .signedIn(accessToken: "at-3"))
+        #expect(try await app.flow.continueAs() == "ivan@example.com", "the label survives the rotation")
+    }
+
+    @Test func aValidAccessTokenNeedsNoPrompt() async throws {
+        let app = try await App()
+        #expect(try await app.flow.restoreSession { _ in false } == .signedIn(accessToken: "at-1"))
+        #expect(app.answers.requests.isEmpty)
+    }
+
+    @Test(arguments: [AuthenticationAnswer.cancel, .fallback])
+    func cancelAndFallbackGoToThePasswordFormAndKeepTheToken(answer: AuthenticationAnswer) async throws {
+        let app = try await App()
+        app.answers.push(answer)
+        #expect(try await app.launch() == .password)
+        #expect(try await app.flow.vault.hasItem("refreshToken"))
+    }
+
+    @Test func lockoutsGoToThePasswordForm() async throws {
+        let app = try await App()
+        app.answers.push(.finger("pinky"), .finger("pinky"), .finger("pinky"))
+        #expect(try await app.launch() == .password)  // AUTHENTICATION_FAILED
+        app.answers.push(.finger("pinky"), .finger("pinky"))
+        #expect(try await app.launch() == .password)  // LOCKOUT
+        for _ in 0..<5 {
+            app.answers.push(.finger("thumb"))
+            #expect(try await app.launch() == .password)  // LOCKOUT, then LOCKOUT_PERMANENT
+        }
+        #expect(try await app.flow.vault.hasItem("refreshToken"))
+    }
+
+    @Test func anInterruptedPromptAsksAgainLater() async throws {
+        let app = try await App()
+        app.answers.push(.interrupted)
+        #expect(try await app.launch() == .askAgain)
+        app.answers.push(.finger("thumb"))
+        #expect(try await app.launch() == .signedIn(accessToken: "at-2"))
+    }
+
+    @Test func aNewFingerInvalidatesTheVaultAndSendsToSignIn() async throws {
+        let app = try await App()
+        try await app.device.enrollFinger("index", passcode: Self.pin)
+        #expect(try await app.launch() == .signIn(biometricsChanged: true))
+        #expect(try await app.flow.vault.hasItem("refreshToken") == false)
+        #expect(app.answers.requests.isEmpty, "invalidation is found before any prompt")
+        #expect(try await app.launch() == .signIn(biometricsChanged: false))
+    }
+
+    @Test func signOutClearsEverythingWithoutAPrompt() async throws {
+        let app = try await App()
+        try await app.flow.signOut()
+        #expect(try await app.flow.session.hasItem("accessToken") == false)
+        #expect(try await app.flow.vault.getAllKeys() == [])
+        #expect(app.answers.requests.isEmpty)
+        #expect(try await app.launch() == .signIn(biometricsChanged: false))
+    }
+}
