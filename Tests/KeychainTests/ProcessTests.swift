@@ -31,7 +31,10 @@ struct ProcessTests {
         let json = try cli(tpm, store, ["--json", "set", "svc", "k2", "--access-control", "biometryAny"], input: [1])
         #expect(json.status == 3)
         let body = try JSONSerialization.jsonObject(with: Data(json.stdout)) as? [String: [String: String]]
-        #expect(body?["error"]?["code"] == "BIOMETRY_NOT_AVAILABLE")
+        #expect(body?["error"]?["code"] == "PASSCODE_NOT_SET", "a reader exists by default; no passcode is set")
+        let noReader = try cli(tpm, store, ["--json", "--reader", "none", "set", "svc", "k2", "--access-control", "biometryAny"], input: [1])
+        let noReaderBody = try JSONSerialization.jsonObject(with: Data(noReader.stdout)) as? [String: [String: String]]
+        #expect(noReader.status == 3 && noReaderBody?["error"]?["code"] == "BIOMETRY_NOT_AVAILABLE")
         #expect(try cli(tpm, store, ["rm", "svc", "key"]).status == 0)
         #expect(try cli(tpm, store, ["rm", "svc", "key"]).status == 1)
         #expect(try cli(tpm, store, ["frobnicate"]).status == 2)
