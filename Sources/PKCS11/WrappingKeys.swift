@@ -140,12 +140,24 @@ extension PKCS11Token {
     // MARK: Internals
 
     /// Secret keys with this label (and ID, when given).
+    ///
+    /// Without a login a token hides private objects rather than failing, so an empty answer is
+    /// trusted only from a logged-in session; otherwise it is `CKR_USER_NOT_LOGGED_IN`, which
+    /// `withSession` answers by logging in again when it can.
     private func findSecretKeys(_ session: CK_SESSION_HANDLE, label: String, id: [UInt8]?) throws(PKCS11Error) -> [CK_OBJECT_HANDLE] {
         let template = AttributeTemplate()
         template.add(CKA_CLASS, CK_OBJECT_CLASS(CKO_SECRET_KEY))
         template.add(CKA_LABEL, label)
         if let id { template.add(CKA_ID, bytes: id) }
-        return try module.findObjects(session, matching: template)
+        let found = try module.findObjects(session, matching: template)
+        if found.isEmpty {
+            let state = try module.sessionState(session)
+            guard state == CKS_RW_USER_FUNCTIONS || state == CKS_RO_USER_FUNCTIONS else {
+                throw PKCS11Error(rv: CKR_USER_NOT_LOGGED_IN, operation: "find key '\(label)'",
+                                  detail: "the token's keys are private: log in first")
+            }
+        }
+        return found
     }
 
     /// The key's object handle in this session, looked up again by label and ID if it is older.

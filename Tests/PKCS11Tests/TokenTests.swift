@@ -152,7 +152,7 @@ import Testing
         let hsm = try SoftHSM()
         let token = try hsm.loggedInToken()
         let key = try #require(try token.wrappingKey(label: "service", id: [1], create: true))
-        let ckaValue: CK_ATTRIBUTE_TYPE = 0x11
+        let ckaValue: UInt = 0x11  // CKA_VALUE
         let error = pkcs11Error {
             try token.withSession { session throws(PKCS11Error) in
                 try token.module.attributeValues(session, key.object, [ckaValue])
@@ -266,12 +266,12 @@ import Testing
         #expect(throws: Never.self) { try token.seal(SecureBytes(random: 32), with: key, associatedData: []) }
     }
 
-    @Test func withoutALoginPrivateKeysAreNotFound() throws {
+    @Test func withoutALoginKeysAreRefusedNotReportedMissing() throws {
         let hsm = try SoftHSM()
         _ = try hsm.loggedInToken().wrappingKey(label: "service", id: [1], create: true)
         let token = try hsm.token()
-        #expect(try token.wrappingKey(label: "service", id: [1], create: false) == nil)
-        let error = pkcs11Error { try token.wrappingKey(label: "service", id: [1], create: true) }
+        let error = pkcs11Error { try token.wrappingKey(label: "service", id: [1], create: false) }
         #expect(error?.returnValue == .userNotLoggedIn)
+        #expect(pkcs11Error { try token.destroyKeys(label: "service") }?.returnValue == .userNotLoggedIn)
     }
 }
