@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-debian.sh
+python3 scripts/doc-snippets.py
 swift build --build-tests
 swift test --skip-build "$@"

@@ -1,5 +1,6 @@
 import Foundation
-import SecureMemory
+/// `SecureBytes` is part of the API (passcodes, values): `import Keychain` brings it.
+@_exported import SecureMemory
 
 /// A storage: one service and its defaults for every call, over the TPM-backed store (seed: `createKeychain`).
 ///

@@ -7,7 +7,7 @@ import SecureMemory
 /// When the module reports it lost (`CKR_SESSION_HANDLE_INVALID`, `CKR_SESSION_CLOSED`,
 /// `CKR_DEVICE_REMOVED`, `CKR_TOKEN_NOT_PRESENT`), the token is found again, a new session opened and
 /// logged in with the last accepted PIN, and the call tried once more; key handles made before that
-/// are looked up again by label and ID.
+/// are looked up again by label and ID. A login lost while the session stayed is redone the same way.
 ///
 /// - Important: not thread-safe: a PKCS#11 session runs one operation at a time. Confine an instance
 ///   to one actor or thread.
@@ -71,8 +71,10 @@ public final class PKCS11Token {
         } catch {
             if error.returnValue.losesSession {
                 try reopen()
-            } else if error.returnValue == .userNotLoggedIn, let pin {
-                try logIn(current, pin)  // Someone logged the module out, e.g. another instance checking a PIN.
+            } else if let pin, loginLost(current) {
+                // Someone logged the module out (another instance checking a PIN, say). The token then
+                // hides private objects: this shows as CKR_USER_NOT_LOGGED_IN or an invalid handle.
+                try logIn(current, pin)
             } else {
                 throw error
             }
@@ -85,6 +87,11 @@ public final class PKCS11Token {
         let opened = try module.openSession(slotID)
         session = opened
         return opened
+    }
+
+    private func loginLost(_ session: CK_SESSION_HANDLE) -> Bool {
+        guard let state = try? module.sessionState(session) else { return false }
+        return state != CKS_RW_USER_FUNCTIONS && state != CKS_RO_USER_FUNCTIONS
     }
 
     private func reopen() throws(PKCS11Error) {

@@ -114,7 +114,7 @@ final class Bench {
     }
 
     func run() async throws -> Report {
-        let loadBefore = EnvironmentInfo.loadAverage()
+        let otherWork = OtherWork(swtpmDirectory: tpm.directory)
         progress("swtpm on \(tpm.tcti), store in \(configuration.storeDirectory)")
         try await device.initialize()
         try await device.setPasscode(SecureBytes(copying: Array("246813".utf8)))
@@ -132,7 +132,7 @@ final class Bench {
         progress("measuring keychainctl get")
         let cli = try keychainctlGet(service: Self.service(.afterFirstUnlock))
         var environment = EnvironmentInfo.current(scratch: tpm.directory)
-        environment.loadBefore = loadBefore
+        environment.otherWork = otherWork.percentage()
         return Report(options: options, environment: environment, levels: levels, transport: transport,
                       tpm2Tools: tools, keychainctl: cli)
     }
@@ -279,13 +279,8 @@ struct EnvironmentInfo {
     var swtpm: String
     var tpm2Tools: String
     var optimized: Bool
-    /// The 1-minute load average before and after the run: other work on the machine skews every figure.
-    var loadBefore = ""
-    var loadAfter = EnvironmentInfo.loadAverage()
-
-    static func loadAverage() -> String {
-        (try? String(contentsOfFile: "/proc/loadavg", encoding: .utf8))?.split(separator: " ").first.map(String.init) ?? "?"
-    }
+    /// The share of the machine's CPU time that other processes used during the run.
+    var otherWork = 0.0
 
     /// - Parameter scratch: a private directory for the version commands' output.
     static func current(scratch: String) -> EnvironmentInfo {

@@ -19,7 +19,8 @@ struct Report: CustomStringConvertible {
 
             \(environment.cores) cores, Linux \(environment.kernel), swtpm \(environment.swtpm), tpm2-tools \(environment.tpm2Tools), \
             \(environment.optimized ? "release build" : "DEBUG BUILD: figures not representative, use -c release"), \
-            load average \(environment.loadBefore) before the run and \(environment.loadAfter) after.
+            other processes used \(String(format: "%.0f", environment.otherWork))% of the machine's CPU time during the run \
+            (0% on a quiet machine; anything else skews the figures).
             Samples per level: \(options.cold) cold reads (dropCaches() before each), \(options.warm) warm reads, hasItem and \
             getAllKeys calls, \(options.writes) setItem on an existing service, \(options.firstWrites) first writes of a new \
             service. Processes: p50 of \(options.runs) runs after one warm-up. \
