@@ -36,6 +36,10 @@ public struct Keychain: Sendable {
 
     public func setItem(_ key: String, _ value: SecureBytes, options call: SetItemOptions? = nil) async throws(KeychainError) {
         let protection = try options.resolved(for: call)
+        guard options.android.keyStorage == .tee else {
+            // Never store with less protection than asked: no token backend is configured here.
+            throw KeychainError(.unsupported, "keyStorage 'strongbox' needs a PKCS#11 token, and none is configured")
+        }
         try await engine.set(value, service: service, key: key, protection: protection, label: call?.label,
                              readerDirectory: configuration.readerDirectory)
     }

@@ -7,7 +7,8 @@ import SecureMemory
 /// When the module reports it lost (`CKR_SESSION_HANDLE_INVALID`, `CKR_SESSION_CLOSED`,
 /// `CKR_DEVICE_REMOVED`, `CKR_TOKEN_NOT_PRESENT`), the token is found again, a new session opened and
 /// logged in with the last accepted PIN, and the call tried once more; key handles made before that
-/// are looked up again by label and ID. A login lost while the session stayed is redone the same way.
+/// are looked up again by label and ID. A login lost while the session stayed is redone the same way,
+/// and a handle the module no longer knows is looked up again.
 ///
 /// - Important: not thread-safe: a PKCS#11 session runs one operation at a time. Confine an instance
 ///   to one actor or thread.
@@ -20,7 +21,7 @@ public final class PKCS11Token {
     private(set) var session: CK_SESSION_HANDLE?
     /// The last PIN the token accepted, for logging in again after a reopen.
     private var pin: SecureBytes?
-    /// Changes with every session; a `KeyHandle` from another epoch is looked up again.
+    /// Changes with every session and login; a `KeyHandle` from another epoch is looked up again.
     private(set) var epoch = UInt64.random(in: .min ... .max)
     /// Handles looked up again in this epoch.
     var relookedUp: [KeyHandle.Identity: CK_OBJECT_HANDLE] = [:]
@@ -74,7 +75,10 @@ public final class PKCS11Token {
             } else if let pin, loginLost(current) {
                 // Someone logged the module out (another instance checking a PIN, say). The token then
                 // hides private objects: this shows as CKR_USER_NOT_LOGGED_IN or an invalid handle.
+                forgetHandles()
                 try logIn(current, pin)
+            } else if false {
+                forgetHandles()  // Renumbered by a logout and login elsewhere in the process.
             } else {
                 throw error
             }
@@ -97,11 +101,16 @@ public final class PKCS11Token {
     private func reopen() throws(PKCS11Error) {
         if let session { try? module.closeSession(session) }
         session = nil
-        epoch = .random(in: .min ... .max)
-        relookedUp = [:]
+        forgetHandles()
         slotID = try Self.findSlot(module: module, uri: uri)  // A token put back may sit in another slot.
         let reopened = try openedSession()
         if let pin { try logIn(reopened, pin) }
+    }
+
+    /// Object handles may change with a new session or login (SoftHSM2 renumbers private objects).
+    private func forgetHandles() {
+        epoch = .random(in: .min ... .max)
+        relookedUp = [:]
     }
 
     private func logIn(_ session: CK_SESSION_HANDLE, _ candidate: SecureBytes) throws(PKCS11Error) {
@@ -110,6 +119,7 @@ public final class PKCS11Token {
                 try module.login(session, pin: candidate)
             } catch where error.returnValue == .userAlreadyLoggedIn {
                 if let pin, pin == candidate { return }
+                forgetHandles()
                 try module.logout(session)
                 try module.login(session, pin: candidate)
             }

@@ -85,12 +85,15 @@ import Testing
     @Test func aWrongPINIsCheckedEvenWhileAnotherSessionIsLoggedIn() throws {
         let hsm = try SoftHSM()
         let first = try hsm.loggedInToken()
+        let key = try #require(try first.wrappingKey(label: "k", id: [1], create: true))
         let second = try PKCS11Token(module: first.module, uri: hsm.uri())
         let error = pkcs11Error { try second.login(pin: pin("4321")) }
         #expect(error?.returnValue == .pinIncorrect)
         // The check logged the module out; the first token logs in again by itself.
-        #expect(try first.wrappingKey(label: "k", id: [1], create: true) != nil)
+        #expect(throws: Never.self) { try first.seal(SecureBytes(random: 32), with: key, associatedData: []) }
+        // A right PIN logs out and in too, which renumbers private objects: handles are looked up again.
         #expect(throws: Never.self) { try second.login(pin: pin(SoftHSM.userPIN)) }
+        #expect(throws: Never.self) { try first.seal(SecureBytes(random: 32), with: key, associatedData: []) }
     }
 
     @Test func softHSMCountsNoWrongPINsSoTheLimiterMust() throws {
