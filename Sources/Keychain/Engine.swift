@@ -141,9 +141,14 @@ actor Engine {
         let tag = protection.storageTag
         var wrapping = try read { try store.wrappingKey(service: service, protection: tag) }
         var staleKey: [UInt8]?
-        if let existing = wrapping, let policy = SealPolicy.decode(existing.policy) {
-            // A CurrentSet key of an older enrollment set, or another reader key, is dead: make a new one.
-            if policy.biometry != requirements.biometry { staleKey = existing.publicKey; wrapping = nil }
+        if let existing = wrapping, let binding = SealPolicy.decode(existing.policy)?.biometry {
+            // Dead: a key of another reader, or a CurrentSet key of an older enrollment set. An Any key
+            // survives enrollment changes (even all fingers removed), as the seed says.
+            let current = reader?.state
+            if binding.keyName != current?.keyName || (binding.currentSet && binding.policyRef != reader?.enrollmentSet) {
+                staleKey = existing.publicKey
+                wrapping = nil
+            }
         }
         if let existing = wrapping, protection.accessible.requiresPasscode {
             // The passcode may have been removed (by any process) since: that key is dead in the TPM.
@@ -279,8 +284,9 @@ actor Engine {
             secret = try unsealWithoutUser(blob, policy: policy)
         } else {
             secret = try await unsealWithUser(blob, policy: policy, record: record, context: context)
-            // authValidity: the window in which reads of this protection skip the prompt (this process).
-            guard context.authValidity > 0 else { return try checked(secret, wrapping) }
+            // authValidity: the window in which reads of this protection skip the prompt (this process);
+            // never for the CurrentSet values, whatever storage reads them (seed: AccessControl).
+            guard context.authValidity > 0, policy.biometry?.currentSet != true else { return try checked(secret, wrapping) }
             expires = .now + .seconds(context.authValidity)
         }
         let checkedSecret = try checked(secret, wrapping)
@@ -338,7 +344,7 @@ actor Engine {
                                 + "and no authenticator can ask: pass --touch FINGER or --passcode-stdin, or run on a terminal")
         }
         var failure: String?
-        for attempt in 1...3 {
+        for attempt in 1...max(1, authenticator.attemptsPerRead) {
             let answer = await authenticator.authenticate(AuthenticationRequest(
                 prompt: context.prompt, methods: methods, service: record.service, key: record.key,
                 attempt: attempt, previousFailure: failure))
@@ -379,7 +385,7 @@ actor Engine {
                 }
             }
         }
-        throw KeychainError(.authenticationFailed, "Not recognised after 3 tries (\(failure ?? "no match"))")
+        throw KeychainError(.authenticationFailed, "Not recognised (\(failure ?? "no match"))")
     }
 
     private func removeInvalidated(_ record: ItemRecord) throws {
@@ -412,6 +418,8 @@ actor Engine {
             _ = try tx.deleteWrappingKeys(service: service)
         }
         unsealed = unsealed.filter { $0.key.service != service }
+        agreed.removeAll()
+        writers.removeAll()
     }
 
     func keys(service: String) throws(KeychainError) -> [String] {
@@ -436,8 +444,17 @@ actor Engine {
 
     // MARK: The device lock
 
-    func unlock(passcode: SecureBytes?) throws(KeychainError) {
+    /// Unlocks; a passcode that the TPM accepted also ends a fingerprint-reader lockout.
+    func unlock(passcode: SecureBytes?, readerDirectory: String? = nil) throws(KeychainError) {
         try withKeyring { keyring throws(KeychainError) in try keyring.unlock(passcode: passcode) }
+        if passcode != nil, let readerDirectory { try FingerprintReader(directory: readerDirectory).resetLockout() }
+    }
+
+    /// Forgets every secret that opens items: unsealed keys, agreed secrets, this process's writers.
+    private func forgetSecrets(keepingLongLived: Bool) {
+        unsealed = keepingLongLived ? unsealed.filter { $0.value.generation == nil && $0.value.expires == nil } : [:]
+        agreed.removeAll()
+        writers.removeAll()
     }
 
     func lock() throws(KeychainError) {
@@ -447,7 +464,7 @@ actor Engine {
             let generation = try tx.meta(Self.lockGenerationMeta).flatMap(UInt64.init(bigEndianBytes:)) ?? 0
             try tx.setMeta(Self.lockGenerationMeta, (generation + 1).bigEndianBytes)
         }
-        unsealed = unsealed.filter { $0.value.generation == nil }
+        forgetSecrets(keepingLongLived: true)
     }
 
     func setPasscode(old: SecureBytes?, new: SecureBytes?) throws(KeychainError) {
@@ -475,6 +492,7 @@ actor Engine {
                 }
             }
             unsealed = unsealed.filter { !$0.key.protection.hasPrefix(tag) }
+            forgetSecrets(keepingLongLived: true)
         }
     }
 

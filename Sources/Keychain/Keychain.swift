@@ -166,8 +166,7 @@ public struct KeychainDevice: Sendable {
             case .finger: failure = "enter the passcode"
             case .passcode(let pin):
                 do throws(KeychainError) {
-                    try await engine.unlock(passcode: pin)
-                    if let dir = configuration.readerDirectory { try FingerprintReader(directory: dir).resetLockout() }
+                    try await engine.unlock(passcode: pin, readerDirectory: configuration.readerDirectory)
                     return
                 } catch where error.code == .authenticationFailed {
                     failure = "wrong passcode"
@@ -210,7 +209,9 @@ public struct KeychainDevice: Sendable {
     public func status() async throws(KeychainError) -> DeviceStatus { try await engine.status() }
 
     /// Unlocks with the passcode, checked by the TPM (wrong ones count toward its limit).
-    public func unlock(passcode: SecureBytes?) async throws(KeychainError) { try await engine.unlock(passcode: passcode) }
+    public func unlock(passcode: SecureBytes?) async throws(KeychainError) {
+        try await engine.unlock(passcode: passcode, readerDirectory: configuration.readerDirectory)
+    }
     /// Locks: `whenUnlocked*` items become `INTERACTION_NOT_ALLOWED` until the next unlock.
     public func lock() async throws(KeychainError) { try await engine.lock() }
     public func setPasscode(_ passcode: SecureBytes) async throws(KeychainError) {
@@ -234,8 +235,9 @@ public struct KeychainDevice: Sendable {
     public func dropCaches() async { await engine.dropCaches() }
 
     private func checkPasscode(_ passcode: SecureBytes) throws(KeychainError) {
-        guard (4...64).contains(passcode.count) else {
-            throw KeychainError.invalidArgument("Invalid passcode: expected 4 to 64 bytes, got \(passcode.count)")
+        // The PIN index's authValue holds at most one SHA-256 digest: 32 bytes.
+        guard (4...32).contains(passcode.count) else {
+            throw KeychainError.invalidArgument("Invalid passcode: expected 4 to 32 bytes, got \(passcode.count)")
         }
     }
 }

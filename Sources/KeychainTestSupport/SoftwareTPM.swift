@@ -60,8 +60,12 @@ public final class SoftwareTPM: @unchecked Sendable {
         guard let swtpm = ["/usr/bin/swtpm", "/usr/local/bin/swtpm"].first(where: FileManager.default.isExecutableFile) else {
             throw SoftwareTPMError("swtpm is not installed (apt-get install swtpm)")
         }
-        for attempt in 0..<10 {
-            if newPort || attempt > 0 { port = Int.random(in: 20_000..<60_000) & ~1 }
+        for attempt in 0..<20 {
+            if newPort || attempt > 0 {
+                port = Int.random(in: 20_000..<60_000) & ~1
+                // Another process's swtpm on this port would answer our connection test: skip taken ports.
+                guard Self.isFree(port) && Self.isFree(port + 1) else { continue }
+            }
             let argv = ["swtpm", "socket", "--tpm2",
                         "--server", "type=tcp,port=\(port),bindaddr=127.0.0.1",
                         "--ctrl", "type=tcp,port=\(port + 1),bindaddr=127.0.0.1",
@@ -78,17 +82,38 @@ public final class SoftwareTPM: @unchecked Sendable {
             guard posix_spawn(&child, swtpm, &actions, nil, &cArgs, environ) == 0 else {
                 throw SoftwareTPMError("cannot start swtpm: errno \(errno)")
             }
+            var exited = false
             for _ in 0..<300 {
                 var status: Int32 = 0
-                if waitpid(child, &status, WNOHANG) == child { break }  // exited: port taken, try another
-                if Self.canConnect(port) { pid = child; return }
+                if waitpid(child, &status, WNOHANG) == child { exited = true; break }  // port taken: try another
+                if Self.canConnect(port) {
+                    usleep(20_000)
+                    // Still alive after answering: the port is ours (a child that lost the race exits at once).
+                    if waitpid(child, &status, WNOHANG) == child { exited = true; break }
+                    pid = child
+                    return
+                }
                 usleep(5_000)
             }
+            if exited { continue }
             kill(child, SIGKILL)
             var status: Int32 = 0
             waitpid(child, &status, 0)
         }
         throw SoftwareTPMError("swtpm did not start; see \(directory)/swtpm.log")
+    }
+
+    static func isFree(_ port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_port = in_port_t(UInt16(port).bigEndian)
+        addr.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
+        return withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
     }
 
     static func canConnect(_ port: Int) -> Bool {

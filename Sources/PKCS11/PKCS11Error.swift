@@ -162,9 +162,10 @@ public struct PKCS11ReturnValue: RawRepresentable, Hashable, Sendable, CustomStr
 
 /// A failed PKCS#11 call (or p11-kit step): what was attempted, and the `CK_RV` it returned.
 ///
-/// Two failures come before any module call, and get the nearest code from the spec: a module that
-/// p11-kit can't load, or no module by that name, is `CKR_LIBRARY_LOAD_FAILED` (p11-kit's own message in
-/// `detail`); no token matching the URI is `CKR_TOKEN_NOT_PRESENT` (the tokens present in `detail`).
+/// Failures around the module calls get the nearest code from the spec: a module that p11-kit can't
+/// load, or no module by that name, is `CKR_LIBRARY_LOAD_FAILED` (p11-kit's own message in `detail`);
+/// a URI naming no module is `CKR_ARGUMENTS_BAD`; no token matching the URI is `CKR_TOKEN_NOT_PRESENT`
+/// (the tokens present in `detail`); a key no longer on the token is `CKR_KEY_HANDLE_INVALID`.
 public struct PKCS11Error: Error, Sendable, CustomStringConvertible {
     /// The raw `CK_RV`.
     public let rv: UInt

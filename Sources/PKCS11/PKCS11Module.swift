@@ -121,14 +121,14 @@ public final class PKCS11Module: @unchecked Sendable {
 /// What a module says about itself: `CK_INFO`.
 public struct LibraryInfo: Sendable, Equatable {
     public let manufacturer: String
-    public let description: String
+    public let libraryDescription: String
     public let version: PKCS11URI.Version
     /// The PKCS#11 version the module implements.
     public let cryptokiVersion: PKCS11URI.Version
 
     init(_ info: CK_INFO) {
         manufacturer = paddedText(info.manufacturerID)
-        description = paddedText(info.libraryDescription)
+        libraryDescription = paddedText(info.libraryDescription)
         version = .init(major: info.libraryVersion.major, minor: info.libraryVersion.minor)
         cryptokiVersion = .init(major: info.cryptokiVersion.major, minor: info.cryptokiVersion.minor)
     }

@@ -24,7 +24,7 @@ public final class PKCS11Token {
     /// Changes with every session and login; a `KeyHandle` from another epoch is looked up again.
     private(set) var epoch = UInt64.random(in: .min ... .max)
     /// Handles looked up again in this epoch.
-    var relookedUp: [KeyHandle.Identity: CK_OBJECT_HANDLE] = [:]
+    var lookedUpAgain: [KeyHandle.Identity: CK_OBJECT_HANDLE] = [:]
 
     /// Finds the token `uri` names in `module`; throws `CKR_TOKEN_NOT_PRESENT` when none matches.
     public init(module: PKCS11Module, uri: PKCS11URI) throws(PKCS11Error) {
@@ -77,7 +77,7 @@ public final class PKCS11Token {
                 // hides private objects: this shows as CKR_USER_NOT_LOGGED_IN or an invalid handle.
                 forgetHandles()
                 try logIn(current, pin)
-            } else if false {
+            } else if error.returnValue == .objectHandleInvalid || error.returnValue == .keyHandleInvalid {
                 forgetHandles()  // Renumbered by a logout and login elsewhere in the process.
             } else {
                 throw error
@@ -110,7 +110,7 @@ public final class PKCS11Token {
     /// Object handles may change with a new session or login (SoftHSM2 renumbers private objects).
     private func forgetHandles() {
         epoch = .random(in: .min ... .max)
-        relookedUp = [:]
+        lookedUpAgain = [:]
     }
 
     private func logIn(_ session: CK_SESSION_HANDLE, _ candidate: SecureBytes) throws(PKCS11Error) {
@@ -136,10 +136,10 @@ public final class PKCS11Token {
         let operation = "find token \(uri)"
         let library = module.info
         func differs(_ wanted: String?, _ actual: String) -> Bool { wanted.map { $0 != actual } ?? false }
-        if differs(uri.libraryManufacturer, library.manufacturer) || differs(uri.libraryDescription, library.description)
+        if differs(uri.libraryManufacturer, library.manufacturer) || differs(uri.libraryDescription, library.libraryDescription)
             || uri.libraryVersion.map({ $0 != library.version }) ?? false {
             throw PKCS11Error(rv: CKR_TOKEN_NOT_PRESENT, operation: operation, detail:
-                "module \(module.path) is '\(library.description)' \(library.version) by '\(library.manufacturer)'")
+                "module \(module.path) is '\(library.libraryDescription)' \(library.version) by '\(library.manufacturer)'")
         }
         var present: [String] = []
         for slot in try module.slotsWithToken() {

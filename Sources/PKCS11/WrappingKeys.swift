@@ -80,7 +80,7 @@ extension PKCS11Token {
         try withSession { session throws(PKCS11Error) in
             let objects = try findSecretKeys(session, label: label, id: nil)
             for object in objects { try module.destroyObject(session, object) }
-            relookedUp = relookedUp.filter { $0.key.label != label }
+            lookedUpAgain = lookedUpAgain.filter { $0.key.label != label }
             return objects.count
         }
     }
@@ -163,12 +163,12 @@ extension PKCS11Token {
     /// The key's object handle in this session, looked up again by label and ID if it is older.
     private func resolve(_ key: KeyHandle, in session: CK_SESSION_HANDLE) throws(PKCS11Error) -> CK_OBJECT_HANDLE {
         if key.epoch == epoch { return key.object }
-        if let object = relookedUp[key.identity] { return object }
+        if let object = lookedUpAgain[key.identity] { return object }
         guard let object = try findSecretKeys(session, label: key.label, id: key.id).min() else {
             throw PKCS11Error(rv: CKR_KEY_HANDLE_INVALID, operation: "find key '\(key.label)'",
                               detail: "the key is no longer on the token")
         }
-        relookedUp[key.identity] = object
+        lookedUpAgain[key.identity] = object
         return object
     }
 

@@ -13,7 +13,7 @@ public struct TPMReturnCode: RawRepresentable, Hashable, Sendable, CustomStringC
     /// The code with layer and parameter/handle/session number stripped, comparable with the constants.
     public var base: UInt32 {
         let code = rawValue & 0xFFFF
-        if layer != 0 && layer != 11 { return code }
+        if layer != 0 && layer != 12 { return code }
         return code & 0x80 != 0 ? code & 0xBF : code
     }
     /// For format-one codes: 1-based number of the parameter, session or handle the error is about.
@@ -26,7 +26,8 @@ public struct TPMReturnCode: RawRepresentable, Hashable, Sendable, CustomStringC
     }
     public enum Subject: Sendable { case handle, session, parameter }
 
-    public var isTPMError: Bool { layer == 0 || layer == 11 }
+    /// From the TPM itself, or passed on by a resource manager in TPM format (layer 12).
+    public var isTPMError: Bool { layer == 0 || layer == 12 }
     /// Transient conditions the TPM asks to retry (RETRY, YIELDED, TESTING, NV_RATE).
     public var isRetryable: Bool {
         isTPMError && [Self.retry, .yielded, .testing, .nvRate].map(\.rawValue).contains(base)
@@ -79,6 +80,7 @@ public struct TPMError: Error, Sendable, CustomStringConvertible {
 
     /// The TPM could not be reached at all (TCTI layer, or ESAPI failing to talk to it).
     public var isConnectionFailure: Bool {
-        code.layer == 10 || code.layer == 9 || (code.layer == 7 && [0x0A, 0x05, 0x1A].contains(code.rawValue & 0xFFFF))
+        // TCTI failures, and ESAPI's "no connection" (8), "try again" (9) and "I/O error" (10).
+        code.layer == 10 || code.layer == 11 || (code.layer == 7 && [8, 9, 10].contains(code.rawValue & 0xFFFF))
     }
 }

@@ -3,7 +3,7 @@ import Keychain
 import SecureMemory
 
 /// Answers from the command line: `--touch FINGER|cancel|fallback|interrupt` or `--passcode-stdin`.
-/// The same answer is given to every question of the read (up to its three tries).
+/// One answer, one try: a wrong passcode costs one of the TPM's tries, not three.
 func scriptedAuthenticator(_ inv: Invocation) -> (any Authenticator)? {
     if let touch = inv.flags["--touch"] {
         let answer: AuthenticationAnswer = switch touch {
@@ -12,11 +12,11 @@ func scriptedAuthenticator(_ inv: Invocation) -> (any Authenticator)? {
         case "interrupt": .interrupted
         default: .finger(touch)
         }
-        return ScriptedAuthenticator([answer], repeatsLast: true)
+        return ScriptedAuthenticator([answer], attemptsPerRead: 1)
     }
     if inv.switches.contains("--passcode-stdin") {
         guard let pin = readLines(1).first else { return ScriptedAuthenticator([.cancel]) }
-        return ScriptedAuthenticator([.passcode(pin)], repeatsLast: true)
+        return ScriptedAuthenticator([.passcode(pin)], attemptsPerRead: 1)
     }
     if isatty(0) == 1 && isatty(2) == 1 { return TerminalAuthenticator() }
     return nil

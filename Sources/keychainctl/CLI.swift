@@ -44,7 +44,7 @@ struct Invocation {
         json = switches.contains("--json")
     }
 
-    func configuration() -> KeychainConfiguration {
+    func configuration() throws(KeychainError) -> KeychainConfiguration {
         var configuration = KeychainConfiguration.default
         if let store, ProcessInfo.processInfo.environment["KEYCHAIN_READER"] == nil {
             configuration.readerDirectory = store + ".reader"
@@ -53,7 +53,11 @@ struct Invocation {
         if let store { configuration.storeDirectory = store }
         if let tcti { configuration.tpm = .tcti(tcti) }
         if let pcrs = flags["--pcrs"] {
-            configuration.pcrSelection = pcrs.split(separator: ",").compactMap { Int($0) }
+            let indices = pcrs.split(separator: ",").map { Int($0) }
+            guard !indices.isEmpty, indices.allSatisfy({ $0.map { (0..<24).contains($0) } ?? false }) else {
+                throw KeychainError.invalidArgument("Invalid --pcrs '\(pcrs)': expected PCR numbers 0–23 separated by commas, e.g. 7 or 0,7")
+            }
+            configuration.pcrSelection = indices.compactMap { $0 }
         }
         return configuration
     }

@@ -193,7 +193,7 @@ struct KeychainCtl {
                 print(usage)
                 exit(0)
             }
-            let configuration = inv.configuration()
+            let configuration = try inv.configuration()
             if case .embedded = configuration.tpm, inv.command.first != "demo", inv.command.first != "can-use",
                inv.command.first != "biometry-types" {
                 FileHandle.standardError.write(Data("keychainctl: no TPM device or --tcti: using the embedded software TPM in \(configuration.storeDirectory)/swtpm (security level: software)\n".utf8))

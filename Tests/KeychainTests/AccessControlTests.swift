@@ -172,6 +172,31 @@ struct AccessControlTests {
         #expect(try store.wrappingKeys(service: "svc.biometryCurrentSet").isEmpty, "its wrapping key went with it")
     }
 
+    @Test func anyOrPasscodeItemsSurviveRemovingEveryFinger() async throws {
+        let d = try await Device()
+        let store = try d.storage(.biometryAnyOrPasscode)
+        try await store.setItem("a", "1")
+        try await d.device.removeFinger("thumb", passcode: bytes(Self.pin))
+        try await store.setItem("b", "2")  // written with the passcode branch: the old items stay
+        d.answers.push(.passcode(bytes(Self.pin)))
+        #expect(try await store.getItem("a") == "1")
+        d.answers.push(.passcode(bytes(Self.pin)))
+        #expect(try await store.getItem("b") == "2")
+    }
+
+    @Test func unlockingWithThePasscodeEndsAReaderLockout() async throws {
+        let d = try await Device()
+        let store = try d.storage(.biometryAny)
+        try await store.setItem("k", "v")
+        d.answers.push(.finger("pinky"), .finger("pinky"), .finger("pinky"))
+        _ = await code { try await store.getItem("k") }
+        d.answers.push(.finger("pinky"), .finger("pinky"))
+        #expect(await code { try await store.getItem("k") } == .lockout)
+        try await d.device.unlock(passcode: bytes(Self.pin))
+        d.answers.push(.finger("thumb"))
+        #expect(try await store.getItem("k") == "v")
+    }
+
     @Test func enrollingNeedsThePasscode() async throws {
         let d = try await Device()
         #expect(await code { try await d.device.enrollFinger("index", passcode: nil) } == .authenticationFailed)

@@ -155,4 +155,20 @@ struct BypassTests {
         try await f.device.setPasscode(bytes("2580"))
         #expect(try attempt(f, stolen, steps: stolen.policy.steps)?.code.is(.policy) == true)
     }
+
+    @Test func nobodyWithoutThePasscodeCanRewriteTheDescriptorOrBumpTheEpoch() async throws {
+        let f = try Fixture()
+        try await f.device.setPasscode(bytes("2580"))
+        let context = try TPMContext(device: f.tpm.device)
+        let descriptor = try context.resource(forPersistent: DeviceLockLayout.descriptorIndex)
+        let epoch = try context.resource(forPersistent: DeviceLockLayout.epochIndex)
+        // Plain authValue writes are not allowed at all (POLICYWRITE only).
+        #expect(throws: TPMError.self) { try context.writeNV(descriptor, data: [0], authHandle: descriptor, session: nil) }
+        // A policy session without PolicySecret does not satisfy the write policy.
+        let session = try context.startSession(.policy, saltKey: nil, continueSession: true)
+        try context.policyCommandCode(session, CommandCode.nvIncrement)
+        #expect(throws: TPMError.self) { try context.incrementNV(epoch, session: session) }
+        context.flush(session)
+        #expect(try await f.device.status().passcodeSet)
+    }
 }

@@ -33,6 +33,12 @@ public enum AuthenticationAnswer: Sendable {
 /// writes, `hasItem`, `getAllKeys`, `getItemInfo`, `removeItem` and `clear` never do.
 public protocol Authenticator: Sendable {
     func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer
+    /// How many times one read may ask (after a failed match or a wrong passcode); 3 by default.
+    var attemptsPerRead: Int { get }
+}
+
+extension Authenticator {
+    public var attemptsPerRead: Int { 3 }
 }
 
 /// Answers from a script, in order, for tests and appliances; records what it was asked.
@@ -41,12 +47,16 @@ public final class ScriptedAuthenticator: Authenticator, @unchecked Sendable {
     private var answers: [AuthenticationAnswer]
     private var asked: [AuthenticationRequest] = []
     private let repeatsLast: Bool
+    public let attemptsPerRead: Int
 
-    /// - Parameter repeatsLast: when the script runs out, give the last answer again (a user who
-    ///   keeps touching with the same finger) instead of interrupting the prompt.
-    public init(_ answers: [AuthenticationAnswer] = [], repeatsLast: Bool = false) {
+    /// - Parameters:
+    ///   - repeatsLast: when the script runs out, give the last answer again (a user who keeps
+    ///     touching with the same finger) instead of interrupting the prompt.
+    ///   - attemptsPerRead: how many questions one read may ask.
+    public init(_ answers: [AuthenticationAnswer] = [], repeatsLast: Bool = false, attemptsPerRead: Int = 3) {
         self.answers = answers
         self.repeatsLast = repeatsLast
+        self.attemptsPerRead = attemptsPerRead
     }
 
     /// Queues more answers.

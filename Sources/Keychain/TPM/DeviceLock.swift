@@ -10,8 +10,11 @@ import TPM2
 ///   unlocked, 0 when locked. Writing it needs the passcode (PolicySecret on `pin`), except writing 0,
 ///   which a once-approved PolicyAuthorize allows to anyone: locking needs no secret, unlocking does.
 /// - `epoch`: a counter bumped when the passcode is removed; `whenPasscodeSet` keys are sealed to its
-///   value, so removing the passcode kills them in the TPM, not only in our database.
-/// - `descriptor`: public data every store on this TPM needs: the passcode-set hint and the lock approval.
+///   value, so removing the passcode kills them in the TPM, not only in our database. Bumping it
+///   needs the passcode (PolicySecret), so nobody else can destroy those items.
+/// - `descriptor`: public data every store on this TPM needs: the passcode-set flag and the lock
+///   approval. Writing it needs the passcode too, so nobody can lie that no passcode is set (which
+///   would make the library try the empty passcode and spend the TPM's tries).
 enum DeviceLockLayout {
     static let pinIndex: UInt32 = 0x0100_4B50
     static let stateIndex: UInt32 = 0x0100_4B51
@@ -52,16 +55,21 @@ enum DeviceLockLayout {
         PolicyDigest.compute([.cpHash(state.writeCpHash(data: locked, offset: 0, written: true))])
     }
 
+    /// "Whoever knows the passcode may run `command` on this index."
+    static func passcodePolicy(_ command: UInt32) -> [UInt8] {
+        PolicyDigest.compute([.secret(index: pinIndex, name: pinPublic.name(written: true), policyRef: []), .commandCode(command)])
+    }
+
     static let epochPublic = NVPublic(
         index: epochIndex,
         attributes: NVAttributes.typeCounter | NVAttributes.policyWrite | NVAttributes.authRead | NVAttributes.noDA,
-        authPolicy: PolicyDigest.compute([.commandCode(CommandCode.nvIncrement)]),
+        authPolicy: passcodePolicy(CommandCode.nvIncrement),
         size: 8)
 
     static let descriptorPublic = NVPublic(
         index: descriptorIndex,
-        attributes: NVAttributes.authWrite | NVAttributes.authRead | NVAttributes.noDA,
-        authPolicy: [], size: descriptorSize)
+        attributes: NVAttributes.policyWrite | NVAttributes.authRead | NVAttributes.noDA,
+        authPolicy: passcodePolicy(CommandCode.nvWrite), size: descriptorSize)
 }
 
 /// What every store on one TPM shares, read from the descriptor index.

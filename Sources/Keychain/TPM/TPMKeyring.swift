@@ -131,14 +131,32 @@ final class TPMKeyring {
                             authHandle: TPMContext.owner, session: nil)
         let state = try context.defineNV(DeviceLockLayout.statePublic(approvalKeyName: approval.keyName), auth: nil)
         let epoch = try context.defineNV(DeviceLockLayout.epochPublic, auth: nil)
-        try context.withSession(.policy, saltKey: nil) { session throws(TPMError) in
-            try context.policyCommandCode(session, CommandCode.nvIncrement)
-            try context.incrementNV(epoch, session: session)
+        // No passcode yet: the empty one satisfies the indices' PolicySecret.
+        try withPasscode(nil, command: CommandCode.nvIncrement, context: context, srk: srk) { policy throws(TPMError) in
+            try context.incrementNV(epoch, session: policy)
         }
         let descriptor = LockDescriptor(passcodeSet: false, approval: approval)
         let descriptorNV = try context.defineNV(DeviceLockLayout.descriptorPublic, auth: nil)
-        try context.writeNV(descriptorNV, data: descriptor.encoded(), authHandle: descriptorNV, session: nil)
+        try withPasscode(nil, command: CommandCode.nvWrite, context: context, srk: srk) { policy throws(TPMError) in
+            try context.writeNV(descriptorNV, data: descriptor.encoded(), authHandle: descriptorNV, session: policy)
+        }
         return descriptor
+    }
+
+    /// Runs `body` with a policy session that proved the passcode (PolicySecret on the PIN index,
+    /// in a salted HMAC session) for `command`: the write policy of the epoch and descriptor indices.
+    static func withPasscode(_ passcode: SecureBytes?, command: UInt32, context: TPMContext, srk: TPMHandle,
+                             _ body: (TPMHandle) throws(TPMError) -> Void) throws(TPMError) {
+        let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
+        try context.setAuth(pin, passcode)
+        defer { try? context.setAuth(pin, nil) }
+        try context.withSession(.hmac, saltKey: srk) { auth throws(TPMError) in
+            try context.withSession(.policy, saltKey: nil) { policy throws(TPMError) in
+                try context.policySecret(policy, entity: pin, authSession: auth)
+                try context.policyCommandCode(policy, command)
+                try body(policy)
+            }
+        }
     }
 
     var stateName: [UInt8] { DeviceLockLayout.statePublic(approvalKeyName: descriptor.approval.keyName).name(written: true) }
@@ -394,7 +412,11 @@ final class TPMKeyring {
     func lock() throws(KeychainError) {
         do {
             let state = try context.resource(forPersistent: DeviceLockLayout.stateIndex)
-            guard (try? context.readNV(state, size: 1)) != nil else { return }  // before first unlock: locked already
+            do {
+                _ = try context.readNV(state, size: 1)
+            } catch where error.code.is(.nvUninitialized) {
+                return  // before the first unlock: locked already
+            }
             let statePublic = DeviceLockLayout.statePublic(approvalKeyName: descriptor.approval.keyName)
             let approval = descriptor.approval
             let lockBranch = PolicyStep.authorizeDigest(keyName: approval.keyName, policyRef: DeviceLockLayout.lockPolicyRef)
@@ -413,7 +435,22 @@ final class TPMKeyring {
 
     /// NV_ChangeAuth on the PIN index: needs the current passcode (PolicyAuthValue), and the new one
     /// crosses the bus encrypted (salted session, decrypt attribute). Removing it bumps the epoch.
+    ///
+    /// The order keeps a crash half-way on the safe side: the descriptor may say "set" while no
+    /// passcode is, never the other way round (which would make the library spend tries on the
+    /// empty passcode).
     func changePasscode(from old: SecureBytes?, to new: SecureBytes?) throws(KeychainError) {
+        do {
+            if old == nil { try writePasscodeFlag(true, passcode: nil) }
+            if new == nil {
+                // Removing: the whenPasscodeSet keys die first, with the passcode that still works.
+                try Self.withPasscode(old, command: CommandCode.nvIncrement, context: context, srk: srk) { policy throws(TPMError) in
+                    try context.incrementNV(epochNV, session: policy)
+                }
+            }
+        } catch {
+            throw passcodeError(error, doing: "change the passcode")
+        }
         do {
             let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
             try context.setAuth(pin, old)
@@ -427,18 +464,18 @@ final class TPMKeyring {
             throw passcodeError(error, doing: "change the passcode")
         }
         do {
-            if new == nil {
-                try context.withSession(.policy, saltKey: nil) { policy throws(TPMError) in
-                    try context.policyCommandCode(policy, CommandCode.nvIncrement)
-                    try context.incrementNV(epochNV, session: policy)
-                }
-            }
-            let nv = try context.resource(forPersistent: DeviceLockLayout.descriptorIndex)
-            try context.writeNV(nv, data: [new == nil ? 0 : 1], offset: 0, authHandle: nv, session: nil)
-            descriptor.passcodeSet = new != nil
+            if new == nil { try writePasscodeFlag(false, passcode: nil) }
         } catch {
             throw diagnose(error, doing: "record the passcode change")
         }
+    }
+
+    private func writePasscodeFlag(_ isSet: Bool, passcode: SecureBytes?) throws(TPMError) {
+        let nv = try context.resource(forPersistent: DeviceLockLayout.descriptorIndex)
+        try Self.withPasscode(passcode, command: CommandCode.nvWrite, context: context, srk: srk) { policy throws(TPMError) in
+            try context.writeNV(nv, data: [isSet ? 1 : 0], offset: 0, authHandle: nv, session: policy)
+        }
+        descriptor.passcodeSet = isSet
     }
 
     /// Resets the TPM's count of wrong passcodes (needs the owner authorization).
