@@ -30,7 +30,7 @@ let package = Package(
         // PKCS#11 tokens through p11-kit: one module, one logged-in session, wrap/unwrap on the token.
         .target(name: "PKCS11", dependencies: ["CP11Kit", "SecureMemory"]),
         // The public API.
-        .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore"]),
+        .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore", "PKCS11"]),
 
         .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2"]),
         // BiometricsVault: biometric sign-in as a state machine over the public Keychain API.

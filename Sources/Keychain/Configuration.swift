@@ -28,6 +28,9 @@ public struct KeychainConfiguration: Sendable {
     /// Shows the prompt for reads behind an access control; without one such reads fail with
     /// `INTERACTION_NOT_ALLOWED`.
     public var authenticator: (any Authenticator)?
+    /// The PKCS#11 token of `keyStorage: 'strongbox'` storages, an RFC 7512 URI with
+    /// `module-path=` or `module-name=` and `pin-source=` (`KEYCHAIN_PKCS11_URI`).
+    public var pkcs11URI: String?
 
     public init(storeDirectory: String, tpm: TPMSource, pcrSelection: [Int] = [7],
                 passcodeRetryLimit: UInt32 = 10, ownerAuthorization: SecureBytes? = nil,
@@ -61,7 +64,9 @@ public struct KeychainConfiguration: Sendable {
         case let path? where !path.isEmpty: path
         default: store + ".reader"
         }
-        return KeychainConfiguration(storeDirectory: store, tpm: source, readerDirectory: reader)
+        var configuration = KeychainConfiguration(storeDirectory: store, tpm: source, readerDirectory: reader)
+        configuration.pkcs11URI = env["KEYCHAIN_PKCS11_URI"].flatMap { $0.isEmpty ? nil : $0 }
+        return configuration
     }
 }
 

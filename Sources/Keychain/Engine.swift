@@ -1,5 +1,6 @@
 import Foundation
 import KeychainStore
+import PKCS11
 import SecureMemory
 import Synchronization
 import TPM2
@@ -24,6 +25,8 @@ actor Engine {
     private var agreed: [AgreedID: SecureBytes] = [:]
     /// This process's ephemeral writer pair per wrapping public key, and its agreed secret.
     private var writers: [[UInt8]: (publicKey: [UInt8], shared: SecureBytes)] = [:]
+    /// The PKCS#11 token session, for `keyStorage: 'strongbox'` items.
+    var token: TokenBackend?
 
     struct WrappingKeyID: Hashable { var service: String; var protection: String; var publicKey: [UInt8] }
     struct AgreedID: Hashable { var wrappingPublic: [UInt8]; var writerPublic: [UInt8] }
@@ -230,12 +233,14 @@ actor Engine {
         var authValidity: Int
         var authenticator: (any Authenticator)?
         var readerDirectory: String?
+        var pkcs11URI: String?
     }
 
     func get(service: String, key: String, context: ReadContext) async throws(KeychainError) -> SecureBytes? {
         try checkKey(key)
         let store = try store()
         guard let record = try read({ try store.item(service: service, key: key) }) else { return nil }
+        if record.protection.hasSuffix(TokenBackend.tagSuffix) { return try getFromToken(record, uri: context.pkcs11URI) }
         guard let wrapping = try read({ try store.wrappingKey(service: service, protection: record.protection) }) else {
             throw corrupted(record, "its wrapping key is missing from the store")
         }
@@ -411,8 +416,11 @@ actor Engine {
         return try writeStore(store) { tx in try tx.deleteItem(service: service, key: key) }
     }
 
-    func clear(service: String) throws(KeychainError) {
+    func clear(service: String, pkcs11URI: String? = nil) throws(KeychainError) {
         let store = try store()
+        if service.hasSuffix(TokenBackend.tagSuffix), let pkcs11URI {
+            try tokenBackend(pkcs11URI).destroyKeys(service: service)
+        }
         try writeStore(store) { tx in
             _ = try tx.deleteItems(service: service)
             _ = try tx.deleteWrappingKeys(service: service)
@@ -431,15 +439,20 @@ actor Engine {
         try checkKey(key)
         let store = try store()
         guard let record = try read({ try store.item(service: service, key: key) }) else { return nil }
-        guard let protection = ItemProtection(storageTag: record.protection) else {
+        let onToken = record.protection.hasSuffix(TokenBackend.tagSuffix)
+        let tag = onToken ? String(record.protection.dropLast(TokenBackend.tagSuffix.count)) : record.protection
+        guard let protection = ItemProtection(storageTag: tag) else {
             throw corrupted(record, "its protection '\(record.protection)' is not one this library writes")
         }
         let manufacturer = try read { try store.meta("tpm.manufacturer") }
-        return ItemInfo(key: record.key, service: record.service, accessible: protection.accessible,
+        let publicService = onToken && record.service.hasSuffix(TokenBackend.tagSuffix)
+            ? String(record.service.dropLast(TokenBackend.tagSuffix.count)) : record.service
+        return ItemInfo(key: record.key, service: publicService, accessible: protection.accessible,
                         accessControl: protection.accessControl, label: record.label,
                         created: Date(timeIntervalSince1970: Double(record.created) / 1000),
                         modified: Date(timeIntervalSince1970: Double(record.modified) / 1000),
-                        securityLevel: (manufacturer ?? []).starts(with: Array("IBM".utf8)) ? .softwareTPM : .hardwareTPM)
+                        securityLevel: onToken ? .pkcs11Token
+                            : (manufacturer ?? []).starts(with: Array("IBM".utf8)) ? .softwareTPM : .hardwareTPM)
     }
 
     // MARK: The device lock
@@ -613,4 +626,80 @@ extension Engine {
         unsealed = unsealed.filter { $0.value.expires == nil }
         return try reader.remove(finger)
     }
+}
+
+// MARK: keyStorage 'strongbox': the PKCS#11 token
+
+extension Engine {
+    /// The token session of this process (one, logged in, reused).
+    func tokenBackend(_ uri: String) throws(KeychainError) -> TokenBackend {
+        if let token, token.uri.description == (try? PKCS11URI(uri))?.description { return token }
+        let backend = try TokenBackend(uri: uri)
+        token = backend
+        return backend
+    }
+
+    func setOnToken(_ value: SecureBytes, service: String, key: String, protection: ItemProtection, label: String?,
+                    uri: String) throws(KeychainError) {
+        try checkKey(key)
+        guard value.count <= Self.maxValueLength else {
+            throw KeychainError.invalidArgument("Invalid value: at most \(Self.maxValueLength) bytes, got \(value.count)")
+        }
+        let backend = try tokenBackend(uri)
+        let store = try store()
+        let tag = protection.storageTag + TokenBackend.tagSuffix
+        let dataKey = SecureBytes(random: Sodium.xchachaKeyLength)
+        let sealed = try backend.seal(dataKey, service: service, key: key, protection: tag)
+        do {
+            try store.write { tx in
+                let existing = try tx.item(service: service, key: key)
+                let now = Self.now()
+                var record = ItemRecord(service: service, key: key, protection: tag, label: label ?? existing?.label,
+                                        created: existing?.created ?? now, modified: now,
+                                        writerPublic: sealed, salt: [], nonce: Sodium.randomBytes(Sodium.xchachaNonceLength),
+                                        ciphertext: [])
+                record.ciphertext = value.withUnsafeBytes {
+                    Sodium.seal($0, key: dataKey, nonce: record.nonce, associatedData: ItemEnvelope.associatedData(record))
+                }
+                try tx.putItem(record)
+            }
+        } catch let error as StoreError {
+            throw KeychainError(store: error)
+        } catch {
+            throw KeychainError(.internal, "\(error)")
+        }
+    }
+
+    func getFromToken(_ record: ItemRecord, uri: String?) throws(KeychainError) -> SecureBytes {
+        guard let uri else {
+            throw KeychainError(.hardwareUnavailable, "Item '\(record.key)' is on a PKCS#11 token, and no token is configured (KEYCHAIN_PKCS11_URI)")
+        }
+        let dataKey = try tokenBackend(uri).open(record.writerPublic, service: record.service, key: record.key,
+                                                 protection: record.protection)
+        do {
+            return try Sodium.open(record.ciphertext, key: dataKey, nonce: record.nonce,
+                                   associatedData: ItemEnvelope.associatedData(record))
+        } catch {
+            throw KeychainError(.dataCorrupted, "Item '\(record.key)' of service '\(record.service)' failed authentication")
+        }
+    }
+
+    func tokenStatus(uri: String) throws(KeychainError) -> TokenStatus {
+        let backend = try tokenBackend(uri)
+        do {
+            let info = try backend.token.info()
+            return TokenStatus(label: info.label, manufacturer: info.manufacturer, model: info.model, serial: info.serial,
+                               userPinLocked: info.flags.contains(.userPinLocked),
+                               userPinFinalTry: info.flags.contains(.userPinFinalTry),
+                               userPinCountLow: info.flags.contains(.userPinCountLow))
+        } catch {
+            throw TokenBackend.map(error, doing: "report its state")
+        }
+    }
+}
+
+/// A PKCS#11 token as `status` shows it.
+public struct TokenStatus: Sendable, Hashable, Codable {
+    public var label, manufacturer, model, serial: String
+    public var userPinLocked, userPinFinalTry, userPinCountLow: Bool
 }

@@ -22,6 +22,10 @@ public struct Keychain: Sendable {
         self.engine = Engine.shared(for: configuration)
     }
 
+    /// Where the storage's items live in the store: a token storage's items are kept apart from a
+    /// TPM storage's of the same service (`service@strongbox`).
+    var storeService: String { options.android.keyStorage == .strongbox ? service + TokenBackend.tagSuffix : service }
+
     /// Linux has no bundle identifier: the default service is the program's name.
     static var defaultService: String { ProcessInfo.processInfo.processName }
 
@@ -36,18 +40,25 @@ public struct Keychain: Sendable {
 
     public func setItem(_ key: String, _ value: SecureBytes, options call: SetItemOptions? = nil) async throws(KeychainError) {
         let protection = try options.resolved(for: call)
-        guard options.android.keyStorage == .tee else {
-            // Never store with less protection than asked: no token backend is configured here.
-            throw KeychainError(.unsupported, "keyStorage 'strongbox' needs a PKCS#11 token, and none is configured")
+        if options.android.keyStorage == .strongbox {
+            guard let uri = configuration.pkcs11URI else {
+                // Never store with less protection than asked: without a token there is no strongbox.
+                throw KeychainError(.unsupported, "keyStorage 'strongbox' needs a PKCS#11 token: set KEYCHAIN_PKCS11_URI or --pkcs11-uri")
+            }
+            guard protection.accessControl == .none else {
+                throw KeychainError(.unsupported, "accessControl '\(protection.accessControl.rawValue)' is not available with keyStorage 'strongbox' in this version")
+            }
+            try await engine.setOnToken(value, service: storeService, key: key, protection: protection, label: call?.label, uri: uri)
+            return
         }
-        try await engine.set(value, service: service, key: key, protection: protection, label: call?.label,
+        try await engine.set(value, service: storeService, key: key, protection: protection, label: call?.label,
                              readerDirectory: configuration.readerDirectory)
     }
 
     /// The value as UTF-8 text, or nil when there is none.
     /// - Throws: `INVALID_ARGUMENT` when the stored bytes are not UTF-8 (read them with `getData`).
     public func getItem(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> String? {
-        guard let bytes = try await engine.get(service: service, key: key, context: readContext(call)) else { return nil }
+        guard let bytes = try await engine.get(service: storeService, key: key, context: readContext(call)) else { return nil }
         guard let text = bytes.withUnsafeBytes({ String(validating: $0.bindMemory(to: UInt8.self), as: UTF8.self) }) else {
             throw KeychainError.invalidArgument("Item '\(key)' holds bytes that are not UTF-8 text: read it with getData")
         }
@@ -56,19 +67,20 @@ public struct Keychain: Sendable {
 
     /// The value's bytes, or nil when there is none.
     public func getData(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> Data? {
-        guard let bytes = try await engine.get(service: service, key: key, context: readContext(call)) else { return nil }
+        guard let bytes = try await engine.get(service: storeService, key: key, context: readContext(call)) else { return nil }
         return bytes.withUnsafeBytes { Data($0) }
     }
 
     /// The value in locked memory, wiped when released: for keys and tokens that should not linger.
     public func getSecureBytes(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> SecureBytes? {
-        try await engine.get(service: service, key: key, context: readContext(call))
+        try await engine.get(service: storeService, key: key, context: readContext(call))
     }
 
     /// The prompt is the storage's, then the call's, field by field (seed: createKeychain).
     func readContext(_ call: GetItemOptions?) -> Engine.ReadContext {
         .init(prompt: options.resolvedPrompt(for: call), authValidity: options.authValidity,
-              authenticator: configuration.authenticator, readerDirectory: configuration.readerDirectory)
+              authenticator: configuration.authenticator, readerDirectory: configuration.readerDirectory,
+              pkcs11URI: configuration.pkcs11URI)
     }
 
     /// Whether this storage's device can protect an item with `value` now; never prompts, never writes.
@@ -78,27 +90,27 @@ public struct Keychain: Sendable {
 
     /// Whether an item exists; never prompts and never touches the TPM.
     public func hasItem(_ key: String) async throws(KeychainError) -> Bool {
-        try await engine.has(service: service, key: key)
+        try await engine.has(service: storeService, key: key)
     }
 
     /// Removes an item; removing an absent one is not an error.
     public func removeItem(_ key: String) async throws(KeychainError) {
-        try await engine.remove(service: service, key: key)
+        try await engine.remove(service: storeService, key: key)
     }
 
     /// Removes every item of this storage's service and its wrapping keys; never prompts.
     public func clear() async throws(KeychainError) {
-        try await engine.clear(service: service)
+        try await engine.clear(service: storeService, pkcs11URI: configuration.pkcs11URI)
     }
 
     /// The keys of this storage's items, sorted; never prompts and never touches the TPM.
     public func getAllKeys() async throws(KeychainError) -> [String] {
-        try await engine.keys(service: service)
+        try await engine.keys(service: storeService)
     }
 
     /// What is known of an item without reading its value: protection, label, dates, security level.
     public func getItemInfo(_ key: String) async throws(KeychainError) -> ItemInfo? {
-        try await engine.info(service: service, key: key)
+        try await engine.info(service: storeService, key: key)
     }
 }
 
@@ -120,6 +132,8 @@ public struct ItemInfo: Sendable, Hashable, Codable {
         case hardwareTPM
         /// Sealed by a software TPM (swtpm): no protection against someone who can read its state files.
         case softwareTPM
+        /// Its wrapping key is on a PKCS#11 token (`keyStorage: 'strongbox'`); SoftHSM2 is software too.
+        case pkcs11Token
     }
     public var key: String
     public var service: String
@@ -207,6 +221,11 @@ public struct KeychainDevice: Sendable {
     @discardableResult
     public func initialize() async throws(KeychainError) -> DeviceStatus { try await engine.initialize() }
     public func status() async throws(KeychainError) -> DeviceStatus { try await engine.status() }
+    /// The configured PKCS#11 token: label, manufacturer, model, PIN state flags.
+    public func tokenStatus() async throws(KeychainError) -> TokenStatus? {
+        guard let uri = configuration.pkcs11URI else { return nil }
+        return try await engine.tokenStatus(uri: uri)
+    }
 
     /// Unlocks with the passcode, checked by the TPM (wrong ones count toward its limit).
     public func unlock(passcode: SecureBytes?) async throws(KeychainError) {

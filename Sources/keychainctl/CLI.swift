@@ -17,7 +17,7 @@ struct Invocation {
     var switches: Set<String> = []
 
     static let valued: Set<String> = ["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
-                                      "--pcrs", "--touch", "--reader"]
+                                      "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage"]
     static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--help", "-h"]
 
     init(_ args: [String]) throws(UsageError) {
@@ -50,6 +50,7 @@ struct Invocation {
             configuration.readerDirectory = store + ".reader"
         }
         if let reader = flags["--reader"] { configuration.readerDirectory = reader == "none" ? nil : reader }
+        if let uri = flags["--pkcs11-uri"] { configuration.pkcs11URI = uri }
         if let store { configuration.storeDirectory = store }
         if let tcti { configuration.tpm = .tcti(tcti) }
         if let pcrs = flags["--pcrs"] {
@@ -77,6 +78,8 @@ let usage = """
 
     Items (the value of `set` is read from stdin to EOF, bytes kept exactly):
       set SERVICE KEY [--accessible A] [--access-control C] [--label L] [--auth-validity N] [--synchronizable]
+    Item commands take --key-storage tee|strongbox: strongbox is the PKCS#11 token of --pkcs11-uri
+    (KEYCHAIN_PKCS11_URI); its items are kept apart from the TPM storage of the same service.
       get SERVICE KEY              the value on stdout, exactly as stored
       has SERVICE KEY              exit 0 when present, 1 when not
       rm SERVICE KEY

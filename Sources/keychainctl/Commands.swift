@@ -11,6 +11,7 @@ struct Commands {
     func storage(_ service: String, _ options: KeychainOptions = .init()) throws(KeychainError) -> Keychain {
         var options = options
         options.service = service
+        if let k = inv.flags["--key-storage"] { options.android.keyStorage = try KeyStorage(parsing: k) }
         var configuration = configuration
         if inv.command.first == "get" { configuration.authenticator = scriptedAuthenticator(inv) }
         return try createKeychain(options, configuration: configuration)
@@ -28,9 +29,16 @@ struct Commands {
             let status = try await device.initialize()
             output(status) { "initialized: \($0.tpm) (\($0.securityLevel.rawValue)), passcode \($0.passcodeSet ? "set" : "not set")" }
         case "status":
-            let status = try await device.status()
+            struct Status: Encodable { let device: DeviceStatus; let token: TokenStatus? }
+            let status = Status(device: try await device.status(), token: try await device.tokenStatus())
             output(status) {
-                "tpm: \($0.tpm)\nsecurity level: \($0.securityLevel.rawValue)\npasscode: \($0.passcodeSet ? "set" : "not set")\nlock: \($0.lockState.rawValue)"
+                var text = "tpm: \($0.device.tpm)\nsecurity level: \($0.device.securityLevel.rawValue)\n"
+                    + "passcode: \($0.device.passcodeSet ? "set" : "not set")\nlock: \($0.device.lockState.rawValue)"
+                if let t = $0.token {
+                    text += "\ntoken: \(t.label) (\(t.manufacturer), \(t.model), serial \(t.serial))"
+                    text += "\ntoken PIN: locked \(t.userPinLocked), final try \(t.userPinFinalTry), count low \(t.userPinCountLow)"
+                }
+                return text
             }
         case "unlock":
             let lines = readLines(1)

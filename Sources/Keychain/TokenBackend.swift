@@ -1,0 +1,112 @@
+import Foundation
+import KeychainStore
+import PKCS11
+import SecureMemory
+import TPM2
+
+/// `keyStorage: 'strongbox'`: a PKCS#11 token (through p11-kit) holds each service's wrapping key.
+///
+/// Per service, an AES-256 key generated on the token (sensitive, never extractable, encrypt and
+/// decrypt only). Each item gets a random data key that the token seals with AES-GCM, the service,
+/// the key and the protection as its associated data; the value is then encrypted with libsodium as
+/// on the TPM path, with the sealed data key among the authenticated fields. One logged-in session
+/// per process (the engine's), reused; the PIN comes from the URI (`pin-source` or `pin-value`).
+final class TokenBackend {
+    static let tagSuffix = "@strongbox"
+    let uri: PKCS11URI
+    let token: PKCS11Token
+
+    init(uri text: String) throws(KeychainError) {
+        do {
+            uri = try PKCS11URI(text)
+        } catch {
+            throw KeychainError.invalidArgument("Invalid PKCS#11 URI: \(error.message)")
+        }
+        do {
+            token = try PKCS11Token(uri: uri)
+            guard let pin = try? uri.pin() else {
+                throw KeychainError(.invalidArgument, "The PKCS#11 URI gives no PIN: add pin-source=file:… (or pin-value=…)")
+            }
+            try token.login(pin: pin)
+        } catch let error as PKCS11Error {
+            throw Self.map(error, doing: "open the token \(uri.token ?? "")")
+        } catch let error as KeychainError {
+            throw error
+        } catch {
+            throw KeychainError(.internal, "\(error)")
+        }
+    }
+
+    /// The token object of a service: its label and ID say which service it serves.
+    static func keyIdentity(service: String) -> (label: String, id: [UInt8]) {
+        ("keychain:\(service)", Array(sha256(Array("keychain-linux service \(service)".utf8)).prefix(16)))
+    }
+
+    private static func associatedData(service: String, key: String, protection: String) -> [UInt8] {
+        var ad = Array("keychain-linux token data key v1".utf8)
+        for field in [service, key, protection] {
+            ad += UInt32(field.utf8.count).bigEndianBytes + Array(field.utf8)
+        }
+        return ad
+    }
+
+    func seal(_ dataKey: SecureBytes, service: String, key: String, protection: String) throws(KeychainError) -> [UInt8] {
+        let identity = Self.keyIdentity(service: service)
+        do {
+            guard let handle = try token.wrappingKey(label: identity.label, id: identity.id, create: true) else {
+                throw KeychainError(.hardwareUnavailable, "The token did not create the wrapping key of service '\(service)'")
+            }
+            return try token.seal(dataKey, with: handle,
+                                  associatedData: Self.associatedData(service: service, key: key, protection: protection))
+        } catch let error as PKCS11Error {
+            throw Self.map(error, doing: "seal a data key")
+        } catch let error as KeychainError {
+            throw error
+        } catch {
+            throw KeychainError(.internal, "\(error)")
+        }
+    }
+
+    func open(_ sealed: [UInt8], service: String, key: String, protection: String) throws(KeychainError) -> SecureBytes {
+        let identity = Self.keyIdentity(service: service)
+        do {
+            guard let handle = try token.wrappingKey(label: identity.label, id: identity.id, create: false) else {
+                throw KeychainError(.dataCorrupted, "The token has no wrapping key for service '\(service)': it was removed or this is another token")
+            }
+            return try token.open(sealed, with: handle,
+                                  associatedData: Self.associatedData(service: service, key: key, protection: protection))
+        } catch let error as PKCS11Error {
+            throw Self.map(error, doing: "open item '\(key)'")
+        } catch let error as KeychainError {
+            throw error
+        } catch {
+            throw KeychainError(.internal, "\(error)")
+        }
+    }
+
+    func destroyKeys(service: String) throws(KeychainError) {
+        do { try token.destroyKeys(label: Self.keyIdentity(service: service).label) } catch {
+            throw Self.map(error, doing: "remove the wrapping key of service '\(service)'")
+        }
+    }
+
+    /// Every CKR to a code, the CKR name kept as the cause.
+    static func map(_ error: PKCS11Error, doing what: String) -> KeychainError {
+        let cause = KeychainError.Cause.pkcs11(code: error.rv, name: error.name)
+        if error.isDataRejected {
+            return KeychainError(.dataCorrupted, "The token refused to \(what): the stored data failed authentication", underlying: cause)
+        }
+        switch error.returnValue {
+        case .pinIncorrect, .pinInvalid, .pinLenRange:
+            return KeychainError(.authenticationFailed, "Wrong token PIN: could not \(what)", underlying: cause)
+        case .pinLocked:
+            return KeychainError(.lockoutPermanent, "The token's user PIN is locked: unblock it with the SO PIN", underlying: cause)
+        case .pinExpired:
+            return KeychainError(.authenticationFailed, "The token's user PIN has expired: change it", underlying: cause)
+        case .argumentsBad:
+            return KeychainError(.invalidArgument, "The PKCS#11 URI cannot be used to \(what): \(error.detail ?? "")", underlying: cause)
+        default:
+            return KeychainError(.hardwareUnavailable, "The PKCS#11 token cannot \(what): \(error.detail ?? error.name)", underlying: cause)
+        }
+    }
+}

@@ -1,0 +1,112 @@
+import Foundation
+import KeychainStore
+import KeychainTestSupport
+import Testing
+
+/// `keyStorage: 'strongbox'` on a real SoftHSM2 token through p11-kit. Each test runs keychainctl in
+/// its own processes with a private SOFTHSM2_CONF (SoftHSM reads it once per process).
+@Suite("The PKCS#11 token backend")
+struct TokenBackendTests {
+    static let module = "/usr/lib/softhsm/libsofthsm2.so"
+
+    struct Token {
+        let tpm: SoftwareTPM
+        let dir: String
+        let env: [String: String]
+        var store: String { tpm.directory + "/store" }
+        func uri(label: String = "kc", pinFile: String? = nil, module: String = TokenBackendTests.module) -> String {
+            "pkcs11:token=\(label)?module-path=\(module)&pin-source=file:\(pinFile ?? dir + "/pin")"
+        }
+
+        init() throws {
+            tpm = try SoftwareTPM()
+            dir = tpm.directory + "/softhsm"
+            try FileManager.default.createDirectory(atPath: dir + "/tokens", withIntermediateDirectories: true)
+            try "directories.tokendir = \(dir)/tokens\n".write(toFile: dir + "/softhsm2.conf", atomically: true, encoding: .utf8)
+            try "1234\n".write(toFile: dir + "/pin", atomically: true, encoding: .utf8)
+            try "9999\n".write(toFile: dir + "/wrong-pin", atomically: true, encoding: .utf8)
+            env = ["SOFTHSM2_CONF": dir + "/softhsm2.conf"]
+            let made = try run("/usr/bin/softhsm2-util", ["--init-token", "--free", "--label", "kc", "--so-pin", "12345678", "--pin", "1234"],
+                               environment: env)
+            #expect(made.status == 0, "softhsm2-util: \(made.stderr)")
+        }
+
+        func cli(_ args: [String], input: [UInt8] = [], uri: String? = nil) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+            try run(buildDirectory.appendingPathComponent("keychainctl").path,
+                    ["--store", store, "--tcti", tpm.tcti, "--pkcs11-uri", uri ?? self.uri()] + args, input: input, environment: env)
+        }
+
+        func errorCode(_ result: (status: Int32, stdout: [UInt8], stderr: String)) -> String? {
+            (try? JSONSerialization.jsonObject(with: Data(result.stdout)) as? [String: [String: String]])?["error"]?["code"]
+        }
+    }
+
+    @Test func itemsRoundTripAndAreKeptApartFromTheTPMStorageOfTheSameService() throws {
+        let t = try Token()
+        #expect(try t.cli(["set", "svc", "k", "--key-storage", "strongbox"], input: Array("on the token".utf8)).status == 0)
+        #expect(try t.cli(["set", "svc", "k"], input: Array("in the TPM".utf8)).status == 0)
+        #expect(try t.cli(["get", "svc", "k"]).stdout == Array("in the TPM".utf8))
+        #expect(try t.cli(["get", "svc", "k", "--key-storage", "strongbox"]).stdout == Array("on the token".utf8))
+        #expect(String(decoding: try t.cli(["ls", "svc", "--key-storage", "strongbox"]).stdout, as: UTF8.self) == "k\n")
+        let info = String(decoding: try t.cli(["--json", "info", "svc", "k"]).stdout, as: UTF8.self)
+        #expect(info.contains("\"securityLevel\":\"softwareTPM\""))
+        let tokenInfo = String(decoding: try t.cli(["--json", "info", "svc", "k", "--key-storage", "strongbox"]).stdout, as: UTF8.self)
+        #expect(tokenInfo.contains("\"securityLevel\":\"pkcs11Token\"") && tokenInfo.contains("\"service\":\"svc\""))
+        // Reading a token storage's item: the storage is made with keyStorage strongbox.
+        let store = try Store(directory: t.store)
+        let tokenItem = try #require(try store.item(service: "svc@strongbox", key: "k"))
+        #expect(tokenItem.protection == "afterFirstUnlock/none@strongbox")
+        #expect(try store.item(service: "svc", key: "k")?.protection == "afterFirstUnlock/none")
+        // The store holds no plaintext of either.
+        let db = try Data(contentsOf: URL(fileURLWithPath: t.store + "/keychain.db"))
+            + ((try? Data(contentsOf: URL(fileURLWithPath: t.store + "/keychain.db-wal"))) ?? Data())
+        #expect(db.range(of: Data("on the token".utf8)) == nil && db.range(of: Data("in the TPM".utf8)) == nil)
+    }
+
+    @Test func theWrappingKeyOnTheTokenIsSensitiveAndNeverExtractable() throws {
+        let t = try Token()
+        #expect(try t.cli(["set", "svc", "k", "--key-storage", "strongbox"], input: [1, 2, 3]).status == 0)
+        let listing = try run("/usr/bin/pkcs11-tool", ["--module", Self.module, "--login", "--pin", "1234", "--list-objects"],
+                              environment: t.env)
+        let text = String(decoding: listing.stdout, as: UTF8.self)
+        #expect(text.contains("label:      keychain:svc@strongbox"))
+        #expect(text.contains("Access:     sensitive, always sensitive, never extractable"))
+        #expect(text.contains("Usage:      encrypt, decrypt"))
+        #expect(!text.contains("sign") && !text.contains("wrap"))
+        // clear removes the service's token objects too.
+        #expect(try t.cli(["clear", "svc", "--key-storage", "strongbox"]).status == 0)
+        let after = String(decoding: try run("/usr/bin/pkcs11-tool", ["--module", Self.module, "--login", "--pin", "1234", "--list-objects"],
+                                             environment: t.env).stdout, as: UTF8.self)
+        #expect(!after.contains("keychain:svc"))
+    }
+
+    @Test func aWrongPINAnAbsentTokenAndAWrongModuleAreClearCodesAndNothingIsLost() throws {
+        let t = try Token()
+        #expect(try t.cli(["set", "svc", "k", "--key-storage", "strongbox"], input: Array("kept".utf8)).status == 0)
+        let wrongPIN = try t.cli(["--json", "set", "svc", "k2", "--key-storage", "strongbox"], input: [1],
+                                 uri: t.uri(pinFile: t.dir + "/wrong-pin"))
+        #expect(wrongPIN.status == 3 && t.errorCode(wrongPIN) == "AUTHENTICATION_FAILED")
+        let noToken = try t.cli(["--json", "set", "svc", "k2", "--key-storage", "strongbox"], input: [1], uri: t.uri(label: "absent"))
+        #expect(noToken.status == 3 && t.errorCode(noToken) == "HARDWARE_UNAVAILABLE")
+        let noModule = try t.cli(["--json", "set", "svc", "k2", "--key-storage", "strongbox"], input: [1], uri: t.uri(module: "/nonexistent/lib.so"))
+        #expect(noModule.status == 3 && t.errorCode(noModule) == "HARDWARE_UNAVAILABLE")
+        // Nothing was lost: the token item reads with the right PIN.
+        #expect(try t.cli(["get", "svc", "k", "--key-storage", "strongbox"]).stdout == Array("kept".utf8))
+        let store = try Store(directory: t.store)
+        #expect(try store.item(service: "svc@strongbox", key: "k") != nil)
+        #expect(try store.item(service: "svc@strongbox", key: "k2") == nil)
+    }
+
+    @Test func aTamperedSealedDataKeyIsDataCorrupted() throws {
+        let t = try Token()
+        #expect(try t.cli(["set", "svc", "a", "--key-storage", "strongbox"], input: Array("A".utf8)).status == 0)
+        #expect(try t.cli(["set", "svc", "b", "--key-storage", "strongbox"], input: Array("B".utf8)).status == 0)
+        let store = try Store(directory: t.store)
+        var record = try #require(try store.item(service: "svc@strongbox", key: "a"))
+        record.writerPublic[20] ^= 1
+        try store.write { try $0.putItem(record) }
+        let tampered = try t.cli(["--json", "get", "svc", "a", "--key-storage", "strongbox"])
+        #expect(tampered.status == 3 && t.errorCode(tampered) == "DATA_CORRUPTED")
+        #expect(try t.cli(["get", "svc", "b", "--key-storage", "strongbox"]).stdout == Array("B".utf8))
+    }
+}
