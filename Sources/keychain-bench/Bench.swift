@@ -195,9 +195,9 @@ final class Bench {
 
     // MARK: References
 
-    /// What the TPM connection costs by itself: opening one (TCTI loader and `Esys_Initialize`, then
-    /// closing it, as the engine does for every TPM operation), and a command with no session and
-    /// no client-side cryptography (GetCapability) round trip.
+    /// What the TPM connection costs by itself: opening and closing one (TCTI loader, `Esys_Initialize`),
+    /// as the engine does around every TPM operation, and the round trip of a command that needs no
+    /// session and no client-side cryptography (GetCapability).
     private func measureTransport() throws -> Transport {
         var transport = Transport()
         transport.connect = Samples(capacity: options.cold)

@@ -293,12 +293,14 @@ struct AccessControlTests {
         let policy = try #require(SealPolicy.decode(record.policy))
         let binding = try #require(policy.biometry)
         let reader = try FingerprintReader(directory: d.configuration.readerDirectory!)
-        let context = try TPMContext(device: d.tpm.device)
-        let srk = try context.resource(forPersistent: 0x8100_0001)
-        let readerKey = try context.resource(forPersistent: binding.tpmHandle)
         let blob = TPMContext.SealedBlob(publicArea: record.sealedPublic, privateArea: record.sealedPrivate)
 
+        // Each attempt has its own connection: swtpm serves one client at a time, and the library
+        // connects for each of its own operations in between.
         func attempt(_ sign: (_ nonce: [UInt8]) -> (hmac: [UInt8], ref: [UInt8])?) throws -> Bool {
+            let context = try TPMContext(device: d.tpm.device)
+            let srk = try context.resource(forPersistent: 0x8100_0001)
+            let readerKey = try context.resource(forPersistent: binding.tpmHandle)
             let session = try context.startSession(.policy, saltKey: srk, encryptResponse: true, continueSession: true)
             defer { context.flush(session) }
             let object = try context.load(blob, parent: srk)
