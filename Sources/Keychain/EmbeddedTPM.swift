@@ -67,7 +67,7 @@ public enum EmbeddedTPM {
         for _ in 0..<5 {
             let port = freePortPair()
             try? FileManager.default.removeItem(atPath: dir + "/swtpm.pid")
-            let status = spawnAndWait(swtpm, [
+            let status = Processes.spawn(swtpm, [
                 "swtpm", "socket", "--tpm2",
                 "--server", "type=tcp,port=\(port),bindaddr=127.0.0.1",
                 "--ctrl", "type=tcp,port=\(port + 1),bindaddr=127.0.0.1",
@@ -76,13 +76,13 @@ public enum EmbeddedTPM {
                 "--pid", "file=\(dir)/swtpm.pid",
                 "--log", "file=\(dir)/swtpm.log",
                 "--daemon",
-            ])
+            ]).map(Processes.wait)
             guard let status else {
                 throw KeychainError(.hardwareUnavailable, "Cannot start swtpm at \(swtpm)", underlying: .errno(errno))
             }
             guard status == 0 else { continue }  // the port was taken meanwhile: try another
             for _ in 0..<500 {
-                if canConnect(port: port) {
+                if Processes.canConnect(port) {
                     try? "\(port)\n".write(toFile: dir + "/port", atomically: true, encoding: .utf8)
                     return port
                 }
@@ -90,22 +90,6 @@ public enum EmbeddedTPM {
             }
         }
         throw KeychainError(.hardwareUnavailable, "The embedded software TPM did not start: see \(dir)/swtpm.log")
-    }
-
-    /// posix_spawn and waitpid: Foundation's `Process` relies on a run loop that an actor's thread lacks.
-    /// stdin, stdout and stderr of the child are /dev/null (swtpm logs to its own file).
-    static func spawnAndWait(_ path: String, _ argv: [String]) -> Int32? {
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        for fd in 0...2 { posix_spawn_file_actions_addopen(&actions, Int32(fd), "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0) }
-        var cArgs = argv.map { strdup($0) } + [nil]
-        defer { cArgs.forEach { free($0) } }
-        var pid: pid_t = 0
-        guard posix_spawn(&pid, path, &actions, nil, &cArgs, environ) == 0 else { return nil }
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
-        return (status & 0x7F) == 0 ? (status >> 8) & 0xFF : -1
     }
 
     static func findExecutable(_ name: String) -> String? {
@@ -121,36 +105,8 @@ public enum EmbeddedTPM {
     static func freePortPair() -> Int {
         for _ in 0..<50 {
             let port = Int.random(in: 20_000..<60_000)
-            if portIsFree(port) && portIsFree(port + 1) { return port }
+            if Processes.isFree(port) && Processes.isFree(port + 1) { return port }
         }
         return Int.random(in: 20_000..<60_000)
-    }
-
-    private static func portIsFree(_ port: Int) -> Bool {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { return false }
-        defer { close(fd) }
-        var addr = loopback(port)
-        return withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-        }
-    }
-
-    static func canConnect(port: Int) -> Bool {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { return false }
-        defer { close(fd) }
-        var addr = loopback(port)
-        return withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-        }
-    }
-
-    private static func loopback(_ port: Int) -> sockaddr_in {
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_port = in_port_t(UInt16(port).bigEndian)
-        addr.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-        return addr
     }
 }

@@ -64,7 +64,7 @@ public final class SoftwareTPM: @unchecked Sendable {
             if newPort || attempt > 0 {
                 port = Int.random(in: 20_000..<60_000) & ~1
                 // Another process's swtpm on this port would answer our connection test: skip taken ports.
-                guard Self.isFree(port) && Self.isFree(port + 1) else { continue }
+                guard Processes.isFree(port) && Processes.isFree(port + 1) else { continue }
             }
             let argv = ["swtpm", "socket", "--tpm2",
                         "--server", "type=tcp,port=\(port),bindaddr=127.0.0.1",
@@ -72,21 +72,14 @@ public final class SoftwareTPM: @unchecked Sendable {
                         "--tpmstate", "dir=\(directory)/state",
                         "--flags", "not-need-init,startup-clear",
                         "--log", "file=\(directory)/swtpm.log"]
-            var actions = posix_spawn_file_actions_t()
-            posix_spawn_file_actions_init(&actions)
-            defer { posix_spawn_file_actions_destroy(&actions) }
-            for fd in 0...2 { posix_spawn_file_actions_addopen(&actions, Int32(fd), "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0) }
-            var cArgs = argv.map { strdup($0) } + [nil]
-            defer { cArgs.forEach { free($0) } }
-            var child: pid_t = 0
-            guard posix_spawn(&child, swtpm, &actions, nil, &cArgs, environ) == 0 else {
+            guard let child = Processes.spawn(swtpm, argv) else {
                 throw SoftwareTPMError("cannot start swtpm: errno \(errno)")
             }
             var exited = false
             for _ in 0..<300 {
                 var status: Int32 = 0
                 if waitpid(child, &status, WNOHANG) == child { exited = true; break }  // port taken: try another
-                if Self.canConnect(port) {
+                if Processes.canConnect(port) {
                     usleep(20_000)
                     // Still alive after answering: the port is ours (a child that lost the race exits at once).
                     if waitpid(child, &status, WNOHANG) == child { exited = true; break }
@@ -101,32 +94,6 @@ public final class SoftwareTPM: @unchecked Sendable {
             waitpid(child, &status, 0)
         }
         throw SoftwareTPMError("swtpm did not start; see \(directory)/swtpm.log")
-    }
-
-    static func isFree(_ port: Int) -> Bool {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { return false }
-        defer { close(fd) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_port = in_port_t(UInt16(port).bigEndian)
-        addr.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-        return withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-        }
-    }
-
-    static func canConnect(_ port: Int) -> Bool {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { return false }
-        defer { close(fd) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_port = in_port_t(UInt16(port).bigEndian)
-        addr.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-        return withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-        }
     }
 }
 
