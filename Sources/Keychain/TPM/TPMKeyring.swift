@@ -129,7 +129,7 @@ final class TPMKeyring {
         let pin = try context.defineNV(DeviceLockLayout.pinPublic, auth: nil)
         try context.writeNV(pin, data: UInt32(0).bigEndianBytes + configuration.passcodeRetryLimit.bigEndianBytes,
                             authHandle: TPMContext.owner, session: nil)
-        let state = try context.defineNV(DeviceLockLayout.statePublic(approvalKeyName: approval.keyName), auth: nil)
+        _ = try context.defineNV(DeviceLockLayout.statePublic(approvalKeyName: approval.keyName), auth: nil)
         let epoch = try context.defineNV(DeviceLockLayout.epochPublic, auth: nil)
         // No passcode yet: the empty one satisfies the indices' PolicySecret.
         try withPasscode(nil, command: CommandCode.nvIncrement, context: context, srk: srk) { policy throws(TPMError) in
