@@ -146,6 +146,6 @@ enum TPM2B {
         source.withUnsafeBytes { set(&buffer, $0) }
     }
     static func wipe<T>(_ buffer: inout T) {
-        withUnsafeMutableBytes(of: &buffer) { $0.initializeMemory(as: UInt8.self, repeating: 0) }.map { _ in () }
+        withUnsafeMutableBytes(of: &buffer) { raw in _ = raw.initializeMemory(as: UInt8.self, repeating: 0) }
     }
 }
