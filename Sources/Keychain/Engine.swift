@@ -343,6 +343,20 @@ actor Engine {
         guard !methods.isEmpty else {
             throw KeychainError(.keyInvalidated, "Item '\(record.key)' can no longer be opened by this device's reader")
         }
+        // authValidity across processes: a TPM ticket from an earlier read of this protection.
+        let window = Int32(clamping: policy.biometry?.currentSet == true ? 0 : context.authValidity)
+        let ticketName = "ticket:\(record.service)/\(record.protection)"
+        if window > 0, let saved = try? store().meta(ticketName),
+           let stored = try? JSONDecoder().decode(TPMKeyring.StoredTicket.self, from: Data(saved)),
+           stored.expires > Self.now(), methods.contains(stored.branch == "biometry" ? .fingerprint : .passcode) {
+            do throws(KeychainError) {
+                return try withKeyring { keyring throws(KeychainError) in
+                    try keyring.unseal(blob, policy: policy, authorization: .ticket(stored))
+                }
+            } catch where error.code == .authenticationFailed {
+                _ = try? store().write { try $0.deleteMeta(ticketName) }  // the window ended: ask again
+            }
+        }
         guard let authenticator = context.authenticator else {
             throw KeychainError(.interactionNotAllowed,
                                 "Reading '\(record.key)' needs the user (\(methods.map(\.rawValue).joined(separator: " or "))), "
@@ -365,7 +379,9 @@ actor Engine {
                 switch try reader.read(finger: finger) {
                 case .match:
                     return try withKeyring { keyring throws(KeychainError) in
-                        try keyring.unseal(blob, policy: policy, authorization: .finger(reader))
+                        let secret = try keyring.unseal(blob, policy: policy, authorization: .finger(reader, window: window))
+                        saveTicket(keyring.issuedTicket, name: ticketName)
+                        return secret
                     }
                 case .noMatch:
                     failure = "no match"
@@ -381,7 +397,9 @@ actor Engine {
                 }
                 do throws(KeychainError) {
                     let secret = try withKeyring { keyring throws(KeychainError) in
-                        try keyring.unseal(blob, policy: policy, authorization: .passcode(pin))
+                        let secret = try keyring.unseal(blob, policy: policy, authorization: .passcode(pin, window: window))
+                        saveTicket(keyring.issuedTicket, name: ticketName)
+                        return secret
                     }
                     try reader?.resetLockout()
                     return secret
@@ -391,6 +409,13 @@ actor Engine {
             }
         }
         throw KeychainError(.authenticationFailed, "Not recognised (\(failure ?? "no match"))")
+    }
+
+    /// Keeps a ticket for the window: the TPM refuses it after the window or a reset, so it is no
+    /// secret; failing to save it only means the next read asks again.
+    private func saveTicket(_ ticket: TPMKeyring.StoredTicket?, name: String) {
+        guard let ticket, let data = try? JSONEncoder().encode(ticket), let store = try? store() else { return }
+        _ = try? store.write { try $0.setMeta(name, Array(data)) }
     }
 
     private func removeInvalidated(_ record: ItemRecord) throws {

@@ -169,17 +169,28 @@ extension TPMContext {
     }
 
     /// PolicySecret: `authSession` proves knowledge of the entity's authValue (set with `setAuth`).
+    /// With a negative `expiration` (and the session's nonce), the TPM returns a ticket.
+    @discardableResult
     public func policySecret(_ session: TPMHandle, entity: TPMHandle, authSession: TPMHandle,
-                             policyRef: [UInt8] = []) throws(TPMError) {
+                             policyRef: [UInt8] = [], expiration: Int32 = 0) throws(TPMError) -> PolicyTicket? {
         var ref = TPM2B_NONCE()
         ref.size = TPM2B.set(&ref.buffer, policyRef)
         var timeout: UnsafeMutablePointer<TPM2B_TIMEOUT>?
         var ticket: UnsafeMutablePointer<TPMT_TK_AUTH>?
-        try call("PolicySecret") {
-            Esys_PolicySecret(esys, entity.tr, session.tr, authSession.tr, Self.none, Self.none,
-                              nil, nil, &ref, 0, &timeout, &ticket)
+        var nonce = TPM2B_NONCE()
+        if expiration < 0 {
+            let current = try nonceTPM(session)
+            nonce.size = TPM2B.set(&nonce.buffer, current)
         }
-        Esys_Free(timeout); Esys_Free(ticket)
+        try withUnsafePointer(to: &nonce) { noncePointer throws(TPMError) in
+            try call("PolicySecret") {
+                Esys_PolicySecret(esys, entity.tr, session.tr, authSession.tr, Self.none, Self.none,
+                                  expiration < 0 ? noncePointer : nil, nil, &ref, expiration, &timeout, &ticket)
+            }
+        }
+        defer { Esys_Free(timeout); Esys_Free(ticket) }
+        guard expiration < 0 else { return nil }
+        return try Self.ticket(timeout: timeout, ticket: ticket, authName: try name(of: entity), policyRef: policyRef)
     }
 
     public func policyCommandCode(_ session: TPMHandle, _ code: UInt32) throws(TPMError) {

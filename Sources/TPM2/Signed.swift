@@ -65,8 +65,10 @@ extension TPMContext {
     }
 
     /// PolicySigned with an HMAC-SHA256 signature verified by `authObject` (no authorization needed).
+    /// With a negative `expiration`, the TPM returns a ticket valid for that many seconds.
+    @discardableResult
     public func policySigned(_ session: TPMHandle, authObject: TPMHandle, nonceTPM: [UInt8], policyRef: [UInt8],
-                             hmac: [UInt8], expiration: Int32 = 0) throws(TPMError) {
+                             hmac: [UInt8], expiration: Int32 = 0) throws(TPMError) -> PolicyTicket? {
         var nonce = TPM2B_NONCE()
         nonce.size = TPM2B.set(&nonce.buffer, nonceTPM)
         var cpHash = TPM2B_DIGEST()
@@ -82,7 +84,9 @@ extension TPMContext {
             Esys_PolicySigned(esys, authObject.tr, session.tr, Self.none, Self.none, Self.none,
                               &nonce, &cpHash, &ref, expiration, &signature, &timeout, &ticket)
         }
-        Esys_Free(timeout); Esys_Free(ticket)
+        defer { Esys_Free(timeout); Esys_Free(ticket) }
+        guard expiration < 0 else { return nil }
+        return try Self.ticket(timeout: timeout, ticket: ticket, authName: try name(of: authObject), policyRef: policyRef)
     }
 }
 

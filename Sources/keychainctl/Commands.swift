@@ -13,7 +13,14 @@ struct Commands {
         options.service = service
         if let k = inv.flags["--key-storage"] { options.android.keyStorage = try KeyStorage(parsing: k) }
         var configuration = configuration
-        if inv.command.first == "get" { configuration.authenticator = scriptedAuthenticator(inv) }
+        if inv.command.first == "get" {
+            configuration.authenticator = scriptedAuthenticator(inv)
+            // The read window of the seed's authValidity: a TPM ticket kept in the store for N seconds.
+            if let v = inv.flags["--auth-validity"] {
+                guard let n = Int(v) else { throw KeychainError.invalidArgument("Invalid authValidity: expected a whole number of seconds, got '\(v)'") }
+                options.authValidity = n
+            }
+        }
         return try createKeychain(options, configuration: configuration)
     }
 

@@ -80,6 +80,20 @@ struct AccessControlTests {
         #expect(request.methods.contains(.passcode) == control.allowsPasscode)
     }
 
+    /// Access control with every level, `always` included (a policy of the access-control branch alone).
+    @Test(arguments: Accessible.allCases)
+    func eachLevelCombinesWithAccessControl(level: Accessible) async throws {
+        let d = try await Device()
+        let any = try d.storage(.biometryAnyOrPasscode, accessible: level, service: "lvl.any")
+        let pin = try d.storage(.passcode, accessible: level, service: "lvl.pin")
+        try await any.setItem("k", "finger or pin")
+        try await pin.setItem("k", "pin")
+        d.answers.push(.finger("thumb"))
+        #expect(try await any.getItem("k") == "finger or pin")
+        d.answers.push(.passcode(bytes(Self.pin)))
+        #expect(try await pin.getItem("k") == "pin")
+    }
+
     @Test func aCallsPromptIsMergedFieldByField() async throws {
         let d = try await Device()
         let store = try d.storage(.biometryAny)

@@ -75,10 +75,10 @@ final class FingerprintReader {
     }
 
     /// Signs what PolicySigned verifies; only ever for an empty `policyRef` or today's set.
-    func sign(nonceTPM: [UInt8], policyRef: [UInt8]) -> [UInt8]? {
+    func sign(nonceTPM: [UInt8], policyRef: [UInt8], expiration: Int32 = 0) -> [UInt8]? {
         guard let current = state, policyRef.isEmpty || policyRef == current.enrollmentSet else { return nil }
         let key = SecureBytes(copying: current.hmacKey)
-        return Sodium.hmacSHA256(key: key, message: TPMContext.policySignedDigest(nonceTPM: nonceTPM, policyRef: policyRef))
+        return Sodium.hmacSHA256(key: key, message: TPMContext.policySignedDigest(nonceTPM: nonceTPM, expiration: expiration, policyRef: policyRef))
     }
 
     /// The passcode was entered: the lockouts end.

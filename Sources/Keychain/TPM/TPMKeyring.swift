@@ -1,3 +1,4 @@
+import Foundation
 import KeychainStore
 import SecureMemory
 import TPM2
@@ -201,10 +202,24 @@ final class TPMKeyring {
     /// What proves the user for a key behind an access control.
     enum Authorization {
         case none
-        /// The reader matched a finger; it signs the session nonce.
-        case finger(FingerprintReader)
-        case passcode(SecureBytes)
+        /// The reader matched a finger; it signs the session nonce. With `window` > 0 seconds, the
+        /// TPM also returns a ticket that stands in for this signature until then (`authValidity`).
+        case finger(FingerprintReader, window: Int32)
+        case passcode(SecureBytes, window: Int32)
+        /// A ticket from an earlier authentication, still in its window.
+        case ticket(StoredTicket)
     }
+
+    /// A policy ticket as the store keeps it, with the branch it stands for.
+    struct StoredTicket: Codable {
+        var branch: String
+        var ticket: PolicyTicket
+        /// When the window ends (ms since 1970): a hint; the TPM decides.
+        var expires: Int64
+    }
+
+    /// The ticket the last `unseal` obtained, if its authorization asked for one.
+    private(set) var issuedTicket: StoredTicket?
 
     func unseal(_ blob: TPMContext.SealedBlob, policy: SealPolicy, authorization: Authorization = .none) throws(KeychainError) -> SecureBytes {
         do {
@@ -224,7 +239,7 @@ final class TPMKeyring {
         }
         var step = "StartAuthSession"
         do {
-            session = try context.startSession(steps.isEmpty ? .hmac : .policy, saltKey: srk, encryptResponse: true)
+            session = try context.startSession(policy.digest.isEmpty ? .hmac : .policy, saltKey: srk, encryptResponse: true)
             step = "Load"
             object = try context.load(blob, parent: srk)
             for policyStep in steps {
@@ -260,17 +275,21 @@ final class TPMKeyring {
     /// then PolicyOR when the key has both branches.
     private func authorize(_ session: TPMHandle, policy: SealPolicy, authorization: Authorization,
                            step: inout String) throws(TPMError) {
+        issuedTicket = nil
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
         switch authorization {
-        case .finger(let reader):
+        case .finger(let reader, let window):
             guard let binding = policy.biometry, let keyTR = reader.state?.keyTR,
-                  let hmac = reader.sign(nonceTPM: try context.nonceTPM(session), policyRef: binding.policyRef) else {
+                  let hmac = reader.sign(nonceTPM: try context.nonceTPM(session), policyRef: binding.policyRef,
+                                         expiration: -window) else {
                 throw TPMError(command: "reader signature", code: .policyFail)
             }
             step = "PolicySigned"
             let readerKey = try context.deserialize(keyTR)
-            try context.policySigned(session, authObject: readerKey, nonceTPM: try context.nonceTPM(session),
-                                     policyRef: binding.policyRef, hmac: hmac)
-        case .passcode(let pin):
+            let ticket = try context.policySigned(session, authObject: readerKey, nonceTPM: try context.nonceTPM(session),
+                                                  policyRef: binding.policyRef, hmac: hmac, expiration: -window)
+            issuedTicket = ticket.map { StoredTicket(branch: "biometry", ticket: $0, expires: now + Int64(window) * 1000) }
+        case .passcode(let pin, let window):
             guard policy.passcode == true else { throw TPMError(command: "passcode branch", code: .policyFail) }
             step = "PolicySecret"
             let pinIndex = try pinResource()
@@ -280,8 +299,12 @@ final class TPMKeyring {
             let auth = try context.startSession(.hmac, saltKey: srk)
             var consumed = false
             defer { if !consumed { context.flush(auth) } }
-            try context.policySecret(session, entity: pinIndex, authSession: auth)
+            let ticket = try context.policySecret(session, entity: pinIndex, authSession: auth, expiration: -window)
             consumed = true
+            issuedTicket = ticket.map { StoredTicket(branch: "passcode", ticket: $0, expires: now + Int64(window) * 1000) }
+        case .ticket(let stored):
+            step = "PolicyTicket"
+            try context.policyTicket(session, stored.ticket)
         case .none:
             throw TPMError(command: "authorization", code: .policyFail)
         }
@@ -304,8 +327,12 @@ final class TPMKeyring {
         case "PolicySecret" where code.is(.authUnavailable):
             return KeychainError(.lockout, "Too many wrong passcodes: the TPM refuses the passcode until the owner "
                                  + "resets its count (keychainctl passcode reset-tries)", underlying: .tpm(error))
+        case "PolicyTicket":
+            return KeychainError(.authenticationFailed, "The authentication window has ended (or the TPM was reset)",
+                                 underlying: .tpm(error))
         case "PolicySigned":
-            return KeychainError(.keyInvalidated, "The fingerprint reader's signature does not open this item any more",
+            // Not KEY_INVALIDATED: that removes the item, and a changed reader is found before this.
+            return KeychainError(.authenticationFailed, "The TPM refused the fingerprint reader's signature",
                                  underlying: .tpm(error))
         case "PolicyPCR" where code.is(.value):
             return KeychainError(.deviceStateChanged,
