@@ -155,13 +155,14 @@ actor Engine {
         }
         if let existing = wrapping, protection.accessible.requiresPasscode {
             // The passcode may have been removed (by any process) since: that key is dead in the TPM.
+            // One command: removing the passcode always bumps the epoch, so an unchanged epoch means
+            // the passcode the key was made with is still set; a new key checks the passcode itself.
             let epoch = SealPolicy.decode(existing.policy)?.passcodeEpoch
-            let current: (isSet: Bool, epoch: UInt64) = try withKeyring { keyring throws(KeychainError) in
-                do throws(TPMError) { return (try keyring.currentDescriptor().passcodeSet, try keyring.currentPasscodeEpoch()) }
-                catch { throw keyring.diagnose(error, doing: "read the passcode state") }
+            let current: UInt64 = try withKeyring { keyring throws(KeychainError) in
+                do throws(TPMError) { return try keyring.currentPasscodeEpoch() }
+                catch { throw keyring.diagnose(error, doing: "read the passcode epoch") }
             }
-            guard current.isSet else { throw passcodeNotSet() }
-            if epoch != current.epoch { staleKey = existing.publicKey; wrapping = nil }
+            if epoch != current { staleKey = existing.publicKey; wrapping = nil }
         }
         if wrapping == nil {
             let pair = Sodium.generateX25519()
@@ -273,15 +274,17 @@ actor Engine {
 
     private func unsealedSecret(for wrapping: WrappingKeyRecord, record: ItemRecord, store: Store,
                                 context: ReadContext) async throws(KeychainError) -> SecureBytes {
+        let id = WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
+        // The warm path: no policy decoding, one meta read for whenUnlocked keys only.
+        if let cached = unsealed[id], cached.expires.map({ $0 > ContinuousClock.now }) ?? true {
+            var current = true
+            if let generation = cached.generation { current = try generation == lockGeneration(store) }
+            if current { return cached.secret }
+        }
         guard let policy = SealPolicy.decode(wrapping.policy) else {
             throw KeychainError(.dataCorrupted, "The wrapping key of service '\(wrapping.service)' has an unreadable policy")
         }
-        let id = WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
         let generation: UInt64? = policy.availability == .whenUnlocked ? try lockGeneration(store) : nil
-        if let cached = unsealed[id], cached.generation == generation,
-           cached.expires.map({ $0 > ContinuousClock.now }) ?? true {
-            return cached.secret
-        }
         let blob = TPMContext.SealedBlob(publicArea: wrapping.sealedPublic, privateArea: wrapping.sealedPrivate)
         let secret: SecureBytes
         var expires: ContinuousClock.Instant?
