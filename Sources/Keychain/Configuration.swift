@@ -51,7 +51,7 @@ public struct KeychainConfiguration: Sendable {
         let env = ProcessInfo.processInfo.environment
         let store = env["KEYCHAIN_STORE"].flatMap { $0.isEmpty ? nil : $0 }
             ?? (env["HOME"] ?? NSHomeDirectory()) + "/.local/share/keychain"
-        let tcti = (env["KEYCHAIN_TCTI"] ?? env["TPM2TCTI"]).flatMap { $0.isEmpty ? nil : $0 }
+        let tcti = [env["KEYCHAIN_TCTI"], env["TPM2TCTI"]].compactMap { $0 }.first { !$0.isEmpty }
         let source: TPMSource = if let tcti {
             .tcti(tcti)
         } else if FileManager.default.fileExists(atPath: "/dev/tpmrm0") {

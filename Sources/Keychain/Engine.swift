@@ -191,7 +191,8 @@ actor Engine {
                                         created: existing?.created ?? now, modified: now,
                                         writerPublic: writer.publicKey, salt: Sodium.randomBytes(ItemEnvelope.saltLength),
                                         nonce: Sodium.randomBytes(Sodium.xchachaNonceLength), ciphertext: [])
-                let dataKey = ItemEnvelope.dataKey(shared: writer.shared, salt: record.salt)
+                let dataKey = ItemEnvelope.dataKey(shared: writer.shared, writerPublic: writer.publicKey,
+                                                   wrappingPublic: current!.publicKey, salt: record.salt)
                 record.ciphertext = value.withUnsafeBytes {
                     Sodium.seal($0, key: dataKey, nonce: record.nonce, associatedData: ItemEnvelope.associatedData(record))
                 }
@@ -263,7 +264,8 @@ actor Engine {
             if agreed.count > 4096 { agreed.removeAll() }
             agreed[agreedID] = shared
         }
-        let dataKey = ItemEnvelope.dataKey(shared: shared, salt: record.salt)
+        let dataKey = ItemEnvelope.dataKey(shared: shared, writerPublic: record.writerPublic,
+                                           wrappingPublic: wrapping.publicKey, salt: record.salt)
         do {
             return try Sodium.open(record.ciphertext, key: dataKey, nonce: record.nonce,
                                    associatedData: ItemEnvelope.associatedData(record))

@@ -5,7 +5,8 @@ import SecureMemory
 ///
 /// The wrapping key is an X25519 pair per (service, protection) whose secret half is sealed in the
 /// TPM. A writer never needs it: it agrees a secret with the public half from its own ephemeral pair
-/// (one per process and wrapping key), and each item's data key is BLAKE2b(shared, salt). Only a reader
+/// (one per process and wrapping key), and each item's data key is BLAKE2b keyed with the shared
+/// secret over both public keys and the item's salt (so the key is bound to the pair). Only a reader
 /// that unsealed the secret half can agree the same secret. The value is XChaCha20-Poly1305 under
 /// the data key, with every other stored field as associated data, so any edited or swapped field
 /// fails authentication: `DATA_CORRUPTED`, never a wrong value.
@@ -13,8 +14,8 @@ enum ItemEnvelope {
     static let saltLength = 16
     private static let domain = Array("keychain-linux item key v1".utf8)
 
-    static func dataKey(shared: SecureBytes, salt: [UInt8]) -> SecureBytes {
-        Sodium.blake2b(key: shared, message: domain + salt)
+    static func dataKey(shared: SecureBytes, writerPublic: [UInt8], wrappingPublic: [UInt8], salt: [UInt8]) -> SecureBytes {
+        Sodium.blake2b(key: shared, message: domain + writerPublic + wrappingPublic + salt)
     }
 
     /// Every stored field but the nonce and the ciphertext, length-prefixed so no two field lists collide.

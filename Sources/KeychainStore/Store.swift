@@ -47,7 +47,6 @@ public final class Store: @unchecked Sendable {
 
     private static func configure(_ connection: Connection) throws(StoreError) {
         try connection.execute("PRAGMA synchronous=FULL", "configuring durability")
-        try connection.execute("PRAGMA foreign_keys=ON", "enabling foreign keys")
         try connection.execute("PRAGMA secure_delete=ON", "enabling secure delete")
     }
 

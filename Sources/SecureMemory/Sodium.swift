@@ -67,7 +67,7 @@ public enum Sodium {
         }
     }
 
-    /// The raw X25519 shared point. Hash it (with both public keys) before use as a key.
+    /// The raw X25519 shared point: derive keys from it (with both public keys), never use it as one.
     public static func x25519(_ secret: SecureBytes, _ peerPublic: [UInt8]) throws(SodiumError) -> SecureBytes {
         guard secret.count == x25519KeyLength, peerPublic.count == x25519KeyLength else {
             throw .invalidLength

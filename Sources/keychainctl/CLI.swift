@@ -25,7 +25,9 @@ struct Invocation {
         while i < args.count {
             let arg = args[i]
             if arg.hasPrefix("--"), let eq = arg.firstIndex(of: "=") {
-                flags[String(arg[..<eq])] = String(arg[arg.index(after: eq)...])
+                let name = String(arg[..<eq])
+                guard Self.valued.contains(name) else { throw UsageError(message: "unknown option \(name) (or it takes no value)") }
+                flags[name] = String(arg[arg.index(after: eq)...])
             } else if Self.valued.contains(arg) {
                 guard i + 1 < args.count else { throw UsageError(message: "\(arg) needs a value") }
                 flags[arg] = args[i + 1]

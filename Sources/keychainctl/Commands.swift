@@ -59,7 +59,7 @@ struct Commands {
         case "tpm":
             guard inv.command.dropFirst().first == "reboot" else { throw UsageError(message: "tpm takes: reboot") }
             guard case .embedded = configuration.tpm else {
-                throw KeychainError.invalidArgument("tpm reboot only restarts the embedded software TPM; this store uses \(configuration.tpm)")
+                throw KeychainError.invalidArgument("tpm reboot only restarts the embedded software TPM; this store uses the TPM at --tcti / KEYCHAIN_TCTI")
             }
             EmbeddedTPM.reboot(storeDirectory: configuration.storeDirectory)
             done("rebooted the embedded software TPM")
@@ -123,7 +123,7 @@ struct Commands {
             let types = device.biometryTypes()
             if inv.json { printJSON(types.map(\.rawValue)) } else { types.forEach { print($0.rawValue) } }
         case "demo":
-            return try await Demo(json: inv.json).run()
+            return try await Demo().run()
         case nil:
             throw UsageError(message: "no command given")
         case let other?:
@@ -209,8 +209,7 @@ struct KeychainCtl {
                 exit(0)
             }
             let configuration = try inv.configuration()
-            if case .embedded = configuration.tpm, inv.command.first != "demo", inv.command.first != "can-use",
-               inv.command.first != "biometry-types" {
+            if case .embedded = configuration.tpm, inv.command.first != "demo", inv.command.first != "biometry-types" {
                 FileHandle.standardError.write(Data("keychainctl: no TPM device or --tcti: using the embedded software TPM in \(configuration.storeDirectory)/swtpm (security level: software)\n".utf8))
             }
             code = try await Commands(inv: inv, configuration: configuration).run()

@@ -6,7 +6,6 @@ import SignInFlow
 /// `keychainctl demo`: the seed's sign-in flow on a fresh store, a fresh embedded software TPM and
 /// the simulated fingerprint reader, printing each step, what the user answered, and what the TPM did.
 struct Demo {
-    let json: Bool
     private let directory = FileManager.default.temporaryDirectory
         .appendingPathComponent("keychain-demo-\(getpid())").path
 

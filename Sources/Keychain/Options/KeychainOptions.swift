@@ -14,7 +14,7 @@ public struct KeychainOptions: Sendable, Hashable, Codable {
     /// Whether items may be synced to the user's other devices.
     ///
     /// - Important: Linux has no iCloud. The option is accepted and checked by the same rules as
-    ///   on iOS, and recorded on each item, but items are never synced.
+    ///   on iOS, but not stored and never synced.
     public var synchronizable: Bool
     /// The group whose items this storage sees; nil is the default group. Fixed per storage.
     public var accessGroup: String?
