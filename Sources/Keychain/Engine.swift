@@ -541,8 +541,7 @@ actor Engine {
 
     func resetPasscodeTries() throws(KeychainError) {
         try withKeyring { keyring throws(KeychainError) in
-            try keyring.resetPasscodeTries(ownerAuthorization: configuration.ownerAuthorization,
-                                           limit: configuration.passcodeRetryLimit)
+            try keyring.resetPasscodeTries(limit: configuration.passcodeRetryLimit)
         }
     }
 

@@ -17,7 +17,7 @@ struct Invocation {
     var switches: Set<String> = []
 
     static let valued: Set<String> = ["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
-                                      "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage"]
+                                      "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage", "--owner-auth-file"]
     static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--help", "-h"]
 
     init(_ args: [String]) throws(UsageError) {
@@ -53,6 +53,7 @@ struct Invocation {
         }
         if let reader = flags["--reader"] { configuration.readerDirectory = reader == "none" ? nil : reader }
         if let uri = flags["--pkcs11-uri"] { configuration.pkcs11URI = uri }
+        if let file = flags["--owner-auth-file"] { configuration.ownerAuthorization = try readSecretFile(file) }
         if let store { configuration.storeDirectory = store }
         if let tcti { configuration.tpm = .tcti(tcti) }
         if let pcrs = flags["--pcrs"] {
@@ -70,10 +71,11 @@ let usage = """
     usage: keychainctl [--store DIR] [--tcti CONF] [--json] COMMAND …
 
     Device:
-      init                         provision the TPM and the store
+      init [--owner-auth-file FILE|-]   provision the TPM and the store; FILE (or stdin) holds the owner
+                                   authorization that device provisioning set (first line); never argv
       status                       the TPM, the passcode and the lock state
       passcode set|change|remove   PINs on stdin, one per line (change: old then new)
-      passcode reset-tries         reset the TPM's count of wrong passcodes (owner authorization)
+      passcode reset-tries [--owner-auth-file FILE|-]   reset the TPM's count of wrong passcodes
       unlock                       the passcode on stdin (no input when none is set)
       lock
       tpm reboot                   restart the embedded software TPM (a TPM reset)
@@ -118,6 +120,25 @@ func readStdin() -> SecureBytes {
         if n > 0 { length += n } else if n == 0 || errno != EINTR { break }
     }
     return buffer.withUnsafeBytes { SecureBytes(copying: $0.prefix(length)) }
+}
+
+/// The first line of FILE (or of stdin for `-`): an authorization that never goes through argv.
+func readSecretFile(_ path: String) throws(KeychainError) -> SecureBytes {
+    if path == "-" {
+        guard let line = readLines(1).first else { throw KeychainError.invalidArgument("No authorization on stdin") }
+        return line
+    }
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { throw KeychainError(.invalidArgument, "Cannot read \(path)", underlying: .errno(errno)) }
+    defer { close(fd) }
+    let buffer = SecureBytes(count: 256)
+    let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress!, $0.count) }
+    guard n >= 0 else { throw KeychainError(.invalidArgument, "Cannot read \(path)", underlying: .errno(errno)) }
+    return buffer.withUnsafeBytes { raw in
+        let bytes = raw.prefix(n)
+        let end = bytes.firstIndex(of: UInt8(ascii: "\n")) ?? bytes.endIndex
+        return SecureBytes(copying: bytes[..<end])
+    }
 }
 
 /// Splits stdin into lines (PINs), without the newline; at most `count` lines are used.

@@ -40,6 +40,27 @@ struct ProcessTests {
         #expect(try cli(tpm, store, ["frobnicate"]).status == 2)
     }
 
+    /// A device provisioned with an owner authorization: `init` takes it from a file or stdin (never
+    /// argv), and without it nothing is provisioned.
+    @Test func initTakesTheOwnerAuthorizationFromAFileOrStdin() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        let env = ["TPM2TOOLS_TCTI": tpm.tcti]
+        try "owner-secret-4711\n".write(toFile: tpm.directory + "/owner", atomically: true, encoding: .utf8)
+        #expect(try run("/usr/bin/tpm2_changeauth", ["-c", "owner", "owner-secret-4711"], environment: env).status == 0)
+        let refused = try cli(tpm, store, ["--json", "init"])
+        #expect(refused.status == 3)
+        #expect(String(decoding: refused.stdout, as: UTF8.self).contains("AUTHENTICATION_FAILED"))
+        #expect(try cli(tpm, store, ["init", "--owner-auth-file", tpm.directory + "/owner"]).status == 0)
+        #expect(try cli(tpm, store, ["passcode", "set"], input: Array("2468\n".utf8)).status == 0)
+        // The reader's first enrollment makes a persistent key: the owner authorization again, on stdin.
+        #expect(try cli(tpm, store, ["reader", "enroll", "thumb", "--owner-auth-file", tpm.directory + "/owner"],
+                        input: Array("2468\n".utf8)).status == 0)
+        #expect(try cli(tpm, store, ["passcode", "reset-tries"]).status == 3)
+        #expect(try cli(tpm, store, ["passcode", "reset-tries", "--owner-auth-file", "-"],
+                        input: Array("owner-secret-4711\n".utf8)).status == 0)
+    }
+
     /// The pcap TCTI records every command and response; the passcode must be in none of them.
     @Test func thePasscodeNeverCrossesTheTPMConnectionInClear() throws {
         let tpm = try SoftwareTPM()

@@ -38,6 +38,11 @@ final class TPMKeyring {
                                 + "(or pass --tcti / set KEYCHAIN_TCTI)", underlying: .tpm(error))
         }
         self.store = store
+        // The owner authorization (device provisioning's), for what needs the owner hierarchy:
+        // provisioning, the reader's persistent key, resetting the passcode count.
+        do { try context.setAuth(TPMContext.owner, configuration.ownerAuthorization) } catch {
+            throw KeychainError.invalidArgument("The owner authorization is longer than the TPM accepts")
+        }
         // A store that knows its TPM needs no TPM command to start: its handles are deserialized.
         if let srkTR = try Self.meta(store, Meta.srkTR), let stateTR = try Self.meta(store, Meta.stateTR),
            let epochTR = try Self.meta(store, Meta.epochTR),
@@ -102,9 +107,14 @@ final class TPMKeyring {
         } catch let error as KeychainError {
             throw error
         } catch let error as TPMError {
+            if error.code.is(.badAuth) || error.code.is(.authFail) || error.code.is(.lockout) {
+                throw KeychainError(.authenticationFailed,
+                                    "The TPM refused the owner authorization (\(error.command)): give the one set at device "
+                                    + "provisioning (keychainctl init --owner-auth-file FILE)", underlying: .tpm(error))
+            }
             throw KeychainError(.hardwareUnavailable,
-                                "Cannot provision the TPM (\(error.command)): the owner authorization may be wrong, "
-                                + "or NV space is full", underlying: .tpm(error))
+                                "Cannot provision the TPM (\(error.command)): NV space may be full, or the owner hierarchy disabled",
+                                underlying: .tpm(error))
         } catch let error as StoreError {
             throw KeychainError(store: error)
         } catch {
@@ -506,10 +516,9 @@ final class TPMKeyring {
     }
 
     /// Resets the TPM's count of wrong passcodes (needs the owner authorization).
-    func resetPasscodeTries(ownerAuthorization: SecureBytes?, limit: UInt32) throws(KeychainError) {
+    func resetPasscodeTries(limit: UInt32) throws(KeychainError) {
         do {
             let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
-            try context.setAuth(TPMContext.owner, ownerAuthorization)
             try context.writeNV(pin, data: UInt32(0).bigEndianBytes + limit.bigEndianBytes,
                                 authHandle: TPMContext.owner, session: nil)
         } catch {
