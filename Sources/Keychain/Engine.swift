@@ -174,7 +174,14 @@ actor Engine {
                                          sealedPublic: blob.publicArea, sealedPrivate: blob.privateArea,
                                          policy: policy.encoded(), created: Self.now())
         }
-        let candidate = wrapping!
+        try storeEnvelope(value, service: service, key: key, tag: tag, candidate: wrapping!, staleKey: staleKey,
+                          label: label, store: store)
+    }
+
+    /// Writes one item under a wrapping public key, in one transaction: no TPM or token needed.
+    /// Another process may have made the same wrapping key meanwhile: theirs wins, ours is dropped.
+    func storeEnvelope(_ value: SecureBytes, service: String, key: String, tag: String, candidate: WrappingKeyRecord,
+                       staleKey: [UInt8]?, label: String?, store: Store) throws(KeychainError) {
         do {
             try store.write { tx in
                 // Another process may have made this service's key meanwhile: theirs wins, ours is dropped.
@@ -242,13 +249,17 @@ actor Engine {
         try checkKey(key)
         let store = try store()
         guard let record = try read({ try store.item(service: service, key: key) }) else { return nil }
-        if record.protection.hasSuffix(TokenBackend.tagSuffix) { return try getFromToken(record, uri: context.pkcs11URI) }
+        if record.protection.hasSuffix(TokenBackend.tagSuffix) && !TokenBackend.usesPasscode(record.protection) {
+            return try getFromToken(record, uri: context.pkcs11URI)
+        }
         guard let wrapping = try read({ try store.wrappingKey(service: service, protection: record.protection) }) else {
             throw corrupted(record, "its wrapping key is missing from the store")
         }
         let secret: SecureBytes
         do throws(KeychainError) {
-            secret = try await unsealedSecret(for: wrapping, record: record, store: store, context: context)
+            secret = record.protection.hasSuffix(TokenBackend.tagSuffix)
+                ? try await tokenPasscodeSecret(for: wrapping, record: record, store: store, context: context)
+                : try await unsealedSecret(for: wrapping, record: record, store: store, context: context)
         } catch where error.code == .keyInvalidated {
             try? removeInvalidated(record)
             throw error
@@ -731,4 +742,96 @@ extension Engine {
 public struct TokenStatus: Sendable, Hashable, Codable {
     public var label, manufacturer, model, serial: String
     public var userPinLocked, userPinFinalTry, userPinCountLow: Bool
+}
+
+// MARK: 'strongbox' with the passcode: the token's user PIN, asked at read
+
+extension Engine {
+    static let tokenLimiterMeta = "pkcs11.pin-attempts"
+    static let tokenPINLimit = 5
+
+    /// A token item behind the passcode is stored like a TPM item: an X25519 wrapping pair per
+    /// service, whose secret half the token seals (AES-GCM, logged in with the URI's PIN when the key
+    /// is made). Writes need only the public half; reads ask for the token's user PIN, which the
+    /// token checks (C_Login) before it opens the secret half.
+    func setOnTokenWithPasscode(_ value: SecureBytes, service: String, key: String, protection: ItemProtection,
+                                label: String?, uri: String) throws(KeychainError) {
+        try checkKey(key)
+        let store = try store()
+        let tag = protection.storageTag + TokenBackend.tagSuffix
+        var wrapping = try read { try store.wrappingKey(service: service, protection: tag) }
+        if wrapping == nil {
+            let pair = Sodium.generateX25519()
+            let sealed = try tokenBackend(uri).seal(pair.secretKey, service: service, key: "", protection: tag)
+            wrapping = WrappingKeyRecord(service: service, protection: tag, publicKey: pair.publicKey, sealedPublic: [],
+                                         sealedPrivate: sealed, policy: Array("pkcs11-user-pin".utf8), created: Self.now())
+        }
+        try storeEnvelope(value, service: service, key: key, tag: tag, candidate: wrapping!, staleKey: nil,
+                          label: label, store: store)
+    }
+
+    func tokenPasscodeSecret(for wrapping: WrappingKeyRecord, record: ItemRecord, store: Store,
+                             context: ReadContext) async throws(KeychainError) -> SecureBytes {
+        let id = WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
+        if let cached = unsealed[id], cached.expires.map({ $0 > ContinuousClock.now }) ?? false { return cached.secret }
+        guard let uri = context.pkcs11URI else {
+            throw KeychainError(.hardwareUnavailable, "Item '\(record.key)' is on a PKCS#11 token, and no token is configured (KEYCHAIN_PKCS11_URI)")
+        }
+        guard let authenticator = context.authenticator else {
+            throw KeychainError(.interactionNotAllowed, "Reading '\(record.key)' needs the token's PIN, and no authenticator can ask")
+        }
+        let backend = try tokenBackend(uri)
+        var failure: String?
+        for attempt in 1...max(1, authenticator.attemptsPerRead) {
+            var limiter = tokenLimiter(store)
+            guard !limiter.isLocked else {
+                throw KeychainError(.lockoutPermanent, "Too many wrong token PINs (\(limiter.limit)): this library refuses the "
+                                    + "token's PIN until the count is reset (keychainctl token reset-tries)")
+            }
+            let answer = await authenticator.authenticate(AuthenticationRequest(
+                prompt: context.prompt, methods: [.passcode], service: record.service, key: record.key,
+                attempt: attempt, previousFailure: failure))
+            switch answer {
+            case .cancel: throw KeychainError(.userCanceled, "The user canceled the prompt")
+            case .fallback: throw KeychainError(.userFallback, "The user chose the fallback")
+            case .interrupted: throw KeychainError(.systemCanceled, "The prompt was interrupted")
+            case .finger: failure = "enter the token's PIN"
+            case .passcode(let pin):
+                do throws(KeychainError) {
+                    try backend.checkPIN(pin)
+                    limiter.recordSuccess()
+                    saveTokenLimiter(limiter, store)
+                } catch where error.code == .authenticationFailed {
+                    limiter.recordFailure()
+                    saveTokenLimiter(limiter, store)
+                    failure = "wrong PIN, \(limiter.remaining) left"
+                    continue
+                }
+                let secret = try backend.open(wrapping.sealedPrivate, service: wrapping.service, key: "", protection: wrapping.protection)
+                guard secret.count == Sodium.x25519KeyLength, Sodium.x25519Public(of: secret) == wrapping.publicKey else {
+                    throw KeychainError(.dataCorrupted, "The stored public key of service '\(wrapping.service)' does not match its sealed key")
+                }
+                if context.authValidity > 0 {
+                    unsealed[id] = (secret, nil, .now + .seconds(context.authValidity))
+                }
+                return secret
+            }
+        }
+        throw KeychainError(.authenticationFailed, "Not recognised (\(failure ?? "wrong PIN"))")
+    }
+
+    private func tokenLimiter(_ store: Store) -> PINAttemptLimiter {
+        (try? store.meta(Self.tokenLimiterMeta)).flatMap { $0 }.flatMap { try? JSONDecoder().decode(PINAttemptLimiter.self, from: Data($0)) }
+            ?? PINAttemptLimiter(limit: Self.tokenPINLimit)
+    }
+
+    private func saveTokenLimiter(_ limiter: PINAttemptLimiter, _ store: Store) {
+        guard let data = try? JSONEncoder().encode(limiter) else { return }
+        _ = try? store.write { try $0.setMeta(Self.tokenLimiterMeta, Array(data)) }
+    }
+
+    func resetTokenPINTries() throws(KeychainError) {
+        let store = try store()
+        try writeStore(store) { tx in _ = try tx.deleteMeta(Self.tokenLimiterMeta) }
+    }
 }

@@ -45,10 +45,16 @@ public struct Keychain: Sendable {
                 // Never store with less protection than asked: without a token there is no strongbox.
                 throw KeychainError(.unsupported, "keyStorage 'strongbox' needs a PKCS#11 token: set KEYCHAIN_PKCS11_URI or --pkcs11-uri")
             }
-            guard protection.accessControl == .none else {
-                throw KeychainError(.unsupported, "accessControl '\(protection.accessControl.rawValue)' is not available with keyStorage 'strongbox' in this version")
+            switch protection.accessControl {
+            case .none:
+                try await engine.setOnToken(value, service: storeService, key: key, protection: protection, label: call?.label, uri: uri)
+            case .passcode:
+                try await engine.setOnTokenWithPasscode(value, service: storeService, key: key, protection: protection,
+                                                        label: call?.label, uri: uri)
+            default:
+                // The token has no fingerprint reader: refuse rather than store with less protection.
+                throw KeychainError(.unsupported, "accessControl '\(protection.accessControl.rawValue)' is not available with keyStorage 'strongbox': use 'none' or 'passcode' (the token's PIN)")
             }
-            try await engine.setOnToken(value, service: storeService, key: key, protection: protection, label: call?.label, uri: uri)
             return
         }
         try await engine.set(value, service: storeService, key: key, protection: protection, label: call?.label,
@@ -85,7 +91,12 @@ public struct Keychain: Sendable {
 
     /// Whether this storage's device can protect an item with `value` now; never prompts, never writes.
     public func canUseAccessControl(_ value: AccessControl) async -> AccessControlCheck {
-        await engine.canUse(value, readerDirectory: configuration.readerDirectory)
+        if options.android.keyStorage == .strongbox {
+            // The token's user PIN is the passcode; the token has no biometrics.
+            guard configuration.pkcs11URI != nil else { return .init(available: false, reason: .unsupported) }
+            return value == .none || value == .passcode ? .init(available: true) : .init(available: false, reason: .unsupported)
+        }
+        return await engine.canUse(value, readerDirectory: configuration.readerDirectory)
     }
 
     /// Whether an item exists; never prompts and never touches the TPM.
@@ -221,6 +232,9 @@ public struct KeychainDevice: Sendable {
     @discardableResult
     public func initialize() async throws(KeychainError) -> DeviceStatus { try await engine.initialize() }
     public func status() async throws(KeychainError) -> DeviceStatus { try await engine.status() }
+    /// Resets this library's count of wrong token PINs (SoftHSM2-like tokens keep none themselves).
+    public func resetTokenPINTries() async throws(KeychainError) { try await engine.resetTokenPINTries() }
+
     /// The configured PKCS#11 token: label, manufacturer, model, PIN state flags.
     public func tokenStatus() async throws(KeychainError) -> TokenStatus? {
         guard let uri = configuration.pkcs11URI else { return nil }

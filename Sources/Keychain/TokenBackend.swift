@@ -24,10 +24,8 @@ final class TokenBackend {
         }
         do {
             token = try PKCS11Token(uri: uri)
-            guard let pin = try? uri.pin() else {
-                throw KeychainError(.invalidArgument, "The PKCS#11 URI gives no PIN: add pin-source=file:… (or pin-value=…)")
-            }
-            try token.login(pin: pin)
+            // Without a PIN in the URI only passcode items (PIN asked at read) can be read.
+            if let pin = try? uri.pin() { try token.login(pin: pin) }
         } catch let error as PKCS11Error {
             throw Self.map(error, doing: "open the token \(uri.token ?? "")")
         } catch let error as KeychainError {
@@ -35,6 +33,14 @@ final class TokenBackend {
         } catch {
             throw KeychainError(.internal, "\(error)")
         }
+    }
+
+    /// Whether a stored protection tag is a token item behind the token's user PIN.
+    static func usesPasscode(_ tag: String) -> Bool { tag.hasSuffix("/passcode" + tagSuffix) }
+
+    /// Checks a PIN with the token (C_Login): the token, not this code, says whether it is right.
+    func checkPIN(_ pin: SecureBytes) throws(KeychainError) {
+        do { try token.login(pin: pin) } catch { throw Self.map(error, doing: "log in") }
     }
 
     /// The token object of a service: its label and ID say which service it serves.
@@ -99,6 +105,9 @@ final class TokenBackend {
         switch error.returnValue {
         case .pinIncorrect, .pinInvalid, .pinLenRange:
             return KeychainError(.authenticationFailed, "Wrong token PIN: could not \(what)", underlying: cause)
+        case .userNotLoggedIn:
+            return KeychainError(.interactionNotAllowed,
+                                 "The token needs its user PIN to \(what): add pin-source=file:… to the PKCS#11 URI", underlying: cause)
         case .pinLocked:
             return KeychainError(.lockoutPermanent, "The token's user PIN is locked: unblock it with the SO PIN", underlying: cause)
         case .pinExpired:

@@ -79,6 +79,7 @@ let usage = """
       unlock                       the passcode on stdin (no input when none is set)
       lock
       tpm reboot                   restart the embedded software TPM (a TPM reset)
+      token reset-tries            reset this library's count of wrong token PINs
 
     Items (the value of `set` is read from stdin to EOF, bytes kept exactly):
       set SERVICE KEY [--accessible A] [--access-control C] [--label L] [--auth-validity N] [--synchronizable]

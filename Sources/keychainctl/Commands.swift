@@ -56,6 +56,10 @@ struct Commands {
             done("locked")
         case "passcode":
             return try await passcode()
+        case "token":
+            guard inv.command.dropFirst().first == "reset-tries" else { throw UsageError(message: "token takes: reset-tries") }
+            try await device.resetTokenPINTries()
+            done("token PIN tries reset")
         case "tpm":
             guard inv.command.dropFirst().first == "reboot" else { throw UsageError(message: "tpm takes: reboot") }
             guard case .embedded = configuration.tpm else {
@@ -115,7 +119,11 @@ struct Commands {
             if inv.json { printJSON(["cleared": true]) }
         case "can-use":
             let args = try arguments(1, "ACCESS_CONTROL")
-            let check = await device.canUseAccessControl(try AccessControl(parsing: args[0]))
+            let value = try AccessControl(parsing: args[0])
+            // With --key-storage, the answer of that backend (a token has its PIN and no reader).
+            let check = inv.flags["--key-storage"] == nil
+                ? await device.canUseAccessControl(value)
+                : await (try storage("keychainctl")).canUseAccessControl(value)
             output(check) { "available: \($0.available)" + ($0.reason.map { "\nreason: \($0.rawValue)" } ?? "") }
         case "reader":
             return try await reader()

@@ -97,6 +97,33 @@ struct TokenBackendTests {
         #expect(try store.item(service: "svc@strongbox", key: "k2") == nil)
     }
 
+    /// `passcode` on a token: the token's user PIN, asked at read and checked by the token (C_Login);
+    /// SoftHSM2 has no retry limit, so this library keeps one (5).
+    @Test func thePasscodeOnATokenIsItsUserPINWithARetryLimit() throws {
+        let t = try Token()
+        #expect(try t.cli(["set", "svc", "p", "--key-storage", "strongbox", "--access-control", "passcode"],
+                          input: Array("pin-guarded".utf8)).status == 0)
+        let noAnswer = try t.cli(["--json", "get", "svc", "p", "--key-storage", "strongbox"])
+        #expect(noAnswer.status == 3 && t.errorCode(noAnswer) == "INTERACTION_NOT_ALLOWED")
+        #expect(try t.cli(["get", "svc", "p", "--key-storage", "strongbox", "--passcode-stdin"], input: Array("1234\n".utf8)).stdout
+                == Array("pin-guarded".utf8))
+        for _ in 0..<4 {
+            let wrong = try t.cli(["--json", "get", "svc", "p", "--key-storage", "strongbox", "--passcode-stdin"], input: Array("0000\n".utf8))
+            #expect(t.errorCode(wrong) == "AUTHENTICATION_FAILED")
+        }
+        _ = try t.cli(["get", "svc", "p", "--key-storage", "strongbox", "--passcode-stdin"], input: Array("0000\n".utf8))
+        let locked = try t.cli(["--json", "get", "svc", "p", "--key-storage", "strongbox", "--passcode-stdin"], input: Array("1234\n".utf8))
+        #expect(t.errorCode(locked) == "LOCKOUT_PERMANENT", "five wrong PINs lock even the right one out")
+        #expect(try t.cli(["token", "reset-tries"]).status == 0)
+        #expect(try t.cli(["get", "svc", "p", "--key-storage", "strongbox", "--passcode-stdin"], input: Array("1234\n".utf8)).stdout
+                == Array("pin-guarded".utf8))
+        // A token has no fingerprint reader: refused, never stored with less.
+        let biometric = try t.cli(["--json", "set", "svc", "b", "--key-storage", "strongbox", "--access-control", "biometryAny"], input: [1])
+        #expect(t.errorCode(biometric) == "UNSUPPORTED")
+        let canUse = String(decoding: try t.cli(["--json", "can-use", "biometryAny", "--key-storage", "strongbox"]).stdout, as: UTF8.self)
+        #expect(canUse.contains("\"available\":false"))
+    }
+
     @Test func aTamperedSealedDataKeyIsDataCorrupted() throws {
         let t = try Token()
         #expect(try t.cli(["set", "svc", "a", "--key-storage", "strongbox"], input: Array("A".utf8)).status == 0)
