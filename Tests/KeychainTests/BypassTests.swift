@@ -178,3 +178,26 @@ struct BypassTests {
         context.flush(session)
     }
 }
+
+/// The device-lock layout computed offline matches what the TPM reports for the indices it holds.
+@Suite("The device-lock layout against the TPM")
+struct DeviceLockLayoutTests {
+    @Test func theOfflineNamesOfAllFourIndicesMatchTheTPMs() async throws {
+        let f = try Fixture()
+        try await f.device.setPasscode(bytes("2580"))  // provisions, and writes every index
+        try await f.device.lock()
+        let context = try TPMContext(device: f.tpm.device)
+        let descriptor = try #require(LockDescriptor(decoding: try context.readNV(
+            try context.resource(forPersistent: DeviceLockLayout.descriptorIndex), size: DeviceLockLayout.descriptorSize)))
+        let expected: [(UInt32, NVPublic)] = [
+            (DeviceLockLayout.pinIndex, DeviceLockLayout.pinPublic),
+            (DeviceLockLayout.stateIndex, DeviceLockLayout.statePublic(approvalKeyName: descriptor.approval.keyName)),
+            (DeviceLockLayout.epochIndex, DeviceLockLayout.epochPublic),
+            (DeviceLockLayout.descriptorIndex, DeviceLockLayout.descriptorPublic),
+        ]
+        for (index, pub) in expected {
+            let tpmName = try context.name(of: try context.resource(forPersistent: index))
+            #expect(tpmName == pub.name(written: true), "index 0x\(String(index, radix: 16))")
+        }
+    }
+}

@@ -34,6 +34,9 @@ enum DeviceLockFixture {
         authPolicy: PolicyDigest.compute([.or([unlockBranch, lockBranch])]),
         size: 1)
 
+    /// A counter with the first version of the epoch index's policy (CommandCode only). The library's
+    /// epoch now also needs PolicySecret on the PIN; these vectors pin the calculator on a counter
+    /// index, and `DeviceLockLayoutTests` (KeychainTests) checks the real layout against a TPM.
     static let epoch = NVPublic(
         index: 0x0100_4B52,
         attributes: NVAttributes.typeCounter | NVAttributes.policyWrite | NVAttributes.authRead | NVAttributes.noDA,
