@@ -138,7 +138,9 @@ actor Engine {
         guard value.count <= Self.maxValueLength else {
             throw KeychainError.invalidArgument("Invalid value: at most \(Self.maxValueLength) bytes, got \(value.count)")
         }
-        let reader = try readerDirectory.map { (dir: String) throws(KeychainError) in try FingerprintReader(directory: dir) }
+        // The reader's state is read only for writes that need it.
+        let reader = protection.accessControl == .none ? nil
+            : try readerDirectory.map { (dir: String) throws(KeychainError) in try FingerprintReader(directory: dir) }
         let requirements = try writeRequirements(protection, reader: reader)
         let store = try store()
         let tag = protection.storageTag
@@ -673,7 +675,7 @@ extension Engine {
 extension Engine {
     /// The token session of this process (one, logged in, reused).
     func tokenBackend(_ uri: String) throws(KeychainError) -> TokenBackend {
-        if let token, token.uri.description == (try? PKCS11URI(uri))?.description { return token }
+        if let token, token.uriText == uri { return token }
         let backend = try TokenBackend(uri: uri)
         token = backend
         return backend

@@ -14,9 +14,14 @@ import TPM2
 final class TokenBackend {
     static let tagSuffix = "@strongbox"
     let uri: PKCS11URI
+    let uriText: String
     let token: PKCS11Token
+    /// Key handles per service: a search (C_FindObjects) costs more than the decryption on some
+    /// tokens; the token layer finds a key again by label and ID when a handle goes stale.
+    private var handles: [String: KeyHandle] = [:]
 
     init(uri text: String) throws(KeychainError) {
+        uriText = text
         do {
             uri = try PKCS11URI(text)
         } catch {
@@ -26,12 +31,8 @@ final class TokenBackend {
             token = try PKCS11Token(uri: uri)
             // Without a PIN in the URI only passcode items (PIN asked at read) can be read.
             if let pin = try? uri.pin() { try token.login(pin: pin) }
-        } catch let error as PKCS11Error {
-            throw Self.map(error, doing: "open the token \(uri.token ?? "")")
-        } catch let error as KeychainError {
-            throw error
         } catch {
-            throw KeychainError(.internal, "\(error)")
+            throw Self.map(error, doing: "open the token \(uri.token ?? "")")
         }
     }
 
@@ -59,9 +60,10 @@ final class TokenBackend {
     func seal(_ dataKey: SecureBytes, service: String, key: String, protection: String) throws(KeychainError) -> [UInt8] {
         let identity = Self.keyIdentity(service: service)
         do {
-            guard let handle = try token.wrappingKey(label: identity.label, id: identity.id, create: true) else {
+            guard let handle = try handles[service] ?? token.wrappingKey(label: identity.label, id: identity.id, create: true) else {
                 throw KeychainError(.hardwareUnavailable, "The token did not create the wrapping key of service '\(service)'")
             }
+            handles[service] = handle
             return try token.seal(dataKey, with: handle,
                                   associatedData: Self.associatedData(service: service, key: key, protection: protection))
         } catch let error as PKCS11Error {
@@ -76,9 +78,10 @@ final class TokenBackend {
     func open(_ sealed: [UInt8], service: String, key: String, protection: String) throws(KeychainError) -> SecureBytes {
         let identity = Self.keyIdentity(service: service)
         do {
-            guard let handle = try token.wrappingKey(label: identity.label, id: identity.id, create: false) else {
+            guard let handle = try handles[service] ?? token.wrappingKey(label: identity.label, id: identity.id, create: false) else {
                 throw KeychainError(.dataCorrupted, "The token has no wrapping key for service '\(service)': it was removed or this is another token")
             }
+            handles[service] = handle
             return try token.open(sealed, with: handle,
                                   associatedData: Self.associatedData(service: service, key: key, protection: protection))
         } catch let error as PKCS11Error {
@@ -91,6 +94,7 @@ final class TokenBackend {
     }
 
     func destroyKeys(service: String) throws(KeychainError) {
+        handles[service] = nil
         do { try token.destroyKeys(label: Self.keyIdentity(service: service).label) } catch {
             throw Self.map(error, doing: "remove the wrapping key of service '\(service)'")
         }

@@ -6,20 +6,26 @@ import TPM2
 
 /// How many samples each measurement takes.
 struct BenchOptions {
-    /// Warm reads, hasItem and getAllKeys calls per level.
+    /// Warm reads, hasItem and getAllKeys calls per level; warm reads of the token storage and
+    /// reads inside the authValidity window.
     var warm = 20_000
-    /// Cold reads per level (each after `dropCaches()`).
+    /// Cold reads per level (each after `dropCaches()`); reads per access-control row; first reads
+    /// and ticket reads of the authValidity row; cold reads of the token storage.
     var cold = 50
-    /// setItem calls on an existing service per level (each one commits with fsync).
+    /// setItem calls on an existing service per level and on the token (each one commits with fsync).
     var writes = 200
-    /// First writes of a new service per level (each seals a wrapping key).
+    /// First writes of a new service per level and on the token (each makes a wrapping key).
     var firstWrites = 5
-    /// Process runs of each reference pipeline.
+    /// Process runs of each reference (tpm2-tools, keychainctl, pkcs11-tool).
     var runs = 20
 
     static let usage = """
         usage: keychain-bench [--quick] [--warm N] [--cold N] [--writes N] [--first-writes N] [--runs N]
           --quick   a tenth of the default samples, for a check that everything runs
+          --warm N (20000) warm reads, hasItem, getAllKeys; token warm reads; reads in the authValidity window
+          --cold N (50)    cold reads; reads per access-control row; authValidity first and ticket reads
+          --writes N (200) overwrites per level and on the token; --first-writes N (5) new services
+          --runs N (20)    runs of each process reference
         """
 
     /// A bad argument; no message for `--help`.
@@ -72,24 +78,41 @@ struct BenchFailure: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// The benchmark: a private swtpm and store, every accessibility level, then the process references.
+/// The benchmark: a private swtpm, store, fingerprint reader and SoftHSM2 token; every accessibility
+/// level, every access control, the token storage, then the process references.
 final class Bench {
     let options: BenchOptions
     let tpm: SoftwareTPM
+    /// The device: a passcode and an enrolled finger (the seed's vault needs both), the scripted prompt.
     let configuration: KeychainConfiguration
     let device: KeychainDevice
+    /// Answers every prompt: the bench pushes one answer before each prompted read, untimed.
+    let authenticator = ScriptedAuthenticator()
     /// The secret every item holds: 32 bytes of ASCII, so it reads back through `getItem` as text
-    /// and is byte for byte what tpm2-tools seals in the reference.
+    /// and is byte for byte what tpm2-tools seals and pkcs11-tool stores in the references.
     let secret: String
+    /// The private SoftHSM2 token; nil when SoftHSM2 is not installed.
+    let softHSM: SoftHSMToken?
+
+    static let passcode = "246813"
+    static let finger = "thumb"
 
     init(options: BenchOptions) throws {
         self.options = options
         tpm = try SoftwareTPM()
-        configuration = tpm.configuration()
+        var configuration = tpm.configuration()
+        configuration.readerDirectory = configuration.storeDirectory + ".reader"  // where keychainctl looks
+        configuration.authenticator = authenticator
+        // SoftHSM2 reads SOFTHSM2_CONF once, at the process's first C_Initialize: set before any token use.
+        softHSM = try SoftHSMToken.make(in: tpm.directory + "/softhsm")
+        configuration.pkcs11URI = softHSM?.uri
+        self.configuration = configuration
         device = KeychainDevice(configuration: configuration)
         let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
         secret = String(Sodium.randomBytes(32).map { alphabet[Int($0) % alphabet.count] })
     }
+
+    static func passcodeBytes() -> SecureBytes { SecureBytes(copying: Array(passcode.utf8)) }
 
     /// Stops swtpm and removes its directory (stores, tpm2-tools files) now, not whenever the last
     /// reference to the `SoftwareTPM` goes: `exit` runs no deinit.
@@ -117,7 +140,8 @@ final class Bench {
         let otherWork = OtherWork(swtpmDirectory: tpm.directory)
         progress("swtpm on \(tpm.tcti), store in \(configuration.storeDirectory)")
         try await device.initialize()
-        try await device.setPasscode(SecureBytes(copying: Array("246813".utf8)))
+        try await device.setPasscode(Self.passcodeBytes())
+        try await device.enrollFinger(Self.finger, passcode: Self.passcodeBytes())
         _ = await device.takeTPMCommandCount()
 
         var levels: [LevelResult] = []
@@ -125,29 +149,46 @@ final class Bench {
             progress("measuring \(accessible.rawValue)")
             levels.append(try await measure(accessible))
         }
+        var prompted: [PromptedRead] = []
+        for row in PromptedRead.rows {
+            progress("measuring \(row.accessControl.rawValue) (\(row.accessible.rawValue)), answered with \(row.answer)")
+            prompted.append(try await measure(row, levels: levels))
+        }
+        progress("measuring authValidity (biometryAny, 300 s)")
+        let window = try await measureAuthValidity()
+        var token: TokenResult?
+        if let softHSM {
+            progress("measuring the token storage (SoftHSM2)")
+            token = try await measureToken(softHSM)
+        }
         progress("measuring the TPM transport")
         let transport = try measureTransport()
         progress("measuring tpm2-tools load + unseal")
         let tools = try tpm2ToolsPipeline()
         progress("measuring keychainctl get")
         let cli = try keychainctlGet(service: Self.service(.afterFirstUnlock))
+        if let softHSM, token != nil {
+            progress("measuring pkcs11-tool --read-object and keychainctl get --key-storage strongbox")
+            token?.pkcs11Tool = try pkcs11ToolRead(softHSM)
+            token?.keychainctl = try keychainctlGet(service: TokenResult.service, token: softHSM)
+        }
         var environment = EnvironmentInfo.current(scratch: tpm.directory)
         environment.otherWork = otherWork.percentage()
-        return Report(options: options, environment: environment, levels: levels, transport: transport,
-                      tpm2Tools: tools, keychainctl: cli)
+        return Report(options: options, environment: environment, levels: levels, prompted: prompted,
+                      authValidity: window, token: token, transport: transport, tpm2Tools: tools, keychainctl: cli)
     }
 
     static func service(_ accessible: Accessible) -> String { "bench.\(accessible.rawValue)" }
 
-    private func progress(_ message: String) {
+    func progress(_ message: String) {
         FileHandle.standardError.write(Data("keychain-bench: \(message)\n".utf8))
     }
 
     // MARK: The library, in process
 
     /// Times `op` `count` times (`before` runs untimed before each) and counts the TPM commands of all.
-    private func sample(_ count: Int, before: () async -> Void = {},
-                        _ op: () async throws -> Void) async throws -> Samples {
+    func sample(_ count: Int, before: () async -> Void = {},
+                _ op: () async throws -> Void) async throws -> Samples {
         _ = await device.takeTPMCommandCount()
         var samples = Samples(capacity: count)
         for _ in 0..<count {
@@ -252,16 +293,19 @@ final class Bench {
         return samples
     }
 
-    /// The whole `keychainctl get` process, built next to this binary, on the warm store.
-    private func keychainctlGet(service: String) throws -> Samples? {
+    /// The whole `keychainctl get` process, built next to this binary, on the warm store; with a
+    /// token, `get --key-storage strongbox` of the token storage's item.
+    func keychainctlGet(service: String, token: SoftHSMToken? = nil) throws -> Samples? {
         let binary = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
             .map { URL(fileURLWithPath: $0).deletingLastPathComponent().appendingPathComponent("keychainctl").path }
         guard let binary, FileManager.default.isExecutableFile(atPath: binary) else { return nil }
         let directory = tpm.directory + "/keychainctl"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
                                                 attributes: [.posixPermissions: 0o700])
-        let shell = Subprocess(directory: directory)
-        let argv = [binary, "--store", configuration.storeDirectory, "--tcti", tpm.tcti, "get", service, "k0"]
+        let shell = Subprocess(directory: directory, extraEnvironment: token?.environment ?? [:])
+        var argv = [binary, "--store", configuration.storeDirectory, "--tcti", tpm.tcti]
+        if let token { argv += ["--pkcs11-uri", token.uri] }
+        argv += ["get", service, "k0"] + (token == nil ? [] : ["--key-storage", "strongbox"])
         var samples = Samples(capacity: options.runs)
         for run in 0...options.runs {
             let get = try shell.check(argv)
@@ -278,6 +322,8 @@ struct EnvironmentInfo {
     var kernel: String
     var swtpm: String
     var tpm2Tools: String
+    var softHSM: String
+    var openSC: String
     var optimized: Bool
     /// The share of the machine's CPU time that other processes used during the run.
     var otherWork = 0.0
@@ -288,12 +334,14 @@ struct EnvironmentInfo {
         uname(&name)
         let kernel = withUnsafeBytes(of: name.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
         let shell = Subprocess(directory: scratch)
-        func version(_ argv: [String], _ prefix: String) -> String {
+        /// The first line's word after `prefix`, or the whole first line without one.
+        func version(_ argv: [String], _ prefix: String? = nil) -> String {
             guard let result = try? shell.run(argv), result.status == 0 else { return "not installed" }
             let text = String(decoding: result.output, as: UTF8.self)
-            return text.split(separator: "\n").first.map { String($0) }.map {
-                $0.components(separatedBy: prefix).dropFirst().first?.split(separator: " ").first
-                    .map { $0.trimmingCharacters(in: CharacterSet(charactersIn: ",\"")) } ?? $0
+            return text.split(separator: "\n").first.map { String($0) }.map { line in
+                guard let prefix else { return line }
+                return line.components(separatedBy: prefix).dropFirst().first?.split(separator: " ").first
+                    .map { $0.trimmingCharacters(in: CharacterSet(charactersIn: ",\"")) } ?? line
             } ?? "unknown"
         }
         #if DEBUG
@@ -304,6 +352,8 @@ struct EnvironmentInfo {
         return EnvironmentInfo(cores: ProcessInfo.processInfo.activeProcessorCount, kernel: kernel,
                                swtpm: version(["swtpm", "--version"], "version "),
                                tpm2Tools: version(["tpm2_unseal", "--version"], "version=\""),
+                               softHSM: version(["softhsm2-util", "--version"]),
+                               openSC: version(["dpkg-query", "-W", "-f=${Version}", "opensc"]),
                                optimized: optimized)
     }
 }

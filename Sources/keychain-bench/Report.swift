@@ -6,6 +6,10 @@ struct Report: CustomStringConvertible {
     let options: BenchOptions
     let environment: EnvironmentInfo
     let levels: [LevelResult]
+    let prompted: [PromptedRead]
+    let authValidity: AuthValidityResult
+    /// Nil when SoftHSM2 is not installed.
+    let token: TokenResult?
     let transport: Transport
     /// Nil when tpm2-tools is not installed.
     let tpm2Tools: Samples?
@@ -18,12 +22,15 @@ struct Report: CustomStringConvertible {
             # keychain-bench
 
             \(environment.cores) cores, Linux \(environment.kernel), swtpm \(environment.swtpm), tpm2-tools \(environment.tpm2Tools), \
+            SoftHSM \(environment.softHSM), OpenSC \(environment.openSC), \
             \(environment.optimized ? "release build" : "DEBUG BUILD: figures not representative, use -c release"), \
             other processes used \(String(format: "%.0f", environment.otherWork))% of the machine's CPU time during the run \
             (0% on a quiet machine; anything else skews the figures).
             Samples per level: \(options.cold) cold reads (dropCaches() before each), \(options.warm) warm reads, hasItem and \
             getAllKeys calls, \(options.writes) setItem on an existing service, \(options.firstWrites) first writes of a new \
-            service. Processes: p50 of \(options.runs) runs after one warm-up. \
+            service. The device has a passcode and an enrolled finger. Access control: \(options.cold) reads per row, \
+            each answered by the scripted prompt. \
+            Processes: p50 of \(options.runs) runs after one warm-up. \
             ops/s: one caller, operations over their summed latencies. \
             cmds: TPM commands per operation, counted at the one ESAPI call point.
             """)
@@ -51,6 +58,67 @@ struct Report: CustomStringConvertible {
         }
         out.append("## setItem (existing service, first write of a new service), hasItem, getAllKeys\n\n" + others.render())
 
+        var controls = Table("accessControl", "accessible", "answer", "p50", "p99", "ops/s", "cmds", "prompts/read",
+                             text: 3)
+        for row in prompted {
+            controls.add(row.accessControl.rawValue, row.accessible.rawValue, row.answer.rawValue,
+                         Format.duration(row.reads.p50), Format.duration(row.reads.p99),
+                         Format.rate(row.reads.opsPerSecond), Format.commands(row.reads.commandsPerOp),
+                         Format.commands(row.promptsPerRead))
+        }
+        out.append("## getItem behind an access control (authValidity 0: every read prompts and unseals)\n\n"
+                   + controls.render())
+
+        let window = authValidity
+        var windowTable = Table("biometryAny, \(AuthValidityResult.accessible.rawValue), authValidity \(AuthValidityResult.seconds)",
+                                "p50", "p99", "ops/s", "cmds", "prompts/read")
+        func perRead(_ prompts: Int, _ samples: Samples) -> String {
+            Format.commands(samples.count == 0 ? 0 : Double(prompts) / Double(samples.count))
+        }
+        windowTable.add("first read of a service (prompt, PolicySigned, ticket saved)",
+                        Format.duration(window.firstRead.p50), Format.duration(window.firstRead.p99),
+                        Format.rate(window.firstRead.opsPerSecond), Format.commands(window.firstRead.commandsPerOp),
+                        perRead(window.firstPrompts, window.firstRead))
+        windowTable.add("later read, same engine (key kept for the window)",
+                        Format.duration(window.windowRead.p50), Format.duration(window.windowRead.p99),
+                        Format.rate(window.windowRead.opsPerSecond), Format.commands(window.windowRead.commandsPerOp), "0")
+        windowTable.add("later read, fresh engine (dropCaches(): PolicyTicket)",
+                        Format.duration(window.ticketRead.p50), Format.duration(window.ticketRead.p99),
+                        Format.rate(window.ticketRead.opsPerSecond), Format.commands(window.ticketRead.commandsPerOp),
+                        perRead(window.laterPrompts, window.ticketRead))
+        out.append("## authValidity\n\n" + windowTable.render())
+
+        if let token {
+            var ops = Table("keyStorage strongbox (SoftHSM2)", "p50", "p99", "ops/s", "TPM cmds")
+            func add(_ name: String, _ samples: Samples) {
+                ops.add(name, Format.duration(samples.p50), Format.duration(samples.p99),
+                        Format.rate(samples.opsPerSecond), Format.commands(samples.commandsPerOp))
+            }
+            add("first token call of the process: setItem (module, login, key generated; 1 sample)", token.firstUse)
+            add("setItem, first write of a new service (AES key generated on the token)", token.firstWrite)
+            add("setItem, existing service", token.set)
+            add("getItem cold (dropCaches() before each; the token session stays open)", token.coldGet)
+            add("getItem warm", token.warmGet)
+            var processes = Table("one read of the 32-byte secret from the token", "processes", "p50", "p99")
+            processes.add("getItem in process, warm", "0", Format.duration(token.warmGet.p50), Format.duration(token.warmGet.p99))
+            if let cli = token.keychainctl {
+                processes.add("keychainctl get --key-storage strongbox, whole process", "1",
+                              Format.duration(cli.p50), Format.duration(cli.p99))
+            } else {
+                processes.add("keychainctl get: not built next to the bench (swift build -c release)", "-", "-", "-")
+            }
+            if let tool = token.pkcs11Tool {
+                processes.add("pkcs11-tool --read-object (private data object), whole process", "1",
+                              Format.duration(tool.p50), Format.duration(tool.p99))
+            } else {
+                processes.add("pkcs11-tool: not installed", "-", "-", "-")
+            }
+            out.append("## The token storage (SoftHSM2, \(token.keysOnToken) AES keys on the token during the reads)\n\n"
+                       + ops.render() + "\n\n" + processes.render())
+        } else {
+            out.append("## The token storage\n\nSoftHSM2 is not installed (/usr/lib/softhsm/libsofthsm2.so, softhsm2-util).")
+        }
+
         var paths = Table("one read of the 32-byte secret", "processes", "p50", "p99")
         if let cold = level(.afterFirstUnlock)?.coldGet {
             paths.add("getItem in process, cold (afterFirstUnlock)", "0", Format.duration(cold.p50), Format.duration(cold.p99))
@@ -76,7 +144,7 @@ struct Report: CustomStringConvertible {
                  Format.duration(transport.command.p99), Format.commands(transport.command.commandsPerOp))
         out.append("## The TPM transport\n\n" + wire.render())
 
-        var targets = Table("target", "measured", "result")
+        var targets = Table("target", "measured", "result", text: 3)
         for target in self.targets { targets.add(target.name, target.measured, target.verdict) }
         out.append("## Targets\n\n" + targets.render())
         return out.joined(separator: "\n\n") + "\n"
@@ -130,12 +198,36 @@ struct Report: CustomStringConvertible {
             targets.append(Target(name: "keychainctl get process ≥ 3× faster than tpm2_load && tpm2_unseal",
                                   measured: "keychainctl not built", met: nil))
         }
+        targets.append(commandBudget("biometric getItem (finger) ≤ 6 TPM commands", answer: .finger, budget: 6))
+        targets.append(commandBudget("passcode getItem ≤ 7 TPM commands", answer: .passcode, budget: 7))
+        let tokenTarget = "token getItem warm ≥ 50× faster than pkcs11-tool --read-object"
+        if let token {
+            targets.append(ratioTarget(tokenTarget, reference: token.pkcs11Tool, subject: token.warmGet, at: 50,
+                                       missing: "pkcs11-tool not installed"))
+        } else {
+            targets.append(Target(name: tokenTarget, measured: "SoftHSM2 not installed", met: nil))
+        }
         return targets
     }
 
+    /// Every access-control row answered with `answer` within `budget` TPM commands per read.
+    private func commandBudget(_ name: String, answer: PromptedRead.Answer, budget: Double) -> Target {
+        let rows = prompted.filter { $0.answer == answer }
+        guard !rows.isEmpty else { return Target(name: name, measured: "no such row", met: nil) }
+        let over = rows.filter { $0.reads.commandsPerOp > budget }
+            .map { "\($0.accessControl.rawValue) (\($0.accessible.rawValue)): \(Format.commands($0.reads.commandsPerOp))" }
+        let within = rows.filter { $0.reads.commandsPerOp <= budget }.map(\.reads.commandsPerOp)
+        var measured = over.joined(separator: ", ")
+        if let best = within.max() {
+            measured += (over.isEmpty ? "at most " : "; others at most ") + Format.commands(best)
+        }
+        return Target(name: name, measured: measured, met: over.isEmpty)
+    }
+
     /// How many times faster `subject` is than `reference`, at p50.
-    private func ratioTarget(_ name: String, reference: Samples?, subject: Samples, at least: Double) -> Target {
-        guard let reference, subject.p50 > 0 else { return Target(name: name, measured: "tpm2-tools not installed", met: nil) }
+    private func ratioTarget(_ name: String, reference: Samples?, subject: Samples, at least: Double,
+                             missing: String = "tpm2-tools not installed") -> Target {
+        guard let reference, subject.p50 > 0 else { return Target(name: name, measured: missing, met: nil) }
         let ratio = Double(reference.p50) / Double(subject.p50)
         return Target(name: name, measured: "\(Format.ratio(ratio)) (\(Format.duration(reference.p50)) / "
                                                 + "\(Format.duration(subject.p50)))",

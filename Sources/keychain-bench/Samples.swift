@@ -73,12 +73,17 @@ enum Format {
     static func ratio(_ value: Double) -> String { String(format: "%.1f×", value) }
 }
 
-/// A Markdown table, so the output pastes into docs/performance.md as it is.
+/// A Markdown table, so the output pastes into docs/performance.md as it is: the leading `text`
+/// columns left-aligned, the figures after them right-aligned.
 struct Table {
     var header: [String]
     var rows: [[String]] = []
+    let textColumns: Int
 
-    init(_ header: String...) { self.header = header }
+    init(_ header: String..., text textColumns: Int = 1) {
+        self.header = header
+        self.textColumns = textColumns
+    }
 
     mutating func add(_ row: String...) { rows.append(row) }
 
@@ -89,12 +94,12 @@ struct Table {
         func line(_ cells: [String], numeric: Bool) -> String {
             let padded = cells.enumerated().map { column, cell in
                 let pad = String(repeating: " ", count: widths[column] - cell.count)
-                return numeric && column > 0 ? pad + cell : cell + pad
+                return numeric && column >= textColumns ? pad + cell : cell + pad
             }
             return "| " + padded.joined(separator: " | ") + " |"
         }
         let rule = "|" + widths.enumerated().map { column, width in
-            column == 0 ? String(repeating: "-", count: width + 2) : String(repeating: "-", count: width + 1) + ":"
+            column < textColumns ? String(repeating: "-", count: width + 2) : String(repeating: "-", count: width + 1) + ":"
         }.joined(separator: "|") + "|"
         return ([line(header, numeric: false), rule] + rows.map { line($0, numeric: true) }).joined(separator: "\n")
     }

@@ -1,7 +1,8 @@
 import Foundation
 
 // keychain-bench: the keychain's latencies, throughput and TPM commands per operation for every
-// accessibility level, on a private swtpm, against tpm2-tools and the keychainctl process.
+// accessibility level and access control, on a private swtpm, and of the PKCS#11 token storage on a
+// private SoftHSM2 token; against tpm2-tools, pkcs11-tool and the keychainctl process.
 // Run it with `swift run -c release keychain-bench`; see docs/performance.md.
 
 /// Runs the benchmark; the swtpm and its directory are removed on every path.

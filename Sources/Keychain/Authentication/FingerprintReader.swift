@@ -65,8 +65,10 @@ final class FingerprintReader {
             return lockState!
         }
         if current.fingers[finger] != nil {
-            current.failures = 0
-            try save(current)
+            if current.failures != 0 {  // write the file only when the count changes
+                current.failures = 0
+                try save(current)
+            }
             return .match
         }
         current.failures += 1
