@@ -427,8 +427,21 @@ final class TPMKeyring {
     /// the TPM checks the PIN and counts wrong ones on its PIN index.
     func unlock(passcode: SecureBytes?) throws(KeychainError) {
         do {
+            try attemptUnlock(passcode)
+        } catch where error.command == "NV_Write" && error.code.is(.badAuth) {
+            // The passcode was accepted (PolicySecret passed), but another process wrote the state
+            // index between our reading its public area and our write: its name (TPMA_NV_WRITTEN)
+            // changed under the session's HMAC. Once more, with the public area read again.
+            do { try attemptUnlock(passcode) } catch { throw passcodeError(error, doing: "unlock") }
+        } catch {
+            throw passcodeError(error, doing: "unlock")
+        }
+    }
+
+    private func attemptUnlock(_ passcode: SecureBytes?) throws(TPMError) {
+        do {
             let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
-            let state = try context.resource(forPersistent: DeviceLockLayout.stateIndex)
+            let state = try context.resource(forPersistent: DeviceLockLayout.stateIndex)  // reads the public area now
             try context.setAuth(pin, passcode)
             defer { try? context.setAuth(pin, nil) }
             let lockBranch = PolicyStep.authorizeDigest(keyName: descriptor.approval.keyName, policyRef: DeviceLockLayout.lockPolicyRef)
@@ -440,8 +453,6 @@ final class TPMKeyring {
                     try context.writeNV(state, data: DeviceLockLayout.unlocked, authHandle: state, session: policy)
                 }
             }
-        } catch {
-            throw passcodeError(error, doing: "unlock")
         }
     }
 
