@@ -65,7 +65,7 @@ public enum EmbeddedTPM {
                                 + "(apt-get install swtpm), or pass --tcti")
         }
         for _ in 0..<5 {
-            let port = freePortPair()
+            let port = Processes.freePortPair()
             try? FileManager.default.removeItem(atPath: dir + "/swtpm.pid")
             let status = Processes.spawn(swtpm, [
                 "swtpm", "socket", "--tpm2",
@@ -99,14 +99,5 @@ public enum EmbeddedTPM {
             if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
         }
         return nil
-    }
-
-    /// A port P such that P and P+1 were free a moment ago (swtpm needs both).
-    static func freePortPair() -> Int {
-        for _ in 0..<50 {
-            let port = Int.random(in: 20_000..<60_000)
-            if Processes.isFree(port) && Processes.isFree(port + 1) { return port }
-        }
-        return Int.random(in: 20_000..<60_000)
     }
 }

@@ -386,9 +386,7 @@ actor Engine {
                 prompt: context.prompt, methods: methods, service: record.service, key: record.key,
                 attempt: attempt, previousFailure: failure))
             switch answer {
-            case .cancel: throw KeychainError(.userCanceled, "The user canceled the prompt")
-            case .fallback: throw KeychainError(.userFallback, "The user chose the fallback")
-            case .interrupted: throw KeychainError(.systemCanceled, "The prompt was interrupted")
+            case .cancel, .fallback, .interrupted: throw answer.endingError!
             case .finger(let finger):
                 guard methods.contains(.fingerprint), let reader else {
                     failure = "a fingerprint does not open this item"
@@ -623,7 +621,7 @@ extension Engine {
         guard value != .none else { return .init(available: true) }
         do {
             let reader = try readerDirectory.map { (dir: String) throws(KeychainError) in try FingerprintReader(directory: dir) }
-            _ = try writeRequirementsForCheck(value, reader: reader)
+            _ = try writeRequirements(try ItemProtection(accessControl: value), reader: reader)
             return .init(available: true)
         } catch {
             switch error.code {
@@ -633,10 +631,6 @@ extension Engine {
             default: return .init(available: false, reason: .unsupported)
             }
         }
-    }
-
-    func writeRequirementsForCheck(_ value: AccessControl, reader: FingerprintReader?) throws(KeychainError) {
-        _ = try writeRequirements(try ItemProtection(accessControl: value), reader: reader)
     }
 
     /// Proves the passcode to the TPM (an unlock) when one is set, so enrollment follows the passcode.
@@ -794,9 +788,7 @@ extension Engine {
                 prompt: context.prompt, methods: [.passcode], service: record.service, key: record.key,
                 attempt: attempt, previousFailure: failure))
             switch answer {
-            case .cancel: throw KeychainError(.userCanceled, "The user canceled the prompt")
-            case .fallback: throw KeychainError(.userFallback, "The user chose the fallback")
-            case .interrupted: throw KeychainError(.systemCanceled, "The prompt was interrupted")
+            case .cancel, .fallback, .interrupted: throw answer.endingError!
             case .finger: failure = "enter the token's PIN"
             case .passcode(let pin):
                 do throws(KeychainError) {

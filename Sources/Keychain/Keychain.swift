@@ -185,9 +185,7 @@ public struct KeychainDevice: Sendable {
             let answer = await authenticator.authenticate(AuthenticationRequest(
                 prompt: prompt, methods: [.passcode], service: "", key: "", attempt: attempt, previousFailure: failure))
             switch answer {
-            case .cancel: throw KeychainError(.userCanceled, "The user canceled the prompt")
-            case .fallback: throw KeychainError(.userFallback, "The user chose the fallback")
-            case .interrupted: throw KeychainError(.systemCanceled, "The prompt was interrupted")
+            case .cancel, .fallback, .interrupted: throw answer.endingError!
             case .finger: failure = "enter the passcode"
             case .passcode(let pin):
                 do throws(KeychainError) {

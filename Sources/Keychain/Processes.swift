@@ -22,6 +22,15 @@ package enum Processes {
         return (status & 0x7F) == 0 ? (status >> 8) & 0xFF : -1
     }
 
+    /// An even port P such that P and P+1 (swtpm's command and control ports) were free a moment ago.
+    package static func freePortPair() -> Int {
+        for _ in 0..<50 {
+            let port = Int.random(in: 20_000..<60_000) & ~1
+            if isFree(port) && isFree(port + 1) { return port }
+        }
+        return Int.random(in: 20_000..<60_000) & ~1
+    }
+
     /// Whether nothing listens on 127.0.0.1:`port` (we could bind it a moment ago).
     package static func isFree(_ port: Int) -> Bool {
         withLoopbackSocket(port) { fd, addr in bind(fd, addr, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }

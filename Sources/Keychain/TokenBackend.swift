@@ -58,39 +58,40 @@ final class TokenBackend {
     }
 
     func seal(_ dataKey: SecureBytes, service: String, key: String, protection: String) throws(KeychainError) -> [UInt8] {
-        let identity = Self.keyIdentity(service: service)
+        let handle = try wrappingKey(service: service, create: true)
         do {
-            guard let handle = try handles[service] ?? token.wrappingKey(label: identity.label, id: identity.id, create: true) else {
-                throw KeychainError(.hardwareUnavailable, "The token did not create the wrapping key of service '\(service)'")
-            }
-            handles[service] = handle
             return try token.seal(dataKey, with: handle,
                                   associatedData: Self.associatedData(service: service, key: key, protection: protection))
-        } catch let error as PKCS11Error {
-            throw Self.map(error, doing: "seal a data key")
-        } catch let error as KeychainError {
-            throw error
         } catch {
-            throw KeychainError(.internal, "\(error)")
+            throw Self.map(error, doing: "seal a data key")
         }
     }
 
     func open(_ sealed: [UInt8], service: String, key: String, protection: String) throws(KeychainError) -> SecureBytes {
-        let identity = Self.keyIdentity(service: service)
+        let handle = try wrappingKey(service: service, create: false)
         do {
-            guard let handle = try handles[service] ?? token.wrappingKey(label: identity.label, id: identity.id, create: false) else {
-                throw KeychainError(.dataCorrupted, "The token has no wrapping key for service '\(service)': it was removed or this is another token")
-            }
-            handles[service] = handle
             return try token.open(sealed, with: handle,
                                   associatedData: Self.associatedData(service: service, key: key, protection: protection))
-        } catch let error as PKCS11Error {
-            throw Self.map(error, doing: "open item '\(key)'")
-        } catch let error as KeychainError {
-            throw error
         } catch {
-            throw KeychainError(.internal, "\(error)")
+            throw Self.map(error, doing: "open item '\(key)'")
         }
+    }
+
+    /// The service's key on the token (made when `create` and absent), its handle kept for the process.
+    private func wrappingKey(service: String, create: Bool) throws(KeychainError) -> KeyHandle {
+        if let handle = handles[service] { return handle }
+        let identity = Self.keyIdentity(service: service)
+        let found: KeyHandle?
+        do { found = try token.wrappingKey(label: identity.label, id: identity.id, create: create) } catch {
+            throw Self.map(error, doing: "find the wrapping key of service '\(service)'")
+        }
+        guard let handle = found else {
+            throw create
+                ? KeychainError(.hardwareUnavailable, "The token did not create the wrapping key of service '\(service)'")
+                : KeychainError(.dataCorrupted, "The token has no wrapping key for service '\(service)': it was removed or this is another token")
+        }
+        handles[service] = handle
+        return handle
     }
 
     func destroyKeys(service: String) throws(KeychainError) {

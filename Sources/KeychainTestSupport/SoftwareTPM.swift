@@ -61,11 +61,8 @@ public final class SoftwareTPM: @unchecked Sendable {
             throw SoftwareTPMError("swtpm is not installed (apt-get install swtpm)")
         }
         for attempt in 0..<20 {
-            if newPort || attempt > 0 {
-                port = Int.random(in: 20_000..<60_000) & ~1
-                // Another process's swtpm on this port would answer our connection test: skip taken ports.
-                guard Processes.isFree(port) && Processes.isFree(port + 1) else { continue }
-            }
+            // Another process's swtpm on a taken port would answer our connection test: pick free ones.
+            if newPort || attempt > 0 { port = Processes.freePortPair() }
             let argv = ["swtpm", "socket", "--tpm2",
                         "--server", "type=tcp,port=\(port),bindaddr=127.0.0.1",
                         "--ctrl", "type=tcp,port=\(port + 1),bindaddr=127.0.0.1",

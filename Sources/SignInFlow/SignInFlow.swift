@@ -52,7 +52,7 @@ public struct SignInFlow: Sendable {
         do {
             try await vault.setItem("refreshToken", tokens.refreshToken, options: .init(label: tokens.username))
             return true
-        } catch let error as KeychainError where [.biometryNotEnrolled, .biometryNotAvailable, .passcodeNotSet].contains(error.code) {
+        } catch where [.biometryNotEnrolled, .biometryNotAvailable, .passcodeNotSet].contains(error.code) {
             return false  // the device changed since the check: turn fingerprint sign-in off
         }
     }
@@ -89,7 +89,7 @@ public struct SignInFlow: Sendable {
         let refreshToken: String?
         do {
             refreshToken = try await vault.getItem("refreshToken")
-        } catch let error as KeychainError {
+        } catch {  // every Keychain call throws KeychainError only
             switch error.code {
             case .userCanceled, .userFallback, .lockout, .lockoutPermanent, .authenticationFailed:
                 return .password

@@ -32,24 +32,9 @@ extension TPMContext {
         inPublic.publicArea.parameters.eccDetail.scheme.details.ecdsa.hashAlg = UInt16(TPM2_ALG_SHA256)
         inPublic.publicArea.parameters.eccDetail.curveID = UInt16(TPM2_ECC_NIST_P256)
         inPublic.publicArea.parameters.eccDetail.kdf.scheme = UInt16(TPM2_ALG_NULL)
-        var inSensitive = TPM2B_SENSITIVE_CREATE()
-        var outsideInfo = TPM2B_DATA()
-        var creationPCR = TPML_PCR_SELECTION()
-        var outPrivate: UnsafeMutablePointer<TPM2B_PRIVATE>?
-        var outPublic: UnsafeMutablePointer<TPM2B_PUBLIC>?
-        try call("Create(approval key)") {
-            Esys_Create(esys, parent.tr, Self.password, Self.none, Self.none, &inSensitive, &inPublic,
-                        &outsideInfo, &creationPCR, &outPrivate, &outPublic, nil, nil, nil)
-        }
-        defer {
-            if let outPrivate { TPM2B.wipe(&outPrivate.pointee) }
-            Esys_Free(outPrivate); Esys_Free(outPublic)
-        }
-        var key: ESYS_TR = 0
-        try call("Load(approval key)") {
-            Esys_Load(esys, parent.tr, Self.password, Self.none, Self.none, outPrivate, outPublic, &key)
-        }
-        let handle = TPMHandle(tr: key, mustFlush: true)
+        // The private blob is never stored: once this function returns, nobody can sign again.
+        let blob = try create(inPublic, sensitive: nil, parent: parent, session: nil, command: "Create(approval key)")
+        let handle = try load(blob, parent: parent)
         defer { flush(handle) }
         let keyName = try name(of: handle)
         var signatures: [[UInt8]] = []
@@ -64,7 +49,7 @@ extension TPMContext {
             validation.hierarchy = UInt32(TPM2_RH_NULL)
             var signature: UnsafeMutablePointer<TPMT_SIGNATURE>?
             try call("Sign(approval)") {
-                Esys_Sign(esys, key, Self.password, Self.none, Self.none, &digest, &scheme, &validation, &signature)
+                Esys_Sign(esys, handle.tr, Self.password, Self.none, Self.none, &digest, &scheme, &validation, &signature)
             }
             defer { Esys_Free(signature) }
             var buffer = [UInt8](repeating: 0, count: MemoryLayout<TPMT_SIGNATURE>.size + 8)
@@ -73,7 +58,7 @@ extension TPMContext {
             guard rc == 0 else { throw TPMError(command: "marshal TPMT_SIGNATURE", code: .init(rawValue: rc)) }
             signatures.append(Array(buffer.prefix(offset)))
         }
-        return Approval(keyPublic: try Marshal.public(outPublic!.pointee), keyName: keyName, signatures: signatures)
+        return Approval(keyPublic: blob.publicArea, keyName: keyName, signatures: signatures)
     }
 
     /// Runs PolicyAuthorize on `session` for an approved policy: LoadExternal, VerifySignature, flush.

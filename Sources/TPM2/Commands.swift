@@ -97,24 +97,40 @@ extension TPMContext {
     ///   - session: a salted session with `decryptCommand`, so the secret crosses the bus encrypted.
     public func seal(_ secret: SecureBytes, parent: TPMHandle, policy: [UInt8], fixed: Bool,
                      userWithAuth: Bool, session: TPMHandle) throws(TPMError) -> SealedBlob {
-        var inSensitive = TPM2B_SENSITIVE_CREATE()
-        defer { TPM2B.wipe(&inSensitive) }
-        secret.withUnsafeBytes { inSensitive.sensitive.data.size = TPM2B.set(&inSensitive.sensitive.data.buffer, $0) }
-        var inPublic = TPM2B_PUBLIC()
-        inPublic.publicArea.type = UInt16(TPM2_ALG_KEYEDHASH)
-        inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA256)
         var attributes = TPMA_OBJECT_NODA | TPMA_OBJECT_ADMINWITHPOLICY
         if fixed { attributes |= TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT }
         if userWithAuth { attributes |= TPMA_OBJECT_USERWITHAUTH }
+        return try create(Self.keyedHash(attributes: attributes, policy: policy, hmac: false), sensitive: secret,
+                          parent: parent, session: session, command: "Create(sealed)")
+    }
+
+    /// A keyedHash public area (SHA-256 name): a sealed data object, or an HMAC-SHA256 key.
+    static func keyedHash(attributes: TPMA_OBJECT, policy: [UInt8], hmac: Bool) -> TPM2B_PUBLIC {
+        var inPublic = TPM2B_PUBLIC()
+        inPublic.publicArea.type = UInt16(TPM2_ALG_KEYEDHASH)
+        inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA256)
         inPublic.publicArea.objectAttributes = attributes
         inPublic.publicArea.authPolicy.size = TPM2B.set(&inPublic.publicArea.authPolicy.buffer, policy)
-        inPublic.publicArea.parameters.keyedHashDetail.scheme.scheme = UInt16(TPM2_ALG_NULL)
+        inPublic.publicArea.parameters.keyedHashDetail.scheme.scheme = UInt16(hmac ? TPM2_ALG_HMAC : TPM2_ALG_NULL)
+        if hmac { inPublic.publicArea.parameters.keyedHashDetail.scheme.details.hmac.hashAlg = UInt16(TPM2_ALG_SHA256) }
+        return inPublic
+    }
+
+    /// TPM2_Create under `parent` (Part 3, 12.1). `sensitive`, when given, is the object's secret and
+    /// goes in through `session` (a salted session with the decrypt attribute); nil lets the TPM
+    /// generate it. Returns the blob, loadable only under this parent.
+    func create(_ template: TPM2B_PUBLIC, sensitive: SecureBytes?, parent: TPMHandle, session: TPMHandle?,
+                command: String) throws(TPMError) -> SealedBlob {
+        var inPublic = template
+        var inSensitive = TPM2B_SENSITIVE_CREATE()
+        defer { TPM2B.wipe(&inSensitive) }
+        sensitive?.withUnsafeBytes { inSensitive.sensitive.data.size = TPM2B.set(&inSensitive.sensitive.data.buffer, $0) }
         var outsideInfo = TPM2B_DATA()
         var creationPCR = TPML_PCR_SELECTION()
         var outPrivate: UnsafeMutablePointer<TPM2B_PRIVATE>?
         var outPublic: UnsafeMutablePointer<TPM2B_PUBLIC>?
-        try call("Create(sealed)") {
-            Esys_Create(esys, parent.tr, session.tr, Self.none, Self.none, &inSensitive, &inPublic,
+        try call(command) {
+            Esys_Create(esys, parent.tr, session?.tr ?? Self.password, Self.none, Self.none, &inSensitive, &inPublic,
                         &outsideInfo, &creationPCR, &outPrivate, &outPublic, nil, nil, nil)
         }
         defer { Esys_Free(outPrivate); Esys_Free(outPublic) }

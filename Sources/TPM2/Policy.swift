@@ -10,9 +10,13 @@ public func sha256(_ parts: [UInt8]...) -> [UInt8] {
     return out
 }
 
-/// Big-endian encodings used by TPM marshalling.
+/// Big-endian encodings used by TPM marshalling (and by the keychain's stored fields).
 extension FixedWidthInteger {
-    var bigEndianBytes: [UInt8] { withUnsafeBytes(of: self.bigEndian) { Array($0) } }
+    public var bigEndianBytes: [UInt8] { withUnsafeBytes(of: self.bigEndian) { Array($0) } }
+    public init?(bigEndianBytes bytes: [UInt8]) {
+        guard bytes.count == MemoryLayout<Self>.size else { return nil }
+        self = bytes.reduce(0) { $0 << 8 | Self($1) }
+    }
 }
 
 /// A selection of SHA-256 PCRs.

@@ -9,35 +9,16 @@ extension TPMContext {
     /// sent encrypted (`session` has the decrypt attribute), and makes it persistent at `handle`.
     public func provisionVerificationKey(_ hmacKey: SecureBytes, parent: TPMHandle, session: TPMHandle,
                                          at handle: UInt32) throws(TPMError) -> [UInt8] {
-        var inSensitive = TPM2B_SENSITIVE_CREATE()
-        defer { TPM2B.wipe(&inSensitive) }
-        hmacKey.withUnsafeBytes { inSensitive.sensitive.data.size = TPM2B.set(&inSensitive.sensitive.data.buffer, $0) }
-        var inPublic = TPM2B_PUBLIC()
-        inPublic.publicArea.type = UInt16(TPM2_ALG_KEYEDHASH)
-        inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA256)
-        inPublic.publicArea.objectAttributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT | TPMA_OBJECT_NODA
+        let attributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT | TPMA_OBJECT_NODA
             | TPMA_OBJECT_SIGN_ENCRYPT | TPMA_OBJECT_ADMINWITHPOLICY
-        inPublic.publicArea.authPolicy.size = TPM2B.set(&inPublic.publicArea.authPolicy.buffer, Sodium.randomBytes(32))
-        inPublic.publicArea.parameters.keyedHashDetail.scheme.scheme = UInt16(TPM2_ALG_HMAC)
-        inPublic.publicArea.parameters.keyedHashDetail.scheme.details.hmac.hashAlg = UInt16(TPM2_ALG_SHA256)
-        var outsideInfo = TPM2B_DATA()
-        var creationPCR = TPML_PCR_SELECTION()
-        var outPrivate: UnsafeMutablePointer<TPM2B_PRIVATE>?
-        var outPublic: UnsafeMutablePointer<TPM2B_PUBLIC>?
-        try call("Create(reader key)") {
-            Esys_Create(esys, parent.tr, session.tr, Self.none, Self.none, &inSensitive, &inPublic,
-                        &outsideInfo, &creationPCR, &outPrivate, &outPublic, nil, nil, nil)
-        }
-        defer { Esys_Free(outPrivate); Esys_Free(outPublic) }
-        var object: ESYS_TR = 0
-        try call("Load(reader key)") {
-            Esys_Load(esys, parent.tr, Self.password, Self.none, Self.none, outPrivate, outPublic, &object)
-        }
-        defer { flush(TPMHandle(tr: object, mustFlush: true)) }
-        let name = try self.name(of: TPMHandle(tr: object, mustFlush: false))
+        let blob = try create(Self.keyedHash(attributes: attributes, policy: Sodium.randomBytes(32), hmac: true),
+                              sensitive: hmacKey, parent: parent, session: session, command: "Create(reader key)")
+        let object = try load(blob, parent: parent)
+        defer { flush(object) }
+        let name = try self.name(of: object)
         var persistent: ESYS_TR = 0
         try call("EvictControl(reader key)") {
-            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, object, Self.password, Self.none, Self.none, handle, &persistent)
+            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, object.tr, Self.password, Self.none, Self.none, handle, &persistent)
         }
         return name
     }

@@ -66,12 +66,6 @@ public final class TPMContext {
         try? call("FlushContext") { Esys_FlushContext(esys, handle.tr) }
     }
 
-    /// Forgets an ESAPI resource without touching the TPM (persistent objects, NV indices).
-    public func close(_ handle: TPMHandle) {
-        var tr = handle.tr
-        _ = Esys_TR_Close(esys, &tr)
-    }
-
     // MARK: Resources by TPM handle
 
     /// Makes an ESAPI resource for a persistent object or NV index (one ReadPublic/NV_ReadPublic).

@@ -13,19 +13,12 @@ struct VaultIntegrationTests {
     static let pin = SecureBytes(copying: Array("2468".utf8))
 
     struct Device {
-        let tpm: SoftwareTPM
-        let answers = ScriptedAuthenticator()
-        let configuration: KeychainConfiguration
-        let device: KeychainDevice
+        let simulated: SimulatedDevice
+        var answers: ScriptedAuthenticator { simulated.answers }
+        var configuration: KeychainConfiguration { simulated.configuration }
+        var device: KeychainDevice { simulated.device }
         init(enroll: Bool = true) async throws {
-            tpm = try SoftwareTPM()
-            var configuration = tpm.configuration()
-            configuration.readerDirectory = tpm.directory + "/reader"
-            configuration.authenticator = answers
-            self.configuration = configuration
-            device = KeychainDevice(configuration: configuration)
-            try await device.setPasscode(VaultIntegrationTests.pin)
-            if enroll { try await device.enrollFinger("thumb", passcode: VaultIntegrationTests.pin) }
+            simulated = try await SimulatedDevice(passcode: VaultIntegrationTests.pin, fingers: enroll ? ["thumb"] : [])
         }
         func vault() async throws -> BiometricsVault<Credentials> {
             try await BiometricsVault<Credentials>(key: "credentials", configuration: configuration)

@@ -146,27 +146,19 @@ func docs_guides_sign_in_with_fingerprint_4() async throws {
 struct docs_guides_testing_with_swtpm_0 {
 
     @Test func theRefreshTokenNeedsTheRightFinger() async throws {
-        let tpm = try SoftwareTPM()
-        let user = ScriptedAuthenticator()
-        var configuration = tpm.configuration()
-        configuration.readerDirectory = tpm.directory + "/reader"
-        configuration.authenticator = user
-
-        let device = KeychainDevice(configuration: configuration)
-        let pin = SecureBytes(copying: Array("2468".utf8))
-        try await device.setPasscode(pin)
-        try await device.enrollFinger("thumb", passcode: pin)
+        // A private TPM, the simulated reader with one finger, a passcode, scripted answers.
+        let d = try await SimulatedDevice(passcode: SecureBytes(copying: Array("2468".utf8)), fingers: ["thumb"])
 
         let vault = try createKeychain(.init(service: "vault", accessControl: .biometryCurrentSet),
-                                       configuration: configuration)
+                                       configuration: d.configuration)
         try await vault.setItem("refreshToken", "rt-1")
 
-        user.push(.finger("thumb"))
+        d.answers.push(.finger("thumb"))
         #expect(try await vault.getItem("refreshToken") == "rt-1")
 
-        user.push(.cancel)
+        d.answers.push(.cancel)
         await #expect(throws: KeychainError(.userCanceled)) { try await vault.getItem("refreshToken") }
 
-        try await tpm.reboot()  // a TPM reset: after-first-unlock items wait for an unlock
+        try await d.tpm.reboot()  // a TPM reset: after-first-unlock items wait for an unlock
     }
 }

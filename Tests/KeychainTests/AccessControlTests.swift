@@ -12,20 +12,15 @@ struct AccessControlTests {
     static let pin = "2468"
 
     struct Device {
-        let tpm: SoftwareTPM
-        let answers = ScriptedAuthenticator()
-        let configuration: KeychainConfiguration
-        let device: KeychainDevice
+        let simulated: SimulatedDevice
+        var tpm: SoftwareTPM { simulated.tpm }
+        var answers: ScriptedAuthenticator { simulated.answers }
+        var configuration: KeychainConfiguration { simulated.configuration }
+        var device: KeychainDevice { simulated.device }
 
         init(reader: Bool = true, passcode: Bool = true, fingers: [String] = ["thumb"]) async throws {
-            tpm = try SoftwareTPM()
-            var configuration = tpm.configuration()
-            configuration.readerDirectory = reader ? tpm.directory + "/reader" : nil
-            configuration.authenticator = answers
-            self.configuration = configuration
-            device = KeychainDevice(configuration: configuration)
-            if passcode { try await device.setPasscode(bytes(AccessControlTests.pin)) }
-            for finger in fingers where reader { try await device.enrollFinger(finger, passcode: passcode ? bytes(AccessControlTests.pin) : nil) }
+            simulated = try await SimulatedDevice(passcode: passcode ? bytes(AccessControlTests.pin) : nil,
+                                                  fingers: fingers, reader: reader)
         }
 
         func storage(_ control: AccessControl, accessible: Accessible = .whenUnlockedThisDeviceOnly,

@@ -22,19 +22,13 @@ struct SignInFlowTests {
     static let pin = SecureBytes(copying: Array("2468".utf8))
 
     struct App {
-        let tpm: SoftwareTPM
-        let answers = ScriptedAuthenticator()
-        let device: KeychainDevice
+        let simulated: SimulatedDevice
+        var answers: ScriptedAuthenticator { simulated.answers }
+        var device: KeychainDevice { simulated.device }
         let flow: SignInFlow
         init() async throws {
-            tpm = try SoftwareTPM()
-            var configuration = tpm.configuration()
-            configuration.readerDirectory = tpm.directory + "/reader"
-            configuration.authenticator = answers
-            device = KeychainDevice(configuration: configuration)
-            try await device.setPasscode(SignInFlowTests.pin)
-            try await device.enrollFinger("thumb", passcode: SignInFlowTests.pin)
-            flow = try SignInFlow(server: FakeServer(), configuration: configuration)
+            simulated = try await SimulatedDevice(passcode: SignInFlowTests.pin, fingers: ["thumb"])
+            flow = try SignInFlow(server: FakeServer(), configuration: simulated.configuration)
             #expect(await flow.biometricOffer().name == "fingerprint")
             #expect(try await flow.completeSignIn(Tokens(accessToken: "at-1", refreshToken: "rt-1", username: "ivan@example.com"),
                                                   withBiometrics: true))

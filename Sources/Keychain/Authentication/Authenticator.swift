@@ -29,6 +29,18 @@ public enum AuthenticationAnswer: Sendable {
     case interrupted
 }
 
+extension AuthenticationAnswer {
+    /// The seed's code for a prompt that ended without an answer; nil for a finger or a passcode.
+    var endingError: KeychainError? {
+        switch self {
+        case .cancel: KeychainError(.userCanceled, "The user canceled the prompt")
+        case .fallback: KeychainError(.userFallback, "The user chose the fallback")
+        case .interrupted: KeychainError(.systemCanceled, "The prompt was interrupted")
+        case .finger, .passcode: nil
+        }
+    }
+}
+
 /// Shows the prompt. The storage calls it only for reads of items behind an access control;
 /// writes, `hasItem`, `getAllKeys`, `getItemInfo`, `removeItem` and `clear` never do.
 public protocol Authenticator: Sendable {
@@ -46,16 +58,11 @@ public final class ScriptedAuthenticator: Authenticator, @unchecked Sendable {
     private let lock = NSLockLike()
     private var answers: [AuthenticationAnswer]
     private var asked: [AuthenticationRequest] = []
-    private let repeatsLast: Bool
     public let attemptsPerRead: Int
 
-    /// - Parameters:
-    ///   - repeatsLast: when the script runs out, give the last answer again (a user who keeps
-    ///     touching with the same finger) instead of interrupting the prompt.
-    ///   - attemptsPerRead: how many questions one read may ask.
-    public init(_ answers: [AuthenticationAnswer] = [], repeatsLast: Bool = false, attemptsPerRead: Int = 3) {
+    /// - Parameter attemptsPerRead: how many questions one read may ask.
+    public init(_ answers: [AuthenticationAnswer] = [], attemptsPerRead: Int = 3) {
         self.answers = answers
-        self.repeatsLast = repeatsLast
         self.attemptsPerRead = attemptsPerRead
     }
 
@@ -69,7 +76,6 @@ public final class ScriptedAuthenticator: Authenticator, @unchecked Sendable {
     public func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer {
         lock.with {
             asked.append(request)
-            if answers.count == 1 && repeatsLast { return answers[0] }
             return answers.isEmpty ? .interrupted : answers.removeFirst()
         }
     }

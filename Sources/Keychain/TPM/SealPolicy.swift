@@ -82,14 +82,6 @@ struct SealPolicy: Codable, Equatable {
     static func decode(_ bytes: [UInt8]) -> SealPolicy? { try? JSONDecoder().decode(SealPolicy.self, from: Data(bytes)) }
 }
 
-extension FixedWidthInteger {
-    var bigEndianBytes: [UInt8] { withUnsafeBytes(of: self.bigEndian) { Array($0) } }
-    init?(bigEndianBytes bytes: [UInt8]) {
-        guard bytes.count == MemoryLayout<Self>.size else { return nil }
-        self = bytes.reduce(0) { $0 << 8 | Self($1) }
-    }
-}
-
 extension SealPolicy.Availability {
     init(_ accessible: Accessible) {
         switch accessible.availability {
