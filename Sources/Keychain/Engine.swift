@@ -794,10 +794,10 @@ extension Engine {
                 do throws(KeychainError) {
                     try backend.checkPIN(pin)
                     limiter.recordSuccess()
-                    saveTokenLimiter(limiter, store)
+                    try saveTokenLimiter(limiter, store)
                 } catch where error.code == .authenticationFailed {
                     limiter.recordFailure()
-                    saveTokenLimiter(limiter, store)
+                    try saveTokenLimiter(limiter, store)
                     failure = "wrong PIN, \(limiter.remaining) left"
                     continue
                 }
@@ -819,9 +819,10 @@ extension Engine {
             ?? PINAttemptLimiter(limit: Self.tokenPINLimit)
     }
 
-    private func saveTokenLimiter(_ limiter: PINAttemptLimiter, _ store: Store) {
-        guard let data = try? JSONEncoder().encode(limiter) else { return }
-        _ = try? store.write { try $0.setMeta(Self.tokenLimiterMeta, Array(data)) }
+    /// A count that cannot be saved would let PINs be tried without limit: that is an error.
+    private func saveTokenLimiter(_ limiter: PINAttemptLimiter, _ store: Store) throws(KeychainError) {
+        let data = (try? JSONEncoder().encode(limiter)) ?? Data()
+        try writeStore(store) { tx in try tx.setMeta(Self.tokenLimiterMeta, Array(data)) }
     }
 
     func resetTokenPINTries() throws(KeychainError) {

@@ -48,7 +48,7 @@ struct Invocation {
 
     func configuration() throws(KeychainError) -> KeychainConfiguration {
         var configuration = KeychainConfiguration.default
-        if let store, ProcessInfo.processInfo.environment["KEYCHAIN_READER"] == nil {
+        if let store, (ProcessInfo.processInfo.environment["KEYCHAIN_READER"] ?? "").isEmpty {
             configuration.readerDirectory = store + ".reader"
         }
         if let reader = flags["--reader"] { configuration.readerDirectory = reader == "none" ? nil : reader }
