@@ -92,6 +92,50 @@ struct ProcessTests {
         }
     }
 
+    /// A recorded HMAC keyed by a short PIN could be brute-forced offline, past the TPM's retry limit,
+    /// unless its session is salted: every session that carries the passcode (PolicySecret on the
+    /// PIN index, NV_ChangeAuth) is salted to the SRK, the new passcode crosses encrypted, and every
+    /// Unseal's response is parameter-encrypted in a salted session.
+    @Test func everySessionCarryingThePasscodeIsSaltedAndEveryUnsealEncrypted() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        let capturePath = tpm.directory + "/sessions.pcap"
+        let tcti = "pcap:" + tpm.tcti
+        let env = ["TCTI_PCAP_FILE": capturePath]
+        func ctl(_ args: [String], _ input: String = "") throws -> Int32 {
+            try cli(tpm, store, args, input: Array(input.utf8), tcti: tcti, environment: env).status
+        }
+        #expect(try ctl(["passcode", "set"], "4711\n") == 0)
+        #expect(try ctl(["lock"]) == 0)
+        #expect(try ctl(["unlock"], "1234\n") == 3)
+        #expect(try ctl(["unlock"], "4711\n") == 0)
+        #expect(try ctl(["set", "s", "p", "--access-control", "passcode"], "guarded") == 0)
+        #expect(try ctl(["set", "s", "u", "--accessible", "whenUnlocked"], "plain") == 0)
+        #expect(try ctl(["get", "s", "p", "--passcode-stdin"], "4711\n") == 0)
+        #expect(try ctl(["get", "s", "u"]) == 0)
+        #expect(try ctl(["passcode", "change"], "4711\n8080\n") == 0)
+
+        let capture = try TPMCapture(path: capturePath)
+        let srk: UInt32 = 0x8100_0001, pinIndex: UInt32 = 0x0100_4B50
+        let provingThePIN = capture.commands.filter { $0.code == TPMCapture.CommandCode.policySecret && $0.handles.first == pinIndex }
+        let changingThePIN = capture.commands.filter { $0.code == TPMCapture.CommandCode.nvChangeAuth && $0.handles.first == pinIndex }
+        let unseals = capture.commands.filter { $0.code == TPMCapture.CommandCode.unseal }
+        // The control: the capture holds each kind of command (wrong and right unlocks, a passcode read, a change).
+        #expect(provingThePIN.count >= 4 && changingThePIN.count >= 1 && unseals.count >= 2,
+                "\(provingThePIN.count) PolicySecret, \(changingThePIN.count) NV_ChangeAuth, \(unseals.count) Unseal")
+        for command in provingThePIN {
+            #expect(command.sessions.first??.saltedWith == srk, "a PolicySecret on the PIN in a session not salted to the SRK")
+        }
+        for command in changingThePIN {
+            #expect(command.sessions.first??.saltedWith == srk, "NV_ChangeAuth in a session not salted to the SRK")
+            #expect(command.authorizations.first?.decrypts == true, "the new passcode crossed unencrypted")
+        }
+        for command in unseals {
+            #expect(command.sessions.first??.saltedWith == srk, "an Unseal in a session not salted to the SRK")
+            #expect(command.authorizations.first?.encrypts == true, "an Unseal response not parameter-encrypted")
+        }
+    }
+
     /// authValidity across processes: a TPM ticket stands in for the fingerprint until the window
     /// ends or the TPM resets; a script of `get` calls is asked once.
     @Test func theAuthValidityWindowHoldsAcrossProcessesAndDiesWithTheTPM() throws {
