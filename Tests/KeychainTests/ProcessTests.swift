@@ -136,6 +136,31 @@ struct ProcessTests {
         }
     }
 
+    /// Someone with TPM access puts their own restricted key at the SRK's handle and flushes every
+    /// transient copy: new processes name the substituted storage root key, and seal nothing to it.
+    @Test func aSubstitutedStorageRootKeyIsNamedAndNothingIsSealedToIt() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        let env = ["TPM2TOOLS_TCTI": tpm.tcti]
+        #expect(try cli(tpm, store, ["set", "old", "k", "--accessible", "always"], input: [1]).status == 0)
+        let substitute = tpm.directory + "/substitute.ctx"
+        #expect(try run("/usr/bin/tpm2_evictcontrol", ["-C", "o", "-c", "0x81000001"], environment: env).status == 0)
+        #expect(try run("/usr/bin/tpm2_createprimary", ["-C", "o", "-G", "ecc256", "-a",
+                        "restricted|decrypt|fixedtpm|fixedparent|sensitivedataorigin|userwithauth", "-c", substitute],
+                        environment: env).status == 0)
+        #expect(try run("/usr/bin/tpm2_evictcontrol", ["-C", "o", "-c", substitute, "0x81000001"], environment: env).status == 0)
+        #expect(try run("/usr/bin/tpm2_flushcontext", ["-t"], environment: env).status == 0)
+        #expect(try run("/usr/bin/tpm2_flushcontext", ["-l"], environment: env).status == 0)
+        for args in [["get", "old", "k"], ["set", "new", "k", "--accessible", "always"]] {
+            let result = try cli(tpm, store, args, input: [2])
+            #expect(result.status == 3, "\(args[0]) with a substituted SRK")
+            #expect(result.stderr.contains("HARDWARE_UNAVAILABLE") && result.stderr.contains("storage root key"),
+                    "\(args[0]): \(result.stderr)")
+        }
+        #expect(try cli(tpm, store, ["has", "new", "k"]).status == 1, "nothing was stored under the substitute")
+        #expect(try cli(tpm, store, ["has", "old", "k"]).status == 0, "the old item is kept")
+    }
+
     /// authValidity across processes: a TPM ticket stands in for the fingerprint until the window
     /// ends or the TPM resets; a script of `get` calls is asked once.
     @Test func theAuthValidityWindowHoldsAcrossProcessesAndDiesWithTheTPM() throws {
