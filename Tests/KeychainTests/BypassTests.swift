@@ -76,6 +76,47 @@ struct BypassTests {
         #expect(withToday?.code.is(.policyFail) == true)
     }
 
+    /// A ThisDeviceOnly key can never leave this TPM: the TPM itself reports `fixedTPM|fixedParent`
+    /// for the stored object once loaded, and TPM2_Duplicate of it is refused, even in a session that
+    /// satisfies its policy. Movable levels are not fixed (they may be backed up later).
+    @Test func thisDeviceOnlyKeysAreFixedToThisTPMAndCannotBeDuplicated() async throws {
+        let f = try Fixture()
+        try await f.storage("fixed", accessible: .alwaysThisDeviceOnly).setItem("k", "v")
+        try await f.storage("movable", accessible: .always).setItem("k", "v")
+        let env = ["TPM2TOOLS_TCTI": f.tpm.tcti]
+        let dir = f.tpm.directory
+        func loadedAttributes(_ stolen: Stolen, _ name: String) throws -> String {
+            try Data(stolen.blob.publicArea).write(to: URL(fileURLWithPath: "\(dir)/\(name).pub"))
+            try Data(stolen.blob.privateArea).write(to: URL(fileURLWithPath: "\(dir)/\(name).priv"))
+            let load = try run("/usr/bin/tpm2_load", ["-C", "0x81000001", "-u", "\(dir)/\(name).pub", "-r", "\(dir)/\(name).priv",
+                                                 "-c", "\(dir)/\(name).ctx"], environment: env)
+            #expect(load.status == 0, "\(load.stderr)")
+            let out = try run("/usr/bin/tpm2_readpublic", ["-c", "\(dir)/\(name).ctx"], environment: env)
+            _ = try run("/usr/bin/tpm2_flushcontext", ["-t"], environment: env)  // no resource manager: 3 slots
+            let attributes = String(decoding: out.stdout, as: UTF8.self).split(separator: "\n")
+                .drop { !$0.hasPrefix("attributes:") }.dropFirst().first ?? ""
+            return String(attributes)
+        }
+        let fixed = try steal(f, service: "fixed", accessible: .alwaysThisDeviceOnly)
+        let fixedAttributes = try loadedAttributes(fixed, "fixed")
+        #expect(fixedAttributes.contains("fixedtpm") && fixedAttributes.contains("fixedparent"), "\(fixedAttributes)")
+        let movableAttributes = try loadedAttributes(try steal(f, service: "movable", accessible: .always), "movable")
+        #expect(!movableAttributes.isEmpty && !movableAttributes.contains("fixedparent"), "\(movableAttributes)")
+
+        // The attack: load the stolen key, satisfy its policy (PolicyPCR), ask the TPM to export it.
+        #expect(try run("/usr/bin/tpm2_load", ["-C", "0x81000001", "-u", "\(dir)/fixed.pub", "-r", "\(dir)/fixed.priv",
+                                               "-c", "\(dir)/fixed.ctx"], environment: env).status == 0)
+        #expect(try run("/usr/bin/tpm2_startauthsession", ["--policy-session", "-S", "\(dir)/dup.session"], environment: env).status == 0)
+        #expect(try run("/usr/bin/tpm2_policypcr", ["-S", "\(dir)/dup.session", "-l", "sha256:7"], environment: env).status == 0)
+        let duplicate = try run("/usr/bin/tpm2_duplicate", ["-C", "null", "-c", "\(dir)/fixed.ctx", "-G", "null",
+                                                             "-p", "session:\(dir)/dup.session",
+                                                             "-r", "\(dir)/dup.priv", "-s", "\(dir)/dup.seed"], environment: env)
+        #expect(duplicate.status != 0)
+        #expect(!FileManager.default.fileExists(atPath: "\(dir)/dup.priv"), "the TPM exported the key")
+        _ = try run("/usr/bin/tpm2_flushcontext", ["-t"], environment: env)
+        _ = try run("/usr/bin/tpm2_flushcontext", ["-l"], environment: env)
+    }
+
     @Test func afterFirstUnlockKeyDoesNotUnsealAfterReboot() async throws {
         let f = try Fixture()
         try await f.device.setPasscode(bytes("2580"))
