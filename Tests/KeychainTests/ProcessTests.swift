@@ -161,6 +161,35 @@ struct ProcessTests {
         #expect(try cli(tpm, store, ["has", "old", "k"]).status == 0, "the old item is kept")
     }
 
+    /// Someone with the store file edits it with SQLite while the keychain is at rest: an item renamed
+    /// within its service, or a whole storage (its wrapping key and an item) copied under another
+    /// service name, decrypts with the right keys but is refused, because service and key are in the
+    /// associated data of the item's encryption.
+    @Test func itemsMovedInTheStoreFileToAnotherKeyOrServiceAreDataCorrupted() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        #expect(try cli(tpm, store, ["set", "bank", "pin", "--accessible", "always"], input: Array("1111".utf8)).status == 0)
+        #expect(try cli(tpm, store, ["set", "bank", "token", "--accessible", "always"], input: Array("2222".utf8)).status == 0)
+        let edit = """
+            import sqlite3, sys
+            db = sqlite3.connect(sys.argv[1])
+            db.execute("UPDATE items SET key = 'renamed' WHERE service = 'bank' AND key = 'pin'")
+            db.execute("INSERT INTO wrapping_keys SELECT 'shop', protection, public_key, sealed_public, sealed_private, policy, created FROM wrapping_keys WHERE service = 'bank'")
+            db.execute("INSERT INTO items SELECT 'shop', key, protection, label, created, modified, writer_public, salt, nonce, ciphertext FROM items WHERE service = 'bank' AND key = 'token'")
+            db.commit()
+            db.close()
+            """
+        let edited = try run("/usr/bin/python3", ["-c", edit, store + "/keychain.db"])
+        #expect(edited.status == 0, "\(edited.stderr)")
+        for (service, key) in [("bank", "renamed"), ("shop", "token")] {
+            let got = try cli(tpm, store, ["get", service, key])
+            #expect(got.status == 3 && got.stderr.contains("DATA_CORRUPTED"), "\(service)/\(key): \(got.stderr)")
+            #expect(got.stdout.isEmpty)
+        }
+        // The control: the untouched item of the same storage still reads.
+        #expect(try cli(tpm, store, ["get", "bank", "token"]).stdout == Array("2222".utf8))
+    }
+
     /// authValidity across processes: a TPM ticket stands in for the fingerprint until the window
     /// ends or the TPM resets; a script of `get` calls is asked once.
     @Test func theAuthValidityWindowHoldsAcrossProcessesAndDiesWithTheTPM() throws {
