@@ -15,8 +15,8 @@ public struct KeychainConfiguration: Sendable {
     /// The directory of the SQLite store (created 0700).
     public var storeDirectory: String
     public var tpm: TPMSource
-    /// PCRs a `ThisDeviceOnly` wrapping key is bound to. PCR 7 (Secure Boot state) by default;
-    /// PCRs 16 and 23 are resettable by anyone and make no binding.
+    /// PCRs a `ThisDeviceOnly` wrapping key is bound to: PCR 7 (Secure Boot state) by default, any of
+    /// 0–15 (checked by `checkPCRSelection()` before a `ThisDeviceOnly` write or `initialize`).
     public var pcrSelection: [Int]
     /// Wrong passcodes the TPM accepts before it refuses the passcode (its PIN index's limit).
     public var passcodeRetryLimit: UInt32
@@ -42,6 +42,23 @@ public struct KeychainConfiguration: Sendable {
         self.pcrSelection = pcrSelection
         self.passcodeRetryLimit = passcodeRetryLimit
         self.ownerAuthorization = ownerAuthorization
+    }
+
+    /// Refuses PCRs that bind nothing: 16 and 23 are resettable by anyone (TPM2_PCR_Reset at locality 0),
+    /// 17–22 by a dynamic launch; only 0–15 hold a boot state no process can take back.
+    public func checkPCRSelection() throws(KeychainError) {
+        guard !pcrSelection.isEmpty else {
+            throw .invalidArgument("Invalid PCR selection: empty; give at least one of PCRs 0–15 (default 7)")
+        }
+        for pcr in pcrSelection where !(0...15).contains(pcr) {
+            let why = switch pcr {
+            case 16: "PCR 16 is the debug PCR: any process can reset it, so it binds an item to nothing"
+            case 23: "PCR 23 is the application PCR: any process can reset it, so it binds an item to nothing"
+            case 17...22: "PCRs 17–22 are reset by a dynamic launch (DRTM) and hold no boot state"
+            default: "a TPM has PCRs 0–23"
+            }
+            throw .invalidArgument("Invalid PCR selection \(pcrSelection): \(why); use PCRs 0–15 only (default 7)")
+        }
     }
 
     /// `KEYCHAIN_STORE` or `~/.local/share/keychain`; `KEYCHAIN_TCTI`, `TPM2TCTI`, `/dev/tpmrm0`,

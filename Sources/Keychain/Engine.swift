@@ -138,6 +138,7 @@ actor Engine {
         guard value.count <= Self.maxValueLength else {
             throw KeychainError.invalidArgument("Invalid value: at most \(Self.maxValueLength) bytes, got \(value.count)")
         }
+        if protection.accessible.isThisDeviceOnly { try configuration.checkPCRSelection() }
         // The reader's state is read only for writes that need it.
         let reader = protection.accessControl == .none ? nil
             : try readerDirectory.map { (dir: String) throws(KeychainError) in try FingerprintReader(directory: dir) }
@@ -571,7 +572,10 @@ actor Engine {
     }
 
     /// Makes sure the store and the TPM are provisioned (SRK, device-lock indices).
-    func initialize() throws(KeychainError) -> DeviceStatus { try status() }
+    func initialize() throws(KeychainError) -> DeviceStatus {
+        try configuration.checkPCRSelection()
+        return try status()
+    }
 
     func drainCommandCount() -> Int { defer { tpmCommands = 0 }; return tpmCommands }
     func dropCaches() { unsealed.removeAll(); agreed.removeAll(); writers.removeAll() }

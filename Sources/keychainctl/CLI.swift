@@ -58,10 +58,11 @@ struct Invocation {
         if let tcti { configuration.tpm = .tcti(tcti) }
         if let pcrs = flags["--pcrs"] {
             let indices = pcrs.split(separator: ",").map { Int($0) }
-            guard !indices.isEmpty, indices.allSatisfy({ $0.map { (0..<24).contains($0) } ?? false }) else {
-                throw KeychainError.invalidArgument("Invalid --pcrs '\(pcrs)': expected PCR numbers 0–23 separated by commas, e.g. 7 or 0,7")
+            guard !indices.isEmpty, indices.allSatisfy({ $0 != nil }) else {
+                throw KeychainError.invalidArgument("Invalid --pcrs '\(pcrs)': expected PCR numbers 0–15 separated by commas, e.g. 7 or 0,7")
             }
             configuration.pcrSelection = indices.compactMap { $0 }
+            try configuration.checkPCRSelection()
         }
         return configuration
     }

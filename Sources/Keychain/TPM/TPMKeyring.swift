@@ -27,6 +27,7 @@ final class TPMKeyring {
         static let pinTR = "tpm.pin.tr"
         static let descriptor = "tpm.lock.descriptor"
         static let manufacturer = "tpm.manufacturer"
+        static let bootState = "tpm.boot-state"
     }
 
     init(device: TPMDevice, store: Store, configuration: KeychainConfiguration) throws(KeychainError) {
@@ -94,7 +95,9 @@ final class TPMKeyring {
             let stateTR = try context.serialize(state)
             let epochTR = try context.serialize(epoch)
             let pinTR = try context.serialize(try context.resource(forPersistent: DeviceLockLayout.pinIndex))
+            let bootState = try BootState.read(context, configuration.pcrSelection.filter { (0...15).contains($0) })
             try store.write { tx in
+                try tx.setMeta(Meta.bootState, bootState.encoded())
                 try tx.setMeta(Meta.srkTR, srkTR)
                 try tx.setMeta(Meta.srkName, srkName)
                 try tx.setMeta(Meta.stateTR, stateTR)
@@ -181,8 +184,10 @@ final class TPMKeyring {
             var policy = SealPolicy(availability: .init(accessible), stateName: stateName, biometry: biometry,
                                     passcode: passcode ? true : nil)
             if accessible.isThisDeviceOnly {
+                let current = try BootState.read(context, pcrs)
+                try checkBootState(current)
                 policy.pcrs = PCRSelection(pcrs).indices
-                policy.pcrDigest = sha256(try context.readPCRs(PCRSelection(pcrs)).flatMap { $0 })
+                policy.pcrDigest = sha256(policy.pcrs!.flatMap { current.values[$0]! })
             }
             if accessible.requiresPasscode {
                 guard try currentDescriptor().passcodeSet else {
@@ -202,6 +207,31 @@ final class TPMKeyring {
             throw error
         } catch let error as TPMError {
             throw diagnose(error, doing: "seal a wrapping key")
+        } catch {
+            throw KeychainError(.internal, "\(error)")
+        }
+    }
+
+    /// Never seals to a state the device does not boot into (seed: never store an item with less): PCRs
+    /// extended since boot would make the key die at the next reboot. A PCR first selected after
+    /// provisioning (or a store provisioned before this check) is recorded at its first seal.
+    private func checkBootState(_ current: BootState) throws(KeychainError) {
+        var expected = try Self.meta(store, Meta.bootState).flatMap(BootState.init(decoding:)) ?? BootState(values: [:])
+        let changed = current.values.keys.sorted().filter { pcr in
+            expected.values[pcr].map { $0 != current.values[pcr] } ?? false
+        }
+        guard changed.isEmpty else {
+            let list = changed.map(String.init).joined(separator: ", ")
+            throw KeychainError(.deviceStateChanged,
+                                "PCR \(list) no longer holds the value recorded when this keychain was set up: it was extended "
+                                + "since boot, or the boot configuration changed. A ThisDeviceOnly item sealed now would be lost "
+                                + "at the next reboot, so nothing was stored. Reboot and write again; items written before are kept")
+        }
+        let unrecorded = current.values.filter { expected.values[$0.key] == nil }
+        guard !unrecorded.isEmpty else { return }
+        expected.values.merge(unrecorded) { old, _ in old }
+        do { try store.write { tx in try tx.setMeta(Meta.bootState, expected.encoded()) } } catch let error as StoreError {
+            throw KeychainError(store: error)
         } catch {
             throw KeychainError(.internal, "\(error)")
         }
@@ -549,4 +579,22 @@ final class TPMKeyring {
         }
         return diagnose(error, doing: what)
     }
+}
+
+/// PCR values (SHA-256 bank) by index: the boot state a `ThisDeviceOnly` key may be sealed to.
+struct BootState: Codable, Equatable {
+    var values: [Int: [UInt8]]
+
+    static func read(_ context: TPMContext, _ pcrs: [Int]) throws(TPMError) -> BootState {
+        let selection = PCRSelection(pcrs)
+        let values = try context.readPCRs(selection)
+        return BootState(values: Dictionary(uniqueKeysWithValues: zip(selection.indices, values)))
+    }
+
+    init(values: [Int: [UInt8]]) { self.values = values }
+    init?(decoding bytes: [UInt8]) {
+        guard let state = try? JSONDecoder().decode(BootState.self, from: Data(bytes)) else { return nil }
+        self = state
+    }
+    func encoded() -> [UInt8] { Array((try? JSONEncoder().encode(self)) ?? Data()) }
 }
