@@ -20,98 +20,134 @@ struct VaultIntegrationTests {
         init(enroll: Bool = true) async throws {
             simulated = try await SimulatedDevice(passcode: VaultIntegrationTests.pin, fingers: enroll ? ["thumb"] : [])
         }
-        func vault() async throws -> BiometricsVault<Credentials> {
-            try await BiometricsVault<Credentials>(key: "credentials", configuration: configuration)
+        func vault() -> BiometricsVault<Credentials> {
+            BiometricsVault<Credentials>(key: "credentials", configuration: configuration)
         }
     }
 
     @Test func everyTransitionOfTheFirstDiagramAndARestartInBetween() async throws {
         let d = try await Device()
-        var vault = try await d.vault()
-        #expect(await vault.state == .ready)
-        try await vault.enableKeychainVault(saving: Self.alice)
-        #expect(await vault.state == .keychainSecured(Self.alice))
-        vault = try await d.vault()  // restart
-        #expect(await vault.state == .keychainSecured(Self.alice))
+        var vault = d.vault()
+        #expect(vault.state == .ready)
+        try vault.enableKeychainVault(saving: Self.alice)
+        #expect(vault.state == .keychainSecured(Self.alice))
+        vault = d.vault()  // restart
+        #expect(vault.state == .keychainSecured(Self.alice))
         try await vault.upgradeKeychainWithBiometrics()
-        #expect(await vault.state == .biometricsSecured(Self.alice))
+        #expect(vault.state == .biometricsSecured(Self.alice))
         #expect(d.answers.requests.isEmpty, "storing behind biometrics never prompts")
-        try await vault.lock()
-        #expect(await vault.state == .locked)
-        vault = try await d.vault()  // restart: found locked, without a prompt
-        #expect(await vault.state == .locked)
+        try vault.lock()
+        #expect(vault.state == .locked)
+        vault = d.vault()  // restart: found locked, without a prompt
+        #expect(vault.state == .locked)
         d.answers.push(.finger("thumb"))
-        try await vault.unlockWithBiometrics()
-        #expect(await vault.state == .biometricsSecured(Self.alice))
+        let savedCredentials = try await vault.unlockWithBiometrics()
+        #expect(savedCredentials == Self.alice)
+        #expect(vault.state == .biometricsSecured(Self.alice))
         try await vault.downgradeBiometricsToKeychain()
-        #expect(await vault.state == .keychainSecured(Self.alice))
+        #expect(vault.state == .keychainSecured(Self.alice))
         try await vault.upgradeKeychainWithBiometrics()
         try await vault.disableBiometricsSecureVault()
-        #expect(await vault.state == .ready)
+        #expect(vault.state == .ready)
         try await vault.enableSecureVaultWithBiometrics(saving: Self.alice)
-        #expect(await vault.state == .biometricsSecured(Self.alice))
-        try await vault.resetEverything()
-        #expect(await vault.state == .ready)
-        vault = try await d.vault()
-        #expect(await vault.state == .ready)
+        #expect(vault.state == .biometricsSecured(Self.alice))
+        vault.resetEverything()
+        #expect(vault.state == .ready)
+        vault = d.vault()
+        #expect(vault.state == .ready)
     }
 
     @Test func aDisallowedTransitionThrowsAndChangesNothing() async throws {
         let d = try await Device()
-        let vault = try await d.vault()
+        let vault = d.vault()
         await #expect(throws: VaultError.self) { try await vault.unlockWithBiometrics() }
-        #expect(await vault.state == .ready)
+        #expect(vault.state == .ready)
     }
 
     @Test func aCanceledUnlockStaysLockedAndACanceledPromptIsReported() async throws {
         let d = try await Device()
-        let vault = try await d.vault()
+        let vault = d.vault()
         try await vault.enableSecureVaultWithBiometrics(saving: Self.alice)
-        try await vault.lock()
+        try vault.lock()
         d.answers.push(.cancel)
         await #expect(throws: KeychainError(.userCanceled)) { try await vault.unlockWithBiometrics() }
-        #expect(await vault.state == .locked)
+        #expect(vault.state == .locked)
     }
 
     @Test func aLockoutIsEndedByReauthenticatingTheOwner() async throws {
         let d = try await Device()
-        let vault = try await d.vault()
+        let vault = d.vault()
         try await vault.enableSecureVaultWithBiometrics(saving: Self.alice)
-        try await vault.lock()
+        try vault.lock()
         d.answers.push(.finger("pinky"), .finger("pinky"), .finger("pinky"))
         await #expect(throws: KeychainError(.authenticationFailed)) { try await vault.unlockWithBiometrics() }
         d.answers.push(.finger("pinky"), .finger("pinky"))
         await #expect(throws: KeychainError(.lockout)) { try await vault.unlockWithBiometrics() }
-        #expect(await vault.state == .locked)
+        #expect(vault.state == .locked)
         d.answers.push(.passcode(SecureBytes(copying: Array("0000".utf8))), .passcode(Self.pin))
-        try await vault.reauthenticateOwner()
+        #expect(try await vault.reauthenticateOwner())
         d.answers.push(.finger("thumb"))
         try await vault.unlockWithBiometrics()
-        #expect(await vault.state == .biometricsSecured(Self.alice))
+        #expect(vault.state == .biometricsSecured(Self.alice))
     }
 
     @Test func anEnrollmentChangeWhileBiometricsSecuredEndsInReadyAfterKeyInvalidated() async throws {
         let d = try await Device()
-        let vault = try await d.vault()
+        let vault = d.vault()
         try await vault.enableSecureVaultWithBiometrics(saving: Self.alice)
         try await d.device.enrollFinger("index", passcode: Self.pin)
-        try await vault.lock()
+        try vault.lock()
         await #expect(throws: KeychainError(.keyInvalidated)) { try await vault.unlockWithBiometrics() }
-        #expect(await vault.state == .ready)
-        let restarted = try await d.vault()
-        #expect(await restarted.state == .ready)
+        #expect(vault.state == .ready)
+        let restarted = d.vault()
+        #expect(restarted.state == .ready)
     }
 
     @Test func withoutAnEnrolledFingerTheVaultIsUnavailableButCanKeepAKeychainCopy() async throws {
         let d = try await Device(enroll: false)
-        let vault = try await d.vault()
-        #expect(await vault.state == .unavailable)
-        try await vault.enableKeychainVault(saving: Self.alice)
+        let vault = d.vault()
+        #expect(vault.state == .unavailable)
+        try vault.enableKeychainVault(saving: Self.alice)
         await #expect(throws: VaultError.self) { try await vault.upgradeKeychainWithBiometrics() }
-        #expect(await vault.state == .keychainSecured(Self.alice))
+        #expect(vault.state == .keychainSecured(Self.alice))
         try await d.device.enrollFinger("thumb", passcode: Self.pin)
         await vault.refreshAvailability()
         try await vault.upgradeKeychainWithBiometrics()
-        #expect(await vault.state == .biometricsSecured(Self.alice))
+        #expect(vault.state == .biometricsSecured(Self.alice))
+    }
+
+    /// The synchronous calls wait on the vault's own thread: called from more tasks at once than
+    /// the shared pool has threads, each still completes (none needs a pool thread to finish).
+    @Test func synchronousCallsFromEveryPoolThreadAtOnceComplete() async throws {
+        let d = try await Device()
+        let vaults = (0..<8).map { i in
+            BiometricsVault<Credentials>(key: "credentials-\(i)", configuration: d.configuration)
+        }
+        let states = try await withThrowingTaskGroup(of: VaultStateKind.self) { group in
+            for vault in vaults {
+                group.addTask {
+                    try vault.enableKeychainVault(saving: Self.alice)
+                    return vault.state.kind
+                }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(states == Array(repeating: .keychainSecured, count: 8))
+        for vault in vaults { vault.resetEverything() }
+        #expect(vaults.allSatisfy { $0.state == .ready })
+    }
+
+    /// An unreadable store leaves the state `unavailable` rather than a wrong `ready`, and the next
+    /// read asks again.
+    @Test func aStateThatCannotBeReadIsUnavailableAndReadAgainLater() async throws {
+        let d = try await Device()
+        d.vault().resetEverything()
+        try d.vault().enableKeychainVault(saving: Self.alice)
+        try d.simulated.tpm.reboot()
+        await d.device.dropCaches()  // as a new process would
+        let vault = d.vault()
+        #expect(vault.state == .unavailable, "before the first unlock the keychain item cannot be read")
+        try await d.device.unlock(passcode: Self.pin)
+        #expect(vault.state == .keychainSecured(Self.alice))
     }
 }

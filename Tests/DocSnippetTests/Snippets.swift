@@ -39,29 +39,100 @@ func README_1() async throws {
 // docs/guides/biometrics-vault.md, block 1
 func docs_guides_biometrics_vault_0() async throws {
 
-    struct Credentials: Codable, Sendable { var user: String; var token: String }
+    struct Credentials: Codable, Sendable { var user: String; var token: String }  // given
+    let credentials = Credentials(user: "ivan", token: "t-1")                      // given
 
-    let vault = try await BiometricsVault<Credentials>(key: "credentials")
-    try await vault.enableKeychainVault(saving: Credentials(user: "ivan", token: "t-1"))
-    if await vault.biometricsAvailable {
-        try await vault.upgradeKeychainWithBiometrics()   // no prompt: the write never asks
-    }
+    let vault = BiometricsVault<Credentials>(key: "biometrics_credentials")
+    try vault.enableKeychainVault(saving: credentials)
 }
 
 // docs/guides/biometrics-vault.md, block 2
 func docs_guides_biometrics_vault_1() async throws {
 
+    struct Credentials: Codable, Sendable { var user: String; var token: String }  // given
+
+    let vault = BiometricsVault<Credentials>(key: "biometrics_credentials")
+    switch vault.state {
+    case .keychainSecured(let credentials):
+        // we can login the user, validate the token, or any other operation we'd like
+        print("signed in as", credentials.user)  // given: Swift needs a statement here
+    default:
+        break
+    }
+}
+
+// docs/guides/biometrics-vault.md, block 3
+func docs_guides_biometrics_vault_2() async throws {
+
+    struct Credentials: Codable, Sendable { var user: String; var token: String }  // given
+
+    let vault = BiometricsVault<Credentials>(key: "biometrics_credentials")
+    vault.resetEverything()
+}
+
+// docs/guides/biometrics-vault.md, block 4
+func docs_guides_biometrics_vault_3() async throws {
+
+    struct Credentials: Codable, Sendable { var user: String; var token: String }  // given
+
+    let vault = BiometricsVault<Credentials>(key: "biometrics_credentials")
+    try await vault.upgradeKeychainWithBiometrics()
+}
+
+// docs/guides/biometrics-vault.md, block 5
+func docs_guides_biometrics_vault_4() async throws {
+
+    struct Credentials: Codable, Sendable { var user: String; var token: String }  // given
+
+    let vault = BiometricsVault<Credentials>(key: "biometrics_credentials")
+    let savedCredentials = try await vault.unlockWithBiometrics()
+    print(savedCredentials.user)  // given
+}
+
+// docs/guides/biometrics-vault.md, block 6
+func docs_guides_biometrics_vault_5() async throws {
+
+    struct Credentials: Codable, Sendable { var user: String; var token: String }  // given
+    let vault = BiometricsVault<Credentials>(key: "biometrics_credentials")        // given
+    do { _ = try await vault.unlockWithBiometrics() } catch {                       // given
+
+    switch error {
+    case let error as KeychainError where error.code == .lockout:
+        let _ = try await vault.reauthenticateOwner()
+    default:
+        break // do other stuff
+    }
+
+    }                                                                               // given
+}
+
+// docs/guides/biometrics-vault.md, block 7
+func docs_guides_biometrics_vault_6() async throws {
+
     struct Credentials: Codable, Sendable { var user: String; var token: String }
 
-    let vault = try await BiometricsVault<Credentials>(key: "credentials")
-    switch await vault.state {
+    let vault = BiometricsVault<Credentials>(key: "credentials")
+    try vault.enableKeychainVault(saving: Credentials(user: "ivan", token: "t-1"))
+    if vault.biometricsAvailable {
+        try await vault.upgradeKeychainWithBiometrics()   // no prompt: the write never asks
+    }
+}
+
+// docs/guides/biometrics-vault.md, block 8
+func docs_guides_biometrics_vault_7() async throws {
+
+    struct Credentials: Codable, Sendable { var user: String; var token: String }
+
+    let vault = BiometricsVault<Credentials>(key: "credentials")
+    switch vault.state {
     case .keychainSecured(let credentials), .biometricsSecured(let credentials):
         print("signed in as", credentials.user)
     case .locked:
         do {
-            try await vault.unlockWithBiometrics()          // the prompt
+            let credentials = try await vault.unlockWithBiometrics()   // the prompt
+            print("signed in as", credentials.user)
         } catch let error as KeychainError where error.code == .lockout || error.code == .lockoutPermanent {
-            try await vault.reauthenticateOwner()           // the passcode ends the lockout
+            try await vault.reauthenticateOwner()                      // the passcode ends the lockout
             try await vault.unlockWithBiometrics()
         }
     case .ready, .unavailable:
