@@ -127,7 +127,7 @@ actor Engine {
         var biometry: SealPolicy.BiometryBinding?
         if control.usesBiometry, enrolled, let reader, let state = reader.state {
             biometry = .init(keyName: state.keyName, tpmHandle: state.tpmHandle,
-                             policyRef: control.isCurrentSet ? reader.enrollmentSet : [], currentSet: control.isCurrentSet)
+                             enrollmentSet: control.isCurrentSet ? reader.enrollmentSet : [], currentSet: control.isCurrentSet)
         }
         return (biometry, control.allowsPasscode)
     }
@@ -151,7 +151,7 @@ actor Engine {
             // Dead: a key of another reader, or a CurrentSet key of an older enrollment set. An Any key
             // survives enrollment changes (even all fingers removed), as the seed says.
             let current = reader?.state
-            if binding.keyName != current?.keyName || (binding.currentSet && binding.policyRef != reader?.enrollmentSet) {
+            if binding.keyName != current?.keyName || (binding.currentSet && binding.enrollmentSet != reader?.enrollmentSet) {
                 staleKey = existing.publicKey
                 wrapping = nil
             }
@@ -171,7 +171,8 @@ actor Engine {
             let pair = Sodium.generateX25519()
             let (blob, policy) = try withKeyring { keyring throws(KeychainError) in
                 try keyring.seal(pair.secretKey, accessible: protection.accessible, pcrs: configuration.pcrSelection,
-                                 biometry: requirements.biometry, passcode: requirements.passcode)
+                                 biometry: requirements.biometry, passcode: requirements.passcode,
+                                 keyRef: SealPolicy.keyRef(service: service, protection: tag, publicKey: pair.publicKey))
             }
             wrapping = WrappingKeyRecord(service: service, protection: tag, publicKey: pair.publicKey,
                                          sealedPublic: blob.publicArea, sealedPrivate: blob.privateArea,
@@ -297,8 +298,11 @@ actor Engine {
             if let generation = cached.generation { current = try generation == lockGeneration(store) }
             if current { return cached.secret }
         }
-        guard let policy = SealPolicy.decode(wrapping.policy) else {
-            throw KeychainError(.dataCorrupted, "The wrapping key of service '\(wrapping.service)' has an unreadable policy")
+        guard let policy = SealPolicy.decode(wrapping.policy),
+              policy.keyRef.map({ $0 == SealPolicy.keyRef(service: wrapping.service, protection: wrapping.protection,
+                                                          publicKey: wrapping.publicKey) }) ?? true else {
+            throw KeychainError(.dataCorrupted, "The wrapping key of service '\(wrapping.service)' has an unreadable policy, "
+                                + "or one made for another key")
         }
         let generation: UInt64? = policy.availability == .whenUnlocked ? try lockGeneration(store) : nil
         let blob = TPMContext.SealedBlob(publicArea: wrapping.sealedPublic, privateArea: wrapping.sealedPrivate)
@@ -308,6 +312,7 @@ actor Engine {
             secret = try unsealWithoutUser(blob, policy: policy)
         } else {
             secret = try await unsealWithUser(blob, policy: policy, record: record, context: context)
+            if policy.keyRef == nil, (try? checked(secret, wrapping)) != nil { rebind(secret, wrapping, policy, store: store) }
             // authValidity: the window in which reads of this protection skip the prompt (this process);
             // never for the CurrentSet values, whatever storage reads them (seed: AccessControl).
             guard context.authValidity > 0, policy.biometry?.currentSet != true else { return try checked(secret, wrapping) }
@@ -351,7 +356,7 @@ actor Engine {
         if let binding = policy.biometry {
             // CurrentSet: an enrollment change (or a new reader) invalidates the item, before any prompt.
             let stillValid = reader?.keyName == binding.keyName
-                && (!binding.currentSet || reader?.enrollmentSet == binding.policyRef)
+                && (!binding.currentSet || reader?.enrollmentSet == binding.enrollmentSet)
             if !stillValid && binding.currentSet {
                 throw KeychainError(.keyInvalidated,
                                     "The enrolled fingers changed since item '\(record.key)' was written; the item was removed")
@@ -362,8 +367,8 @@ actor Engine {
         guard !methods.isEmpty else {
             throw KeychainError(.keyInvalidated, "Item '\(record.key)' can no longer be opened by this device's reader")
         }
-        // authValidity across processes: a TPM ticket from an earlier read of this protection.
-        let window = Int32(clamping: policy.biometry?.currentSet == true ? 0 : context.authValidity)
+        // authValidity across processes: a TPM ticket from an earlier read of this key, which opens no other.
+        let window = Int32(clamping: policy.acceptsTickets ? context.authValidity : 0)
         let ticketName = "ticket:\(record.service)/\(record.protection)"
         if window > 0, let saved = try? store().meta(ticketName),
            let stored = try? JSONDecoder().decode(TPMKeyring.StoredTicket.self, from: Data(saved)),
@@ -426,6 +431,27 @@ actor Engine {
             }
         }
         throw KeychainError(.authenticationFailed, "Not recognised (\(failure ?? "no match"))")
+    }
+
+    /// Keys sealed before tickets named their key share one empty policyRef, so a ticket made for one
+    /// would open them all: none is ever asked for them, and once one opens it is sealed again with its
+    /// own reference (the same secret: its items stay). Best effort: a failure leaves the old blob,
+    /// which still opens. Copies of the old blob keep the old policy.
+    private func rebind(_ secret: SecureBytes, _ wrapping: WrappingKeyRecord, _ policy: SealPolicy, store: Store) {
+        var policy = policy
+        policy.keyRef = SealPolicy.keyRef(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
+        let sealed = policy
+        guard let blob = try? withKeyring({ keyring throws(KeychainError) in try keyring.seal(secret, policy: sealed) }) else { return }
+        var updated = wrapping
+        updated.sealedPublic = blob.publicArea
+        updated.sealedPrivate = blob.privateArea
+        updated.policy = policy.encoded()
+        // Only over the blob we opened: another process may have rebound or replaced it meanwhile.
+        try? writeStore(store) { tx in
+            guard try tx.wrappingKey(service: wrapping.service, protection: wrapping.protection)?.sealedPrivate
+                    == wrapping.sealedPrivate else { return }
+            try tx.putWrappingKey(updated)
+        }
     }
 
     /// Keeps a ticket for the window: the TPM refuses it after the window or a reset, so it is no

@@ -42,6 +42,8 @@ public struct TPMReturnCode: RawRepresentable, Hashable, Sendable, CustomStringC
     // Format one (Part 2, Table 16), compared against `base`.
     public static let value = Self(rawValue: 0x084)
     public static let handle = Self(rawValue: 0x08B)
+    /// A ticket whose HMAC does not verify (PolicyTicket with other inputs than it was made for).
+    public static let ticket = Self(rawValue: 0x0A0)
     public static let authFail = Self(rawValue: 0x08E)
     public static let policyFail = Self(rawValue: 0x09D)
     public static let integrity = Self(rawValue: 0x09F)

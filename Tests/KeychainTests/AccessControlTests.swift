@@ -323,19 +323,23 @@ struct AccessControlTests {
                 return true
             } catch { return false }
         }
-        // The control: the reader's fresh signature over today's set opens it.
-        #expect(try attempt { nonce in (reader.sign(nonceTPM: nonce, policyRef: binding.policyRef)!, binding.policyRef) })
+        // The control: the reader's fresh signature over today's set (and this key) opens it.
+        let ref = policy.signedRef
+        #expect(try attempt { nonce in (reader.sign(nonceTPM: nonce, for: binding, keyRef: policy.keyRef)!, ref) })
         #expect(try !attempt { _ in nil }, "no signature")
-        #expect(try !attempt { nonce in (Sodium.hmacSHA256(key: SecureBytes(random: 32), message: TPMContext.policySignedDigest(nonceTPM: nonce, policyRef: binding.policyRef)), binding.policyRef) }, "a forged signature")
+        #expect(try !attempt { nonce in (Sodium.hmacSHA256(key: SecureBytes(random: 32), message: TPMContext.policySignedDigest(nonceTPM: nonce, policyRef: ref)), ref) }, "a forged signature")
         // A signature captured from an earlier session is refused: it covers that session's nonce.
         var captured: [UInt8] = []
-        _ = try attempt { nonce in captured = reader.sign(nonceTPM: nonce, policyRef: binding.policyRef)!; return (captured, binding.policyRef) }
-        #expect(try !attempt { _ in (captured, binding.policyRef) }, "a replayed signature")
+        _ = try attempt { nonce in captured = reader.sign(nonceTPM: nonce, for: binding, keyRef: policy.keyRef)!; return (captured, ref) }
+        #expect(try !attempt { _ in (captured, ref) }, "a replayed signature")
         // After an enrollment change the reader signs the new set only: the old set's policy fails.
         try await d.device.enrollFinger("index", passcode: bytes(Self.pin))
         let changed = try FingerprintReader(directory: d.configuration.readerDirectory!)
-        #expect(changed.sign(nonceTPM: [1], policyRef: binding.policyRef) == nil)
-        #expect(try !attempt { nonce in (changed.sign(nonceTPM: nonce, policyRef: changed.enrollmentSet)!, changed.enrollmentSet) })
+        #expect(changed.sign(nonceTPM: [1], for: binding, keyRef: policy.keyRef) == nil)
+        var today = binding
+        today.enrollmentSet = changed.enrollmentSet
+        let todayRef = FingerprintReader.policyRef(currentSet: true, enrollmentSet: today.enrollmentSet, keyRef: policy.keyRef)
+        #expect(try !attempt { nonce in (changed.sign(nonceTPM: nonce, for: today, keyRef: policy.keyRef)!, todayRef) })
     }
 
     @Test func aPasscodeKeyDoesNotUnsealWithoutThePIN() async throws {
@@ -348,6 +352,7 @@ struct AccessControlTests {
         let srk = try context.resource(forPersistent: 0x8100_0001)
         let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
         let blob = TPMContext.SealedBlob(publicArea: record.sealedPublic, privateArea: record.sealedPrivate)
+        let keyRef = try #require(SealPolicy.decode(record.policy)?.keyRef)
         func attempt(_ guess: String?) throws -> Bool {
             let session = try context.startSession(.policy, saltKey: srk, encryptResponse: true, continueSession: true)
             defer { context.flush(session) }
@@ -358,7 +363,7 @@ struct AccessControlTests {
                     try context.setAuth(pin, bytes(guess))
                     let auth = try context.startSession(.hmac, saltKey: srk, continueSession: true)
                     defer { context.flush(auth) }
-                    try context.policySecret(session, entity: pin, authSession: auth)
+                    try context.policySecret(session, entity: pin, authSession: auth, policyRef: keyRef)
                 }
                 _ = try context.unseal(object, session: session)
                 return true

@@ -6,12 +6,12 @@ import TPM2
 ///
 /// Its trust boundary is its own directory (0700), apart from the keychain's store: it holds an
 /// HMAC-SHA256 key and the enrolled fingers. The TPM holds a verify-only copy of the key at a
-/// persistent handle; when a finger matches, the reader signs the policy session's nonce with the
-/// enrollment set as `policyRef` (PolicySigned). `biometryCurrentSet` keys are sealed to today's set,
-/// so any enrollment change makes the reader stop signing for them; `biometryAny` keys use an empty
-/// `policyRef`. After 5 failed matches in a row the reader is locked out (`LOCKOUT`): it refuses
-/// every finger, and each touch still counts; at 10 it is `LOCKOUT_PERMANENT`. Both last until the
-/// passcode is entered (a read that the passcode opens, or an enrollment change).
+/// persistent handle; when a finger matches, the reader signs the policy session's nonce with a
+/// `policyRef` naming the key and, for `biometryCurrentSet` keys, today's enrollment set
+/// (PolicySigned): any enrollment change makes the reader stop signing for those. After 5 failed
+/// matches in a row the reader is locked out (`LOCKOUT`): it refuses every finger, and each touch
+/// still counts; at 10 it is `LOCKOUT_PERMANENT`. Both last until the passcode is entered (a read
+/// that the passcode opens, or an enrollment change).
 ///
 /// - Important: whoever can read the reader's directory can sign as the reader. On a real device
 ///   that key lives in the sensor; here, give the directory to a different user or keep it root-only.
@@ -76,9 +76,26 @@ final class FingerprintReader {
         return lockState ?? .noMatch
     }
 
-    /// Signs what PolicySigned verifies; only ever for an empty `policyRef` or today's set.
-    func sign(nonceTPM: [UInt8], policyRef: [UInt8], expiration: Int32 = 0) -> [UInt8]? {
-        guard let current = state, policyRef.isEmpty || policyRef == current.enrollmentSet else { return nil }
+    /// PolicySigned's policyRef for a key: SHA-256 of a domain string, the CurrentSet flag, the
+    /// enrollment set (length-prefixed) and the key's own reference, so a signature or ticket
+    /// stands for one key; for keys sealed before they had a reference, the enrollment set alone.
+    static func policyRef(currentSet: Bool, enrollmentSet: [UInt8], keyRef: [UInt8]?) -> [UInt8] {
+        guard let keyRef else { return enrollmentSet }
+        return sha256(Array("keychain-linux/reader-ref/v1".utf8), [currentSet ? 1 : 0],
+                      UInt32(enrollmentSet.count).bigEndianBytes + enrollmentSet, keyRef)
+    }
+
+    /// Signs what PolicySigned verifies for a key sealed to this reader: for a CurrentSet key only
+    /// today's enrollment set, and never with an expiration (its ticket would outlive an enrollment
+    /// change, and the seed gives CurrentSet no authValidity window).
+    func sign(nonceTPM: [UInt8], for binding: SealPolicy.BiometryBinding, keyRef: [UInt8]?, expiration: Int32 = 0) -> [UInt8]? {
+        guard let current = state else { return nil }
+        if binding.currentSet {
+            guard binding.enrollmentSet == current.enrollmentSet, expiration == 0 else { return nil }
+        } else {
+            guard binding.enrollmentSet.isEmpty else { return nil }
+        }
+        let policyRef = Self.policyRef(currentSet: binding.currentSet, enrollmentSet: binding.enrollmentSet, keyRef: keyRef)
         let key = SecureBytes(copying: current.hmacKey)
         return Sodium.hmacSHA256(key: key, message: TPMContext.policySignedDigest(nonceTPM: nonceTPM, expiration: expiration, policyRef: policyRef))
     }

@@ -19,14 +19,39 @@ struct SealPolicy: Codable, Equatable {
     var biometry: BiometryBinding?
     /// The device passcode (PolicySecret on the PIN index), for `passcode` and the `…OrPasscode` values.
     var passcode: Bool?
+    /// This key's own reference (`keyRef(service:protection:publicKey:)`), in the policyRef of its
+    /// access-control branch: a ticket (authValidity) names the policyRef it was made for, so it stands
+    /// in for that branch of this key only. Absent in keys sealed before (an empty policyRef, shared by
+    /// all of them): such a key gets no ticket and is sealed again with one when it next opens.
+    var keyRef: [UInt8]?
 
     struct BiometryBinding: Codable, Equatable {
         /// The reader's verification key (its TPM name) and persistent handle.
         var keyName: [UInt8]
         var tpmHandle: UInt32
-        /// The enrollment set for `biometryCurrentSet*`, empty for `biometryAny*`.
-        var policyRef: [UInt8]
+        /// The enrollment set for `biometryCurrentSet*`, empty for `biometryAny*` (stored as `policyRef`,
+        /// which it was alone before keys had a `keyRef`).
+        var enrollmentSet: [UInt8]
         var currentSet: Bool
+
+        enum CodingKeys: String, CodingKey { case keyName, tpmHandle, enrollmentSet = "policyRef", currentSet }
+    }
+
+    /// SHA-256 over a domain string, the service, the protection tag (length-prefixed) and the
+    /// wrapping public key, made before the key is sealed: unique to this wrapping key.
+    static func keyRef(service: String, protection: String, publicKey: [UInt8]) -> [UInt8] {
+        func field(_ text: String) -> [UInt8] { UInt32(text.utf8.count).bigEndianBytes + Array(text.utf8) }
+        return sha256(Array("keychain-linux/wrapping-key-ref/v1".utf8), field(service), field(protection), publicKey)
+    }
+
+    /// Whether a ticket may ever stand in for this key's access control: never for the CurrentSet
+    /// values (seed: no authValidity window), nor for keys without their own `keyRef`.
+    var acceptsTickets: Bool { keyRef != nil && biometry?.currentSet != true }
+
+    /// PolicySigned's policyRef: the enrollment set and this key, as the reader signs it.
+    var signedRef: [UInt8] {
+        guard let biometry else { return [] }
+        return FingerprintReader.policyRef(currentSet: biometry.currentSet, enrollmentSet: biometry.enrollmentSet, keyRef: keyRef)
     }
 
     enum Branch: Equatable { case biometry, passcode }
@@ -38,8 +63,8 @@ struct SealPolicy: Codable, Equatable {
 
     func step(for branch: Branch) -> PolicyStep {
         switch branch {
-        case .biometry: .signed(keyName: biometry!.keyName, policyRef: biometry!.policyRef)
-        case .passcode: .secret(index: DeviceLockLayout.pinIndex, name: DeviceLockLayout.pinName, policyRef: [])
+        case .biometry: .signed(keyName: biometry!.keyName, policyRef: signedRef)
+        case .passcode: .secret(index: DeviceLockLayout.pinIndex, name: DeviceLockLayout.pinName, policyRef: keyRef ?? [])
         }
     }
 

@@ -178,11 +178,12 @@ final class TPMKeyring {
     // MARK: Wrapping keys
 
     /// Seals a wrapping key's secret half for `accessible` (one salted session, one Create).
+    /// `keyRef` names the key in its access-control branch (`SealPolicy.keyRef`).
     func seal(_ secret: SecureBytes, accessible: Accessible, pcrs: [Int], biometry: SealPolicy.BiometryBinding? = nil,
-              passcode: Bool = false) throws(KeychainError) -> (TPMContext.SealedBlob, SealPolicy) {
+              passcode: Bool = false, keyRef: [UInt8]) throws(KeychainError) -> (TPMContext.SealedBlob, SealPolicy) {
         do {
             var policy = SealPolicy(availability: .init(accessible), stateName: stateName, biometry: biometry,
-                                    passcode: passcode ? true : nil)
+                                    passcode: passcode ? true : nil, keyRef: keyRef)
             if accessible.isThisDeviceOnly {
                 let current = try BootState.read(context, pcrs)
                 try checkBootState(current)
@@ -197,18 +198,26 @@ final class TPMKeyring {
                 }
                 policy.passcodeEpoch = try currentPasscodeEpoch()
             }
-            let digest = policy.digest
-            let blob = try context.withSession(.hmac, saltKey: srk, decryptCommand: true) { session throws(TPMError) in
-                try context.seal(secret, parent: srk, policy: digest, fixed: policy.fixedToThisTPM,
-                                 userWithAuth: digest.isEmpty, session: session)
-            }
-            return (blob, policy)
+            return (try seal(secret, policy: policy), policy)
         } catch let error as KeychainError {
             throw error
         } catch let error as TPMError {
             throw diagnose(error, doing: "seal a wrapping key")
         } catch {
             throw KeychainError(.internal, "\(error)")
+        }
+    }
+
+    /// Seals `secret` to a policy as it is (one salted session, one Create).
+    func seal(_ secret: SecureBytes, policy: SealPolicy) throws(KeychainError) -> TPMContext.SealedBlob {
+        let digest = policy.digest
+        do {
+            return try context.withSession(.hmac, saltKey: srk, decryptCommand: true) { session throws(TPMError) in
+                try context.seal(secret, parent: srk, policy: digest, fixed: policy.fixedToThisTPM,
+                                 userWithAuth: digest.isEmpty, session: session)
+            }
+        } catch {
+            throw diagnose(error, doing: "seal a wrapping key")
         }
     }
 
@@ -243,7 +252,8 @@ final class TPMKeyring {
     enum Authorization {
         case none
         /// The reader matched a finger; it signs the session nonce. With `window` > 0 seconds, the
-        /// TPM also returns a ticket that stands in for this signature until then (`authValidity`).
+        /// TPM also returns a ticket that stands in for this signature until then (`authValidity`),
+        /// for this key only (its policyRef names it); never for a key that `acceptsTickets` not.
         case finger(FingerprintReader, window: Int32)
         case passcode(SecureBytes, window: Int32)
         /// A ticket from an earlier authentication, still in its window.
@@ -298,7 +308,8 @@ final class TPMKeyring {
             if !policy.branches.isEmpty {
                 try authorize(session!, policy: policy, authorization: authorization, step: &step)
             }
-            step = "Unseal"
+            // A ticket of another key (or an ended window) passes PolicyTicket but leaves another digest.
+            if case .ticket = authorization { step = "Unseal(ticket)" } else { step = "Unseal" }
             let secret = try context.unseal(object!, session: session!)
             sessionClosed = true  // continueSession was clear: the TPM closed it.
             return secret
@@ -319,18 +330,20 @@ final class TPMKeyring {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         switch authorization {
         case .finger(let reader, let window):
+            let window = policy.acceptsTickets ? window : 0
             guard let binding = policy.biometry, let keyTR = reader.state?.keyTR,
-                  let hmac = reader.sign(nonceTPM: try context.nonceTPM(session), policyRef: binding.policyRef,
+                  let hmac = reader.sign(nonceTPM: try context.nonceTPM(session), for: binding, keyRef: policy.keyRef,
                                          expiration: -window) else {
                 throw TPMError(command: "reader signature", code: .policyFail)
             }
             step = "PolicySigned"
             let readerKey = try context.deserialize(keyTR)
             let ticket = try context.policySigned(session, authObject: readerKey, nonceTPM: try context.nonceTPM(session),
-                                                  policyRef: binding.policyRef, hmac: hmac, expiration: -window)
+                                                  policyRef: policy.signedRef, hmac: hmac, expiration: -window)
             issuedTicket = ticket.map { StoredTicket(branch: "biometry", ticket: $0, expires: now + Int64(window) * 1000) }
         case .passcode(let pin, let window):
             guard policy.passcode == true else { throw TPMError(command: "passcode branch", code: .policyFail) }
+            let window = policy.acceptsTickets ? window : 0
             step = "PolicySecret"
             let pinIndex = try pinResource()
             try context.setAuth(pinIndex, pin)
@@ -339,10 +352,12 @@ final class TPMKeyring {
             let auth = try context.startSession(.hmac, saltKey: srk)
             var consumed = false
             defer { if !consumed { context.flush(auth) } }
-            let ticket = try context.policySecret(session, entity: pinIndex, authSession: auth, expiration: -window)
+            let ticket = try context.policySecret(session, entity: pinIndex, authSession: auth, policyRef: policy.keyRef ?? [],
+                                                  expiration: -window)
             consumed = true
             issuedTicket = ticket.map { StoredTicket(branch: "passcode", ticket: $0, expires: now + Int64(window) * 1000) }
         case .ticket(let stored):
+            guard policy.acceptsTickets else { throw TPMError(command: "ticket for a key that takes none", code: .policyFail) }
             step = "PolicyTicket"
             try context.policyTicket(session, stored.ticket)
         case .none:
@@ -367,7 +382,7 @@ final class TPMKeyring {
         case "PolicySecret" where code.is(.authUnavailable):
             return KeychainError(.lockout, "Too many wrong passcodes: the TPM refuses the passcode until the owner "
                                  + "resets its count (keychainctl passcode reset-tries)", underlying: .tpm(error))
-        case "PolicyTicket":
+        case "PolicyTicket", "Unseal(ticket)":
             return KeychainError(.authenticationFailed, "The authentication window has ended (or the TPM was reset)",
                                  underlying: .tpm(error))
         case "PolicySigned":
