@@ -12,6 +12,16 @@ public struct KeychainConfiguration: Sendable {
         case embedded
     }
 
+    /// The seed's default service is the app's identifier; Linux has no bundle identifier, so it is
+    /// `KEYCHAIN_APP_ID` (the same for an app's daemon and its CLI), or the executable's name.
+    public var applicationIdentifier: String = Self.defaultApplicationIdentifier
+
+    /// `KEYCHAIN_APP_ID` when set and not empty, else the executable's name.
+    public static var defaultApplicationIdentifier: String {
+        ProcessInfo.processInfo.environment["KEYCHAIN_APP_ID"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? ProcessInfo.processInfo.processName
+    }
+
     /// The directory of the SQLite store (created 0700).
     public var storeDirectory: String
     public var tpm: TPMSource

@@ -9,7 +9,7 @@ import Foundation
 public struct Keychain: Sendable {
     /// The storage's options, checked.
     public let options: KeychainOptions
-    /// The service its items belong to (the options' service, or the process name).
+    /// The service its items belong to (the options' service, or the configuration's application identifier).
     public let service: String
     public let configuration: KeychainConfiguration
     let engine: Engine
@@ -17,7 +17,8 @@ public struct Keychain: Sendable {
     /// - Throws: `INVALID_ARGUMENT` with the seed's message for options that break a rule.
     public init(options: KeychainOptions = .init(), configuration: KeychainConfiguration = .default) throws(KeychainError) {
         self.options = try options.validated()
-        self.service = options.service ?? Self.defaultService
+        self.service = options.service ?? configuration.applicationIdentifier
+        if options.service == nil { _ = try KeychainOptions(service: service).validated() }  // a bad KEYCHAIN_APP_ID
         self.configuration = configuration
         self.engine = Engine.shared(for: configuration)
     }
@@ -25,9 +26,6 @@ public struct Keychain: Sendable {
     /// Where the storage's items live in the store: a token storage's items are kept apart from a
     /// TPM storage's of the same service (`service@strongbox`).
     var storeService: String { options.android.keyStorage == .strongbox ? service + TokenBackend.tagSuffix : service }
-
-    /// Linux has no bundle identifier: the default service is the program's name.
-    static var defaultService: String { ProcessInfo.processInfo.processName }
 
     /// Stores `value` under `key`, replacing any value atomically; never prompts.
     public func setItem(_ key: String, _ value: String, options call: SetItemOptions? = nil) async throws(KeychainError) {
@@ -131,7 +129,8 @@ public func createKeychain(_ options: KeychainOptions = .init(),
     try Keychain(options: options, configuration: configuration)
 }
 
-/// The default storage: the program's service, `afterFirstUnlock`, no access control.
+/// The default storage: the application identifier as its service (`KEYCHAIN_APP_ID`, or the
+/// program's name), `afterFirstUnlock`, no access control.
 public let keychain: Keychain = {
     do { return try Keychain() } catch { fatalError("default options are valid: \(error)") }
 }()

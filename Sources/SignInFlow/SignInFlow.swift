@@ -17,8 +17,9 @@ public protocol TokenServer: Sendable {
 }
 
 /// The seed's "Sign in with Face ID" guide on Linux, as code that runs: the access token in the
-/// session storage (afterFirstUnlock, no prompt), the refresh token in a vault behind the fingerprint
-/// reader (`whenUnlockedThisDeviceOnly`, `biometryCurrentSet`), every fallback path of the guide.
+/// default storage (the app's service, afterFirstUnlock, no prompt), the refresh token in a vault
+/// behind the fingerprint reader (`whenUnlockedThisDeviceOnly`, `biometryCurrentSet`), every
+/// fallback path of the guide.
 public struct SignInFlow: Sendable {
     public let session: Keychain
     public let vault: Keychain
@@ -26,7 +27,7 @@ public struct SignInFlow: Sendable {
     let server: any TokenServer
 
     public init(server: any TokenServer, configuration: KeychainConfiguration = .default) throws(KeychainError) {
-        session = try createKeychain(.init(service: "auth.session"), configuration: configuration)
+        session = try createKeychain(configuration: configuration)  // the guide's `keychain`
         vault = try createKeychain(.init(service: "auth.vault", accessible: .whenUnlockedThisDeviceOnly,
                                          accessControl: .biometryCurrentSet,
                                          prompt: .init(title: "Sign in to Example", cancel: "Use password")),
@@ -44,7 +45,10 @@ public struct SignInFlow: Sendable {
     }
 
     /// Step 3: after a password or SSO sign-in, store both tokens; the vault write shows no prompt.
-    /// - Returns: whether fingerprint sign-in is on (false when the device changed since the offer).
+    /// As the guide: any `KeychainError` of the vault write (the device changed since the check,
+    /// most often `BIOMETRY_NOT_ENROLLED` or `PASSCODE_NOT_SET`) turns fingerprint sign-in off,
+    /// which also removes what the vault held.
+    /// - Returns: whether fingerprint sign-in is on.
     @discardableResult
     public func completeSignIn(_ tokens: Tokens, withBiometrics: Bool) async throws -> Bool {
         try await session.setItem("accessToken", tokens.accessToken)
@@ -52,8 +56,9 @@ public struct SignInFlow: Sendable {
         do {
             try await vault.setItem("refreshToken", tokens.refreshToken, options: .init(label: tokens.username))
             return true
-        } catch where [.biometryNotEnrolled, .biometryNotAvailable, .passcodeNotSet].contains(error.code) {
-            return false  // the device changed since the check: turn fingerprint sign-in off
+        } catch {
+            try await turnOffBiometricSignIn()
+            return false
         }
     }
 
@@ -66,12 +71,16 @@ public struct SignInFlow: Sendable {
     public enum Outcome: Sendable, Equatable {
         /// Signed in with this access token.
         case signedIn(accessToken: String)
-        /// Show the password form; the refresh token stays (cancel, fallback, lockouts).
-        case password
-        /// Show the sign-in screen; with `biometricsChanged`, say so ("fingerprints changed, sign in again").
+        /// Show the password form; the refresh token stays. `after`: the code that led here
+        /// (`USER_CANCELED`, `USER_FALLBACK`, `AUTHENTICATION_FAILED`, `LOCKOUT`, `LOCKOUT_PERMANENT`).
+        case password(after: KeychainError.Code)
+        /// Show the sign-in screen; with `biometricsChanged` (after `KEY_INVALIDATED`), say so
+        /// ("fingerprints changed, sign in again").
         case signIn(biometricsChanged: Bool)
-        /// The prompt was interrupted: show the fingerprint screen again when the app is back.
-        case askAgain
+        /// The prompt could not finish: show the fingerprint screen again when the app is back.
+        /// `after`: `SYSTEM_CANCELED` (the guide's text: ask again on return) or
+        /// `INTERACTION_NOT_ALLOWED` (the device is locked: ask again after the unlock).
+        case askAgain(after: KeychainError.Code)
     }
 
     /// Step 4: at launch. `hasItem` first, so the app chooses between the sign-in screen and the
@@ -92,12 +101,12 @@ public struct SignInFlow: Sendable {
         } catch {  // every Keychain call throws KeychainError only
             switch error.code {
             case .userCanceled, .userFallback, .lockout, .lockoutPermanent, .authenticationFailed:
-                return .password
+                return .password(after: error.code)
             case .keyInvalidated:
                 try await turnOffBiometricSignIn()
                 return .signIn(biometricsChanged: true)
             case .systemCanceled, .interactionNotAllowed:
-                return .askAgain
+                return .askAgain(after: error.code)
             default:
                 throw error
             }

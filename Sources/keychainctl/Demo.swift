@@ -59,7 +59,8 @@ struct Demo {
         try await step("Sign in with a password; turn on fingerprint sign-in (no prompt)", device) {
             let on = try await flow.completeSignIn(Tokens(accessToken: "at-1", refreshToken: "rt-1", username: "ivan@example.com"),
                                                    withBiometrics: true)
-            return "access token in auth.session; refresh token in auth.vault (whenUnlockedThisDeviceOnly, biometryCurrentSet): \(on)"
+            return "access token in the default storage (service '\(flow.session.service)', afterFirstUnlock); "
+                + "refresh token in auth.vault (whenUnlockedThisDeviceOnly, biometryCurrentSet): \(on)"
         }
         try await step("Restart the app: 'Continue as …' from the label, hasItem first (no prompt)", device) {
             await device.dropCaches()
@@ -68,19 +69,19 @@ struct Demo {
         try await step("Unlock with a finger, refresh, rotate the refresh token", device) {
             user.push(.finger("right-thumb"))
             let outcome = try await flow.restoreSession { _ in true }
-            return "user touches right-thumb → \(outcome)\n    rotated: the vault now holds the server's new refresh token"
+            return "user touches right-thumb → \(describe(outcome))\n    rotated: the vault now holds the server's new refresh token"
         }
         try await step("Launch again, the user cancels the prompt ('Use password')", device) {
             user.push(.cancel)
             let outcome = try await flow.restoreSession { _ in true }
-            return "→ \(outcome); the refresh token stays: \(try await flow.vault.hasItem("refreshToken"))"
+            return "\(describe(outcome)); the refresh token stays: \(try await flow.vault.hasItem("refreshToken"))"
         }
         try await step("A wrong finger three times, then the right one", device) {
             user.push(.finger("left-index"), .finger("left-index"), .finger("left-index"))
             let wrong = try await flow.restoreSession { _ in true }
             user.push(.finger("right-thumb"))
             let right = try await flow.restoreSession { _ in true }
-            return "wrong finger → \(wrong) (AUTHENTICATION_FAILED)\n    right finger → \(right)"
+            return "wrong finger: \(describe(wrong))\n    right finger: \(describe(right))"
         }
         try await step("Lock the device: the vault is whenUnlocked; the session token afterFirstUnlock", device) {
             try await device.lock()
@@ -105,7 +106,7 @@ struct Demo {
         try await step("A new finger is enrolled: the vault is invalidated (KEY_INVALIDATED), back to sign-in", device) {
             try await device.enrollFinger("left-index", passcode: pin)
             let outcome = try await flow.restoreSession { _ in true }
-            return "→ \(outcome) with no prompt; the vault is empty: \(try await flow.vault.getAllKeys().isEmpty)"
+            return "\(describe(outcome)), with no prompt; the vault is empty: \(try await flow.vault.getAllKeys().isEmpty)"
         }
         try await step("Sign in again, then sign out (no prompt)", device) {
             _ = try await flow.completeSignIn(Tokens(accessToken: "at-9", refreshToken: "rt-9", username: "ivan@example.com"),
@@ -119,6 +120,17 @@ struct Demo {
     }
 
     private func say(_ text: String) { print(text); fflush(nil) }
+
+    /// The code each fallback comes from and what the app does, as the guide's table.
+    private func describe(_ outcome: SignInFlow.Outcome) -> String {
+        switch outcome {
+        case .signedIn(let accessToken): "signed in (new access token \(accessToken))"
+        case .password(let code): "\(code.rawValue) → the password form"
+        case .signIn(biometricsChanged: true): "KEY_INVALIDATED → \"fingerprints changed, sign in again\" (the item was removed)"
+        case .signIn(biometricsChanged: false): "no refresh token → the sign-in screen"
+        case .askAgain(let code): "\(code.rawValue) → ask again when the app is back"
+        }
+    }
 
     private func step(_ title: String, _ device: KeychainDevice, _ body: () async throws -> String) async throws {
         _ = await device.takeTPMCommandCount()

@@ -143,7 +143,7 @@ func docs_guides_biometrics_vault_7() async throws {
 // docs/guides/sign-in-with-fingerprint.md, block 1
 func docs_guides_sign_in_with_fingerprint_0() async throws {
 
-    let session = try createKeychain(.init(service: "auth.session"))
+    let session = keychain  // the default storage: KEYCHAIN_APP_ID, or the program's name
     let vault = try createKeychain(.init(
         service: "auth.vault",
         accessible: .whenUnlockedThisDeviceOnly,
@@ -165,16 +165,17 @@ func docs_guides_sign_in_with_fingerprint_1() async throws {
 // docs/guides/sign-in-with-fingerprint.md, block 3
 func docs_guides_sign_in_with_fingerprint_2() async throws {
 
-    let session = try createKeychain(.init(service: "auth.session"))
+    let session = keychain
     let vault = try createKeychain(.init(service: "auth.vault", accessible: .whenUnlockedThisDeviceOnly,
                                          accessControl: .biometryCurrentSet))
     do {
         try await session.setItem("accessToken", "at-1")
         try await vault.setItem("refreshToken", "rt-1", options: .init(label: "ivan@example.com"))
     } catch {
-        // A KeychainError: BIOMETRY_NOT_ENROLLED / PASSCODE_NOT_SET mean the device changed since the check.
-        guard error.code == .biometryNotEnrolled || error.code == .passcodeNotSet else { throw error }
-        print("turn fingerprint sign-in off")
+        // Any KeychainError (BIOMETRY_NOT_ENROLLED / PASSCODE_NOT_SET: the device changed since the
+        // check): turn fingerprint sign-in off, as the guide does.
+        print("turn fingerprint sign-in off:", error.code)
+        try await vault.clear()
     }
     let label = try await vault.getItemInfo("refreshToken")?.label  // "Continue as ivan@example.com"
 }
@@ -194,8 +195,8 @@ func docs_guides_sign_in_with_fingerprint_3() async throws {
                 print("the password form; the refresh token stays")
             case .keyInvalidated:
                 print("fingerprints changed on this device: sign in again") // the item was removed
-            case .systemCanceled:
-                print("interrupted: show the fingerprint screen again later")
+            case .systemCanceled:  // the seed's sample returns 'signIn'; its text says "ask again on return"
+                print("interrupted: show the fingerprint screen again when the app is back")
             default:
                 throw error
             }
@@ -206,10 +207,9 @@ func docs_guides_sign_in_with_fingerprint_3() async throws {
 // docs/guides/sign-in-with-fingerprint.md, block 5
 func docs_guides_sign_in_with_fingerprint_4() async throws {
 
-    let session = try createKeychain(.init(service: "auth.session"))
     let vault = try createKeychain(.init(service: "auth.vault", accessible: .whenUnlockedThisDeviceOnly,
                                          accessControl: .biometryCurrentSet))
-    try await session.removeItem("accessToken")
+    try await keychain.removeItem("accessToken")
     try await vault.clear()  // the refresh token and the vault's wrapping keys; no prompt
 }
 

@@ -340,3 +340,19 @@ enum TPMContextProbe {
         return try run("/usr/bin/tpm2_getcap", ["properties-fixed"], environment: env).status == 0
     }
 }
+
+/// `keychainctl demo`, as a newcomer runs it: it finishes, and names the code behind each fallback.
+@Suite("keychainctl demo")
+struct DemoTests {
+    @Test func theDemoRunsTheFlowAndNamesEachFallbacksCode() throws {
+        let ctl = buildDirectory.appendingPathComponent("keychainctl").path
+        let demo = try run(ctl, ["demo"], environment: ["KEYCHAIN_APP_ID": "com.example.signin"])
+        let text = String(decoding: demo.stdout, as: UTF8.self)
+        #expect(demo.status == 0, "\(demo.stderr)")
+        #expect(text.contains("the default storage (service 'com.example.signin'"), "KEYCHAIN_APP_ID names the default service")
+        for line in ["USER_CANCELED → the password form", "AUTHENTICATION_FAILED → the password form",
+                     "KEY_INVALIDATED → ", "INTERACTION_NOT_ALLOWED: The device is locked"] {
+            #expect(text.contains(line), "\(line)")
+        }
+    }
+}

@@ -56,31 +56,33 @@ struct SignInFlowTests {
         #expect(app.answers.requests.isEmpty)
     }
 
-    @Test(arguments: [AuthenticationAnswer.cancel, .fallback])
-    func cancelAndFallbackGoToThePasswordFormAndKeepTheToken(answer: AuthenticationAnswer) async throws {
+    @Test(arguments: [(AuthenticationAnswer.cancel, KeychainError.Code.userCanceled), (.fallback, .userFallback)])
+    func cancelAndFallbackGoToThePasswordFormAndKeepTheToken(answer: AuthenticationAnswer, code: KeychainError.Code) async throws {
         let app = try await App()
         app.answers.push(answer)
-        #expect(try await app.launch() == .password)
+        #expect(try await app.launch() == .password(after: code))
         #expect(try await app.flow.vault.hasItem("refreshToken"))
     }
 
     @Test func lockoutsGoToThePasswordForm() async throws {
         let app = try await App()
         app.answers.push(.finger("pinky"), .finger("pinky"), .finger("pinky"))
-        #expect(try await app.launch() == .password)  // AUTHENTICATION_FAILED
+        #expect(try await app.launch() == .password(after: .authenticationFailed))
         app.answers.push(.finger("pinky"), .finger("pinky"))
-        #expect(try await app.launch() == .password)  // LOCKOUT
+        #expect(try await app.launch() == .password(after: .lockout))
+        var endings: [KeychainError.Code] = []
         for _ in 0..<5 {
             app.answers.push(.finger("thumb"))
-            #expect(try await app.launch() == .password)  // LOCKOUT, then LOCKOUT_PERMANENT
+            if case .password(let code) = try await app.launch() { endings.append(code) }
         }
+        #expect(endings.first == .lockout && endings.last == .lockoutPermanent, "\(endings)")
         #expect(try await app.flow.vault.hasItem("refreshToken"))
     }
 
     @Test func anInterruptedPromptAsksAgainLater() async throws {
         let app = try await App()
         app.answers.push(.interrupted)
-        #expect(try await app.launch() == .askAgain)
+        #expect(try await app.launch() == .askAgain(after: .systemCanceled))
         app.answers.push(.finger("thumb"))
         #expect(try await app.launch() == .signedIn(accessToken: "at-2"))
     }
@@ -92,6 +94,29 @@ struct SignInFlowTests {
         #expect(try await app.flow.vault.hasItem("refreshToken") == false)
         #expect(app.answers.requests.isEmpty, "invalidation is found before any prompt")
         #expect(try await app.launch() == .signIn(biometricsChanged: false))
+    }
+
+    /// The guide: any KeychainError of the vault write turns fingerprint sign-in off.
+    @Test func aVaultWriteThatFailsTurnsFingerprintSignInOffAndKeepsTheSession() async throws {
+        let app = try await App()
+        try await app.device.removeFinger("thumb", passcode: Self.pin)
+        let on = try await app.flow.completeSignIn(Tokens(accessToken: "at-5", refreshToken: "rt-5", username: "ivan@example.com"),
+                                                   withBiometrics: true)
+        #expect(!on)
+        #expect(try await app.flow.vault.getAllKeys() == [], "the old refresh token went with it")
+        #expect(try await app.flow.session.getItem("accessToken") == "at-5")
+    }
+
+    /// The access token lives in the default storage, as in the guide: the app identifier's service.
+    @Test func theSessionIsTheDefaultStorageOfTheApplicationIdentifier() async throws {
+        let device = try await SimulatedDevice()
+        var configuration = device.configuration
+        configuration.applicationIdentifier = "com.example.app"
+        let flow = try SignInFlow(server: FakeServer(), configuration: configuration)
+        #expect(flow.session.service == "com.example.app")
+        try await flow.completeSignIn(Tokens(accessToken: "at-1", refreshToken: "rt-1", username: "u"), withBiometrics: false)
+        #expect(try await createKeychain(configuration: configuration).getItem("accessToken") == "at-1")
+        withExtendedLifetime(device) {}
     }
 
     @Test func signOutClearsEverythingWithoutAPrompt() async throws {
