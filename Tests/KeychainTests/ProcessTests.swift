@@ -190,6 +190,36 @@ struct ProcessTests {
         #expect(try cli(tpm, store, ["get", "bank", "token"]).stdout == Array("2222".utf8))
     }
 
+    /// After a new finger, someone who can write the store points a CurrentSet key's stored policy at
+    /// today's enrollment set, so that this library's own check passes and the reader signs: the TPM
+    /// still refuses, because the set the key was sealed to is in PolicySigned's policyRef.
+    @Test func aCurrentSetKeyEditedToTodaysEnrollmentSetStillDoesNotOpen() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        #expect(try cli(tpm, store, ["passcode", "set"], input: Array("2468\n".utf8)).status == 0)
+        #expect(try cli(tpm, store, ["reader", "enroll", "thumb"], input: Array("2468\n".utf8)).status == 0)
+        #expect(try cli(tpm, store, ["set", "s", "k", "--access-control", "biometryCurrentSet"],
+                        input: Array("sealed-to-thumb".utf8)).status == 0)
+        #expect(try cli(tpm, store, ["reader", "enroll", "intruder"], input: Array("2468\n".utf8)).status == 0)
+        let edit = """
+            import json, sqlite3, sys
+            reader = json.load(open(sys.argv[2] + "/reader.json"))
+            db = sqlite3.connect(sys.argv[1])
+            (policy,) = db.execute("SELECT policy FROM wrapping_keys WHERE service = 's'").fetchone()
+            policy = json.loads(policy)
+            policy["biometry"]["policyRef"] = reader["enrollmentSet"]
+            db.execute("UPDATE wrapping_keys SET policy = ? WHERE service = 's'", (json.dumps(policy).encode(),))
+            db.commit()
+            db.close()
+            """
+        let edited = try run("/usr/bin/python3", ["-c", edit, store + "/keychain.db", store + ".reader"])
+        #expect(edited.status == 0, "\(edited.stderr)")
+        for finger in ["intruder", "thumb"] {
+            let got = try cli(tpm, store, ["get", "s", "k", "--touch", finger])
+            #expect(got.status != 0 && got.stdout.isEmpty, "\(finger) opened the edited key: \(got.stderr)")
+        }
+    }
+
     /// authValidity across processes: a TPM ticket stands in for the fingerprint until the window
     /// ends or the TPM resets; a script of `get` calls is asked once.
     @Test func theAuthValidityWindowHoldsAcrossProcessesAndDiesWithTheTPM() throws {
