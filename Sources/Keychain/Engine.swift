@@ -148,12 +148,21 @@ actor Engine {
         var wrapping = try read { try store.wrappingKey(service: service, protection: tag) }
         var staleKey: [UInt8]?
         if let existing = wrapping, let binding = SealPolicy.decode(existing.policy)?.biometry {
-            // Dead: a key of another reader, or a CurrentSet key of an older enrollment set. An Any key
-            // survives enrollment changes (even all fingers removed), as the seed says.
-            let current = reader?.state
-            if binding.keyName != current?.keyName || (binding.currentSet && binding.enrollmentSet != reader?.enrollmentSet) {
+            switch try readerVerdict(for: binding, directory: readerDirectory) {
+            case .usable: break  // an Any key survives enrollment changes (even all fingers removed), as the seed says
+            case .enrollmentChanged:
+                // A CurrentSet key of an older enrollment set of this very reader is dead: it and its items go.
                 staleKey = existing.publicKey
                 wrapping = nil
+            case .unavailable(let why):
+                // A missing or other reader never drops items. The existing key's passcode branch serves an
+                // …OrPasscode write; another write would go under a key that no reader present opens.
+                guard protection.accessControl.allowsPasscode && !protection.accessControl.needsBiometry else {
+                    throw why.code != .biometryNotAvailable ? why : KeychainError(.biometryNotAvailable,
+                        "The items of service '\(service)' with this protection were written with another fingerprint reader, "
+                        + "and \(why.message): nothing was written. Use that reader (--reader, KEYCHAIN_READER), or remove "
+                        + "those items first (keychainctl clear)")
+                }
             }
         }
         if let existing = wrapping, protection.accessible.requiresPasscode {
@@ -351,21 +360,30 @@ actor Engine {
     /// session nonce after a match, or the TPM checks the passcode. At most three tries per read.
     private func unsealWithUser(_ blob: TPMContext.SealedBlob, policy: SealPolicy, record: ItemRecord,
                                 context: ReadContext) async throws(KeychainError) -> SecureBytes {
-        let reader = try context.readerDirectory.map { (dir: String) throws(KeychainError) in try FingerprintReader(directory: dir) }
         var methods: [AuthenticationMethod] = []
+        var reader: FingerprintReader?
+        var readerProblem: KeychainError?
         if let binding = policy.biometry {
-            // CurrentSet: an enrollment change (or a new reader) invalidates the item, before any prompt.
-            let stillValid = reader?.keyName == binding.keyName
-                && (!binding.currentSet || reader?.enrollmentSet == binding.enrollmentSet)
-            if !stillValid && binding.currentSet {
+            switch try readerVerdict(for: binding, directory: context.readerDirectory) {
+            case .usable(let present):
+                reader = present
+                if present.lockState != .permanentLockout || policy.passcode != true { methods.append(.fingerprint) }
+            case .enrollmentChanged:
+                // Before any prompt, as the seed says for CurrentSet; Engine.get removes the item.
                 throw KeychainError(.keyInvalidated,
                                     "The enrolled fingers changed since item '\(record.key)' was written; the item was removed")
+            case .unavailable(let why):
+                readerProblem = why.code == .biometryNotAvailable
+                    ? KeychainError(.biometryNotAvailable, "Item '\(record.key)' needs the fingerprint reader it was written with, "
+                                    + "and \(why.message); the item is kept") : why
             }
-            if stillValid, reader?.lockState != .permanentLockout || policy.passcode != true { methods.append(.fingerprint) }
+        } else {
+            // Only to end a reader lockout after the passcode: a broken reader does not stop a passcode read.
+            reader = context.readerDirectory.flatMap { try? FingerprintReader(directory: $0) }
         }
         if policy.passcode == true { methods.append(.passcode) }
         guard !methods.isEmpty else {
-            throw KeychainError(.keyInvalidated, "Item '\(record.key)' can no longer be opened by this device's reader")
+            throw readerProblem ?? KeychainError(.biometryNotAvailable, "Item '\(record.key)' has no way to be opened here")
         }
         // authValidity across processes: a TPM ticket from an earlier read of this key, which opens no other.
         let window = Int32(clamping: policy.acceptsTickets ? context.authValidity : 0)
@@ -431,6 +449,39 @@ actor Engine {
             }
         }
         throw KeychainError(.authenticationFailed, "Not recognised (\(failure ?? "no match"))")
+    }
+
+    enum ReaderVerdict {
+        case usable(FingerprintReader)
+        /// The reader the key was sealed to, its key still in the TPM, with another enrollment set.
+        case enrollmentChanged
+        case unavailable(KeychainError)
+    }
+
+    /// How the configured reader stands to a key sealed to `binding`. Only the reader the key was
+    /// sealed to, present and holding its key in the TPM, can show that its enrollment changed; a
+    /// missing, unreadable or other reader keeps the key and its items.
+    func readerVerdict(for binding: SealPolicy.BiometryBinding, directory: String?) throws(KeychainError) -> ReaderVerdict {
+        guard let directory else {
+            return .unavailable(KeychainError(.biometryNotAvailable, "no fingerprint reader is configured (KEYCHAIN_READER=none)"))
+        }
+        let reader: FingerprintReader
+        do { reader = try FingerprintReader(directory: directory) } catch { return .unavailable(error) }
+        guard let keyName = reader.keyName else {
+            return .unavailable(KeychainError(.biometryNotAvailable, "there is no fingerprint reader at \(directory)"))
+        }
+        guard keyName == binding.keyName else {
+            return .unavailable(KeychainError(.biometryNotAvailable, "the reader at \(directory) is another one"))
+        }
+        guard binding.currentSet, reader.enrollmentSet != binding.enrollmentSet else { return .usable(reader) }
+        let inTPM = try withKeyring { keyring throws(KeychainError) in
+            keyring.holdsPersistent(binding.tpmHandle, named: binding.keyName)
+        }
+        guard inTPM else {
+            return .unavailable(KeychainError(.biometryNotAvailable, String(format: "the TPM no longer holds the key of the reader at "
+                                                                               + "\(directory) (0x%08X)", binding.tpmHandle)))
+        }
+        return .enrollmentChanged
     }
 
     /// Keys sealed before tickets named their key share one empty policyRef, so a ticket made for one

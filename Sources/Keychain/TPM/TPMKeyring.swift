@@ -369,6 +369,12 @@ final class TPMKeyring {
         }
     }
 
+    /// Whether the persistent object at `handle` is the one named `name` (one ReadPublic).
+    func holdsPersistent(_ handle: UInt32, named name: [UInt8]) -> Bool {
+        guard let object = try? context.resource(forPersistent: handle) else { return false }
+        return (try? context.name(of: object)) == name
+    }
+
     private func pinResource() throws(TPMError) -> TPMHandle {
         if let tr = try? store.meta(Meta.pinTR), let handle = try? context.deserialize(tr) { return handle }
         return try context.resource(forPersistent: DeviceLockLayout.pinIndex)
