@@ -27,6 +27,9 @@ public struct Keychain: Sendable {
     /// TPM storage's of the same service (`service@strongbox`).
     var storeService: String { options.android.keyStorage == .strongbox ? service + TokenBackend.tagSuffix : service }
 
+    /// The largest value `setItem` stores, in bytes (16 MiB); read input in a bounded way up to it.
+    public static let maxValueLength = Engine.maxValueLength
+
     /// Stores `value` under `key`, replacing any value atomically; never prompts.
     public func setItem(_ key: String, _ value: String, options call: SetItemOptions? = nil) async throws(KeychainError) {
         try await setItem(key, SecureBytes(copying: Array(value.utf8)), options: call)

@@ -4,7 +4,7 @@ import SecureMemory
 
 /// Answers from the command line: `--touch FINGER|cancel|fallback|interrupt` or `--passcode-stdin`.
 /// One answer, one try: a wrong passcode costs one of the TPM's tries, not three.
-func scriptedAuthenticator(_ inv: Invocation) -> (any Authenticator)? {
+func scriptedAuthenticator(_ inv: Invocation) throws(KeychainError) -> (any Authenticator)? {
     if let touch = inv.flags["--touch"] {
         let answer: AuthenticationAnswer = switch touch {
         case "cancel": .cancel
@@ -15,7 +15,7 @@ func scriptedAuthenticator(_ inv: Invocation) -> (any Authenticator)? {
         return ScriptedAuthenticator([answer], attemptsPerRead: 1)
     }
     if inv.switches.contains("--passcode-stdin") {
-        guard let pin = readLines(1).first else { return ScriptedAuthenticator([.cancel]) }
+        guard let pin = try readLines(1).first else { return ScriptedAuthenticator([.cancel]) }
         return ScriptedAuthenticator([.passcode(pin)], attemptsPerRead: 1)
     }
     if isatty(0) == 1 && isatty(2) == 1 { return TerminalAuthenticator() }
@@ -27,14 +27,14 @@ func scriptedAuthenticator(_ inv: Invocation) -> (any Authenticator)? {
 struct TerminalAuthenticator: Authenticator {
     func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer {
         let p = request.prompt
-        var text = "\n\(p.title ?? "Authenticate to read '\(request.key)'")\n"
-        if let subtitle = p.subtitle { text += "\(subtitle)\n" }
-        if let description = p.description { text += "\(description)\n" }
+        var text = "\n\(escaped(p.title ?? "Authenticate to read '\(request.key)'"))\n"
+        if let subtitle = p.subtitle { text += "\(escaped(subtitle))\n" }
+        if let description = p.description { text += "\(escaped(description))\n" }
         if let failure = request.previousFailure { text += "(\(failure), try again)\n" }
         let fingers = request.methods.contains(.fingerprint)
         let passcode = request.methods.contains(.passcode)
         text += [fingers ? "type a finger to touch the reader" : nil, passcode ? "'p' for the passcode" : nil,
-                 "'f' for the fallback", "enter for \(p.cancel ?? "Cancel")"].compactMap { $0 }.joined(separator: ", ") + ": "
+                 "'f' for the fallback", "enter for \(escaped(p.cancel ?? "Cancel"))"].compactMap { $0 }.joined(separator: ", ") + ": "
         FileHandle.standardError.write(Data(text.utf8))
         guard let line = readLine(strippingNewline: true) else { return .interrupted }
         switch line {

@@ -24,7 +24,11 @@ struct Invocation {
         var i = 0
         while i < args.count {
             let arg = args[i]
-            if arg.hasPrefix("--"), let eq = arg.firstIndex(of: "=") {
+            if arg == "--" {
+                // The end of options: a key or service that starts with `--` comes after it.
+                command += args[(i + 1)...]
+                break
+            } else if arg.hasPrefix("--"), let eq = arg.firstIndex(of: "=") {
                 let name = String(arg[..<eq])
                 guard Self.valued.contains(name) else { throw UsageError(message: "unknown option \(name) (or it takes no value)") }
                 flags[name] = String(arg[arg.index(after: eq)...])
@@ -35,7 +39,7 @@ struct Invocation {
             } else if Self.booleans.contains(arg) {
                 switches.insert(arg)
             } else if arg.hasPrefix("--") {
-                throw UsageError(message: "unknown option \(arg)")
+                throw UsageError(message: "unknown option \(arg) (a key or service that starts with -- goes after --)")
             } else {
                 command.append(arg)
             }
@@ -108,18 +112,68 @@ let usage = """
     Without either and without /dev/tpmrm0, a software TPM kept in the store directory is used.
     """
 
+/// The arguments, each checked to be UTF-8: `CommandLine.arguments` decodes invalid bytes lossily
+/// (U+FFFD), so two different byte strings would name the same key.
+func strictArguments() throws(KeychainError) -> [String] {
+    var args: [String] = []
+    for i in 1..<Int(CommandLine.argc) {
+        guard let raw = CommandLine.unsafeArgv[i], let arg = String(validatingCString: raw) else {
+            throw KeychainError.invalidArgument("Argument \(i) is not valid UTF-8: keys, services and options must be UTF-8 text")
+        }
+        args.append(arg)
+    }
+    // The environment the configuration reads, held to the same rule.
+    for name in ["KEYCHAIN_STORE", "KEYCHAIN_TCTI", "TPM2TCTI", "KEYCHAIN_READER", "KEYCHAIN_PKCS11_URI", "KEYCHAIN_APP_ID", "HOME"] {
+        if let raw = getenv(name), String(validatingCString: raw) == nil {
+            throw KeychainError.invalidArgument("The environment variable \(name) is not valid UTF-8: set it to a UTF-8 path or value")
+        }
+    }
+    return args
+}
+
+/// Makes text safe for a terminal: control characters (C0, DEL, C1), bidirectional overrides and
+/// the backslash are written as escapes, so a key cannot move the cursor, forge lines or recolour.
+func escaped(_ text: String) -> String {
+    var out = ""
+    for scalar in text.unicodeScalars {
+        switch scalar.value {
+        case 0x5C: out += "\\\\"
+        case 0x0A: out += "\\n"
+        case 0x0D: out += "\\r"
+        case 0x09: out += "\\t"
+        case 0x00..<0x20, 0x7F: out += "\\x" + hex(scalar.value, digits: 2)
+        case 0x80..<0xA0, 0x202A...0x202E, 0x2066...0x2069: out += "\\u{" + hex(scalar.value, digits: 4) + "}"
+        default: out.unicodeScalars.append(scalar)
+        }
+    }
+    return out
+}
+
+private func hex(_ value: UInt32, digits: Int) -> String {
+    let text = String(value, radix: 16)
+    return String(repeating: "0", count: max(0, digits - text.count)) + text
+}
+
 /// Reads stdin to EOF into locked memory: values and PINs never pass through a Swift String.
-func readStdin() -> SecureBytes {
-    var buffer = SecureBytes(count: 4096)
+/// - Throws: `INVALID_ARGUMENT` as soon as more than `limit` bytes arrive; the rest is never read,
+///   so a huge or endless input (`/dev/zero`) costs at most about twice `limit` of memory.
+func readStdin(limit: Int = 1 << 16) throws(KeychainError) -> SecureBytes {
+    var buffer = SecureBytes(count: min(4096, limit + 1))
     var length = 0
     while true {
         if length == buffer.count {
-            let bigger = SecureBytes(count: buffer.count * 2)
+            guard length <= limit else {
+                throw KeychainError.invalidArgument("The input on stdin is longer than the \(limit) bytes allowed here: nothing was stored")
+            }
+            let bigger = SecureBytes(count: min(buffer.count * 2, limit + 1))
             bigger.withUnsafeMutableBytes { dest in buffer.withUnsafeBytes { dest.copyMemory(from: $0) } }
             buffer = bigger
         }
         let n = buffer.withUnsafeMutableBytes { raw in read(0, raw.baseAddress! + length, raw.count - length) }
         if n > 0 { length += n } else if n == 0 || errno != EINTR { break }
+    }
+    guard length <= limit else {
+        throw KeychainError.invalidArgument("The input on stdin is longer than the \(limit) bytes allowed here: nothing was stored")
     }
     return buffer.withUnsafeBytes { SecureBytes(copying: $0.prefix(length)) }
 }
@@ -127,7 +181,7 @@ func readStdin() -> SecureBytes {
 /// The first line of FILE (or of stdin for `-`): an authorization that never goes through argv.
 func readSecretFile(_ path: String) throws(KeychainError) -> SecureBytes {
     if path == "-" {
-        guard let line = readLines(1).first else { throw KeychainError.invalidArgument("No authorization on stdin") }
+        guard let line = try readLines(1).first else { throw KeychainError.invalidArgument("No authorization on stdin") }
         return line
     }
     let fd = open(path, O_RDONLY | O_CLOEXEC)
@@ -144,8 +198,8 @@ func readSecretFile(_ path: String) throws(KeychainError) -> SecureBytes {
 }
 
 /// Splits stdin into lines (PINs), without the newline; at most `count` lines are used.
-func readLines(_ count: Int) -> [SecureBytes] {
-    let all = readStdin()
+func readLines(_ count: Int) throws(KeychainError) -> [SecureBytes] {
+    let all = try readStdin()
     return all.withUnsafeBytes { raw -> [SecureBytes] in
         var lines: [SecureBytes] = []
         var start = 0
@@ -186,7 +240,7 @@ func report(_ error: KeychainError, json: Bool) -> Exit {
         printJSON(ErrorBody(error: .init(code: error.code.rawValue, message: error.message,
                                          cause: error.underlying.map { "\($0)" })))
     } else {
-        FileHandle.standardError.write(Data("keychainctl: \(error)\n".utf8))
+        FileHandle.standardError.write(Data("keychainctl: \(escaped("\(error)"))\n".utf8))
     }
     return error.code == .invalidArgument ? .usage : .failure
 }

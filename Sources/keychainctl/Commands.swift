@@ -14,7 +14,7 @@ struct Commands {
         if let k = inv.flags["--key-storage"] { options.android.keyStorage = try KeyStorage(parsing: k) }
         var configuration = configuration
         if inv.command.first == "get" {
-            configuration.authenticator = scriptedAuthenticator(inv)
+            configuration.authenticator = try scriptedAuthenticator(inv)
             // The read window of the seed's authValidity: a TPM ticket kept in the store for N seconds.
             if let v = inv.flags["--auth-validity"] {
                 guard let n = Int(v) else { throw KeychainError.invalidArgument("Invalid authValidity: expected a whole number of seconds, got '\(v)'") }
@@ -42,13 +42,13 @@ struct Commands {
                 var text = "tpm: \($0.device.tpm)\nsecurity level: \($0.device.securityLevel.rawValue)\n"
                     + "passcode: \($0.device.passcodeSet ? "set" : "not set")\nlock: \($0.device.lockState.rawValue)"
                 if let t = $0.token {
-                    text += "\ntoken: \(t.label) (\(t.manufacturer), \(t.model), serial \(t.serial))"
+                    text += "\ntoken: " + escaped("\(t.label) (\(t.manufacturer), \(t.model), serial \(t.serial))")
                     text += "\ntoken PIN: locked \(t.userPinLocked), final try \(t.userPinFinalTry), count low \(t.userPinCountLow)"
                 }
                 return text
             }
         case "unlock":
-            let lines = readLines(1)
+            let lines = try readLines(1)
             try await device.unlock(passcode: lines.first.flatMap { $0.count == 0 ? nil : $0 })
             done("unlocked")
         case "lock":
@@ -79,7 +79,7 @@ struct Commands {
             }
             if inv.switches.contains("--synchronizable") { call.synchronizable = true }
             let store = try storage(args[0])
-            try await store.setItem(args[1], readStdin(), options: call)
+            try await store.setItem(args[1], try readStdin(limit: Keychain.maxValueLength), options: call)
             if inv.json { printJSON(["stored": true]) }
         case "get":
             let args = try arguments(2, "SERVICE KEY")
@@ -102,14 +102,14 @@ struct Commands {
         case "ls":
             let args = try arguments(1, "SERVICE")
             let keys = try await storage(args[0]).getAllKeys()
-            if inv.json { printJSON(keys) } else { keys.forEach { print($0) } }
+            if inv.json { printJSON(keys) } else { keys.forEach { print(escaped($0)) } }
         case "info":
             let args = try arguments(2, "SERVICE KEY")
             guard let info = try await storage(args[0]).getItemInfo(args[1]) else { return notFound(args) }
             output(info) { info in
                 let f = ISO8601DateFormatter()
-                return ["service: \(info.service)", "key: \(info.key)", "accessible: \(info.accessible.rawValue)",
-                        "accessControl: \(info.accessControl.rawValue)", "label: \(info.label ?? "")",
+                return ["service: \(escaped(info.service))", "key: \(escaped(info.key))", "accessible: \(info.accessible.rawValue)",
+                        "accessControl: \(info.accessControl.rawValue)", "label: \(escaped(info.label ?? ""))",
                         "created: \(f.string(from: info.created))", "modified: \(f.string(from: info.modified))",
                         "securityLevel: \(info.securityLevel.rawValue)"].joined(separator: "\n")
             }
@@ -144,18 +144,18 @@ struct Commands {
         let args = Array(inv.command.dropFirst())
         switch (args.first, args.count) {
         case ("enroll", 2):
-            try await device.enrollFinger(args[1], passcode: readLines(1).first)
+            try await device.enrollFinger(args[1], passcode: try readLines(1).first)
             done("enrolled \(args[1])")
         case ("remove", 2):
-            let removed = try await device.removeFinger(args[1], passcode: readLines(1).first)
+            let removed = try await device.removeFinger(args[1], passcode: try readLines(1).first)
             if !removed {
-                FileHandle.standardError.write(Data("keychainctl: no finger '\(args[1])' is enrolled\n".utf8))
+                FileHandle.standardError.write(Data("keychainctl: no finger '\(escaped(args[1]))' is enrolled\n".utf8))
                 return .notFound
             }
             done("removed \(args[1])")
         case ("list", 1):
             let fingers = try await device.enrolledFingers()
-            if inv.json { printJSON(fingers) } else { fingers.forEach { print($0) } }
+            if inv.json { printJSON(fingers) } else { fingers.forEach { print(escaped($0)) } }
         default:
             throw UsageError(message: "reader takes: enroll NAME, remove NAME or list")
         }
@@ -165,19 +165,19 @@ struct Commands {
     private func passcode() async throws -> Exit {
         switch inv.command.dropFirst().first {
         case "set":
-            let lines = readLines(1)
+            let lines = try readLines(1)
             guard let pin = lines.first else { throw KeychainError.invalidArgument("passcode set reads the new passcode from stdin") }
             try await device.setPasscode(pin)
             done("passcode set")
         case "change":
-            let lines = readLines(2)
+            let lines = try readLines(2)
             guard lines.count == 2 else {
                 throw KeychainError.invalidArgument("passcode change reads two lines from stdin: the current passcode, then the new one")
             }
             try await device.changePasscode(from: lines[0], to: lines[1])
             done("passcode changed")
         case "remove":
-            let lines = readLines(1)
+            let lines = try readLines(1)
             guard let pin = lines.first else { throw KeychainError.invalidArgument("passcode remove reads the current passcode from stdin") }
             try await device.removePasscode(current: pin)
             done("passcode removed; whenPasscodeSetThisDeviceOnly items were destroyed")
@@ -192,12 +192,12 @@ struct Commands {
 
     private func notFound(_ args: [String]) -> Exit {
         if inv.json { printJSON(["error": ["code": "NOT_FOUND", "message": "No item '\(args[1])' in service '\(args[0])'"]]) }
-        else { FileHandle.standardError.write(Data("keychainctl: no item '\(args[1])' in service '\(args[0])'\n".utf8)) }
+        else { FileHandle.standardError.write(Data("keychainctl: no item '\(escaped(args[1]))' in service '\(escaped(args[0]))'\n".utf8)) }
         return .notFound
     }
 
     private func done(_ text: String) {
-        if inv.json { printJSON(["ok": text]) } else { print(text) }
+        if inv.json { printJSON(["ok": text]) } else { print(escaped(text)) }
     }
 
     private func output<T: Encodable>(_ value: T, text: (T) -> String) {
@@ -208,21 +208,20 @@ struct Commands {
 @main
 struct KeychainCtl {
     static func main() async {
-        let args = Array(CommandLine.arguments.dropFirst())
         let code: Exit
         do {
-            let inv = try Invocation(args)
+            let inv = try Invocation(try strictArguments())
             if inv.switches.contains("--help") || inv.switches.contains("-h") || inv.command.first == "help" {
                 print(usage)
                 exit(0)
             }
             let configuration = try inv.configuration()
             if case .embedded = configuration.tpm, inv.command.first != "demo", inv.command.first != "biometry-types" {
-                FileHandle.standardError.write(Data("keychainctl: no TPM device or --tcti: using the embedded software TPM in \(configuration.storeDirectory)/swtpm (security level: software)\n".utf8))
+                FileHandle.standardError.write(Data("keychainctl: no TPM device or --tcti: using the embedded software TPM in \(escaped(configuration.storeDirectory))/swtpm (security level: software)\n".utf8))
             }
             code = try await Commands(inv: inv, configuration: configuration).run()
         } catch let error as UsageError {
-            FileHandle.standardError.write(Data("keychainctl: \(error.message)\n\n\(usage)\n".utf8))
+            FileHandle.standardError.write(Data("keychainctl: \(escaped(error.message))\n\n\(usage)\n".utf8))
             code = .usage
         } catch let error as KeychainError {
             code = report(error, json: CommandLine.arguments.contains("--json"))
