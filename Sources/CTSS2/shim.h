@@ -23,4 +23,16 @@ static const ESYS_TR KC_ESYS_TR_RH_NULL = ESYS_TR_RH_NULL;
 static const TPMA_SESSION KC_SESSION_CONTINUE = TPMA_SESSION_CONTINUESESSION;
 static const TPMA_SESSION KC_SESSION_DECRYPT = TPMA_SESSION_DECRYPT;
 static const TPMA_SESSION KC_SESSION_ENCRYPT = TPMA_SESSION_ENCRYPT;
+static const TPM2_PT KC_PT_HR_LOADED = TPM2_PT_HR_LOADED;
+static const TPM2_PT KC_PT_HR_ACTIVE = TPM2_PT_HR_ACTIVE;
+static const TPM2_PT KC_PT_HR_TRANSIENT_AVAIL = TPM2_PT_HR_TRANSIENT_AVAIL;
+
+// The TCTI's transmit and receive are macros over a function table: a raw command for handles
+// ESAPI has no resource for (another process's leftover sessions).
+static inline TSS2_RC kc_tcti_transmit(TSS2_TCTI_CONTEXT *tcti, size_t size, const uint8_t *command) {
+    return Tss2_Tcti_Transmit(tcti, size, command);
+}
+static inline TSS2_RC kc_tcti_receive(TSS2_TCTI_CONTEXT *tcti, size_t *size, uint8_t *response) {
+    return Tss2_Tcti_Receive(tcti, size, response, TSS2_TCTI_TIMEOUT_BLOCK);
+}
 #endif

@@ -66,17 +66,28 @@ actor Engine {
 
     /// Connects to the TPM for one operation; the connection closes when `body` returns, so a software
     /// TPM (one client at a time) is free for other processes between operations.
+    ///
+    /// Without a resource manager (swtpm, `/dev/tpm0`) the operation is this process's turn at the
+    /// TPM (`TPMTurn`): no other process's commands interleave, and it starts by flushing what killed
+    /// processes left (each kill mid-operation leaks a session; three make every read fail).
     func withKeyring<T>(_ body: (TPMKeyring) throws(KeychainError) -> T) throws(KeychainError) -> T {
         let store = try store()
         let device: TPMDevice
+        var started = false
         switch configuration.tpm {
         case .tcti(let conf): device = TPMDevice(parsing: conf)
-        case .embedded:
-            let (embedded, started) = try EmbeddedTPM.ensureRunning(storeDirectory: configuration.storeDirectory)
-            device = embedded
-            if started { try prepareFreshSoftwareTPM(device) }
+        case .embedded: (device, started) = try EmbeddedTPM.ensureRunning(storeDirectory: configuration.storeDirectory)
         }
-        let keyring = try TPMKeyring(device: device, store: store, configuration: configuration)
+        let turn = try TPMTurn.take(device, configuration: configuration)
+        defer { withExtendedLifetime(turn) {} }
+        if started { try prepareFreshSoftwareTPM(device) }
+        return try withConnection(device, store: store, flushLeftovers: turn != nil, body)
+    }
+
+    /// The connection closes when this returns, before the turn ends.
+    private func withConnection<T>(_ device: TPMDevice, store: Store, flushLeftovers: Bool,
+                                   _ body: (TPMKeyring) throws(KeychainError) -> T) throws(KeychainError) -> T {
+        let keyring = try TPMKeyring(device: device, store: store, configuration: configuration, flushLeftovers: flushLeftovers)
         defer { tpmCommands += keyring.context.commandCount }
         return try body(keyring)
     }

@@ -1,6 +1,7 @@
 internal import CTSS2
 import SecureMemory
 import Foundation
+import Synchronization
 
 /// A handle to a TPM entity, as ESAPI knows it. `mustFlush` is true for transient objects and sessions.
 public struct TPMHandle: Sendable, Hashable {
@@ -13,7 +14,7 @@ public struct TPMHandle: Sendable, Hashable {
 /// - Important: not thread-safe. Confine it to one actor; the keychain's engine does.
 public final class TPMContext {
     let esys: OpaquePointer
-    private var tcti: OpaquePointer?
+    private(set) var tcti: OpaquePointer?
     public let device: TPMDevice
     /// TPM commands sent on this connection; the benchmark reads it.
     public private(set) var commandCount = 0
@@ -50,6 +51,7 @@ public final class TPMContext {
         while true {
             commandCount += 1
             let rc = TPMReturnCode(rawValue: body())
+            Self.crashPointReached()
             if rc == .success { return }
             if rc.isRetryable && attempt < 50 {
                 attempt += 1
@@ -115,6 +117,17 @@ public final class TPMContext {
         }
         let rc = Esys_TR_SetAuth(esys, handle.tr, &value)
         guard rc == 0 else { throw TPMError(command: "TR_SetAuth", code: .init(rawValue: rc)) }
+    }
+
+    /// Test hook for crash-atomicity tests: with `KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS=N` the process
+    /// ends right after its Nth TPM command has been answered, without any cleanup, as `kill -9` there would.
+    private static let abortAfter: Int? = ProcessInfo.processInfo.environment["KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS"]
+        .flatMap { Int($0) }.flatMap { $0 > 0 ? $0 : nil }
+    private static let processCommands = Atomic<Int>(0)
+
+    private static func crashPointReached() {
+        guard let abortAfter else { return }
+        if processCommands.add(1, ordering: .relaxed).newValue == abortAfter { _exit(134) }
     }
 
     public static let owner = TPMHandle(tr: KC_ESYS_TR_RH_OWNER, mustFlush: false)

@@ -46,4 +46,16 @@ public enum TPMDevice: Sendable, Hashable, CustomStringConvertible {
     }
 
     public var description: String { tctiConfiguration }
+
+    /// Whether a resource manager stands between processes and the TPM (`/dev/tpmrm*`, tpm2-abrmd):
+    /// it flushes what a dead client left and swaps contexts. Without one (swtpm, mssim, `/dev/tpm0`,
+    /// and any kind this code does not know), processes must take turns and clean up after each other.
+    public var hasResourceManager: Bool {
+        switch self {
+        case .device(let path): path.hasPrefix("/dev/tpmrm")
+        case .tabrmd: true
+        case .custom(let conf): conf.hasPrefix("tabrmd") || conf.hasPrefix("device:/dev/tpmrm")
+        default: false
+        }
+    }
 }

@@ -30,7 +30,8 @@ final class TPMKeyring {
         static let bootState = "tpm.boot-state"
     }
 
-    init(device: TPMDevice, store: Store, configuration: KeychainConfiguration) throws(KeychainError) {
+    /// - Parameter flushLeftovers: flush what killed processes left (only while holding the TPM's turn).
+    init(device: TPMDevice, store: Store, configuration: KeychainConfiguration, flushLeftovers: Bool = false) throws(KeychainError) {
         do {
             context = try TPMContext(device: device)
         } catch {
@@ -39,6 +40,12 @@ final class TPMKeyring {
                                 + "(or pass --tcti / set KEYCHAIN_TCTI)", underlying: .tpm(error))
         }
         self.store = store
+        if flushLeftovers {
+            do { try context.flushLeftovers() } catch {
+                throw KeychainError(.hardwareUnavailable, "The TPM at \(device) refused to list or flush the sessions "
+                                    + "and objects left by killed processes (\(error.command))", underlying: .tpm(error))
+            }
+        }
         // The owner authorization (device provisioning's), for what needs the owner hierarchy:
         // provisioning, the reader's persistent key, resetting the passcode count.
         do { try context.setAuth(TPMContext.owner, configuration.ownerAuthorization) } catch {
