@@ -19,8 +19,9 @@ actor Engine {
 
     /// Unsealed wrapping keys, in locked memory (`sodium_malloc`). `always*`/`afterFirstUnlock*`
     /// keys stay until the process ends; `whenUnlocked*` keys only while the lock generation
-    /// recorded at unseal time is current (a `lock` in any process on this store bumps it).
-    private var unsealed: [WrappingKeyID: (secret: SecureBytes, generation: UInt64?, expires: ContinuousClock.Instant?)] = [:]
+    /// recorded at unseal time is current (a `lock` in any process on this store bumps it). Keys
+    /// behind an access control record when the user opened them: each read checks its own window.
+    private var unsealed: [WrappingKeyID: (secret: SecureBytes, generation: UInt64?, opened: ContinuousClock.Instant?)] = [:]
     /// Agreed secrets per (wrapping key, item writer), so a warm read does no X25519.
     private var agreed: [AgreedID: SecureBytes] = [:]
     /// This process's ephemeral writer pair per wrapping public key, and its agreed secret.
@@ -192,7 +193,8 @@ actor Engine {
             let (blob, policy) = try withKeyring { keyring throws(KeychainError) in
                 try keyring.seal(pair.secretKey, accessible: protection.accessible, pcrs: configuration.pcrSelection,
                                  biometry: requirements.biometry, passcode: requirements.passcode,
-                                 keyRef: SealPolicy.keyRef(service: service, protection: tag, publicKey: pair.publicKey))
+                                 keyRef: SealPolicy.keyRef(service: service, protection: tag, publicKey: pair.publicKey),
+                                 authValidity: protection.accessControl.takesWindow ? protection.authValidity : nil)
             }
             wrapping = WrappingKeyRecord(service: service, protection: tag, publicKey: pair.publicKey,
                                          sealedPublic: blob.publicArea, sealedPrivate: blob.privateArea,
@@ -211,7 +213,8 @@ actor Engine {
                 // Another process may have made this service's key meanwhile: theirs wins, ours is dropped.
                 var current = try tx.wrappingKey(service: service, protection: tag)
                 if current == nil || current?.publicKey == staleKey {
-                    if staleKey != nil { try self.deleteItems(tx, service: service, protection: tag) }
+                    // The items of the dead key stay with it, each to report KEY_INVALIDATED on its next read.
+                    if let stale = current, staleKey != nil { try Self.retire(stale, tx) }
                     try tx.putWrappingKey(candidate)
                     current = candidate
                 }
@@ -228,6 +231,7 @@ actor Engine {
                     Sodium.seal($0, key: dataKey, nonce: record.nonce, associatedData: ItemEnvelope.associatedData(record))
                 }
                 try tx.putItem(record)
+                try Self.releaseRetired(service: service, key: key, tx)
             }
         } catch let error as KeychainError {
             throw error
@@ -240,11 +244,56 @@ actor Engine {
 
     static let maxValueLength = 16 << 20
 
-    private func deleteItems(_ tx: Transaction, service: String, protection: String) throws {
-        for key in try tx.keys(service: service) {
-            if let item = try tx.item(service: service, key: key), item.protection == protection {
-                _ = try tx.deleteItem(service: service, key: key)
-            }
+    // MARK: Retired wrapping keys (a write replaced a dead key while items still use it)
+
+    /// A write after an enrollment change (CurrentSet) or a passcode removal replaces the service's
+    /// dead key. Its items stay, with it: the key moves to a retired tag ("<tag>~<public key>"), and
+    /// each of its items gets a marker naming that key and the item's nonce (its version), so its next
+    /// read goes to the old key, which the reader check or the TPM finds dead: KEY_INVALIDATED, once.
+    static func retiredTag(_ tag: String, publicKey: [UInt8]) -> String {
+        tag + "~" + publicKey.map { String(format: "%02x", $0) }.joined()
+    }
+
+    /// The tag a key was sealed with (its keyRef names it), for a live or a retired key.
+    static func liveTag(_ protection: String) -> String {
+        protection.firstIndex(of: "~").map { String(protection[..<$0]) } ?? protection
+    }
+
+    static func retiredMarker(service: String, key: String) -> String { "retired:\(service.utf8.count):\(service)/\(key)" }
+
+    static func retire(_ dead: WrappingKeyRecord, _ tx: Transaction) throws {
+        var retired = dead
+        retired.protection = retiredTag(dead.protection, publicKey: dead.publicKey)
+        try tx.putWrappingKey(retired)
+        for key in try tx.keys(service: dead.service) {
+            // An item already marked belongs to an older retired key.
+            guard let item = try tx.item(service: dead.service, key: key), item.protection == dead.protection,
+                  try retiredKey(of: item, marker: tx.meta(retiredMarker(service: dead.service, key: key))) == nil else { continue }
+            try tx.setMeta(retiredMarker(service: dead.service, key: key), dead.publicKey + item.nonce)
+        }
+    }
+
+    /// The retired key's public half an item still uses, from its marker; nil for one of the live key.
+    static func retiredKey(of item: ItemRecord, marker: [UInt8]?) -> [UInt8]? {
+        guard let marker, marker.count == Sodium.x25519KeyLength + item.nonce.count,
+              marker.suffix(item.nonce.count).elementsEqual(item.nonce) else { return nil }
+        return Array(marker.prefix(Sodium.x25519KeyLength))
+    }
+
+    /// The item at (service, key) was replaced or removed: drop its marker, and its retired key
+    /// when no other item uses it.
+    static func releaseRetired(service: String, key: String, _ tx: Transaction) throws {
+        let name = retiredMarker(service: service, key: key)
+        guard let marker = try tx.meta(name) else { return }
+        _ = try tx.deleteMeta(name)
+        guard marker.count > Sodium.x25519KeyLength else { return }
+        let publicKey = Array(marker.prefix(Sodium.x25519KeyLength))
+        for other in try tx.keys(service: service) where other != key {
+            if let item = try tx.item(service: service, key: other),
+               try retiredKey(of: item, marker: tx.meta(retiredMarker(service: service, key: other))) == publicKey { return }
+        }
+        for wrapping in try tx.wrappingKeys(service: service) where wrapping.publicKey == publicKey && wrapping.protection.contains("~") {
+            _ = try tx.deleteWrappingKey(service: service, protection: wrapping.protection)
         }
     }
 
@@ -276,7 +325,9 @@ actor Engine {
         if record.protection.hasSuffix(TokenBackend.tagSuffix) && !TokenBackend.usesPasscode(record.protection) {
             return try getFromToken(record, uri: context.pkcs11URI)
         }
-        guard let wrapping = try read({ try store.wrappingKey(service: service, protection: record.protection) }) else {
+        let retired = try read { try Self.retiredKey(of: record, marker: store.meta(Self.retiredMarker(service: service, key: key))) }
+        let keyTag = retired.map { Self.retiredTag(record.protection, publicKey: $0) } ?? record.protection
+        guard let wrapping = try read({ try store.wrappingKey(service: service, protection: keyTag) }) else {
             throw corrupted(record, "its wrapping key is missing from the store")
         }
         let secret: SecureBytes
@@ -312,35 +363,46 @@ actor Engine {
     private func unsealedSecret(for wrapping: WrappingKeyRecord, record: ItemRecord, store: Store,
                                 context: ReadContext) async throws(KeychainError) -> SecureBytes {
         let id = WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
+        let window = Self.window(tag: record.protection, asked: context.authValidity)
         // The warm path: no policy decoding, one meta read for whenUnlocked keys only.
-        if let cached = unsealed[id], cached.expires.map({ $0 > ContinuousClock.now }) ?? true {
+        if let cached = unsealed[id], cached.opened.map({ $0 + .seconds(window) > ContinuousClock.now }) ?? true {
             var current = true
             if let generation = cached.generation { current = try generation == lockGeneration(store) }
             if current { return cached.secret }
         }
+        let tag = Self.liveTag(wrapping.protection)
         guard let policy = SealPolicy.decode(wrapping.policy),
-              policy.keyRef.map({ $0 == SealPolicy.keyRef(service: wrapping.service, protection: wrapping.protection,
-                                                          publicKey: wrapping.publicKey) }) ?? true else {
+              policy.keyRef.map({ $0 == SealPolicy.keyRef(service: wrapping.service, protection: tag,
+                                                          publicKey: wrapping.publicKey) }) ?? true,
+              policy.authValidity == nil || policy.authValidity == ItemProtection.storedWindow(ofTag: tag) else {
             throw KeychainError(.dataCorrupted, "The wrapping key of service '\(wrapping.service)' has an unreadable policy, "
                                 + "or one made for another key")
         }
         let generation: UInt64? = policy.availability == .whenUnlocked ? try lockGeneration(store) : nil
         let blob = TPMContext.SealedBlob(publicArea: wrapping.sealedPublic, privateArea: wrapping.sealedPrivate)
         let secret: SecureBytes
-        var expires: ContinuousClock.Instant?
+        var opened: ContinuousClock.Instant?
         if policy.branches.isEmpty {
             secret = try unsealWithoutUser(blob, policy: policy)
         } else {
-            secret = try await unsealWithUser(blob, policy: policy, record: record, context: context)
+            secret = try await unsealWithUser(blob, policy: policy, record: record, window: window, context: context)
             if policy.keyRef == nil, (try? checked(secret, wrapping)) != nil { rebind(secret, wrapping, policy, store: store) }
-            // authValidity: the window in which reads of this protection skip the prompt (this process);
+            // authValidity: the window in which reads of this key skip the prompt (this process);
             // never for the CurrentSet values, whatever storage reads them (seed: AccessControl).
-            guard context.authValidity > 0, policy.biometry?.currentSet != true else { return try checked(secret, wrapping) }
-            expires = .now + .seconds(context.authValidity)
+            guard window > 0, policy.biometry?.currentSet != true else { return try checked(secret, wrapping) }
+            opened = .now
         }
         let checkedSecret = try checked(secret, wrapping)
-        unsealed[id] = (checkedSecret, generation, expires)
+        unsealed[id] = (checkedSecret, generation, opened)
         return checkedSecret
+    }
+
+    /// The window of one read: the item's own (stored in its tag, bound in its key's policy), shortened
+    /// when the reading storage asks for less (a storage's 0, the default, asks for nothing). Items
+    /// written before windows were stored take the reading storage's window, as they always did.
+    static func window(tag: String, asked: Int) -> Int {
+        guard let stored = ItemProtection.storedWindow(ofTag: tag) else { return max(0, asked) }
+        return asked > 0 ? min(stored, asked) : stored
     }
 
     private func checked(_ secret: SecureBytes, _ wrapping: WrappingKeyRecord) throws(KeychainError) -> SecureBytes {
@@ -369,8 +431,10 @@ actor Engine {
 
     /// Asks the user (the authenticator) and proves the answer to the TPM: the reader signs the
     /// session nonce after a match, or the TPM checks the passcode. At most three tries per read.
-    private func unsealWithUser(_ blob: TPMContext.SealedBlob, policy: SealPolicy, record: ItemRecord,
+    private func unsealWithUser(_ blob: TPMContext.SealedBlob, policy: SealPolicy, record: ItemRecord, window: Int,
                                 context: ReadContext) async throws(KeychainError) -> SecureBytes {
+        // iOS never asks for an item the lock state cannot open: fail before any prompt or ticket.
+        try refuseWhileLocked(policy.availability)
         var methods: [AuthenticationMethod] = []
         var reader: FingerprintReader?
         var readerProblem: KeychainError?
@@ -397,11 +461,13 @@ actor Engine {
             throw readerProblem ?? KeychainError(.biometryNotAvailable, "Item '\(record.key)' has no way to be opened here")
         }
         // authValidity across processes: a TPM ticket from an earlier read of this key, which opens no other.
-        let window = Int32(clamping: policy.acceptsTickets ? context.authValidity : 0)
+        let window = Int32(clamping: policy.acceptsTickets ? window : 0)
         let ticketName = "ticket:\(record.service)/\(record.protection)"
+        // A ticket made for a longer window than this read's is used only within this read's window.
         if window > 0, let saved = try? store().meta(ticketName),
            let stored = try? JSONDecoder().decode(TPMKeyring.StoredTicket.self, from: Data(saved)),
-           stored.expires > Self.now(), methods.contains(stored.branch == "biometry" ? .fingerprint : .passcode) {
+           stored.expires > Self.now(), (stored.issued ?? stored.expires) + Int64(window) * 1000 > Self.now(),
+           methods.contains(stored.branch == "biometry" ? .fingerprint : .passcode) {
             do throws(KeychainError) {
                 return try withKeyring { keyring throws(KeychainError) in
                     try keyring.unseal(blob, policy: policy, authorization: .ticket(stored))
@@ -460,6 +526,26 @@ actor Engine {
             }
         }
         throw KeychainError(.authenticationFailed, "Not recognised (\(failure ?? "no match"))")
+    }
+
+    /// One NV_Read of the state index before a prompt: a locked device (or one not unlocked since the
+    /// TPM started, for `afterFirstUnlock`) fails at once. Only a guard against a useless prompt: the
+    /// TPM's PolicyNV still decides at unseal. Without a passcode the device counts as unlocked.
+    private func refuseWhileLocked(_ availability: SealPolicy.Availability) throws(KeychainError) {
+        guard availability != .always else { return }
+        try withKeyring { keyring throws(KeychainError) in
+            let state = try keyring.lockState()
+            if state == .unlocked || (state == .locked && availability == .afterFirstUnlock) { return }
+            let passcodeSet: Bool
+            do throws(TPMError) { passcodeSet = try keyring.currentDescriptor().passcodeSet } catch {
+                throw keyring.diagnose(error, doing: "read the passcode state")
+            }
+            guard passcodeSet else { return try keyring.unlock(passcode: nil) }
+            throw state == .beforeFirstUnlock
+                ? KeychainError(.interactionNotAllowed,
+                                "The device has not been unlocked since the TPM started: unlock it first (keychainctl unlock)")
+                : KeychainError(.interactionNotAllowed, "The device is locked: unlock it first (keychainctl unlock)")
+        }
     }
 
     enum ReaderVerdict {
@@ -527,6 +613,7 @@ actor Engine {
         let store = try store()
         try store.write { tx in
             _ = try tx.deleteItem(service: record.service, key: record.key)
+            try Self.releaseRetired(service: record.service, key: record.key, tx)
             if try tx.itemCount(service: record.service, protection: record.protection) == 0 {
                 _ = try tx.deleteWrappingKey(service: record.service, protection: record.protection)
             }
@@ -543,7 +630,11 @@ actor Engine {
     func remove(service: String, key: String) throws(KeychainError) -> Bool {
         try checkKey(key)
         let store = try store()
-        return try writeStore(store) { tx in try tx.deleteItem(service: service, key: key) }
+        return try writeStore(store) { tx in
+            let removed = try tx.deleteItem(service: service, key: key)
+            try Self.releaseRetired(service: service, key: key, tx)
+            return removed
+        }
     }
 
     func clear(service: String, pkcs11URI: String? = nil) throws(KeychainError) {
@@ -552,6 +643,7 @@ actor Engine {
             try tokenBackend(pkcs11URI).destroyKeys(service: service)
         }
         try writeStore(store) { tx in
+            for key in try tx.keys(service: service) { _ = try tx.deleteMeta(Self.retiredMarker(service: service, key: key)) }
             _ = try tx.deleteItems(service: service)
             _ = try tx.deleteWrappingKeys(service: service)
         }
@@ -595,7 +687,7 @@ actor Engine {
 
     /// Forgets every secret that opens items: unsealed keys, agreed secrets, this process's writers.
     private func forgetSecrets(keepingLongLived: Bool) {
-        unsealed = keepingLongLived ? unsealed.filter { $0.value.generation == nil && $0.value.expires == nil } : [:]
+        unsealed = keepingLongLived ? unsealed.filter { $0.value.generation == nil && $0.value.opened == nil } : [:]
         agreed.removeAll()
         writers.removeAll()
     }
@@ -745,13 +837,13 @@ extension Engine {
         let reader = try FingerprintReader(directory: readerDirectory)
         try withKeyring { keyring throws(KeychainError) in try reader.enroll(finger, keyring: keyring) }
         try reader.resetLockout()
-        unsealed = unsealed.filter { $0.value.expires == nil }
+        unsealed = unsealed.filter { $0.value.opened == nil }
     }
 
     func removeFinger(_ finger: String, passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) -> Bool {
         try requirePasscodeForEnrollment(passcode)
         let reader = try FingerprintReader(directory: readerDirectory)
-        unsealed = unsealed.filter { $0.value.expires == nil }
+        unsealed = unsealed.filter { $0.value.opened == nil }
         return try reader.remove(finger)
     }
 }
@@ -861,7 +953,8 @@ extension Engine {
     func tokenPasscodeSecret(for wrapping: WrappingKeyRecord, record: ItemRecord, store: Store,
                              context: ReadContext) async throws(KeychainError) -> SecureBytes {
         let id = WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
-        if let cached = unsealed[id], cached.expires.map({ $0 > ContinuousClock.now }) ?? false { return cached.secret }
+        let window = Self.window(tag: record.protection, asked: context.authValidity)
+        if let cached = unsealed[id], cached.opened.map({ $0 + .seconds(window) > ContinuousClock.now }) ?? false { return cached.secret }
         guard let uri = context.pkcs11URI else {
             throw KeychainError(.hardwareUnavailable, "Item '\(record.key)' is on a PKCS#11 token, and no token is configured (KEYCHAIN_PKCS11_URI)")
         }
@@ -897,9 +990,7 @@ extension Engine {
                 guard secret.count == Sodium.x25519KeyLength, Sodium.x25519Public(of: secret) == wrapping.publicKey else {
                     throw KeychainError(.dataCorrupted, "The stored public key of service '\(wrapping.service)' does not match its sealed key")
                 }
-                if context.authValidity > 0 {
-                    unsealed[id] = (secret, nil, .now + .seconds(context.authValidity))
-                }
+                if window > 0 { unsealed[id] = (secret, nil, .now) }
                 return secret
             }
         }

@@ -37,7 +37,9 @@ final class TokenBackend {
     }
 
     /// Whether a stored protection tag is a token item behind the token's user PIN.
-    static func usesPasscode(_ tag: String) -> Bool { tag.hasSuffix("/passcode" + tagSuffix) }
+    static func usesPasscode(_ tag: String) -> Bool {
+        tag.hasSuffix(tagSuffix) && ItemProtection(storageTag: String(tag.dropLast(tagSuffix.count)))?.accessControl == .passcode
+    }
 
     /// Checks a PIN with the token (C_Login): the token, not this code, says whether it is right.
     func checkPIN(_ pin: SecureBytes) throws(KeychainError) {

@@ -90,8 +90,9 @@ let usage = """
       set SERVICE KEY [--accessible A] [--access-control C] [--label L] [--auth-validity N] [--synchronizable]
     Item commands take --key-storage tee|strongbox: strongbox is the PKCS#11 token of --pkcs11-uri
     (KEYCHAIN_PKCS11_URI); its items are kept apart from the TPM storage of the same service.
-      get SERVICE KEY [--auth-validity N]   the value on stdout, exactly as stored; with N, a passed
-                                   prompt opens this protection for N seconds, across processes
+      get SERVICE KEY [--auth-validity N]   the value on stdout, exactly as stored; a passed prompt
+                                   opens the item for its window (set --auth-validity), across
+                                   processes; N shortens it for this read, never widens it
       has SERVICE KEY              exit 0 when present, 1 when not
       rm SERVICE KEY
       ls SERVICE

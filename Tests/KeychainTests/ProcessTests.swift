@@ -220,29 +220,32 @@ struct ProcessTests {
         }
     }
 
-    /// authValidity across processes: a TPM ticket stands in for the fingerprint until the window
-    /// ends or the TPM resets; a script of `get` calls is asked once.
+    /// authValidity across processes: the window is the item's (`set --auth-validity`); a TPM ticket
+    /// stands in for the fingerprint until it ends or the TPM resets; a script of `get` calls is asked
+    /// once. A `get` may ask for a shorter window, never a longer one.
     @Test func theAuthValidityWindowHoldsAcrossProcessesAndDiesWithTheTPM() throws {
         let tpm = try SoftwareTPM()
         let store = tpm.directory + "/store"
         #expect(try cli(tpm, store, ["passcode", "set"], input: Array("2468\n".utf8)).status == 0)
         #expect(try cli(tpm, store, ["reader", "enroll", "thumb"], input: Array("2468\n".utf8)).status == 0)
-        #expect(try cli(tpm, store, ["set", "s", "k", "--accessible", "always", "--access-control", "biometryAny"],
-                        input: Array("windowed".utf8)).status == 0)
-        // Without a window, a second process without an answer cannot read.
+        #expect(try cli(tpm, store, ["set", "s", "k", "--accessible", "always", "--access-control", "biometryAny",
+                                     "--auth-validity", "300"], input: Array("windowed".utf8)).status == 0)
+        #expect(try cli(tpm, store, ["set", "s", "nowindow", "--accessible", "always", "--access-control", "biometryAny"],
+                        input: Array("asks".utf8)).status == 0)
+        // Without a window, a second process without an answer cannot read, whatever window it asks for.
+        #expect(try cli(tpm, store, ["get", "s", "nowindow", "--auth-validity", "300", "--touch", "thumb"]).stdout == Array("asks".utf8))
+        #expect(try cli(tpm, store, ["get", "s", "nowindow", "--auth-validity", "300"]).status == 3)
+        // The item's window: asked once, then read by later plain `get`s without an answer.
         #expect(try cli(tpm, store, ["get", "s", "k", "--touch", "thumb"]).stdout == Array("windowed".utf8))
-        #expect(try cli(tpm, store, ["get", "s", "k"]).status == 3)
-        // With a window: asked once, then read by later processes without an answer.
-        #expect(try cli(tpm, store, ["get", "s", "k", "--auth-validity", "300", "--touch", "thumb"]).stdout == Array("windowed".utf8))
-        #expect(try cli(tpm, store, ["get", "s", "k", "--auth-validity", "300"]).stdout == Array("windowed".utf8))
+        #expect(try cli(tpm, store, ["get", "s", "k"]).stdout == Array("windowed".utf8))
         // A TPM reset kills the ticket: asked again.
         try tpm.reboot()
-        let afterReset = try cli(tpm, store, ["get", "s", "k", "--auth-validity", "300"])
+        let afterReset = try cli(tpm, store, ["get", "s", "k"])
         #expect(afterReset.status == 3 && afterReset.stderr.contains("INTERACTION_NOT_ALLOWED"))
-        // An expired window: the TPM refuses the ticket.
+        // A shorter window asked by the read: its ticket ends with it, and the TPM refuses it after.
         #expect(try cli(tpm, store, ["get", "s", "k", "--auth-validity", "1", "--touch", "thumb"]).status == 0)
         sleep(2)
-        #expect(try cli(tpm, store, ["get", "s", "k", "--auth-validity", "300"]).status == 3)
+        #expect(try cli(tpm, store, ["get", "s", "k"]).status == 3)
     }
 
     /// A writer killed with SIGKILL in the middle of `set` leaves the old or the new value.

@@ -194,7 +194,7 @@ struct TicketBindingTests {
     /// sealed again with its own reference when it opens; then tickets work for it.
     @Test func aLegacyKeyOpensAndIsReboundToItsOwnReference() async throws {
         let d = try await Device()
-        let tag = "whenUnlocked/passcode"
+        let tag = "whenUnlocked/passcode/300"  // where a write with a 300 s window goes
         let pair = Sodium.generateX25519()
         do {
             let store = try Store(directory: d.configuration.storeDirectory)

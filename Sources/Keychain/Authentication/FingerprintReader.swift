@@ -79,23 +79,30 @@ final class FingerprintReader {
     /// PolicySigned's policyRef for a key: SHA-256 of a domain string, the CurrentSet flag, the
     /// enrollment set (length-prefixed) and the key's own reference, so a signature or ticket
     /// stands for one key; for keys sealed before they had a reference, the enrollment set alone.
-    static func policyRef(currentSet: Bool, enrollmentSet: [UInt8], keyRef: [UInt8]?) -> [UInt8] {
+    /// Keys with a stored window add it (v2), so the window the reader checks is the key's own.
+    static func policyRef(currentSet: Bool, enrollmentSet: [UInt8], keyRef: [UInt8]?, window: Int? = nil) -> [UInt8] {
         guard let keyRef else { return enrollmentSet }
-        return sha256(Array("keychain-linux/reader-ref/v1".utf8), [currentSet ? 1 : 0],
-                      UInt32(enrollmentSet.count).bigEndianBytes + enrollmentSet, keyRef)
+        let set = UInt32(enrollmentSet.count).bigEndianBytes + enrollmentSet
+        guard let window else { return sha256(Array("keychain-linux/reader-ref/v1".utf8), [currentSet ? 1 : 0], set, keyRef) }
+        return sha256(Array("keychain-linux/reader-ref/v2".utf8), [currentSet ? 1 : 0], set, keyRef,
+                      UInt32(clamping: window).bigEndianBytes)
     }
 
     /// Signs what PolicySigned verifies for a key sealed to this reader: for a CurrentSet key only
     /// today's enrollment set, and never with an expiration (its ticket would outlive an enrollment
-    /// change, and the seed gives CurrentSet no authValidity window).
-    func sign(nonceTPM: [UInt8], for binding: SealPolicy.BiometryBinding, keyRef: [UInt8]?, expiration: Int32 = 0) -> [UInt8]? {
+    /// change, and the seed gives CurrentSet no authValidity window); for a key with a window, never
+    /// an expiration longer than it (the window is in the policyRef signed, so the TPM binds the two).
+    func sign(nonceTPM: [UInt8], for binding: SealPolicy.BiometryBinding, keyRef: [UInt8]?, window: Int? = nil,
+              expiration: Int32 = 0) -> [UInt8]? {
         guard let current = state else { return nil }
         if binding.currentSet {
             guard binding.enrollmentSet == current.enrollmentSet, expiration == 0 else { return nil }
         } else {
             guard binding.enrollmentSet.isEmpty else { return nil }
         }
-        let policyRef = Self.policyRef(currentSet: binding.currentSet, enrollmentSet: binding.enrollmentSet, keyRef: keyRef)
+        if let window, Int(expiration.magnitude) > window { return nil }
+        let policyRef = Self.policyRef(currentSet: binding.currentSet, enrollmentSet: binding.enrollmentSet, keyRef: keyRef,
+                                       window: window)
         let key = SecureBytes(copying: current.hmacKey)
         return Sodium.hmacSHA256(key: key, message: TPMContext.policySignedDigest(nonceTPM: nonceTPM, expiration: expiration, policyRef: policyRef))
     }

@@ -47,27 +47,50 @@ public struct ItemProtection: Sendable, Hashable {
         self.synchronizable = synchronizable
     }
 
-    /// "<accessible>/<accessControl>", e.g. "whenUnlockedThisDeviceOnly/biometryCurrentSet".
+    /// "<accessible>/<accessControl>", e.g. "whenUnlockedThisDeviceOnly/biometryCurrentSet", then
+    /// "/<authValidity>" for the values that can have a window, e.g. "whenUnlocked/biometryAny/60".
     ///
-    /// Stable: the store keys its wrapping keys by it, since those two fields decide the TPM policy.
+    /// Stable: the store keys its wrapping keys by it, since these fields decide the TPM policy; the
+    /// window is the item's (as Android makes it the key's), so items of different windows never
+    /// share a wrapping key. Tags of two fields with a windowed value were written before windows
+    /// were stored: their reads take the reading storage's window.
     public var storageTag: String {
-        "\(accessible.rawValue)/\(accessControl.rawValue)"
+        let base = "\(accessible.rawValue)/\(accessControl.rawValue)"
+        return accessControl.takesWindow ? base + "/\(authValidity)" : base
     }
 
-    /// The protection a storage tag names, with the fields the tag doesn't hold.
+    /// The protection a storage tag names; the window is the tag's when it holds one, else `authValidity`.
     ///
-    /// Nil when the tag isn't "<accessible>/<accessControl>" of seed strings, or the whole breaks a rule.
+    /// Nil when the tag isn't "<accessible>/<accessControl>[/<seconds>]" of seed strings, or the whole breaks a rule.
     public init?(storageTag: String, authValidity: Int = 0, synchronizable: Bool = false) {
         let parts = storageTag.split(separator: "/", omittingEmptySubsequences: false)
-        guard parts.count == 2,
+        guard parts.count == 2 || parts.count == 3,
               let accessible = Accessible(rawValue: String(parts[0])),
-              let accessControl = AccessControl(rawValue: String(parts[1])),
-              let protection = try? ItemProtection(
+              let accessControl = AccessControl(rawValue: String(parts[1])) else { return nil }
+        var window = authValidity
+        if parts.count == 3 {
+            guard accessControl.takesWindow, let stored = Int(parts[2]), stored >= 0, String(stored) == parts[2] else { return nil }
+            window = stored
+        }
+        guard let protection = try? ItemProtection(
                 accessible: accessible, accessControl: accessControl,
-                authValidity: authValidity, synchronizable: synchronizable)
+                authValidity: window, synchronizable: synchronizable)
         else { return nil }
         self = protection
     }
+
+    /// The window a storage tag stores (token suffix allowed); nil for tags without one: no access
+    /// control, CurrentSet (never a window), or written before windows were stored.
+    static func storedWindow(ofTag tag: String) -> Int? {
+        let parts = tag.split(separator: "/", omittingEmptySubsequences: false)
+        guard parts.count == 3 else { return nil }
+        return Int(parts[2].prefix { $0.isASCII && $0.isNumber })
+    }
+}
+
+extension AccessControl {
+    /// The values whose items can have an authValidity window (seed: not None, not the CurrentSet ones).
+    var takesWindow: Bool { self != .none && !isCurrentSet }
 }
 
 extension Accessible {

@@ -24,6 +24,10 @@ struct SealPolicy: Codable, Equatable {
     /// in for that branch of this key only. Absent in keys sealed before (an empty policyRef, shared by
     /// all of them): such a key gets no ticket and is sealed again with one when it next opens.
     var keyRef: [UInt8]?
+    /// The item window (authValidity, seconds) of keys whose tag stores one (`ItemProtection.storageTag`).
+    /// In the reader's policyRef, so a PolicySigned ticket longer than it needs a signature the reader
+    /// refuses to make; 0 means no ticket at all. Nil in keys sealed before windows were stored.
+    var authValidity: Int?
 
     struct BiometryBinding: Codable, Equatable {
         /// The reader's verification key (its TPM name) and persistent handle.
@@ -45,13 +49,14 @@ struct SealPolicy: Codable, Equatable {
     }
 
     /// Whether a ticket may ever stand in for this key's access control: never for the CurrentSet
-    /// values (seed: no authValidity window), nor for keys without their own `keyRef`.
-    var acceptsTickets: Bool { keyRef != nil && biometry?.currentSet != true }
+    /// values (seed: no authValidity window), nor for keys without their own `keyRef` or of window 0.
+    var acceptsTickets: Bool { keyRef != nil && biometry?.currentSet != true && authValidity != 0 }
 
     /// PolicySigned's policyRef: the enrollment set and this key, as the reader signs it.
     var signedRef: [UInt8] {
         guard let biometry else { return [] }
-        return FingerprintReader.policyRef(currentSet: biometry.currentSet, enrollmentSet: biometry.enrollmentSet, keyRef: keyRef)
+        return FingerprintReader.policyRef(currentSet: biometry.currentSet, enrollmentSet: biometry.enrollmentSet, keyRef: keyRef,
+                                           window: authValidity)
     }
 
     enum Branch: Equatable { case biometry, passcode }

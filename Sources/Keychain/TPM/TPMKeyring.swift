@@ -187,10 +187,10 @@ final class TPMKeyring {
     /// Seals a wrapping key's secret half for `accessible` (one salted session, one Create).
     /// `keyRef` names the key in its access-control branch (`SealPolicy.keyRef`).
     func seal(_ secret: SecureBytes, accessible: Accessible, pcrs: [Int], biometry: SealPolicy.BiometryBinding? = nil,
-              passcode: Bool = false, keyRef: [UInt8]) throws(KeychainError) -> (TPMContext.SealedBlob, SealPolicy) {
+              passcode: Bool = false, keyRef: [UInt8], authValidity: Int? = nil) throws(KeychainError) -> (TPMContext.SealedBlob, SealPolicy) {
         do {
             var policy = SealPolicy(availability: .init(accessible), stateName: stateName, biometry: biometry,
-                                    passcode: passcode ? true : nil, keyRef: keyRef)
+                                    passcode: passcode ? true : nil, keyRef: keyRef, authValidity: authValidity)
             if accessible.isThisDeviceOnly {
                 let current = try BootState.read(context, pcrs)
                 try checkBootState(current)
@@ -273,6 +273,9 @@ final class TPMKeyring {
         var ticket: PolicyTicket
         /// When the window ends (ms since 1970): a hint; the TPM decides.
         var expires: Int64
+        /// When it was made (ms since 1970), so a read asking for a shorter window uses it only within
+        /// that; absent in tickets saved before.
+        var issued: Int64?
     }
 
     /// The ticket the last `unseal` obtained, if its authorization asked for one.
@@ -340,14 +343,14 @@ final class TPMKeyring {
             let window = policy.acceptsTickets ? window : 0
             guard let binding = policy.biometry, let keyTR = reader.state?.keyTR,
                   let hmac = reader.sign(nonceTPM: try context.nonceTPM(session), for: binding, keyRef: policy.keyRef,
-                                         expiration: -window) else {
+                                         window: policy.authValidity, expiration: -window) else {
                 throw TPMError(command: "reader signature", code: .policyFail)
             }
             step = "PolicySigned"
             let readerKey = try context.deserialize(keyTR)
             let ticket = try context.policySigned(session, authObject: readerKey, nonceTPM: try context.nonceTPM(session),
                                                   policyRef: policy.signedRef, hmac: hmac, expiration: -window)
-            issuedTicket = ticket.map { StoredTicket(branch: "biometry", ticket: $0, expires: now + Int64(window) * 1000) }
+            issuedTicket = ticket.map { StoredTicket(branch: "biometry", ticket: $0, expires: now + Int64(window) * 1000, issued: now) }
         case .passcode(let pin, let window):
             guard policy.passcode == true else { throw TPMError(command: "passcode branch", code: .policyFail) }
             let window = policy.acceptsTickets ? window : 0
@@ -362,7 +365,7 @@ final class TPMKeyring {
             let ticket = try context.policySecret(session, entity: pinIndex, authSession: auth, policyRef: policy.keyRef ?? [],
                                                   expiration: -window)
             consumed = true
-            issuedTicket = ticket.map { StoredTicket(branch: "passcode", ticket: $0, expires: now + Int64(window) * 1000) }
+            issuedTicket = ticket.map { StoredTicket(branch: "passcode", ticket: $0, expires: now + Int64(window) * 1000, issued: now) }
         case .ticket(let stored):
             guard policy.acceptsTickets else { throw TPMError(command: "ticket for a key that takes none", code: .policyFail) }
             step = "PolicyTicket"

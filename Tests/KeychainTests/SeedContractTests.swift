@@ -1,0 +1,249 @@
+import Foundation
+@testable import Keychain
+import KeychainStore
+import KeychainTestSupport
+import SecureMemory
+import Testing
+import TPM2
+
+/// Issue 10: the seed's authValidity as a property of the item, CurrentSet siblings after an
+/// enrollment change, and a locked device that fails before any prompt.
+@Suite("Seed contract: item windows, CurrentSet siblings, lock before prompt")
+struct SeedContractTests {
+    static let pin = AccessControlTests.pin
+    typealias Device = AccessControlTests.Device
+
+    func storage(_ d: Device, _ control: AccessControl, accessible: Accessible = .whenUnlocked, authValidity: Int = 0,
+                 service: String = "svc") throws -> Keychain {
+        try createKeychain(.init(service: service, accessible: accessible, accessControl: control, authValidity: authValidity),
+                           configuration: d.configuration)
+    }
+
+    func wrappingKey(_ d: Device, service: String = "svc") throws -> WrappingKeyRecord {
+        try #require(try Store(directory: d.configuration.storeDirectory).wrappingKeys(service: service).first)
+    }
+
+    func storedTicket(_ d: Device, service: String = "svc") throws -> TPMKeyring.StoredTicket? {
+        let store = try Store(directory: d.configuration.storeDirectory)
+        let tag = try wrappingKey(d, service: service).protection
+        return try store.meta("ticket:\(service)/\(tag)").map { try JSONDecoder().decode(TPMKeyring.StoredTicket.self, from: Data($0)) }
+    }
+
+    // MARK: Item 1: the window is the item's
+
+    /// Written with a per-call authValidity of 60 by a storage without a window; read by a storage
+    /// without one: asked once, then not again, in this process or in a new one (a TPM ticket).
+    @Test(arguments: [AccessControl.biometryAny, .passcode])
+    func aWindowGivenAtTheWriteIsHonouredByAReaderWithoutOne(control: AccessControl) async throws {
+        let d = try await Device()
+        let writer = try storage(d, control)
+        try await writer.setItem("k", "v", options: .init(authValidity: 60))
+        let reader = try storage(d, control)
+        d.answers.push(control == .passcode ? .passcode(bytes(Self.pin)) : .finger("thumb"))
+        #expect(try await reader.getItem("k") == "v")
+        #expect(d.answers.requests.count == 1)
+        #expect(try await reader.getItem("k") == "v")
+        await d.device.dropCaches()  // a new process: the ticket in the store stands in for the prompt
+        #expect(try await reader.getItem("k") == "v")
+        #expect(d.answers.requests.count == 1, "a read inside the item's window asked again")
+        let ticket = try #require(try storedTicket(d))
+        #expect(ticket.expires - (ticket.issued ?? 0) == 60_000, "the ticket's window is the item's")
+        #expect(try wrappingKey(d).protection.hasSuffix("/60"))
+        #expect(SealPolicy.decode(try wrappingKey(d).policy)?.authValidity == 60)
+    }
+
+    /// Written without a window: a reading storage of 300 s cannot widen it; every read asks.
+    @Test func aReaderCannotWidenAnItemsWindow() async throws {
+        let d = try await Device()
+        try await storage(d, .biometryAnyOrPasscode).setItem("k", "v")
+        let wide = try storage(d, .biometryAnyOrPasscode, authValidity: 300)
+        for round in 1...2 {
+            d.answers.push(.finger("thumb"))
+            #expect(try await wide.getItem("k") == "v")
+            #expect(d.answers.requests.count == round)
+        }
+        await d.device.dropCaches()
+        d.answers.push(.cancel)
+        #expect(await code { try await wide.getItem("k") } == .userCanceled)
+        #expect(try storedTicket(d) == nil, "a ticket was made for an item without a window")
+    }
+
+    /// A read may ask for a shorter window than the item's: its ticket and its cache are that short,
+    /// and a ticket made for the item's longer window is used only within the shorter one.
+    @Test func aReaderMayShortenTheWindow() async throws {
+        let d = try await Device()
+        try await storage(d, .biometryAny, authValidity: 300).setItem("k", "v")
+        d.answers.push(.finger("thumb"))
+        #expect(try await storage(d, .biometryAny, authValidity: 5).getItem("k") == "v")
+        let ticket = try #require(try storedTicket(d))
+        #expect(ticket.expires - (ticket.issued ?? 0) == 5_000)
+        // A 300 s ticket made 10 s ago is inside the item's window but outside a 5 s read's.
+        var old = ticket
+        old.issued = Engine.now() - 10_000
+        old.expires = old.issued! + 300_000
+        let store = try Store(directory: d.configuration.storeDirectory)
+        let tag = try wrappingKey(d).protection
+        try store.write { try $0.setMeta("ticket:svc/\(tag)", Array(try JSONEncoder().encode(old))) }
+        await d.device.dropCaches()
+        d.answers.push(.cancel)
+        #expect(await code { try await storage(d, .biometryAny, authValidity: 5).getItem("k") } == .userCanceled)
+        #expect(d.answers.requests.count == 2)
+    }
+
+    /// The window is bound in the key: the reader signs no expiration beyond the window in the
+    /// policyRef it signs, and a signature made for a longer window (the same key, another policyRef)
+    /// does not satisfy the key's policy in the TPM. The stored window edited is DATA_CORRUPTED.
+    @Test func theWindowIsBoundInTheKeysPolicy() async throws {
+        let d = try await Device()
+        try await storage(d, .biometryAny, accessible: .always, authValidity: 60).setItem("k", "v")
+        let record = try wrappingKey(d)
+        let policy = try #require(SealPolicy.decode(record.policy))
+        let binding = try #require(policy.biometry)
+        let reader = try FingerprintReader(directory: d.configuration.readerDirectory!)
+        #expect(reader.sign(nonceTPM: [1], for: binding, keyRef: policy.keyRef, window: 60, expiration: -60) != nil)
+        #expect(reader.sign(nonceTPM: [1], for: binding, keyRef: policy.keyRef, window: 60, expiration: -61) == nil)
+
+        /// Raw ESAPI: PolicySigned with the reader's signature for `window`, Unseal; the ticket if it opened.
+        func attempt(window: Int) throws -> (opened: Bool, ticket: PolicyTicket?) {
+            let context = try TPMContext(device: d.tpm.device)
+            let srk = try context.resource(forPersistent: 0x8100_0001)
+            let session = try context.startSession(.policy, saltKey: srk, encryptResponse: true, continueSession: true)
+            defer { context.flush(session) }
+            let object = try context.load(.init(publicArea: record.sealedPublic, privateArea: record.sealedPrivate), parent: srk)
+            defer { context.flush(object) }
+            var claimed = policy
+            claimed.authValidity = window
+            let nonce = try context.nonceTPM(session)
+            let hmac = try #require(reader.sign(nonceTPM: nonce, for: binding, keyRef: policy.keyRef, window: window,
+                                                expiration: Int32(-window)))
+            let readerKey = try context.deserialize(try #require(reader.state?.keyTR))
+            let ticket = try context.policySigned(session, authObject: readerKey, nonceTPM: nonce, policyRef: claimed.signedRef,
+                                                  hmac: hmac, expiration: Int32(-window))
+            do { _ = try context.unseal(object, session: session); return (true, ticket) } catch { return (false, ticket) }
+        }
+        let control = try attempt(window: 60)
+        #expect(control.opened && control.ticket != nil, "the control: the key's own window opens it")
+        #expect(try attempt(window: 3600).opened == false, "a signature for a longer window opened the key")
+
+        // The store's copy of the window edited to an hour: refused before any prompt.
+        var edited = policy
+        edited.authValidity = 3600
+        var tampered = record
+        tampered.policy = edited.encoded()
+        try Store(directory: d.configuration.storeDirectory).write { try $0.putWrappingKey(tampered) }
+        await d.device.dropCaches()
+        #expect(await code { try await storage(d, .biometryAny, accessible: .always).getItem("k") } == .dataCorrupted)
+        #expect(d.answers.requests.isEmpty)
+    }
+
+    /// An item written before windows were stored keeps the reading storage's window.
+    @Test func anItemWithoutAStoredWindowTakesTheReadersAsBefore() {
+        #expect(Engine.window(tag: "whenUnlocked/biometryAny", asked: 30) == 30)
+        #expect(Engine.window(tag: "whenUnlocked/biometryAny/60", asked: 0) == 60)
+        #expect(Engine.window(tag: "whenUnlocked/biometryAny/60", asked: 30) == 30)
+        #expect(Engine.window(tag: "whenUnlocked/biometryAny/60", asked: 600) == 60)
+        #expect(Engine.window(tag: "whenUnlocked/passcode/0@strongbox", asked: 600) == 0)
+    }
+
+    // MARK: Item 3: CurrentSet siblings after an enrollment change
+
+    /// Three CurrentSet items, a new finger, a write of one: each other item reports KEY_INVALIDATED
+    /// once, before any prompt, then is gone; getAllKeys and hasItem keep their answers until then.
+    /// Twice, so items of two dead keys are told apart; the dead keys leave with their last item.
+    @Test(arguments: [AccessControl.biometryCurrentSet, .biometryCurrentSetOrPasscode])
+    func aWriteAfterANewFingerLeavesEachSiblingToReportKeyInvalidatedOnce(control: AccessControl) async throws {
+        let d = try await Device()
+        let store = try storage(d, control)
+        for key in ["a", "b", "c"] { try await store.setItem(key, "old \(key)") }
+        try await d.device.enrollFinger("index", passcode: bytes(Self.pin))
+        try await store.setItem("a", "new a")
+        #expect(try await store.getAllKeys() == ["a", "b", "c"])
+        #expect(try await store.hasItem("b"))
+        #expect(try await store.hasItem("c"))
+        #expect(await code { try await store.getItem("b") } == .keyInvalidated)
+        #expect(try await store.getAllKeys() == ["a", "c"])
+        #expect(try await store.getItem("b") == nil)
+
+        try await d.device.enrollFinger("ring", passcode: bytes(Self.pin))
+        try await store.setItem("d", "new d")
+        #expect(try await store.getAllKeys() == ["a", "c", "d"])
+        #expect(await code { try await store.getItem("a") } == .keyInvalidated)
+        #expect(await code { try await store.getItem("c") } == .keyInvalidated)
+        #expect(try await store.getItem("a") == nil)
+        #expect(try await store.getItem("c") == nil)
+        #expect(d.answers.requests.isEmpty, "an invalidated item prompted")
+        d.answers.push(.finger("ring"))
+        #expect(try await store.getItem("d") == "new d")
+        #expect(try await store.getAllKeys() == ["d"])
+        let keys = try Store(directory: d.configuration.storeDirectory).wrappingKeys(service: "svc")
+        #expect(keys.map(\.protection) == ["whenUnlocked/\(control.rawValue)"], "dead keys outlived their items")
+    }
+
+    /// A dead key's item overwritten or removed releases it: nothing of the old key is left behind.
+    @Test func overwritingOrRemovingTheLastOldItemDropsTheDeadKey() async throws {
+        let d = try await Device()
+        let store = try storage(d, .biometryCurrentSet)
+        for key in ["a", "b", "c"] { try await store.setItem(key, key) }
+        try await d.device.enrollFinger("index", passcode: bytes(Self.pin))
+        try await store.setItem("a", "new")
+        try await store.setItem("b", "new")
+        try await store.removeItem("c")
+        let raw = try Store(directory: d.configuration.storeDirectory)
+        #expect(try raw.wrappingKeys(service: "svc").count == 1)
+        for key in ["a", "b", "c"] { #expect(try raw.meta(Engine.retiredMarker(service: "svc", key: key)) == nil) }
+        d.answers.push(.finger("index"), .finger("thumb"))
+        #expect(try await store.getItem("b") == "new")
+        #expect(try await store.getItem("a") == "new")
+    }
+
+    // MARK: Item 9: a locked device fails before any prompt
+
+    @Test(arguments: [AccessControl.biometryAny, .biometryAnyOrPasscode, .passcode])
+    func aLockedDeviceFailsBeforeAnyPromptAndKeepsTheAnswer(control: AccessControl) async throws {
+        let d = try await Device()
+        let store = try storage(d, control, accessible: .whenUnlockedThisDeviceOnly)
+        try await store.setItem("k", "v")
+        try await d.device.lock()
+        let answer: AuthenticationAnswer = control == .passcode ? .passcode(bytes(Self.pin)) : .finger("thumb")
+        d.answers.push(answer)
+        #expect(await code { try await store.getItem("k") } == .interactionNotAllowed)
+        #expect(d.answers.requests.isEmpty, "a locked device asked for the user")
+        // The queued answer was not used up: after the unlock it opens the item.
+        try await d.device.unlock(passcode: bytes(Self.pin))
+        #expect(try await store.getItem("k") == "v")
+        #expect(d.answers.requests.count == 1)
+    }
+
+    @Test func beforeTheFirstUnlockAfterFirstUnlockItemsFailBeforeAnyPrompt() async throws {
+        let d = try await Device()
+        let after = try storage(d, .biometryAny, accessible: .afterFirstUnlock, service: "after")
+        let always = try storage(d, .biometryAny, accessible: .always, service: "always")
+        try await after.setItem("k", "after")
+        try await always.setItem("k", "always")
+        try d.tpm.reboot()
+        await d.device.dropCaches()
+        #expect(await code { try await after.getItem("k") } == .interactionNotAllowed)
+        #expect(d.answers.requests.isEmpty)
+        d.answers.push(.finger("thumb"))
+        #expect(try await always.getItem("k") == "always")
+        // Locked again after the first unlock: afterFirstUnlock items read.
+        try await d.device.unlock(passcode: bytes(Self.pin))
+        try await d.device.lock()
+        d.answers.push(.finger("thumb"))
+        #expect(try await after.getItem("k") == "after")
+        #expect(d.answers.requests.count == 2)
+    }
+
+    /// Without a passcode the device counts as unlocked (as on iOS): the check does not refuse.
+    @Test func withoutAPasscodeAfterARebootTheItemStillAsksAndOpens() async throws {
+        let d = try await Device()
+        let store = try storage(d, .biometryAny, accessible: .whenUnlocked)
+        try await store.setItem("k", "v")
+        try await d.device.removePasscode(current: bytes(Self.pin))
+        try d.tpm.reboot()
+        await d.device.dropCaches()
+        d.answers.push(.finger("thumb"))
+        #expect(try await store.getItem("k") == "v")
+        #expect(d.answers.requests.count == 1)
+    }
+}
