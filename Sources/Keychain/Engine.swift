@@ -325,7 +325,10 @@ actor Engine {
         if record.protection.hasSuffix(TokenBackend.tagSuffix) && !TokenBackend.usesPasscode(record.protection) {
             return try getFromToken(record, uri: context.pkcs11URI)
         }
-        let retired = try read { try Self.retiredKey(of: record, marker: store.meta(Self.retiredMarker(service: service, key: key))) }
+        // Only these tags ever have a dead key replaced (Engine.set's staleKey): others skip the lookup.
+        let retirable = record.protection.contains("CurrentSet") || record.protection.hasPrefix(Accessible.whenPasscodeSetThisDeviceOnly.rawValue)
+        let retired = !retirable ? nil
+            : try read { try Self.retiredKey(of: record, marker: store.meta(Self.retiredMarker(service: service, key: key))) }
         let keyTag = retired.map { Self.retiredTag(record.protection, publicKey: $0) } ?? record.protection
         guard let wrapping = try read({ try store.wrappingKey(service: service, protection: keyTag) }) else {
             throw corrupted(record, "its wrapping key is missing from the store")

@@ -196,6 +196,24 @@ struct SeedContractTests {
         #expect(try await store.getItem("a") == "new")
     }
 
+    /// The same for a passcode removal seen by another store on the TPM: its whenPasscodeSet key is
+    /// dead (the epoch moved), and a write there leaves the other items to report KEY_INVALIDATED.
+    @Test func aWriteAfterThePasscodeEpochMovedLeavesTheOtherItemsToReportKeyInvalidated() async throws {
+        let d = try await Device(fingers: [])
+        var second = d.tpm.configuration(store: d.tpm.directory + "/second")
+        second.readerDirectory = nil
+        let other = try createKeychain(.init(service: "svc", accessible: .whenPasscodeSetThisDeviceOnly), configuration: second)
+        for key in ["a", "b"] { try await other.setItem(key, key) }
+        try await d.device.removePasscode(current: bytes(Self.pin))
+        try await d.device.setPasscode(bytes(Self.pin))
+        await KeychainDevice(configuration: second).dropCaches()
+        try await other.setItem("a", "new")
+        #expect(try await other.getAllKeys() == ["a", "b"])
+        #expect(await code { try await other.getItem("b") } == .keyInvalidated)
+        #expect(try await other.getItem("b") == nil)
+        #expect(try await other.getItem("a") == "new")
+    }
+
     // MARK: Item 9: a locked device fails before any prompt
 
     @Test(arguments: [AccessControl.biometryAny, .biometryAnyOrPasscode, .passcode])
