@@ -6,7 +6,8 @@ import SecureMemory
 public struct KeychainConfiguration: Sendable {
     /// Which TPM seals the wrapping keys.
     public enum TPMSource: Sendable, Hashable {
-        /// A TCTI configuration string: `device:/dev/tpmrm0`, `swtpm:host=…,port=…`, `tabrmd:`.
+        /// A TCTI configuration string: `device:/dev/tpmrm0`, `swtpm:path=…`, `swtpm:host=…,port=…`, `tabrmd:`;
+        /// a malformed one is refused with `INVALID_ARGUMENT`.
         case tcti(String)
         /// A software TPM (swtpm) kept in the store directory and started on demand.
         case embedded
@@ -38,6 +39,9 @@ public struct KeychainConfiguration: Sendable {
     /// Shows the prompt for reads behind an access control; without one such reads fail with
     /// `INTERACTION_NOT_ALLOWED`.
     public var authenticator: (any Authenticator)?
+    /// How long one TPM command may wait for the TPM's answer before the operation fails with
+    /// `HARDWARE_UNAVAILABLE` (a stopped or hung software TPM; see `docs/security.md`).
+    public var tpmTimeout: Duration = .seconds(30)
     /// The PKCS#11 token of `keyStorage: 'strongbox'` storages, an RFC 7512 URI with
     /// `module-path=` or `module-name=` and `pin-source=` (`KEYCHAIN_PKCS11_URI`).
     public var pkcs11URI: String?

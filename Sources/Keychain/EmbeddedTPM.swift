@@ -3,32 +3,48 @@ import TPM2
 
 /// A software TPM (swtpm) kept in `<store>/swtpm/`, for machines without one and for tests.
 ///
-/// Started on demand as a daemon on loopback and left running, so several processes share it the way
-/// they share a real TPM (swtpm serves one connection at a time; each keychain operation connects
-/// and disconnects). Stopping its process is a TPM reboot: `reboot(storeDirectory:)`.
+/// Started on demand as a daemon on Unix sockets in that 0700 directory and left running, so several
+/// processes of its owner share it the way they share a real TPM (swtpm serves one connection at a
+/// time; each keychain operation connects and disconnects); no other user can reach it. Stopping its
+/// process is a TPM reboot: `reboot(storeDirectory:)`.
 public enum EmbeddedTPM {
     static func directory(_ store: String) -> String { store + "/swtpm" }
 
     /// The TPM device of the store's software TPM, starting it when it is not running.
     /// - Returns: the device, and whether this call started it (a fresh TPM boot).
     public static func ensureRunning(storeDirectory: String) throws(KeychainError) -> (device: TPMDevice, started: Bool) {
-        let dir = directory(storeDirectory)
-        do {
-            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true,
-                                                    attributes: [.posixPermissions: 0o700])
-        } catch {
-            throw KeychainError(.storageError, "Cannot create \(dir) for the embedded software TPM: \(error.localizedDescription)")
+        guard Processes.findExecutable("swtpm") != nil else {
+            throw KeychainError(.hardwareUnavailable,
+                                "No TPM: there is no /dev/tpmrm0 and swtpm is not installed for the embedded software TPM "
+                                + "(apt-get install swtpm), or pass --tcti")
         }
+        let dir = directory(storeDirectory)
+        try makePrivateDirectory(dir)
+        let swtpm = try Swtpm(directory: dir)
         // One starter at a time: two processes must not start two swtpms on one state.
-        let lockFD = open(dir + "/start.lock", O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
+        let lockFD = open(dir + "/start.lock", O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0o600)
         guard lockFD >= 0 else { throw KeychainError(.storageError, "Cannot open \(dir)/start.lock", underlying: .errno(errno)) }
         defer { close(lockFD) }
         flock(lockFD, LOCK_EX)
         defer { flock(lockFD, LOCK_UN) }
 
-        if let port = runningPort(dir) { return (.swtpm(host: "127.0.0.1", port: port), false) }
-        let port = try start(dir)
-        return (.swtpm(host: "127.0.0.1", port: port), true)
+        if swtpm.isListening { return (swtpm.device, false) }
+        stop(storeDirectory: storeDirectory)  // one that no longer listens, or an older one on TCP
+        _ = try swtpm.start(state: dir, pidFile: dir + "/swtpm.pid")
+        return (swtpm.device, true)
+    }
+
+    /// Creates `dir` 0700, or accepts it when it is a directory and not a symbolic link (mkdir never
+    /// follows one); the store directory's checks cover who owns it.
+    private static func makePrivateDirectory(_ dir: String) throws(KeychainError) {
+        if mkdir(dir, 0o700) != 0 && errno != EEXIST {
+            throw KeychainError(.storageError, "Cannot create \(dir) for the embedded software TPM", underlying: .errno(errno))
+        }
+        var info = stat()
+        guard lstat(dir, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
+            throw KeychainError(.storageError, "\(dir) is not a directory (a symbolic link?): remove it, and the embedded "
+                                + "software TPM makes its own")
+        }
     }
 
     /// Simulates a reboot: the swtpm process stops (its state stays) and the next use starts it again,
@@ -42,62 +58,11 @@ public enum EmbeddedTPM {
         let dir = directory(storeDirectory)
         guard let pidText = try? String(contentsOfFile: dir + "/swtpm.pid", encoding: .utf8),
               let pid = pid_t(pidText.trimmingCharacters(in: .whitespacesAndNewlines)), pid > 0 else { return }
+        defer { try? FileManager.default.removeItem(atPath: dir + "/swtpm.pid") }
+        // A stale file's pid may be another process's now.
+        guard (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8)) == "swtpm\n" else { return }
         kill(pid, SIGTERM)
         for _ in 0..<20 where kill(pid, 0) == 0 { usleep(10_000) }
         if kill(pid, 0) == 0 { kill(pid, SIGKILL) }
-        try? FileManager.default.removeItem(atPath: dir + "/swtpm.pid")
-        try? FileManager.default.removeItem(atPath: dir + "/port")
-    }
-
-    private static func runningPort(_ dir: String) -> Int? {
-        guard let portText = try? String(contentsOfFile: dir + "/port", encoding: .utf8),
-              let port = Int(portText.trimmingCharacters(in: .whitespacesAndNewlines)),
-              let pidText = try? String(contentsOfFile: dir + "/swtpm.pid", encoding: .utf8),
-              let pid = pid_t(pidText.trimmingCharacters(in: .whitespacesAndNewlines)),
-              kill(pid, 0) == 0 else { return nil }
-        return port
-    }
-
-    private static func start(_ dir: String) throws(KeychainError) -> Int {
-        guard let swtpm = findExecutable("swtpm") else {
-            throw KeychainError(.hardwareUnavailable,
-                                "No TPM: there is no /dev/tpmrm0 and swtpm is not installed for the embedded software TPM "
-                                + "(apt-get install swtpm), or pass --tcti")
-        }
-        for _ in 0..<5 {
-            let port = Processes.freePortPair()
-            try? FileManager.default.removeItem(atPath: dir + "/swtpm.pid")
-            let status = Processes.spawn(swtpm, [
-                "swtpm", "socket", "--tpm2",
-                "--server", "type=tcp,port=\(port),bindaddr=127.0.0.1",
-                "--ctrl", "type=tcp,port=\(port + 1),bindaddr=127.0.0.1",
-                "--tpmstate", "dir=\(dir)",
-                "--flags", "not-need-init,startup-clear",
-                "--pid", "file=\(dir)/swtpm.pid",
-                "--log", "file=\(dir)/swtpm.log",
-                "--daemon",
-            ]).map(Processes.wait)
-            guard let status else {
-                throw KeychainError(.hardwareUnavailable, "Cannot start swtpm at \(swtpm)", underlying: .errno(errno))
-            }
-            guard status == 0 else { continue }  // the port was taken meanwhile: try another
-            for _ in 0..<500 {
-                if Processes.canConnect(port) {
-                    try? "\(port)\n".write(toFile: dir + "/port", atomically: true, encoding: .utf8)
-                    return port
-                }
-                usleep(10_000)
-            }
-        }
-        throw KeychainError(.hardwareUnavailable, "The embedded software TPM did not start: see \(dir)/swtpm.log")
-    }
-
-    static func findExecutable(_ name: String) -> String? {
-        let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
-        for dir in path.split(separator: ":") + ["/usr/bin", "/usr/local/bin"] {
-            let candidate = "\(dir)/\(name)"
-            if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
-        }
-        return nil
     }
 }

@@ -76,7 +76,8 @@ actor Engine {
         let device: TPMDevice
         var started = false
         switch configuration.tpm {
-        case .tcti(let conf): device = TPMDevice(parsing: conf)
+        case .tcti(let conf):
+            do { device = try TPMDevice(parsing: conf) } catch { throw .invalidArgument(error.description) }
         case .embedded: (device, started) = try EmbeddedTPM.ensureRunning(storeDirectory: configuration.storeDirectory)
         }
         let turn = try TPMTurn.take(device, configuration: configuration)
@@ -90,14 +91,20 @@ actor Engine {
                                    _ body: (TPMKeyring) throws(KeychainError) -> T) throws(KeychainError) -> T {
         let keyring = try TPMKeyring(device: device, store: store, configuration: configuration, flushLeftovers: flushLeftovers)
         defer { tpmCommands += keyring.context.commandCount }
-        return try body(keyring)
+        do { return try body(keyring) } catch {
+            // Whatever the step made of it: a TPM that stopped answering is the cause.
+            if let unanswered = keyring.context.unanswered {
+                throw .tpmDidNotAnswer(device, timeout: configuration.tpmTimeout, unanswered)
+            }
+            throw error
+        }
     }
 
     /// A just-started software TPM gets small dictionary-attack settings: nothing here is subject to
     /// DA (our objects are noDA), but other tools on it should not lock it out for 1000 s.
     private func prepareFreshSoftwareTPM(_ device: TPMDevice) throws(KeychainError) {
         do {
-            let context = try TPMContext(device: device)
+            let context = try TPMContext(device: device, timeout: configuration.tpmTimeout)
             try context.setDictionaryAttackParameters(maxTries: 32, recoveryTime: 10, lockoutRecovery: 10)
             tpmCommands += context.commandCount
         } catch {

@@ -26,3 +26,12 @@ extension KeychainError {
         }
     }
 }
+
+extension KeychainError {
+    /// A TPM that let a command's deadline pass (`KeychainConfiguration.tpmTimeout`).
+    static func tpmDidNotAnswer(_ device: TPMDevice, timeout: Duration, _ error: TPMError) -> KeychainError {
+        KeychainError(.hardwareUnavailable,
+                      "The TPM at \(device) did not answer within \(timeout): check that it is running and not stopped "
+                      + "(for the embedded software TPM: keychainctl tpm reboot)", underlying: .tpm(error))
+    }
+}

@@ -1,54 +1,64 @@
+internal import CSpawn
 import Foundation
 
-/// Loopback ports and child processes, for the embedded software TPM and the test-support one.
+/// Child processes: the software TPMs (embedded and test support) and the programs tests run.
 package enum Processes {
-    /// Starts `path` with stdin, stdout and stderr on /dev/null; returns its pid.
+    /// Starts `path` with `argv`; its stdin, stdout and stderr are the given descriptors, or /dev/null.
+    ///
+    /// The child gets nothing else of ours. Every other descriptor is closed in it: not all of ours
+    /// are close-on-exec (tpm2-tss opens its sockets without it), and a long-lived child holding
+    /// another thread's TPM connection or a pipe's write end hangs that thread's peer forever. Signals
+    /// start with an empty mask and default dispositions: threads of the cooperative pool block
+    /// SIGTERM, and a child would inherit that and survive a plain `kill`.
     /// posix_spawn, not Foundation's `Process`, which needs a run loop that an actor's thread lacks.
-    package static func spawn(_ path: String, _ argv: [String]) -> pid_t? {
+    package static func spawn(_ path: String, _ argv: [String], environment: [String: String]? = nil,
+                              stdin: Int32? = nil, stdout: Int32? = nil, stderr: Int32? = nil) -> Int32? {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        for fd in 0...2 { posix_spawn_file_actions_addopen(&actions, Int32(fd), "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0) }
+        for (target, source) in [stdin, stdout, stderr].enumerated() {
+            if let source {
+                posix_spawn_file_actions_adddup2(&actions, source, Int32(target))
+            } else {
+                posix_spawn_file_actions_addopen(&actions, Int32(target), "/dev/null", target == 0 ? O_RDONLY : O_WRONLY, 0)
+            }
+        }
+        posix_spawn_file_actions_addclosefrom_np(&actions, 3)
+
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var empty = sigset_t(), all = sigset_t()
+        sigemptyset(&empty)
+        sigfillset(&all)
+        posix_spawnattr_setsigmask(&attributes, &empty)
+        posix_spawnattr_setsigdefault(&attributes, &all)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+
         var cArgs = argv.map { strdup($0) } + [nil]
         defer { cArgs.forEach { free($0) } }
-        var pid: pid_t = 0
-        return posix_spawn(&pid, path, &actions, nil, &cArgs, environ) == 0 ? pid : nil
+        var cEnv = (environment ?? ProcessInfo.processInfo.environment).map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer { cEnv.forEach { free($0) } }
+        var pid: Int32 = 0
+        let rc = posix_spawn(&pid, path, &actions, &attributes, &cArgs, &cEnv)
+        guard rc == 0 else { errno = rc; return nil }
+        return pid
     }
 
-    /// Waits for a child; its exit status, or -1 when a signal ended it.
-    package static func wait(_ pid: pid_t) -> Int32 {
+    /// Waits for a child; its exit status, or 128 + the signal that ended it.
+    package static func wait(_ pid: Int32) -> Int32 {
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
-        return (status & 0x7F) == 0 ? (status >> 8) & 0xFF : -1
+        return (status & 0x7F) == 0 ? (status >> 8) & 0xFF : 128 + (status & 0x7F)
     }
 
-    /// An even port P such that P and P+1 (swtpm's command and control ports) were free a moment ago.
-    package static func freePortPair() -> Int {
-        for _ in 0..<50 {
-            let port = Int.random(in: 20_000..<60_000) & ~1
-            if isFree(port) && isFree(port + 1) { return port }
+    /// The first executable `name` on PATH (or in /usr/bin, /usr/local/bin).
+    package static func findExecutable(_ name: String) -> String? {
+        let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
+        for dir in path.split(separator: ":") + ["/usr/bin", "/usr/local/bin"] {
+            let candidate = "\(dir)/\(name)"
+            if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
         }
-        return Int.random(in: 20_000..<60_000) & ~1
-    }
-
-    /// Whether nothing listens on 127.0.0.1:`port` (we could bind it a moment ago).
-    package static func isFree(_ port: Int) -> Bool {
-        withLoopbackSocket(port) { fd, addr in bind(fd, addr, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-    }
-
-    /// Whether something accepts connections on 127.0.0.1:`port`.
-    package static func canConnect(_ port: Int) -> Bool {
-        withLoopbackSocket(port) { fd, addr in connect(fd, addr, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-    }
-
-    private static func withLoopbackSocket(_ port: Int, _ body: (Int32, UnsafePointer<sockaddr>) -> Bool) -> Bool {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { return false }
-        defer { close(fd) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_port = in_port_t(UInt16(port).bigEndian)
-        addr.sin_addr.s_addr = UInt32(0x7F00_0001).bigEndian
-        return withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body(fd, $0) } }
+        return nil
     }
 }

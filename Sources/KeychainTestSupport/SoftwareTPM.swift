@@ -2,8 +2,9 @@ import Foundation
 import Keychain
 import TPM2
 
-/// A private software TPM for one test or suite: swtpm on a free loopback port with its state in a
-/// temporary directory, small dictionary-attack limits, stopped and removed when released.
+/// A private software TPM for one test or suite: swtpm on Unix sockets in a 0700 temporary directory,
+/// small dictionary-attack limits, stopped and removed when released, and killed with the process
+/// that made it (however that process ends).
 ///
 /// ```swift
 /// let tpm = try SoftwareTPM()
@@ -11,20 +12,23 @@ import TPM2
 /// ```
 public final class SoftwareTPM: @unchecked Sendable {
     public let directory: String
-    public private(set) var port: Int
-    private var pid: pid_t = 0
+    private let swtpm: Swtpm
+    private var child: Swtpm.Child?
     private let lock = NSLock()
 
-    /// The TCTI string of this TPM (`swtpm:host=127.0.0.1,port=…`).
-    public var tcti: String { "swtpm:host=127.0.0.1,port=\(port)" }
-    public var device: TPMDevice { .swtpm(host: "127.0.0.1", port: port) }
+    /// The TCTI string of this TPM (`swtpm:path=…/tpm`).
+    public var tcti: String { device.tctiConfiguration }
+    public var device: TPMDevice { swtpm.device }
+    /// The swtpm process (to stop it with SIGSTOP, say); 0 when it is not running.
+    public var processIdentifier: pid_t { lock.withLock { child?.pid ?? 0 } }
 
     public init() throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("keychain-swtpm-\(UUID().uuidString)").path
-        try FileManager.default.createDirectory(atPath: directory + "/state", withIntermediateDirectories: true,
-                                                attributes: [.posixPermissions: 0o700])
-        port = 0
-        try start(newPort: true)
+        for dir in [directory, directory + "/state"] where mkdir(dir, 0o700) != 0 {
+            throw SoftwareTPMError("cannot create \(dir): errno \(errno)")
+        }
+        swtpm = try Swtpm(directory: directory)
+        try start()
         // Low DA limits, so a test that fails authorizations never waits minutes (our own objects are noDA).
         let context = try TPMContext(device: device)
         try context.setDictionaryAttackParameters(maxTries: 1000, recoveryTime: 1, lockoutRecovery: 1)
@@ -40,57 +44,21 @@ public final class SoftwareTPM: @unchecked Sendable {
         KeychainConfiguration(storeDirectory: store ?? directory + "/store", tpm: .tcti(tcti), pcrSelection: pcrSelection)
     }
 
-    /// A TPM reset: the process stops and starts again on the same state and port.
+    /// A TPM reset: the process stops and starts again on the same state.
     public func reboot() throws {
         stop()
-        try start(newPort: false)
+        try start()
     }
 
     public func stop() {
-        lock.lock(); defer { lock.unlock() }
-        guard pid > 0 else { return }
-        kill(pid, SIGKILL)
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
-        pid = 0
+        lock.withLock {
+            child?.stop()
+            child = nil
+        }
     }
 
-    private func start(newPort: Bool) throws {
-        lock.lock(); defer { lock.unlock() }
-        guard let swtpm = ["/usr/bin/swtpm", "/usr/local/bin/swtpm"].first(where: FileManager.default.isExecutableFile) else {
-            throw SoftwareTPMError("swtpm is not installed (apt-get install swtpm)")
-        }
-        for attempt in 0..<20 {
-            // Another process's swtpm on a taken port would answer our connection test: pick free ones.
-            if newPort || attempt > 0 { port = Processes.freePortPair() }
-            let argv = ["swtpm", "socket", "--tpm2",
-                        "--server", "type=tcp,port=\(port),bindaddr=127.0.0.1",
-                        "--ctrl", "type=tcp,port=\(port + 1),bindaddr=127.0.0.1",
-                        "--tpmstate", "dir=\(directory)/state",
-                        "--flags", "not-need-init,startup-clear",
-                        "--log", "file=\(directory)/swtpm.log"]
-            guard let child = Processes.spawn(swtpm, argv) else {
-                throw SoftwareTPMError("cannot start swtpm: errno \(errno)")
-            }
-            var exited = false
-            for _ in 0..<300 {
-                var status: Int32 = 0
-                if waitpid(child, &status, WNOHANG) == child { exited = true; break }  // port taken: try another
-                if Processes.canConnect(port) {
-                    usleep(20_000)
-                    // Still alive after answering: the port is ours (a child that lost the race exits at once).
-                    if waitpid(child, &status, WNOHANG) == child { exited = true; break }
-                    pid = child
-                    return
-                }
-                usleep(5_000)
-            }
-            if exited { continue }
-            kill(child, SIGKILL)
-            var status: Int32 = 0
-            waitpid(child, &status, 0)
-        }
-        throw SoftwareTPMError("swtpm did not start; see \(directory)/swtpm.log")
+    private func start() throws {
+        try lock.withLock { child = try swtpm.start(state: directory + "/state") }
     }
 }
 

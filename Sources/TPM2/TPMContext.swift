@@ -18,14 +18,21 @@ public final class TPMContext {
     public let device: TPMDevice
     /// TPM commands sent on this connection; the benchmark reads it.
     public private(set) var commandCount = 0
+    private let deadline: AnswerDeadline
+    /// The command whose deadline the TPM let pass: the connection is then given up, and every later
+    /// command fails at once instead of waiting again.
+    public private(set) var unanswered: TPMError?
 
-    public init(device: TPMDevice) throws(TPMError) {
+    /// - Parameter timeout: how long one command may wait for the TPM's answer (see `AnswerDeadline`).
+    public init(device: TPMDevice, timeout: Duration = .seconds(30)) throws(TPMError) {
         setenv("TSS2_LOG", "all+none", 0)
         self.device = device
+        deadline = AnswerDeadline(device: device, timeout: timeout)
         var tctiContext: OpaquePointer?
-        let rc = Tss2_TctiLdr_Initialize(device.tctiConfiguration, &tctiContext)
+        // The swtpm TCTI talks to the TPM's control socket already here (it sets the locality).
+        let (rc, timedOut) = deadline.run { Tss2_TctiLdr_Initialize(device.tctiConfiguration, &tctiContext) }
         guard rc == 0, let tctiContext else {
-            throw TPMError(command: "connect to \(device)", code: TPMReturnCode(rawValue: rc))
+            throw TPMError(command: "connect to \(device)", code: TPMReturnCode(rawValue: rc), timedOut: timedOut)
         }
         var ctx: OpaquePointer?
         let rc2 = Esys_Initialize(&ctx, tctiContext, nil)
@@ -49,9 +56,16 @@ public final class TPMContext {
     func call(_ command: String, _ body: () -> UInt32) throws(TPMError) {
         var attempt = 0
         while true {
+            if let unanswered { throw unanswered }
             commandCount += 1
-            let rc = TPMReturnCode(rawValue: body())
+            let (raw, timedOut) = deadline.run(body)
+            let rc = TPMReturnCode(rawValue: raw)
             Self.crashPointReached()
+            if timedOut {
+                let error = TPMError(command: command, code: rc, timedOut: true)
+                unanswered = error
+                throw error
+            }
             if rc == .success { return }
             if rc.isRetryable && attempt < 50 {
                 attempt += 1

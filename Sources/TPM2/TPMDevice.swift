@@ -2,8 +2,10 @@
 public enum TPMDevice: Sendable, Hashable, CustomStringConvertible {
     /// A kernel device; `/dev/tpmrm0` goes through the kernel's resource manager.
     case device(path: String)
-    /// A software TPM speaking the swtpm socket protocol.
+    /// A software TPM speaking the swtpm socket protocol on TCP (any local user can reach the port).
     case swtpm(host: String, port: Int)
+    /// A software TPM on a Unix socket; its control socket is `path` + `.ctrl`.
+    case swtpmSocket(path: String)
     /// The user-space resource manager tpm2-abrmd, on D-Bus.
     case tabrmd(config: String)
     /// Any other TCTI configuration string, passed to the TCTI loader unchanged.
@@ -11,8 +13,15 @@ public enum TPMDevice: Sendable, Hashable, CustomStringConvertible {
 
     public static let defaultDevice = TPMDevice.device(path: "/dev/tpmrm0")
 
-    /// Parses `swtpm:host=127.0.0.1,port=2321`, `device:/dev/tpmrm0`, `tabrmd:` and the like.
-    public init(parsing conf: String) {
+    /// A TCTI string that names no TPM unambiguously.
+    public struct InvalidConfiguration: Error, Sendable, CustomStringConvertible {
+        public let description: String
+    }
+
+    /// Parses `swtpm:path=/run/…/tpm`, `swtpm:host=127.0.0.1,port=2321`, `device:/dev/tpmrm0`, `tabrmd:`
+    /// and the like. A malformed `swtpm:` string is refused, never read as the default port 2321,
+    /// which any local user may be listening on.
+    public init(parsing conf: String) throws(InvalidConfiguration) {
         let (name, rest) = conf.firstIndex(of: ":").map {
             (String(conf[..<$0]), String(conf[conf.index(after: $0)...]))
         } ?? (conf, "")
@@ -20,14 +29,7 @@ public enum TPMDevice: Sendable, Hashable, CustomStringConvertible {
         case "device":
             self = .device(path: rest.isEmpty ? "/dev/tpmrm0" : rest)
         case "swtpm":
-            var host = "127.0.0.1", port = 2321
-            for pair in rest.split(separator: ",") {
-                let kv = pair.split(separator: "=", maxSplits: 1).map(String.init)
-                guard kv.count == 2 else { continue }
-                if kv[0] == "host" { host = kv[1] }
-                if kv[0] == "port", let p = Int(kv[1]) { port = p }
-            }
-            self = .swtpm(host: host, port: port)
+            self = try Self.swtpm(conf, rest)
         case "tabrmd":
             self = .tabrmd(config: rest)
         default:
@@ -35,11 +37,36 @@ public enum TPMDevice: Sendable, Hashable, CustomStringConvertible {
         }
     }
 
+    private static func swtpm(_ conf: String, _ rest: String) throws(InvalidConfiguration) -> TPMDevice {
+        var values: [String: String] = [:]
+        for pair in rest.split(separator: ",", omittingEmptySubsequences: false) where !rest.isEmpty {
+            let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false).map(String.init)
+            guard kv.count == 2, ["host", "port", "path"].contains(kv[0]), !kv[1].isEmpty, values[kv[0]] == nil else {
+                throw invalid(conf)
+            }
+            values[kv[0]] = kv[1]
+        }
+        if let path = values["path"] {
+            guard values.count == 1 else { throw invalid(conf) }
+            return .swtpmSocket(path: path)
+        }
+        let port = values["port"].map { Int($0) } ?? 2321
+        guard let port, (1...65534).contains(port) else { throw invalid(conf) }
+        return .swtpm(host: values["host"] ?? "127.0.0.1", port: port)
+    }
+
+    private static func invalid(_ conf: String) -> InvalidConfiguration {
+        InvalidConfiguration(description: "Invalid TCTI '\(conf)': use 'swtpm:path=SOCKET' (a Unix socket), "
+                             + "'swtpm:host=HOST,port=PORT' (a port from 1 to 65534, the control port is the next one), "
+                             + "'device:/dev/tpmrm0' or 'tabrmd:'")
+    }
+
     /// The string handed to `Tss2_TctiLdr_Initialize`.
     public var tctiConfiguration: String {
         switch self {
         case .device(let path): "device:\(path)"
         case .swtpm(let host, let port): "swtpm:host=\(host),port=\(port)"
+        case .swtpmSocket(let path): "swtpm:path=\(path)"
         case .tabrmd(let config): "tabrmd:\(config)"
         case .custom(let conf): conf
         }

@@ -77,12 +77,18 @@ public struct TPMReturnCode: RawRepresentable, Hashable, Sendable, CustomStringC
 public struct TPMError: Error, Sendable, CustomStringConvertible {
     public let command: String
     public let code: TPMReturnCode
-    public init(command: String, code: TPMReturnCode) { self.command = command; self.code = code }
-    public var description: String { "\(command) failed: \(code)" }
+    /// The TPM did not answer before the context's deadline (a stopped or hung TPM).
+    public let timedOut: Bool
+    public init(command: String, code: TPMReturnCode, timedOut: Bool = false) {
+        self.command = command
+        self.code = code
+        self.timedOut = timedOut
+    }
+    public var description: String { "\(command) failed: " + (timedOut ? "the TPM did not answer" : "\(code)") }
 
     /// The TPM could not be reached at all (TCTI layer, or ESAPI failing to talk to it).
     public var isConnectionFailure: Bool {
         // TCTI failures, and ESAPI's "no connection" (8), "try again" (9) and "I/O error" (10).
-        code.layer == 10 || code.layer == 11 || (code.layer == 7 && [8, 9, 10].contains(code.rawValue & 0xFFFF))
+        timedOut || code.layer == 10 || code.layer == 11 || (code.layer == 7 && [8, 9, 10].contains(code.rawValue & 0xFFFF))
     }
 }

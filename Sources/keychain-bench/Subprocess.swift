@@ -1,4 +1,5 @@
 import Foundation
+import Keychain
 
 /// Runs other programs (tpm2-tools, keychainctl) the way a shell would: found on PATH, stdin from
 /// /dev/null, stdout and stderr to files read back after the run, so timing covers the process only.
@@ -32,28 +33,22 @@ struct Subprocess {
     /// Runs `argv` to completion; the time is from spawn to reaped exit.
     func run(_ argv: [String]) throws -> Result {
         let outPath = directory + "/stdout", errPath = directory + "/stderr"
-        var actions = posix_spawn_file_actions_t()
-        posix_spawn_file_actions_init(&actions)
-        defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, outPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
-        posix_spawn_file_actions_addopen(&actions, 2, errPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
-        var cArgs = argv.map { strdup($0) } + [nil]
-        var cEnv = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { cArgs.forEach { free($0) }; cEnv.forEach { free($0) } }
-
-        var child: pid_t = 0
+        let out = open(outPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        let err = open(errPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        defer { close(out); close(err) }
+        guard out >= 0, err >= 0 else { throw Failure(description: "cannot open \(outPath): errno \(errno)") }
+        guard let path = argv[0].contains("/") ? argv[0] : Processes.findExecutable(argv[0]) else {
+            throw Failure(description: "cannot find \(argv[0])")
+        }
         let start = monotonicNanoseconds()
-        let rc = posix_spawnp(&child, argv[0], &actions, nil, &cArgs, &cEnv)
-        guard rc == 0 else { throw Failure(description: "cannot start \(argv[0]): \(String(cString: strerror(rc)))") }
-        var status: Int32 = 0
-        while waitpid(child, &status, 0) < 0 && errno == EINTR {}
+        guard let child = Processes.spawn(path, argv, environment: environment, stdout: out, stderr: err) else {
+            throw Failure(description: "cannot start \(argv[0]): \(String(cString: strerror(errno)))")
+        }
+        let exitStatus = Processes.wait(child)
         let elapsed = monotonicNanoseconds() - start
 
         let output = (FileManager.default.contents(atPath: outPath)).map { [UInt8]($0) } ?? []
         let errors = (FileManager.default.contents(atPath: errPath)).map { String(decoding: $0, as: UTF8.self) } ?? ""
-        // WEXITSTATUS/WIFEXITED are macros Swift does not import.
-        let exitStatus = (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
         return Result(status: exitStatus, nanoseconds: elapsed, output: output, errorOutput: errors)
     }
 

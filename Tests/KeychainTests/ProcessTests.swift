@@ -257,18 +257,15 @@ struct ProcessTests {
         var committed: Set<UInt8> = [0]
         for round in 1...12 {
             let fill = UInt8(round)
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: ctl)
-            process.arguments = ["--store", store, "--tcti", tpm.tcti, "set", "svc", "big"]
             let stdin = Pipe()
-            process.standardInput = stdin
-            process.standardError = FileHandle.nullDevice
-            try process.run()
+            let writer = try #require(Processes.spawn(ctl, [ctl, "--store", store, "--tcti", tpm.tcti, "set", "svc", "big"],
+                                                      stdin: stdin.fileHandleForReading.fileDescriptor))
+            try stdin.fileHandleForReading.close()
             stdin.fileHandleForWriting.write(Data(repeating: fill, count: size))
             try stdin.fileHandleForWriting.close()
             usleep(UInt32.random(in: 0...60_000))
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
+            kill(writer, SIGKILL)
+            _ = Processes.wait(writer)
             committed.insert(fill)  // may or may not have landed
             let got = try cli(tpm, store, ["get", "svc", "big"])
             #expect(got.status == 0, "round \(round): \(got.stderr)")
@@ -323,29 +320,25 @@ final class ResourceManager {
     let busDirectory: String
     var environment: [String: String]
     let tcti = "tabrmd:bus_type=session"
-    private var daemons: [Process] = []
+    private var daemons: [Int32] = []
 
     init(tpm: SoftwareTPM) throws {
         busDirectory = tpm.directory + "/dbus"
         try FileManager.default.createDirectory(atPath: busDirectory, withIntermediateDirectories: true)
         let address = "unix:path=\(busDirectory)/bus"
         environment = ["DBUS_SESSION_BUS_ADDRESS": address]
-        let dbus = Process()
-        dbus.executableURL = URL(fileURLWithPath: "/usr/bin/dbus-daemon")
-        dbus.arguments = ["--session", "--nofork", "--address=\(address)"]
-        dbus.standardOutput = FileHandle.nullDevice
-        try dbus.run()
-        daemons.append(dbus)
-        for _ in 0..<200 where !FileManager.default.fileExists(atPath: busDirectory + "/bus") { usleep(10_000) }
-        let abrmd = Process()
-        abrmd.executableURL = URL(fileURLWithPath: "/usr/sbin/tpm2-abrmd")
-        abrmd.arguments = ["--session", "--allow-root", "--tcti=\(tpm.tcti)", "--flush-all"]
         var env = ProcessInfo.processInfo.environment
         env["DBUS_SESSION_BUS_ADDRESS"] = address
-        abrmd.environment = env
-        abrmd.standardOutput = FileHandle.nullDevice
-        abrmd.standardError = FileHandle.nullDevice
-        try abrmd.run()
+        guard let dbus = Processes.spawn("/usr/bin/dbus-daemon", ["dbus-daemon", "--session", "--nofork", "--address=\(address)"]) else {
+            throw SoftwareTPMError("cannot start dbus-daemon: errno \(errno)")
+        }
+        daemons.append(dbus)
+        for _ in 0..<200 where !FileManager.default.fileExists(atPath: busDirectory + "/bus") { usleep(10_000) }
+        guard let abrmd = Processes.spawn("/usr/sbin/tpm2-abrmd", ["tpm2-abrmd", "--session", "--allow-root",
+                                                                   "--tcti=\(tpm.tcti)", "--flush-all"], environment: env) else {
+            stop()
+            throw SoftwareTPMError("cannot start tpm2-abrmd: errno \(errno)")
+        }
         daemons.append(abrmd)
         // Ready when a client can talk to the TPM through it.
         for _ in 0..<300 {
@@ -357,9 +350,9 @@ final class ResourceManager {
     }
 
     func stop() {
-        for daemon in daemons.reversed() where daemon.isRunning {
-            kill(daemon.processIdentifier, SIGKILL)
-            daemon.waitUntilExit()
+        for daemon in daemons.reversed() {
+            kill(daemon, SIGKILL)
+            _ = Processes.wait(daemon)
         }
         daemons.removeAll()
     }

@@ -52,24 +52,26 @@ var buildDirectory: URL {
     return url
 }
 
-/// Runs a program with `input` on stdin; returns its exit status and stdout.
+/// Runs a program with `input` on stdin; returns its exit status, stdout and stderr.
+/// Through `Processes.spawn`, so the child holds no descriptor of another test (a pipe's write end, a
+/// TPM connection) that would keep that test waiting.
 @discardableResult
 func run(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:]) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: path)
-    process.arguments = args
     var env = ProcessInfo.processInfo.environment
     env.merge(environment) { $1 }
-    process.environment = env
     let stdin = Pipe(), stdout = Pipe(), stderr = Pipe()
-    process.standardInput = stdin
-    process.standardOutput = stdout
-    process.standardError = stderr
-    try process.run()
+    guard let pid = Processes.spawn(path, [path] + args, environment: env,
+                                    stdin: stdin.fileHandleForReading.fileDescriptor,
+                                    stdout: stdout.fileHandleForWriting.fileDescriptor,
+                                    stderr: stderr.fileHandleForWriting.fileDescriptor) else {
+        throw SoftwareTPMError("cannot start \(path): errno \(errno)")
+    }
+    try stdin.fileHandleForReading.close()
+    try stdout.fileHandleForWriting.close()
+    try stderr.fileHandleForWriting.close()
     stdin.fileHandleForWriting.write(Data(input))
     try stdin.fileHandleForWriting.close()
     let out = stdout.fileHandleForReading.readDataToEndOfFile()
     let err = stderr.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    return (process.terminationStatus, Array(out), String(decoding: err, as: UTF8.self))
+    return (Processes.wait(pid), Array(out), String(decoding: err, as: UTF8.self))
 }

@@ -33,8 +33,9 @@ final class TPMKeyring {
     /// - Parameter flushLeftovers: flush what killed processes left (only while holding the TPM's turn).
     init(device: TPMDevice, store: Store, configuration: KeychainConfiguration, flushLeftovers: Bool = false) throws(KeychainError) {
         do {
-            context = try TPMContext(device: device)
+            context = try TPMContext(device: device, timeout: configuration.tpmTimeout)
         } catch {
+            if error.timedOut { throw .tpmDidNotAnswer(device, timeout: configuration.tpmTimeout, error) }
             throw KeychainError(.hardwareUnavailable,
                                 "Cannot reach the TPM at \(device): check that it exists and that this user may open it "
                                 + "(or pass --tcti / set KEYCHAIN_TCTI)", underlying: .tpm(error))

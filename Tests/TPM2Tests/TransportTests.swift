@@ -1,0 +1,42 @@
+import Foundation
+import KeychainTestSupport
+import Testing
+import TPM2
+
+@Suite("TPM connection strings and deadlines")
+struct TPMTransportTests {
+    @Test func wellFormedTCTIStringsPrintBackAsTheyWereParsed() throws {
+        for conf in ["swtpm:path=/run/user/0/tpm", "swtpm:host=127.0.0.1,port=2321", "device:/dev/tpmrm0", "tabrmd:bus_type=session"] {
+            #expect(try TPMDevice(parsing: conf).tctiConfiguration == conf)
+        }
+        #expect(try TPMDevice(parsing: "swtpm:path=/x/tpm") == .swtpmSocket(path: "/x/tpm"))
+        #expect(try TPMDevice(parsing: "swtpm:port=2400") == .swtpm(host: "127.0.0.1", port: 2400))
+    }
+
+    /// Each of these used to become `swtpm:host=127.0.0.1,port=2321`: a port any local user may hold.
+    @Test func malformedSwtpmStringsAreRefusedNotReadAsTheDefaultPort() {
+        for conf in ["swtpm:host=,port=abc", "swtpm:port=abc", "swtpm:port=0", "swtpm:port=65535", "swtpm:port=-1",
+                     "swtpm:host", "swtpm:path=", "swtpm:path=/a,port=2321", "swtpm:host=h,host=i", "swtpm:prot=2321",
+                     "swtpm:host=h,"] {
+            #expect(throws: TPMDevice.InvalidConfiguration.self, "\(conf)") { try TPMDevice(parsing: conf) }
+        }
+    }
+
+    /// A stopped TPM: the command returns after the deadline, marked as unanswered, and the context
+    /// refuses later commands at once instead of waiting again.
+    @Test func aCommandToAStoppedTPMReturnsAfterTheDeadline() throws {
+        let tpm = try SoftwareTPM()
+        let context = try TPMContext(device: tpm.device, timeout: .milliseconds(500))
+        _ = try context.readPCRs(PCRSelection([7]))
+        #expect(kill(tpm.processIdentifier, SIGSTOP) == 0)
+        defer { kill(tpm.processIdentifier, SIGCONT) }
+        let error = #expect(throws: TPMError.self) { try context.readPCRs(PCRSelection([7])) }
+        #expect(error?.timedOut == true && error?.isConnectionFailure == true)
+        #expect(context.unanswered != nil)
+        let next = #expect(throws: TPMError.self) { try context.readPCRs(PCRSelection([7])) }
+        #expect(next?.timedOut == true)
+        // A new connection to the stopped TPM is bounded too (the TCTI talks to it while connecting).
+        let connect = #expect(throws: TPMError.self) { try TPMContext(device: tpm.device, timeout: .milliseconds(500)) }
+        #expect(connect?.timedOut == true)
+    }
+}
