@@ -94,8 +94,9 @@ public struct Keychain: Sendable {
     public func canUseAccessControl(_ value: AccessControl) async -> AccessControlCheck {
         if options.android.keyStorage == .strongbox {
             // The token's user PIN is the passcode; the token has no biometrics.
-            guard configuration.pkcs11URI != nil else { return .init(available: false, reason: .unsupported) }
-            return value == .none || value == .passcode ? .init(available: true) : .init(available: false, reason: .unsupported)
+            guard let uri = configuration.pkcs11URI else { return .init(available: false, reason: .unsupported) }
+            guard value == .none || value == .passcode else { return .init(available: false, reason: .unsupported) }
+            return await engine.tokenCanKeepKeys(uri: uri)
         }
         return await engine.canUse(value, readerDirectory: configuration.readerDirectory)
     }

@@ -6,19 +6,21 @@ import TPM2
 
 /// `keyStorage: 'strongbox'`: a PKCS#11 token (through p11-kit) holds each service's wrapping key.
 ///
-/// Per service, an AES-256 key generated on the token (sensitive, never extractable, encrypt and
-/// decrypt only). Each item gets a random data key that the token seals with AES-GCM, the service,
-/// the key and the protection as its associated data; the value is then encrypted with libsodium as
-/// on the TPM path, with the sealed data key among the authenticated fields. One logged-in session
-/// per process (the engine's), reused; the PIN comes from the URI (`pin-source` or `pin-value`).
+/// Per service, one wrapping key made on the token in the first scheme the token's mechanisms allow
+/// (`WrappingScheme`: AES-GCM, else RSA-OAEP, else ECDH P-256), its secret half sensitive and never
+/// extractable. Each item gets a random data key that the token's key seals (`seal`, `open`), the
+/// service, the key and the protection as associated data; the sealed key starts with a byte naming
+/// its scheme. The value is then encrypted with libsodium as on the TPM path, with the sealed data key
+/// among the authenticated fields. One logged-in session per process (the engine's), reused; the PIN
+/// comes from the URI (`pin-source` or `pin-value`).
 final class TokenBackend {
     static let tagSuffix = "@strongbox"
     let uri: PKCS11URI
     let uriText: String
     let token: PKCS11Token
-    /// Key handles per service: a search (C_FindObjects) costs more than the decryption on some
+    /// Wrapping keys per service: a search (C_FindObjects) costs more than the decryption on some
     /// tokens; the token layer finds a key again by label and ID when a handle goes stale.
-    private var handles: [String: KeyHandle] = [:]
+    private var handles: [String: WrappingKey] = [:]
 
     init(uri text: String) throws(KeychainError) {
         uriText = text
@@ -27,12 +29,38 @@ final class TokenBackend {
         } catch {
             throw KeychainError.invalidArgument("Invalid PKCS#11 URI: \(error.message)")
         }
+        let pin: SecureBytes?
+        do {
+            // Without a PIN in the URI only passcode items (PIN asked at read) can be read.
+            pin = try uri.pin()
+        } catch {
+            throw KeychainError.invalidArgument("The PKCS#11 URI's PIN can't be read: \(error.message)")
+        }
         do {
             token = try PKCS11Token(uri: uri)
-            // Without a PIN in the URI only passcode items (PIN asked at read) can be read.
-            if let pin = try? uri.pin() { try token.login(pin: pin) }
         } catch {
-            throw Self.map(error, doing: "open the token \(uri.token ?? "")")
+            throw Self.map(error, doing: "open " + Self.describe(uri))
+        }
+        do {
+            if let pin { try token.login(pin: pin) }
+        } catch {
+            throw Self.map(error, doing: "log in to " + Self.describe(uri))
+        }
+    }
+
+    /// "token 'kc' of module /usr/lib/softhsm/libsofthsm2.so", for messages.
+    static func describe(_ uri: PKCS11URI) -> String {
+        let module = uri.modulePath ?? uri.moduleName.map { "'\($0)' (p11-kit)" } ?? "(none)"
+        return (uri.token.map { "token '\($0)'" } ?? "the first token") + " of module " + module
+    }
+
+    /// The scheme this token would give a new service's key, from its mechanisms; `UNSUPPORTED`
+    /// naming what is missing when it offers none. Makes nothing on the token.
+    func scheme() throws(KeychainError) -> WrappingScheme {
+        do {
+            return try token.preferredScheme()
+        } catch {
+            throw Self.map(error, doing: "keep keys on " + Self.describe(uri))
         }
     }
 
@@ -80,10 +108,10 @@ final class TokenBackend {
     }
 
     /// The service's key on the token (made when `create` and absent), its handle kept for the process.
-    private func wrappingKey(service: String, create: Bool) throws(KeychainError) -> KeyHandle {
+    private func wrappingKey(service: String, create: Bool) throws(KeychainError) -> WrappingKey {
         if let handle = handles[service] { return handle }
         let identity = Self.keyIdentity(service: service)
-        let found: KeyHandle?
+        let found: WrappingKey?
         do { found = try token.wrappingKey(label: identity.label, id: identity.id, create: create) } catch {
             throw Self.map(error, doing: "find the wrapping key of service '\(service)'")
         }
@@ -110,6 +138,8 @@ final class TokenBackend {
             return KeychainError(.dataCorrupted, "The token refused to \(what): the stored data failed authentication", underlying: cause)
         }
         switch error.returnValue {
+        case .mechanismInvalid:
+            return KeychainError(.unsupported, "The PKCS#11 token cannot \(what): \(error.detail ?? error.name)", underlying: cause)
         case .pinIncorrect, .pinInvalid, .pinLenRange:
             return KeychainError(.authenticationFailed, "Wrong token PIN: could not \(what)", underlying: cause)
         case .userNotLoggedIn:
@@ -123,6 +153,18 @@ final class TokenBackend {
             return KeychainError(.invalidArgument, "The PKCS#11 URI cannot be used to \(what): \(error.detail ?? "")", underlying: cause)
         default:
             return KeychainError(.hardwareUnavailable, "The PKCS#11 token cannot \(what): \(error.detail ?? error.name)", underlying: cause)
+        }
+    }
+}
+
+extension Engine {
+    /// Whether the token of `uri` can hold a storage's keys: opened, logged in, its mechanisms read.
+    func tokenCanKeepKeys(uri: String) -> AccessControlCheck {
+        do {
+            _ = try tokenBackend(uri).scheme()
+            return .init(available: true)
+        } catch {
+            return .init(available: false, reason: error.code == .unsupported ? .unsupported : .notAvailable)
         }
     }
 }

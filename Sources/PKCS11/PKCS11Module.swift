@@ -232,6 +232,68 @@ extension PKCS11Module {
         return key
     }
 
+    /// The mechanisms the token in `slot` offers (`C_GetMechanismList`).
+    func mechanisms(_ slot: CK_SLOT_ID) throws(PKCS11Error) -> [CK_MECHANISM_TYPE] {
+        while true {
+            var count: CK_ULONG = 0
+            try call("C_GetMechanismList") { $0.C_GetMechanismList(slot, nil, &count) }
+            var list = [CK_MECHANISM_TYPE](repeating: 0, count: Int(count))
+            do {
+                try call("C_GetMechanismList") { f in
+                    list.withUnsafeMutableBufferPointer { f.C_GetMechanismList(slot, $0.baseAddress, &count) }
+                }
+                return Array(list.prefix(Int(count)))
+            } catch where error.returnValue == .bufferTooSmall {
+                continue
+            }
+        }
+    }
+
+    func mechanismInfo(_ slot: CK_SLOT_ID, _ type: CK_MECHANISM_TYPE) throws(PKCS11Error) -> CK_MECHANISM_INFO {
+        var info = CK_MECHANISM_INFO()
+        try call("C_GetMechanismInfo") { $0.C_GetMechanismInfo(slot, type, &info) }
+        return info
+    }
+
+    /// A key pair on the token; returns (public, private).
+    func generateKeyPair(_ session: CK_SESSION_HANDLE, mechanism: CK_MECHANISM_TYPE, publicTemplate: AttributeTemplate,
+                         privateTemplate: AttributeTemplate) throws(PKCS11Error) -> (CK_OBJECT_HANDLE, CK_OBJECT_HANDLE) {
+        var mechanism = CK_MECHANISM(mechanism: mechanism, pParameter: nil, ulParameterLen: 0)
+        var publicKey: CK_OBJECT_HANDLE = 0
+        var privateKey: CK_OBJECT_HANDLE = 0
+        try call("C_GenerateKeyPair") { f in
+            publicTemplate.withAttributes { publicAttributes, publicCount in
+                privateTemplate.withAttributes { privateAttributes, privateCount in
+                    f.C_GenerateKeyPair(session, &mechanism, publicAttributes, publicCount, privateAttributes, privateCount,
+                                        &publicKey, &privateKey)
+                }
+            }
+        }
+        return (publicKey, privateKey)
+    }
+
+    /// A key derived on the token from `base`; `mechanism` must stay valid for the call.
+    func deriveKey(_ session: CK_SESSION_HANDLE, _ mechanism: UnsafeMutablePointer<CK_MECHANISM>, base: CK_OBJECT_HANDLE,
+                   template: AttributeTemplate) throws(PKCS11Error) -> CK_OBJECT_HANDLE {
+        var key: CK_OBJECT_HANDLE = 0
+        try call("C_DeriveKey") { f in template.withAttributes { f.C_DeriveKey(session, mechanism, base, $0, $1, &key) } }
+        return key
+    }
+
+    /// An object's `CKA_VALUE`, read into locked memory (a derived secret the host needs).
+    func secretValue(_ session: CK_SESSION_HANDLE, _ object: CK_OBJECT_HANDLE) throws(PKCS11Error) -> SecureBytes {
+        var attribute = CK_ATTRIBUTE(type: CK_ATTRIBUTE_TYPE(CKA_VALUE), pValue: nil, ulValueLen: 0)
+        try call("C_GetAttributeValue") { $0.C_GetAttributeValue(session, object, &attribute, 1) }
+        let value = SecureBytes(count: Int(attribute.ulValueLen))
+        try call("C_GetAttributeValue") { f in
+            value.withUnsafeMutableBytes { bytes in
+                attribute.pValue = bytes.baseAddress
+                return f.C_GetAttributeValue(session, object, &attribute, 1)
+            }
+        }
+        return value
+    }
+
     func destroyObject(_ session: CK_SESSION_HANDLE, _ object: CK_OBJECT_HANDLE) throws(PKCS11Error) {
         try call("C_DestroyObject") { $0.C_DestroyObject(session, object) }
     }

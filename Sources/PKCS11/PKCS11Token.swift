@@ -23,8 +23,12 @@ public final class PKCS11Token {
     private var pin: SecureBytes?
     /// Changes with every session and login; a `KeyHandle` from another epoch is looked up again.
     private(set) var epoch = UInt64.random(in: .min ... .max)
-    /// Handles looked up again in this epoch.
-    var lookedUpAgain: [KeyHandle.Identity: CK_OBJECT_HANDLE] = [:]
+    /// Keys looked up again in this epoch.
+    var lookedUpAgain: [WrappingKey.Identity: WrappingKey] = [:]
+    /// Whether the token's `CKM_RSA_PKCS_OAEP` takes SHA-256; nil until an encryption tried it.
+    var oaepTakesSHA256: Bool?
+    /// A step of `createWrappingKey` made to fail, for tests.
+    var faultPoint: FaultPoint?
 
     /// Finds the token `uri` names in `module`; throws `CKR_TOKEN_NOT_PRESENT` when none matches.
     public init(module: PKCS11Module, uri: PKCS11URI) throws(PKCS11Error) {

@@ -1,20 +1,22 @@
 internal import CP11Kit
 import SecureMemory
 
-/// A secret key on the token, named by its label and ID; the object handle is this session's.
-public struct KeyHandle: Sendable, Hashable {
+/// A storage's wrapping key on the token, in one of the three schemes, named by its label and ID.
+///
+/// The object handles are this session's; in a later session they are looked up again by label,
+/// ID and class.
+public struct WrappingKey: Sendable, Hashable {
+    public let scheme: WrappingScheme
     public let label: String
     public let id: [UInt8]
-    let object: CK_OBJECT_HANDLE
-    /// The token session the handle is valid in; in any other it is looked up again.
+    /// The AES key, or the private key of the pair.
+    let secret: CK_OBJECT_HANDLE
+    /// The public key of an RSA or EC pair.
+    let publicKey: CK_OBJECT_HANDLE?
+    /// The EC pair's public point, uncompressed (65 bytes): the peer of every ECDH seal.
+    let publicPoint: [UInt8]?
+    /// The token session the handles are valid in.
     let epoch: UInt64
-
-    struct Identity: Hashable {
-        let label: String
-        let id: [UInt8]
-    }
-
-    var identity: Identity { Identity(label: label, id: id) }
 }
 
 /// A key's attributes as the token reports them (`C_GetAttributeValue`), as `pkcs11-tool --list-objects` shows them.
@@ -30,146 +32,259 @@ public struct KeyAttributes: Sendable, Equatable {
     public let verify: Bool
     public let wrap: Bool
     public let unwrap: Bool
+    public let derive: Bool
+}
+
+/// The first byte of every sealed data key: the scheme and its parameters, so a reader knows how to
+/// open it whatever the token's key is. A sealed key of exactly 60 bytes has no such byte: AES-GCM from
+/// before the byte existed (IV ‖ ciphertext ‖ tag of a 32-byte key); no format below is 60 bytes long.
+enum SealedFormat: UInt8 {
+    case aesGCM = 1
+    case rsaOAEPSHA256 = 2
+    case rsaOAEPSHA1 = 3
+    case ecdhP256 = 4
+    /// AES-GCM without the format byte, and its associated data as given.
+    static let legacyAESGCMLength = 12 + 32 + 16
+
+    var scheme: WrappingScheme {
+        switch self {
+        case .aesGCM: .aesGCM
+        case .rsaOAEPSHA256, .rsaOAEPSHA1: .rsaOAEP
+        case .ecdhP256: .ecdhP256
+        }
+    }
 }
 
 extension PKCS11Token {
     /// AES-GCM as PKCS#11 2.40 §2.12.3 describes it: a 96-bit IV and a 128-bit tag.
     static let gcmIVLength = 12
     static let gcmTagLength = 16
+    /// P-256 (prime256v1) as a DER object identifier, for `CKA_EC_PARAMS`.
+    static let p256Parameters: [UInt8] = [0x06, 0x08, 0x2A, 0x86, 0x48, 0xCE, 0x3D, 0x03, 0x01, 0x07]
+    static let p256PointLength = 65
 
-    /// The AES-256 key with this label and ID; generated on the token when missing and `create` is true.
+    /// The wrapping key with this label and ID, whatever its scheme; nil when the token has none.
+    public func wrappingKey(label: String, id: [UInt8]) throws(PKCS11Error) -> WrappingKey? {
+        try withSession { session throws(PKCS11Error) in try findWrappingKey(session, label: label, id: id) }
+    }
+
+    /// The wrapping key with this label and ID; when missing and `create` is true, made on the token
+    /// in the first scheme its mechanisms allow. A token with none of the three throws
+    /// `CKR_MECHANISM_INVALID` naming what each lacks, and nothing is made.
     ///
-    /// The key never leaves the token: sensitive, not extractable, private, and usable only to
-    /// encrypt and decrypt (no sign, verify, wrap, unwrap or derive); not modifiable, so those
-    /// usages can't be widened later.
-    ///
-    /// - Important: generating is not atomic across processes. Hold the store's lock around a call
+    /// - Important: making a key is not atomic across processes. Hold the store's lock around a call
     ///   with `create: true`; if two keys with one label and ID exist anyway, the lowest handle wins.
-    public func wrappingKey(label: String, id: [UInt8], create: Bool) throws(PKCS11Error) -> KeyHandle? {
+    public func wrappingKey(label: String, id: [UInt8], create: Bool) throws(PKCS11Error) -> WrappingKey? {
+        if let found = try wrappingKey(label: label, id: id) { return found }
+        guard create else { return nil }
+        return try createWrappingKey(label: label, id: id, scheme: preferredScheme())
+    }
+
+    /// Makes a wrapping key in `scheme` and checks it seals and opens; any step that fails destroys
+    /// what the earlier ones made, so a failure leaves nothing on the token.
+    ///
+    /// The secret half never leaves the token: sensitive, not extractable, private, not modifiable,
+    /// usable only for its one operation (decrypt, or derive for EC).
+    public func createWrappingKey(label: String, id: [UInt8], scheme: WrappingScheme) throws(PKCS11Error) -> WrappingKey {
         try withSession { session throws(PKCS11Error) in
-            if let object = try findSecretKeys(session, label: label, id: id).min() {
-                return KeyHandle(label: label, id: id, object: object, epoch: epoch)
+            var made: [CK_OBJECT_HANDLE] = []
+            do throws(PKCS11Error) {
+                let key: WrappingKey
+                switch scheme {
+                case .aesGCM:
+                    let secret = try module.generateKey(session, mechanism: CK_MECHANISM_TYPE(CKM_AES_KEY_GEN),
+                                                        template: secretTemplate(label: label, id: id))
+                    made = [secret]
+                    key = WrappingKey(scheme: scheme, label: label, id: id, secret: secret, publicKey: nil, publicPoint: nil, epoch: epoch)
+                case .rsaOAEP:
+                    let (publicKey, privateKey) = try module.generateKeyPair(
+                        session, mechanism: CK_MECHANISM_TYPE(CKM_RSA_PKCS_KEY_PAIR_GEN),
+                        publicTemplate: publicTemplate(label: label, id: id, scheme: scheme),
+                        privateTemplate: privateTemplate(label: label, id: id, scheme: scheme))
+                    made = [privateKey, publicKey]
+                    key = WrappingKey(scheme: scheme, label: label, id: id, secret: privateKey, publicKey: publicKey,
+                                      publicPoint: nil, epoch: epoch)
+                case .ecdhP256:
+                    let (publicKey, privateKey) = try module.generateKeyPair(
+                        session, mechanism: CK_MECHANISM_TYPE(CKM_EC_KEY_PAIR_GEN),
+                        publicTemplate: publicTemplate(label: label, id: id, scheme: scheme),
+                        privateTemplate: privateTemplate(label: label, id: id, scheme: scheme))
+                    made = [privateKey, publicKey]
+                    let point = try ecPoint(session, publicKey)
+                    key = WrappingKey(scheme: scheme, label: label, id: id, secret: privateKey, publicKey: publicKey,
+                                      publicPoint: point, epoch: epoch)
+                }
+                try injectFault(.afterKeyGeneration)
+                // A token may list a mechanism it then refuses with our parameters: try it before any item relies on it.
+                let probe = SecureBytes(random: 32)
+                let sealed = try seal(session, probe, with: key, associatedData: Array("keychain-linux probe".utf8))
+                try injectFault(.afterProbeSeal)
+                guard try open(session, sealed, with: key, associatedData: Array("keychain-linux probe".utf8)) == probe else {
+                    throw PKCS11Error(rv: CKR_FUNCTION_FAILED, operation: "check the new \(scheme) key",
+                                      detail: "the token opened the probe to other bytes")
+                }
+                return key
+            } catch {
+                for object in made { try? module.destroyObject(session, object) }
+                throw error
             }
-            guard create else { return nil }
-            let template = AttributeTemplate()
-            template.add(CKA_CLASS, CK_OBJECT_CLASS(CKO_SECRET_KEY))
-            template.add(CKA_KEY_TYPE, CK_KEY_TYPE(CKK_AES))
-            template.add(CKA_VALUE_LEN, CK_ULONG(32))
-            template.add(CKA_LABEL, label)
-            template.add(CKA_ID, bytes: id)
-            template.add(CKA_TOKEN, true)
-            template.add(CKA_PRIVATE, true)
-            template.add(CKA_SENSITIVE, true)
-            template.add(CKA_EXTRACTABLE, false)
-            template.add(CKA_MODIFIABLE, false)
-            template.add(CKA_ENCRYPT, true)
-            template.add(CKA_DECRYPT, true)
-            template.add(CKA_SIGN, false)
-            template.add(CKA_VERIFY, false)
-            template.add(CKA_WRAP, false)
-            template.add(CKA_UNWRAP, false)
-            template.add(CKA_DERIVE, false)
-            let object = try module.generateKey(session, mechanism: CK_MECHANISM_TYPE(CKM_AES_KEY_GEN), template: template)
-            return KeyHandle(label: label, id: id, object: object, epoch: epoch)
         }
     }
 
-    /// Destroys every secret key with this label, whatever its ID; returns how many there were.
+    /// Destroys every key with this label (secret, private and public), whatever its ID; returns how many there were.
     @discardableResult
     public func destroyKeys(label: String) throws(PKCS11Error) -> Int {
         try withSession { session throws(PKCS11Error) in
-            let objects = try findSecretKeys(session, label: label, id: nil)
+            var objects: [CK_OBJECT_HANDLE] = []
+            for objectClass in [CKO_SECRET_KEY, CKO_PRIVATE_KEY, CKO_PUBLIC_KEY] {
+                objects += try findObjects(session, class: CK_OBJECT_CLASS(objectClass), label: label, id: nil,
+                                           requireLogin: false)
+            }
+            if objects.isEmpty { try requireLogin(session, label: label) }
             for object in objects { try module.destroyObject(session, object) }
             lookedUpAgain = lookedUpAgain.filter { $0.key.label != label }
             return objects.count
         }
     }
 
-    public func attributes(of key: KeyHandle) throws(PKCS11Error) -> KeyAttributes {
+    /// The attributes of the key that holds the secret: the AES key or the private key.
+    public func attributes(of key: WrappingKey) throws(PKCS11Error) -> KeyAttributes {
         let types = [CKA_TOKEN, CKA_SENSITIVE, CKA_EXTRACTABLE, CKA_ALWAYS_SENSITIVE, CKA_NEVER_EXTRACTABLE,
-                     CKA_ENCRYPT, CKA_DECRYPT, CKA_SIGN, CKA_VERIFY, CKA_WRAP, CKA_UNWRAP].map { CK_ATTRIBUTE_TYPE($0) }
+                     CKA_ENCRYPT, CKA_DECRYPT, CKA_SIGN, CKA_VERIFY, CKA_WRAP, CKA_UNWRAP, CKA_DERIVE].map { CK_ATTRIBUTE_TYPE($0) }
         let values = try withSession { session throws(PKCS11Error) in
-            try module.attributeValues(session, resolve(key, in: session), types)
+            // A private key has no CKA_ENCRYPT or CKA_VERIFY: read each attribute alone, a missing one as false.
+            try types.map { type throws(PKCS11Error) in
+                do throws(PKCS11Error) {
+                    return try module.attributeValues(session, resolve(key, in: session).secret, [type])[0]
+                } catch where error.returnValue == .attributeTypeInvalid {
+                    return []
+                }
+            }
         }
         let flag = { (index: Int) in values[index].first.map { $0 != CK_FALSE } ?? false }
         return KeyAttributes(token: flag(0), sensitive: flag(1), extractable: flag(2), alwaysSensitive: flag(3),
                              neverExtractable: flag(4), encrypt: flag(5), decrypt: flag(6), sign: flag(7),
-                             verify: flag(8), wrap: flag(9), unwrap: flag(10))
+                             verify: flag(8), wrap: flag(9), unwrap: flag(10), derive: flag(11))
     }
 
-    /// Encrypts a data key on the token with AES-256-GCM: a fresh 12-byte IV from libsodium, a 16-byte
-    /// tag, `associatedData` authenticated. Returns IV ‖ ciphertext ‖ tag.
-    public func seal(_ dataKey: SecureBytes, with key: KeyHandle, associatedData: [UInt8]) throws(PKCS11Error) -> [UInt8] {
-        let iv = Sodium.randomBytes(Self.gcmIVLength)
-        let ciphertext = try withSession { session throws(PKCS11Error) in
-            let object = try resolve(key, in: session)
-            return try withGCM(iv: iv[...], associatedData: associatedData) { mechanism throws(PKCS11Error) in
-                try module.encrypt(session, mechanism, key: object, dataKey, overhead: Self.gcmTagLength)
+    /// Seals a data key with the wrapping key, `associatedData` authenticated; the result starts with
+    /// its format byte (the scheme and its parameters).
+    public func seal(_ dataKey: SecureBytes, with key: WrappingKey, associatedData: [UInt8]) throws(PKCS11Error) -> [UInt8] {
+        try withSession { session throws(PKCS11Error) in try seal(session, dataKey, with: resolve(key, in: session), associatedData: associatedData) }
+    }
+
+    /// Opens what `seal` made (or a sealed key from before the format byte), into locked memory.
+    /// Altered bytes or other associated data throw a `PKCS11Error` whose `isDataRejected` is true.
+    public func open(_ sealed: [UInt8], with key: WrappingKey, associatedData: [UInt8]) throws(PKCS11Error) -> SecureBytes {
+        try withSession { session throws(PKCS11Error) in try open(session, sealed, with: resolve(key, in: session), associatedData: associatedData) }
+    }
+
+    /// The scheme a sealed key says it was made with; nil when the bytes name none.
+    public static func scheme(ofSealed sealed: [UInt8]) -> WrappingScheme? {
+        if sealed.count == SealedFormat.legacyAESGCMLength { return .aesGCM }
+        return sealed.first.flatMap(SealedFormat.init(rawValue:))?.scheme
+    }
+
+    // MARK: The three schemes
+
+    private func seal(_ session: CK_SESSION_HANDLE, _ dataKey: SecureBytes, with key: WrappingKey,
+                      associatedData: [UInt8]) throws(PKCS11Error) -> [UInt8] {
+        switch key.scheme {
+        case .aesGCM:
+            let header = [SealedFormat.aesGCM.rawValue]
+            return header + (try gcmSeal(session, dataKey, key: key.secret, associatedData: header + associatedData))
+        case .rsaOAEP:
+            // OAEP takes no associated data here (SoftHSM2 refuses a label): a fresh key-encryption key
+            // goes through OAEP, and seals the data key with the associated data in software.
+            let kek = SecureBytes(random: Sodium.xchachaKeyLength)
+            let (format, encrypted) = try oaepEncrypt(session, kek, publicKey: key.publicKey ?? 0)
+            guard encrypted.count <= Int(UInt16.max) else {
+                throw PKCS11Error(rv: CKR_ENCRYPTED_DATA_LEN_RANGE, operation: "seal a data key", detail: "an RSA key over 512 kbit")
             }
+            let header = [format.rawValue, UInt8(encrypted.count >> 8), UInt8(encrypted.count & 0xFF)] + encrypted
+            return header + Self.softwareSeal(dataKey, kek: kek, header: header, associatedData: associatedData)
+        case .ecdhP256:
+            let (ephemeralPoint, shared) = try ephemeralAgreement(session, peer: key.publicPoint ?? [])
+            let header = [SealedFormat.ecdhP256.rawValue] + ephemeralPoint
+            let kek = Self.ecdhKEK(shared: shared, ephemeral: ephemeralPoint, staticPoint: key.publicPoint ?? [])
+            return header + Self.softwareSeal(dataKey, kek: kek, header: header, associatedData: associatedData)
+        }
+    }
+
+    private func open(_ session: CK_SESSION_HANDLE, _ sealed: [UInt8], with key: WrappingKey,
+                      associatedData: [UInt8]) throws(PKCS11Error) -> SecureBytes {
+        if sealed.count == SealedFormat.legacyAESGCMLength, key.scheme == .aesGCM {
+            return try gcmOpen(session, sealed[...], key: key.secret, associatedData: associatedData)
+        }
+        guard let format = sealed.first.flatMap(SealedFormat.init(rawValue:)) else {
+            throw Self.rejected("the sealed key names no known format")
+        }
+        guard format.scheme == key.scheme else {
+            throw Self.rejected("the sealed key is \(format.scheme), and this token's key is \(key.scheme)")
+        }
+        let body = sealed.dropFirst()
+        switch format {
+        case .aesGCM:
+            return try gcmOpen(session, body, key: key.secret, associatedData: [format.rawValue] + associatedData)
+        case .rsaOAEPSHA256, .rsaOAEPSHA1:
+            guard body.count >= 2 else { throw Self.rejected("the sealed key is cut short") }
+            let length = Int(body[body.startIndex]) << 8 | Int(body[body.startIndex + 1])
+            guard body.count >= 2 + length + Sodium.xchachaNonceLength + Sodium.xchachaTagLength else {
+                throw Self.rejected("the sealed key is cut short")
+            }
+            let encrypted = body.dropFirst(2).prefix(length)
+            let kek = try decryptOnToken(session, key: key.secret) { _ throws(PKCS11Error) in
+                try withOAEP(sha1: format == .rsaOAEPSHA1) { oaep throws(PKCS11Error) in
+                    try module.decrypt(session, oaep, key: key.secret, encrypted)
+                }
+            }
+            let header = Array(sealed.prefix(1 + 2 + length))
+            return try Self.softwareOpen(sealed[header.count...], kek: kek, header: header, associatedData: associatedData)
+        case .ecdhP256:
+            guard body.count >= Self.p256PointLength + Sodium.xchachaNonceLength + Sodium.xchachaTagLength else {
+                throw Self.rejected("the sealed key is cut short")
+            }
+            let ephemeralPoint = Array(body.prefix(Self.p256PointLength))
+            let shared = try decryptOnToken(session, key: key.secret) { _ throws(PKCS11Error) in
+                try derive(session, base: key.secret, peer: ephemeralPoint)
+            }
+            let header = Array(sealed.prefix(1 + Self.p256PointLength))
+            let kek = Self.ecdhKEK(shared: shared, ephemeral: ephemeralPoint, staticPoint: key.publicPoint ?? [])
+            return try Self.softwareOpen(sealed[header.count...], kek: kek, header: header, associatedData: associatedData)
+        }
+    }
+
+    // MARK: AES-GCM
+
+    /// IV ‖ ciphertext ‖ tag: a fresh 12-byte IV from libsodium, a 16-byte tag.
+    private func gcmSeal(_ session: CK_SESSION_HANDLE, _ dataKey: SecureBytes, key: CK_OBJECT_HANDLE,
+                         associatedData: [UInt8]) throws(PKCS11Error) -> [UInt8] {
+        let iv = Sodium.randomBytes(Self.gcmIVLength)
+        let ciphertext = try withGCM(iv: iv[...], associatedData: associatedData) { mechanism throws(PKCS11Error) in
+            try module.encrypt(session, mechanism, key: key, dataKey, overhead: Self.gcmTagLength)
         }
         return iv + ciphertext
     }
 
-    /// Decrypts what `seal` made, into locked memory. Altered bytes (IV, ciphertext, tag or associated
-    /// data) throw a `PKCS11Error` whose `isDataRejected` is true.
-    public func open(_ sealed: [UInt8], with key: KeyHandle, associatedData: [UInt8]) throws(PKCS11Error) -> SecureBytes {
+    /// A data key sealed as before the format byte (AES-GCM, `associatedData` as given): tests make
+    /// stores of the previous format with it.
+    func legacySeal(_ dataKey: SecureBytes, with key: WrappingKey, associatedData: [UInt8]) throws(PKCS11Error) -> [UInt8] {
+        try withSession { session throws(PKCS11Error) in
+            try gcmSeal(session, dataKey, key: resolve(key, in: session).secret, associatedData: associatedData)
+        }
+    }
+
+    private func gcmOpen(_ session: CK_SESSION_HANDLE, _ sealed: ArraySlice<UInt8>, key: CK_OBJECT_HANDLE,
+                         associatedData: [UInt8]) throws(PKCS11Error) -> SecureBytes {
         guard sealed.count >= Self.gcmIVLength + Self.gcmTagLength else {
-            throw PKCS11Error(rv: CKR_ENCRYPTED_DATA_LEN_RANGE, operation: "open a sealed key",
-                              detail: "\(sealed.count) bytes can't hold a \(Self.gcmIVLength)-byte IV and a \(Self.gcmTagLength)-byte tag")
+            throw Self.rejected("\(sealed.count) bytes can't hold a \(Self.gcmIVLength)-byte IV and a \(Self.gcmTagLength)-byte tag")
         }
-        return try withSession { session throws(PKCS11Error) in
-            let object = try resolve(key, in: session)
-            return try withGCM(iv: sealed[..<Self.gcmIVLength], associatedData: associatedData) { mechanism throws(PKCS11Error) in
-                do throws(PKCS11Error) {
-                    return try module.decrypt(session, mechanism, key: object, sealed[Self.gcmIVLength...])
-                } catch where error.returnValue == .generalError && error.operation == "C_Decrypt" {
-                    // SoftHSM2 before 2.7 reports a failed tag as CKR_GENERAL_ERROR. If the session and
-                    // the key are fine, the data is what was wrong.
-                    guard (try? module.sessionState(session)) != nil,
-                          (try? module.attributeValues(session, object, [CK_ATTRIBUTE_TYPE(CKA_CLASS)])) != nil else {
-                        throw error
-                    }
-                    throw PKCS11Error(rv: error.rv, operation: error.operation,
-                                      detail: "AES-GCM authentication failed (reported as CKR_GENERAL_ERROR)",
-                                      isDataRejected: true)
-                }
+        let iv = sealed.prefix(Self.gcmIVLength)
+        return try decryptOnToken(session, key: key) { _ throws(PKCS11Error) in
+            try withGCM(iv: iv, associatedData: associatedData) { mechanism throws(PKCS11Error) in
+                try module.decrypt(session, mechanism, key: key, sealed.dropFirst(Self.gcmIVLength))
             }
         }
-    }
-
-    // MARK: Internals
-
-    /// Secret keys with this label (and ID, when given).
-    ///
-    /// Without a login a token hides private objects rather than failing, so an empty answer is
-    /// trusted only from a logged-in session; otherwise it is `CKR_USER_NOT_LOGGED_IN`, which
-    /// `withSession` answers by logging in again when it can.
-    private func findSecretKeys(_ session: CK_SESSION_HANDLE, label: String, id: [UInt8]?) throws(PKCS11Error) -> [CK_OBJECT_HANDLE] {
-        let template = AttributeTemplate()
-        template.add(CKA_CLASS, CK_OBJECT_CLASS(CKO_SECRET_KEY))
-        template.add(CKA_LABEL, label)
-        if let id { template.add(CKA_ID, bytes: id) }
-        let found = try module.findObjects(session, matching: template)
-        if found.isEmpty {
-            let state = try module.sessionState(session)
-            guard state == CKS_RW_USER_FUNCTIONS || state == CKS_RO_USER_FUNCTIONS else {
-                throw PKCS11Error(rv: CKR_USER_NOT_LOGGED_IN, operation: "find key '\(label)'",
-                                  detail: "the token's keys are private: log in first")
-            }
-        }
-        return found
-    }
-
-    /// The key's object handle in this session, looked up again by label and ID if it is older.
-    private func resolve(_ key: KeyHandle, in session: CK_SESSION_HANDLE) throws(PKCS11Error) -> CK_OBJECT_HANDLE {
-        if key.epoch == epoch { return key.object }
-        if let object = lookedUpAgain[key.identity] { return object }
-        guard let object = try findSecretKeys(session, label: key.label, id: key.id).min() else {
-            throw PKCS11Error(rv: CKR_KEY_HANDLE_INVALID, operation: "find key '\(key.label)'",
-                              detail: "the key is no longer on the token")
-        }
-        lookedUpAgain[key.identity] = object
-        return object
     }
 
     /// A `CKM_AES_GCM` mechanism whose parameters point at `iv` and `associatedData` during `body`.
@@ -184,14 +299,277 @@ extension PKCS11Token {
                     ulIvBits: CK_ULONG(ivBytes.count * 8),
                     pAAD: UnsafeMutablePointer(mutating: aad.baseAddress), ulAADLen: CK_ULONG(aad.count),
                     ulTagBits: CK_ULONG(Self.gcmTagLength * 8))
-                return try withUnsafeMutablePointer(to: &parameters) { (pointer) throws(PKCS11Error) -> R in
-                    var mechanism = CK_MECHANISM(mechanism: CK_MECHANISM_TYPE(CKM_AES_GCM), pParameter: pointer,
-                                                 ulParameterLen: CK_ULONG(MemoryLayout<CK_GCM_PARAMS>.size))
-                    return try withUnsafeMutablePointer(to: &mechanism) { (mechanismPointer) throws(PKCS11Error) -> R in
-                        try body(mechanismPointer)
-                    }
-                }
+                return try withMechanism(CKM_AES_GCM, &parameters, body)
             }
         }
     }
+
+    // MARK: RSA-OAEP
+
+    /// Encrypts with OAEP on the token: SHA-256 where the token takes it, else SHA-1 (SoftHSM2 2.6
+    /// takes only SHA-1). The token's answer is remembered for the session.
+    private func oaepEncrypt(_ session: CK_SESSION_HANDLE, _ plaintext: SecureBytes,
+                             publicKey: CK_OBJECT_HANDLE) throws(PKCS11Error) -> (SealedFormat, [UInt8]) {
+        if oaepTakesSHA256 != false {
+            do {
+                let encrypted = try withOAEP(sha1: false) { mechanism throws(PKCS11Error) in
+                    try module.encrypt(session, mechanism, key: publicKey, plaintext, overhead: 512)
+                }
+                oaepTakesSHA256 = true
+                return (.rsaOAEPSHA256, encrypted)
+            } catch where [.mechanismParamInvalid, .argumentsBad, .mechanismInvalid].contains(error.returnValue) {
+                oaepTakesSHA256 = false
+            }
+        }
+        let encrypted = try withOAEP(sha1: true) { mechanism throws(PKCS11Error) in
+            try module.encrypt(session, mechanism, key: publicKey, plaintext, overhead: 512)
+        }
+        return (.rsaOAEPSHA1, encrypted)
+    }
+
+    private func withOAEP<R>(sha1: Bool, _ body: (UnsafeMutablePointer<CK_MECHANISM>) throws(PKCS11Error) -> R) throws(PKCS11Error) -> R {
+        var parameters = CK_RSA_PKCS_OAEP_PARAMS(
+            hashAlg: CK_MECHANISM_TYPE(sha1 ? CKM_SHA_1 : CKM_SHA256), mgf: CK_RSA_PKCS_MGF_TYPE(sha1 ? CKG_MGF1_SHA1 : CKG_MGF1_SHA256),
+            source: CK_RSA_PKCS_OAEP_SOURCE_TYPE(CKZ_DATA_SPECIFIED), pSourceData: nil, ulSourceDataLen: 0)
+        return try withMechanism(CKM_RSA_PKCS_OAEP, &parameters, body)
+    }
+
+    // MARK: ECDH P-256
+
+    /// An ephemeral P-256 pair made on the token as session objects, its agreement with `peer`, and its
+    /// public point; the ephemeral objects are destroyed before this returns, whatever happens.
+    private func ephemeralAgreement(_ session: CK_SESSION_HANDLE, peer: [UInt8]) throws(PKCS11Error) -> ([UInt8], SecureBytes) {
+        let publicTemplate = AttributeTemplate()
+        publicTemplate.add(CKA_TOKEN, false)
+        publicTemplate.add(CKA_EC_PARAMS, bytes: Self.p256Parameters)
+        let privateTemplate = AttributeTemplate()
+        privateTemplate.add(CKA_TOKEN, false)
+        privateTemplate.add(CKA_SENSITIVE, true)
+        privateTemplate.add(CKA_EXTRACTABLE, false)
+        privateTemplate.add(CKA_DERIVE, true)
+        let (publicKey, privateKey) = try module.generateKeyPair(
+            session, mechanism: CK_MECHANISM_TYPE(CKM_EC_KEY_PAIR_GEN), publicTemplate: publicTemplate, privateTemplate: privateTemplate)
+        defer {
+            try? module.destroyObject(session, privateKey)
+            try? module.destroyObject(session, publicKey)
+        }
+        return (try ecPoint(session, publicKey), try derive(session, base: privateKey, peer: peer))
+    }
+
+    /// ECDH with `CKD_NULL` (the shared x coordinate), as a session secret read out and destroyed at once.
+    private func derive(_ session: CK_SESSION_HANDLE, base: CK_OBJECT_HANDLE, peer: [UInt8]) throws(PKCS11Error) -> SecureBytes {
+        let template = AttributeTemplate()
+        template.add(CKA_CLASS, CK_OBJECT_CLASS(CKO_SECRET_KEY))
+        template.add(CKA_KEY_TYPE, CK_KEY_TYPE(CKK_GENERIC_SECRET))
+        template.add(CKA_VALUE_LEN, CK_ULONG(32))
+        template.add(CKA_TOKEN, false)
+        template.add(CKA_SENSITIVE, false)
+        template.add(CKA_EXTRACTABLE, true)
+        let derived = try peer.withUnsafeBufferPointer { (point) throws(PKCS11Error) -> CK_OBJECT_HANDLE in
+            var parameters = CK_ECDH1_DERIVE_PARAMS(kdf: ck_ec_kdf_t(CKD_NULL), ulSharedDataLen: 0, pSharedData: nil,
+                                                    ulPublicDataLen: CK_ULONG(point.count),
+                                                    pPublicData: UnsafeMutablePointer(mutating: point.baseAddress))
+            return try withMechanism(CKM_ECDH1_DERIVE, &parameters) { mechanism throws(PKCS11Error) in
+                try module.deriveKey(session, mechanism, base: base, template: template)
+            }
+        }
+        defer { try? module.destroyObject(session, derived) }
+        return try module.secretValue(session, derived)
+    }
+
+    /// A public key's `CKA_EC_POINT` as the raw uncompressed point (tokens give it DER-wrapped, as 2.40 says, or raw).
+    private func ecPoint(_ session: CK_SESSION_HANDLE, _ publicKey: CK_OBJECT_HANDLE) throws(PKCS11Error) -> [UInt8] {
+        let value = try module.attributeValues(session, publicKey, [CK_ATTRIBUTE_TYPE(CKA_EC_POINT)])[0]
+        let length = Self.p256PointLength
+        if value.count == length + 2, value[0] == 0x04, value[1] == UInt8(length), value[2] == 0x04 { return Array(value.dropFirst(2)) }
+        if value.count == length, value[0] == 0x04 { return value }
+        throw PKCS11Error(rv: CKR_FUNCTION_FAILED, operation: "read the EC public point", detail: "not an uncompressed P-256 point")
+    }
+
+    private static func ecdhKEK(shared: SecureBytes, ephemeral: [UInt8], staticPoint: [UInt8]) -> SecureBytes {
+        Sodium.blake2b(key: shared, message: Array("keychain-linux token ECDH-P256 v1".utf8) + ephemeral + staticPoint)
+    }
+
+    // MARK: Shared steps
+
+    /// XChaCha20-Poly1305 of the data key under a one-seal key: nonce ‖ ciphertext ‖ tag, the header in the associated data.
+    private static func softwareSeal(_ dataKey: SecureBytes, kek: SecureBytes, header: [UInt8], associatedData: [UInt8]) -> [UInt8] {
+        let nonce = Sodium.randomBytes(Sodium.xchachaNonceLength)
+        return nonce + Sodium.seal(dataKey, key: kek, nonce: nonce, associatedData: header + associatedData)
+    }
+
+    private static func softwareOpen(_ body: ArraySlice<UInt8>, kek: SecureBytes, header: [UInt8],
+                                     associatedData: [UInt8]) throws(PKCS11Error) -> SecureBytes {
+        do {
+            return try Sodium.open(Array(body.dropFirst(Sodium.xchachaNonceLength)), key: kek,
+                                   nonce: Array(body.prefix(Sodium.xchachaNonceLength)), associatedData: header + associatedData)
+        } catch {
+            throw rejected("the sealed key failed authentication")
+        }
+    }
+
+    static func rejected(_ detail: String) -> PKCS11Error {
+        PKCS11Error(rv: CKR_ENCRYPTED_DATA_INVALID, operation: "open a sealed key", detail: detail, isDataRejected: true)
+    }
+
+    /// Runs a decryption or derivation on the token. SoftHSM2 before 2.7 reports a failed GCM tag, a
+    /// bad OAEP padding or a point off the curve as `CKR_GENERAL_ERROR` (or `CKR_ARGUMENTS_BAD` for
+    /// the point): if the session and the key are fine, the data is what was wrong.
+    private func decryptOnToken<R>(_ session: CK_SESSION_HANDLE, key: CK_OBJECT_HANDLE,
+                                   _ body: (CK_OBJECT_HANDLE) throws(PKCS11Error) -> R) throws(PKCS11Error) -> R {
+        do {
+            return try body(key)
+        } catch where [.generalError, .argumentsBad, .functionFailed, .mechanismParamInvalid].contains(error.returnValue) {
+            guard (try? module.sessionState(session)) != nil,
+                  (try? module.attributeValues(session, key, [CK_ATTRIBUTE_TYPE(CKA_CLASS)])) != nil else {
+                throw error
+            }
+            throw PKCS11Error(rv: error.rv, operation: error.operation,
+                              detail: "the token refused the sealed key (reported as \(error.name))", isDataRejected: true)
+        }
+    }
+
+    private func withMechanism<P, R>(_ type: UInt, _ parameters: inout P,
+                                     _ body: (UnsafeMutablePointer<CK_MECHANISM>) throws(PKCS11Error) -> R) throws(PKCS11Error) -> R {
+        try withUnsafeMutablePointer(to: &parameters) { (pointer) throws(PKCS11Error) -> R in
+            var mechanism = CK_MECHANISM(mechanism: CK_MECHANISM_TYPE(type), pParameter: pointer,
+                                         ulParameterLen: CK_ULONG(MemoryLayout<P>.size))
+            return try withUnsafeMutablePointer(to: &mechanism) { (mechanismPointer) throws(PKCS11Error) -> R in
+                try body(mechanismPointer)
+            }
+        }
+    }
+
+    // MARK: Templates
+
+    private func secretTemplate(label: String, id: [UInt8]) -> AttributeTemplate {
+        let template = AttributeTemplate()
+        template.add(CKA_CLASS, CK_OBJECT_CLASS(CKO_SECRET_KEY))
+        template.add(CKA_KEY_TYPE, CK_KEY_TYPE(CKK_AES))
+        template.add(CKA_VALUE_LEN, CK_ULONG(WrappingScheme.aesKeyBytes))
+        Self.addSecretUsage(template, label: label, id: id, decrypt: true, encrypt: true, derive: false)
+        return template
+    }
+
+    private func privateTemplate(label: String, id: [UInt8], scheme: WrappingScheme) -> AttributeTemplate {
+        let template = AttributeTemplate()
+        Self.addSecretUsage(template, label: label, id: id, decrypt: scheme == .rsaOAEP, encrypt: nil, derive: scheme == .ecdhP256)
+        return template
+    }
+
+    private func publicTemplate(label: String, id: [UInt8], scheme: WrappingScheme) -> AttributeTemplate {
+        let template = AttributeTemplate()
+        template.add(CKA_LABEL, label)
+        template.add(CKA_ID, bytes: id)
+        template.add(CKA_TOKEN, true)
+        template.add(CKA_PRIVATE, true)
+        template.add(CKA_MODIFIABLE, false)
+        template.add(CKA_VERIFY, false)
+        template.add(CKA_WRAP, false)
+        if scheme == .rsaOAEP {
+            template.add(CKA_MODULUS_BITS, CK_ULONG(WrappingScheme.rsaBits))
+            template.add(CKA_PUBLIC_EXPONENT, bytes: [0x01, 0x00, 0x01])
+            template.add(CKA_ENCRYPT, true)
+        } else {
+            template.add(CKA_EC_PARAMS, bytes: Self.p256Parameters)
+            template.add(CKA_DERIVE, false)
+        }
+        return template
+    }
+
+    /// Token, private, sensitive, never extractable, not modifiable; one usage, every other refused.
+    private static func addSecretUsage(_ template: AttributeTemplate, label: String, id: [UInt8], decrypt: Bool,
+                                       encrypt: Bool?, derive: Bool) {
+        template.add(CKA_LABEL, label)
+        template.add(CKA_ID, bytes: id)
+        template.add(CKA_TOKEN, true)
+        template.add(CKA_PRIVATE, true)
+        template.add(CKA_SENSITIVE, true)
+        template.add(CKA_EXTRACTABLE, false)
+        template.add(CKA_MODIFIABLE, false)
+        if let encrypt { template.add(CKA_ENCRYPT, encrypt) }
+        template.add(CKA_DECRYPT, decrypt)
+        template.add(CKA_SIGN, false)
+        if encrypt != nil { template.add(CKA_VERIFY, false) }
+        if encrypt != nil { template.add(CKA_WRAP, false) }
+        template.add(CKA_UNWRAP, false)
+        template.add(CKA_DERIVE, derive)
+    }
+
+    // MARK: Finding keys
+
+    /// The key with this label and ID in whichever scheme it was made; an AES key wins over a pair.
+    private func findWrappingKey(_ session: CK_SESSION_HANDLE, label: String, id: [UInt8]) throws(PKCS11Error) -> WrappingKey? {
+        if let secret = try findObjects(session, class: CK_OBJECT_CLASS(CKO_SECRET_KEY), label: label, id: id, requireLogin: false).min() {
+            return WrappingKey(scheme: .aesGCM, label: label, id: id, secret: secret, publicKey: nil, publicPoint: nil, epoch: epoch)
+        }
+        guard let privateKey = try findObjects(session, class: CK_OBJECT_CLASS(CKO_PRIVATE_KEY), label: label, id: id,
+                                               requireLogin: true).min() else { return nil }
+        let keyType = try module.attributeValues(session, privateKey, [CK_ATTRIBUTE_TYPE(CKA_KEY_TYPE)])[0]
+        let scheme: WrappingScheme = keyType == withUnsafeBytes(of: CK_KEY_TYPE(CKK_RSA), Array.init) ? .rsaOAEP : .ecdhP256
+        guard let publicKey = try findObjects(session, class: CK_OBJECT_CLASS(CKO_PUBLIC_KEY), label: label, id: id,
+                                              requireLogin: false).min() else {
+            throw PKCS11Error(rv: CKR_KEY_HANDLE_INVALID, operation: "find key '\(label)'",
+                              detail: "the \(scheme) key pair has lost its public key")
+        }
+        return WrappingKey(scheme: scheme, label: label, id: id, secret: privateKey, publicKey: publicKey,
+                           publicPoint: scheme == .ecdhP256 ? try ecPoint(session, publicKey) : nil, epoch: epoch)
+    }
+
+    /// Objects of one class with this label (and ID, when given).
+    ///
+    /// Without a login a token hides private objects rather than failing, so an empty answer is
+    /// trusted only from a logged-in session (when `requireLogin`); otherwise it is
+    /// `CKR_USER_NOT_LOGGED_IN`, which `withSession` answers by logging in again when it can.
+    private func findObjects(_ session: CK_SESSION_HANDLE, class objectClass: CK_OBJECT_CLASS, label: String, id: [UInt8]?,
+                             requireLogin: Bool) throws(PKCS11Error) -> [CK_OBJECT_HANDLE] {
+        let template = AttributeTemplate()
+        template.add(CKA_CLASS, objectClass)
+        template.add(CKA_LABEL, label)
+        if let id { template.add(CKA_ID, bytes: id) }
+        let found = try module.findObjects(session, matching: template)
+        if found.isEmpty && requireLogin { try self.requireLogin(session, label: label) }
+        return found
+    }
+
+    private func requireLogin(_ session: CK_SESSION_HANDLE, label: String) throws(PKCS11Error) {
+        let state = try module.sessionState(session)
+        guard state == CKS_RW_USER_FUNCTIONS || state == CKS_RO_USER_FUNCTIONS else {
+            throw PKCS11Error(rv: CKR_USER_NOT_LOGGED_IN, operation: "find key '\(label)'",
+                              detail: "the token's keys are private: log in first")
+        }
+    }
+
+    /// The key with this session's handles, looked up again by label and ID if it is older.
+    private func resolve(_ key: WrappingKey, in session: CK_SESSION_HANDLE) throws(PKCS11Error) -> WrappingKey {
+        if key.epoch == epoch { return key }
+        if let found = lookedUpAgain[key.identity] { return found }
+        guard let found = try findWrappingKey(session, label: key.label, id: key.id), found.scheme == key.scheme else {
+            throw PKCS11Error(rv: CKR_KEY_HANDLE_INVALID, operation: "find key '\(key.label)'",
+                              detail: "the key is no longer on the token")
+        }
+        lookedUpAgain[key.identity] = found
+        return found
+    }
+
+    // MARK: Tests
+
+    /// A point in `createWrappingKey` where a test makes the next step fail, to see the earlier steps undone.
+    enum FaultPoint: Sendable { case afterKeyGeneration, afterProbeSeal }
+
+    private func injectFault(_ point: FaultPoint) throws(PKCS11Error) {
+        if faultPoint == point {
+            faultPoint = nil
+            throw PKCS11Error(rv: CKR_DEVICE_ERROR, operation: "a step after \(point) (injected by a test)")
+        }
+    }
+}
+
+extension WrappingKey {
+    struct Identity: Hashable {
+        let label: String
+        let id: [UInt8]
+    }
+
+    var identity: Identity { Identity(label: label, id: id) }
 }

@@ -18,11 +18,13 @@ struct TokenBackendTests {
             "pkcs11:token=\(label)?module-path=\(module)&pin-source=file:\(pinFile ?? dir + "/pin")"
         }
 
-        init() throws {
+        /// `mechanisms`: SoftHSM2's `slots.mechanisms`, what the token offers (see PKCS11Tests' SoftHSM).
+        init(mechanisms: String? = nil) throws {
             tpm = try SoftwareTPM()
             dir = tpm.directory + "/softhsm"
             try FileManager.default.createDirectory(atPath: dir + "/tokens", withIntermediateDirectories: true)
-            try "directories.tokendir = \(dir)/tokens\n".write(toFile: dir + "/softhsm2.conf", atomically: true, encoding: .utf8)
+            try ("directories.tokendir = \(dir)/tokens\n" + (mechanisms.map { "slots.mechanisms = \($0)\n" } ?? ""))
+                .write(toFile: dir + "/softhsm2.conf", atomically: true, encoding: .utf8)
             try "1234\n".write(toFile: dir + "/pin", atomically: true, encoding: .utf8)
             try "9999\n".write(toFile: dir + "/wrong-pin", atomically: true, encoding: .utf8)
             env = ["SOFTHSM2_CONF": dir + "/softhsm2.conf"]
@@ -38,6 +40,22 @@ struct TokenBackendTests {
 
         func errorCode(_ result: (status: Int32, stdout: [UInt8], stderr: String)) -> String? {
             (try? JSONSerialization.jsonObject(with: Data(result.stdout)) as? [String: [String: String]])?["error"]?["code"]
+        }
+
+        func errorMessage(_ result: (status: Int32, stdout: [UInt8], stderr: String)) -> String {
+            (try? JSONSerialization.jsonObject(with: Data(result.stdout)) as? [String: [String: String]])?["error"]?["message"] ?? ""
+        }
+
+        /// pkcs11-tool's listing of the token's objects, logged in (another process: token objects only).
+        func objects() throws -> String {
+            String(decoding: try run("/usr/bin/pkcs11-tool", ["--module", TokenBackendTests.module, "--login", "--pin", "1234", "-O"],
+                                     environment: env).stdout, as: UTF8.self)
+        }
+
+        /// The token's mechanisms as `pkcs11-tool -M` lists them.
+        func mechanisms() throws -> String {
+            String(decoding: try run("/usr/bin/pkcs11-tool", ["--module", TokenBackendTests.module, "-M"], environment: env).stdout,
+                   as: UTF8.self)
         }
     }
 
@@ -135,5 +153,93 @@ struct TokenBackendTests {
         let tampered = try t.cli(["--json", "get", "svc", "a", "--key-storage", "strongbox"])
         #expect(tampered.status == 3 && t.errorCode(tampered) == "DATA_CORRUPTED")
         #expect(try t.cli(["get", "svc", "b", "--key-storage", "strongbox"]).stdout == Array("B".utf8))
+    }
+
+    // MARK: Any conforming token
+
+    /// A full SoftHSM2 token, and two restricted to what RSA-only and EC-only secure elements offer.
+    enum Kind: String, CaseIterable, Sendable {
+        case full, rsaOnly, ecOnly
+        var mechanisms: String? {
+            switch self {
+            case .full: nil
+            case .rsaOnly: "CKM_RSA_PKCS_KEY_PAIR_GEN,CKM_RSA_PKCS_OAEP"
+            case .ecOnly: "CKM_EC_KEY_PAIR_GEN,CKM_ECDH1_DERIVE"
+            }
+        }
+        /// The format byte of its sealed data keys: AES-GCM 1, RSA-OAEP 2 (SHA-256) or 3 (SHA-1), ECDH 4.
+        var formats: Set<UInt8> {
+            switch self {
+            case .full: [1]
+            case .rsaOnly: [2, 3]
+            case .ecOnly: [4]
+            }
+        }
+    }
+
+    @Test(arguments: Kind.allCases)
+    func anRSAOnlyAndAnECOnlyTokenBehaveLikeTheFullOne(_ kind: Kind) throws {
+        let t = try Token(mechanisms: kind.mechanisms)
+        let listed = try t.mechanisms()
+        #expect(listed.contains("AES-GCM") == (kind == .full) && listed.contains("RSA-PKCS-OAEP") == (kind != .ecOnly)
+                && listed.contains("ECDH1-DERIVE") == (kind != .rsaOnly), "SoftHSM2 applies the restriction: \(listed)")
+        let canUse = String(decoding: try t.cli(["--json", "can-use", "none", "--key-storage", "strongbox"]).stdout, as: UTF8.self)
+        #expect(canUse.contains("\"available\":true"))
+        #expect(try t.cli(["set", "svc", "k", "--key-storage", "strongbox"], input: Array("first".utf8)).status == 0)
+        #expect(try t.cli(["get", "svc", "k", "--key-storage", "strongbox"]).stdout == Array("first".utf8))
+        #expect(try t.cli(["set", "svc", "k", "--key-storage", "strongbox"], input: Array("second".utf8)).status == 0)
+        #expect(try t.cli(["get", "svc", "k", "--key-storage", "strongbox"]).stdout == Array("second".utf8))
+        let record = try #require(try Store(directory: t.store).item(service: "svc@strongbox", key: "k"))
+        #expect(kind.formats.contains(record.writerPublic[0]), "format byte \(record.writerPublic[0])")
+        // The passcode (the token's PIN, asked at read) works the same on every kind.
+        #expect(try t.cli(["set", "svc", "p", "--key-storage", "strongbox", "--access-control", "passcode"],
+                          input: Array("pin-guarded".utf8)).status == 0)
+        #expect(try t.cli(["get", "svc", "p", "--key-storage", "strongbox", "--passcode-stdin"], input: Array("1234\n".utf8)).stdout
+                == Array("pin-guarded".utf8))
+        let objects = try t.objects()
+        #expect(objects.contains("label:      keychain:svc@strongbox"))
+        #expect(objects.contains("Access:     sensitive, always sensitive, never extractable"), "\(objects)")
+        // clear destroys every object of the service: the AES key, or both halves of the pair.
+        #expect(try t.cli(["clear", "svc", "--key-storage", "strongbox"]).status == 0)
+        #expect(!(try t.objects()).contains("keychain:svc"))
+        #expect(try t.cli(["ls", "svc", "--key-storage", "strongbox"]).stdout.isEmpty)
+    }
+
+    @Test func aTokenWithNoneOfTheThreeIsUnsupportedAndKeepsNothing() throws {
+        let t = try Token(mechanisms: "-,CKM_AES_GCM,CKM_RSA_PKCS_OAEP,CKM_ECDH1_DERIVE")
+        let listed = try t.mechanisms()
+        #expect(!listed.contains("AES-GCM") && !listed.contains("RSA-PKCS-OAEP") && !listed.contains("ECDH1-DERIVE") && listed.contains("AES-CBC"))
+        let write = try t.cli(["--json", "set", "svc", "k", "--key-storage", "strongbox"], input: [1])
+        #expect(write.status == 3 && t.errorCode(write) == "UNSUPPORTED")
+        let message = t.errorMessage(write)
+        #expect(["CKM_AES_GCM", "CKM_RSA_PKCS_OAEP", "CKM_ECDH1_DERIVE"].allSatisfy(message.contains), "\(message)")
+        #expect(!(try t.objects()).contains("Object;"))
+        #expect(try Store(directory: t.store).item(service: "svc@strongbox", key: "k") == nil)
+        let canUse = String(decoding: try t.cli(["--json", "can-use", "none", "--key-storage", "strongbox"]).stdout, as: UTF8.self)
+        #expect(canUse.contains("\"available\":false") && canUse.contains("\"reason\":\"unsupported\""), "\(canUse)")
+    }
+
+    @Test func canUseOpensTheTokenAndAnAbsentModuleOrTokenIsNotAvailable() throws {
+        let t = try Token()
+        for uri in [t.uri(module: "/nonexistent/lib.so"), t.uri(label: "absent")] {
+            let canUse = String(decoding: try t.cli(["--json", "can-use", "none", "--key-storage", "strongbox"], uri: uri).stdout,
+                                as: UTF8.self)
+            #expect(canUse.contains("\"available\":false") && canUse.contains("notAvailable"), "\(uri): \(canUse)")
+        }
+    }
+
+    @Test func anAbsentTokenOrModuleIsNamedAndAnUnreadablePINSourceToo() throws {
+        let t = try Token()
+        let noToken = try t.cli(["--json", "set", "svc", "k", "--key-storage", "strongbox"], input: [1], uri: t.uri(label: "absent"))
+        #expect(t.errorCode(noToken) == "HARDWARE_UNAVAILABLE")
+        #expect(t.errorMessage(noToken).contains("token 'absent'") && t.errorMessage(noToken).contains(Self.module)
+                && t.errorMessage(noToken).contains("'kc'"), "\(t.errorMessage(noToken))")
+        let noModule = try t.cli(["--json", "set", "svc", "k", "--key-storage", "strongbox"], input: [1], uri: t.uri(module: "/nonexistent/lib.so"))
+        #expect(t.errorCode(noModule) == "HARDWARE_UNAVAILABLE")
+        #expect(t.errorMessage(noModule).contains("/nonexistent/lib.so") && t.errorMessage(noModule).contains("token 'kc'"))
+        let noPIN = try t.cli(["--json", "set", "svc", "k", "--key-storage", "strongbox"], input: [1], uri: t.uri(pinFile: t.dir + "/no-such-pin"))
+        #expect(t.errorCode(noPIN) == "INVALID_ARGUMENT")
+        #expect(t.errorMessage(noPIN).contains(t.dir + "/no-such-pin") && !t.errorMessage(noPIN).contains("add pin-source"),
+                "\(t.errorMessage(noPIN))")
     }
 }

@@ -16,7 +16,9 @@ final class SoftHSM {
     let configuration: String
     let label: String
 
-    init(label: String = "test") throws {
+    /// `mechanisms`: SoftHSM2's `slots.mechanisms`, the mechanisms the token offers ("CKM_A,CKM_B"), or
+    /// withholds ("-,CKM_A,CKM_B": SoftHSM 2.6.1 skips the first name after the '-').
+    init(label: String = "test", mechanisms: String? = nil) throws {
         self.label = label
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("keychain-softhsm-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: directory + "/tokens", withIntermediateDirectories: true,
@@ -27,6 +29,7 @@ final class SoftHSM {
             objectstore.backend = file
             log.level = ERROR
             slots.removable = false
+            \(mechanisms.map { "slots.mechanisms = \($0)" } ?? "")
 
             """.write(toFile: configuration, atomically: true, encoding: .utf8)
         setenv("SOFTHSM2_CONF", configuration, 1)

@@ -149,7 +149,7 @@ import Testing
         let attributes = try token.attributes(of: key)
         #expect(attributes == KeyAttributes(
             token: true, sensitive: true, extractable: false, alwaysSensitive: true, neverExtractable: true,
-            encrypt: true, decrypt: true, sign: false, verify: false, wrap: false, unwrap: false))
+            encrypt: true, decrypt: true, sign: false, verify: false, wrap: false, unwrap: false, derive: false))
     }
 
     @Test func readingTheKeyValueIsRefused() throws {
@@ -159,7 +159,7 @@ import Testing
         let ckaValue: UInt = 0x11  // CKA_VALUE
         let error = pkcs11Error {
             try token.withSession { session throws(PKCS11Error) in
-                try token.module.attributeValues(session, key.object, [ckaValue])
+                try token.module.attributeValues(session, key.secret, [ckaValue])
             }
         }
         #expect(error?.returnValue == .attributeSensitive)
@@ -211,7 +211,7 @@ import Testing
         let dataKey = SecureBytes(random: 32)
         let aad = Array("service/item".utf8)
         let sealed = try token.seal(dataKey, with: key, associatedData: aad)
-        #expect(sealed.count == 12 + 32 + 16)
+        #expect(sealed.count == 1 + 12 + 32 + 16 && sealed[0] == 1, "the AES-GCM format byte, IV, key, tag")
         #expect(try token.open(sealed, with: key, associatedData: aad) == dataKey)
         #expect(try token.seal(dataKey, with: key, associatedData: aad) != sealed, "a fresh IV every time")
         let empty = try token.seal(SecureBytes(count: 0), with: key, associatedData: [])
@@ -224,7 +224,7 @@ import Testing
         let key = try #require(try token.wrappingKey(label: "service", id: [1], create: true))
         let aad = Array("service/item".utf8)
         let sealed = try token.seal(SecureBytes(random: 32), with: key, associatedData: aad)
-        for (place, index) in [("IV", 0), ("ciphertext", 12), ("tag", sealed.count - 1)] {
+        for (place, index) in [("format byte", 0), ("IV", 1), ("ciphertext", 13), ("tag", sealed.count - 1)] {
             var altered = sealed
             altered[index] ^= 0x01
             let error = pkcs11Error { try token.open(altered, with: key, associatedData: aad) }
@@ -233,7 +233,6 @@ import Testing
         let otherAAD = pkcs11Error { try token.open(sealed, with: key, associatedData: Array("service/other".utf8)) }
         #expect(otherAAD?.isDataRejected == true)
         let truncated = pkcs11Error { try token.open(Array(sealed.prefix(20)), with: key, associatedData: aad) }
-        #expect(truncated?.returnValue == .encryptedDataLenRange)
         #expect(truncated?.isDataRejected == true)
         // The token still works after the failures.
         #expect(throws: Never.self) { try token.open(sealed, with: key, associatedData: aad) }
