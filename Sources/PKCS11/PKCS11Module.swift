@@ -21,6 +21,8 @@ public final class PKCS11Module: @unchecked Sendable {
     public let path: String
     /// What the module says about itself (`C_GetInfo`).
     public let info: LibraryInfo
+    /// The same, its text fields blank-padded as the module gave them (for URI matching).
+    let rawInfo: CK_INFO
 
     /// The module named by `module-path`, else by `module-name`.
     public convenience init(uri: PKCS11URI) throws(PKCS11Error) {
@@ -29,13 +31,21 @@ public final class PKCS11Module: @unchecked Sendable {
         } else if let name = uri.moduleName {
             try self.init(registeredName: name)
         } else {
-            throw PKCS11Error(rv: CKR_ARGUMENTS_BAD, operation: "load the module of \(uri)",
-                              detail: "the URI names no module: add ?module-path=… or ?module-name=…")
+            throw PKCS11Error(rv: CKR_ARGUMENTS_BAD, operation: "load the module of \(uri)", detail:
+                "the URI names no module: add ?module-path=/path/to/module.so, or ?module-name=NAME for a module "
+                + "registered with p11-kit (the name of its NAME.module file)")
         }
     }
 
     /// Loads the library at `path`; a relative path is looked up in p11-kit's module directory.
+    ///
+    /// p11-kit's proxy module is refused: it loads and initializes every registered module.
     public convenience init(path: String) throws(PKCS11Error) {
+        if Self.isP11KitProxy(path) {
+            throw PKCS11Error(rv: CKR_ARGUMENTS_BAD, operation: "load module \(path)", detail:
+                "that is p11-kit's proxy module, which starts every module registered with p11-kit: name the one "
+                + "module instead, with ?module-name=NAME (its NAME.module file) or ?module-path=/path/to/module.so")
+        }
         guard let functions = p11_kit_module_load(path, 0) else {
             throw PKCS11Error(rv: CKR_LIBRARY_LOAD_FAILED, operation: "load module \(path)",
                               detail: Self.p11KitMessage())
@@ -70,9 +80,11 @@ public final class PKCS11Module: @unchecked Sendable {
         }
         free(list)
         guard let chosen else {
-            throw PKCS11Error(rv: CKR_LIBRARY_LOAD_FAILED, operation: operation, detail: others.isEmpty
+            // p11-kit reads no user configuration (~/.config/pkcs11) for root.
+            let rootNote = getuid() == 0 ? " (as root, p11-kit reads /etc/pkcs11/modules and /usr/share/p11-kit/modules, not ~/.config/pkcs11)" : ""
+            throw PKCS11Error(rv: CKR_LIBRARY_LOAD_FAILED, operation: operation, detail: (others.isEmpty
                 ? "p11-kit has no registered modules"
-                : "p11-kit has no such module; registered: \(others.sorted().joined(separator: ", "))")
+                : "p11-kit has no such module; registered: \(others.sorted().joined(separator: ", "))") + rootNote)
         }
         let filename = p11_kit_module_get_filename(chosen).map { pointer in
             defer { free(pointer) }
@@ -98,6 +110,7 @@ public final class PKCS11Module: @unchecked Sendable {
         self.functions = functions
         self.path = path
         self.info = LibraryInfo(raw)
+        self.rawInfo = raw
     }
 
     deinit {
@@ -111,6 +124,25 @@ public final class PKCS11Module: @unchecked Sendable {
     func call(_ operation: String, _ body: (CK_FUNCTION_LIST) -> CK_RV) throws(PKCS11Error) {
         let rv = body(functions.pointee)
         guard rv == CKR_OK else { throw PKCS11Error(rv: rv, operation: operation) }
+    }
+
+    /// `p11-kit-proxy.so` by name, or any path to the libp11-kit this process uses (the proxy is that library).
+    static func isP11KitProxy(_ path: String) -> Bool {
+        if path.split(separator: "/").last?.hasPrefix("p11-kit-proxy") == true { return true }
+        // The library we linked is mapped into this process under its real path.
+        guard let theirs = realpath(path, nil) else { return false }
+        defer { free(theirs) }
+        let target = String(cString: theirs)
+        guard target.contains("libp11-kit.so"), let maps = fopen("/proc/self/maps", "r") else { return false }
+        defer { fclose(maps) }
+        var line: UnsafeMutablePointer<CChar>?
+        var capacity = 0
+        defer { free(line) }
+        while getline(&line, &capacity, maps) > 0, let line {
+            let text = String(cString: line)
+            if let slash = text.firstIndex(of: "/"), text[slash...].dropLast() == target { return true }
+        }
+        return false
     }
 
     private static func p11KitMessage() -> String? {

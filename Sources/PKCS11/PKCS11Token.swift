@@ -139,8 +139,8 @@ public final class PKCS11Token {
     private static func findSlot(module: PKCS11Module, uri: PKCS11URI) throws(PKCS11Error) -> CK_SLOT_ID {
         let operation = "find token \(uri)"
         let library = module.info
-        func differs(_ wanted: String?, _ actual: String) -> Bool { wanted.map { $0 != actual } ?? false }
-        if differs(uri.libraryManufacturer, library.manufacturer) || differs(uri.libraryDescription, library.libraryDescription)
+        if differs(uri.libraryManufacturer, module.rawInfo.manufacturerID)
+            || differs(uri.libraryDescription, module.rawInfo.libraryDescription)
             || uri.libraryVersion.map({ $0 != library.version }) ?? false {
             throw PKCS11Error(rv: CKR_TOKEN_NOT_PRESENT, operation: operation, detail:
                 "module \(module.path) is '\(library.libraryDescription)' \(library.version) by '\(library.manufacturer)'")
@@ -148,20 +148,33 @@ public final class PKCS11Token {
         var present: [String] = []
         for slot in try module.slotsWithToken() {
             // A token pulled out between the two calls is simply not there.
-            guard let token = try? TokenInfo(slotID: slot, module.tokenInfo(slot)) else { continue }
+            guard let raw = try? module.tokenInfo(slot) else { continue }
+            let token = TokenInfo(slotID: slot, raw)
             var matches = (uri.slotID.map { $0 == slot } ?? true)
-                && !differs(uri.token, token.label) && !differs(uri.manufacturer, token.manufacturer)
-                && !differs(uri.model, token.model) && !differs(uri.serial, token.serial)
+                && !differs(uri.token, raw.label) && !differs(uri.manufacturer, raw.manufacturerID)
+                && !differs(uri.model, raw.model) && !differs(uri.serial, raw.serialNumber)
             if matches && (uri.slotDescription != nil || uri.slotManufacturer != nil) {
                 guard let slotInfo = try? module.slotInfo(slot) else { continue }
-                matches = !differs(uri.slotDescription, paddedText(slotInfo.slotDescription))
-                    && !differs(uri.slotManufacturer, paddedText(slotInfo.manufacturerID))
+                matches = !differs(uri.slotDescription, slotInfo.slotDescription)
+                    && !differs(uri.slotManufacturer, slotInfo.manufacturerID)
             }
             if matches { return slot }
             present.append("'\(token.label)' (serial \(token.serial), slot \(slot))")
         }
-        throw PKCS11Error(rv: CKR_TOKEN_NOT_PRESENT, operation: operation,
-                          detail: present.isEmpty ? "the module has no token" : "tokens present: " + present.joined(separator: ", "))
+        throw PKCS11Error(rv: CKR_TOKEN_NOT_PRESENT, operation: operation, detail:
+            (present.isEmpty ? "module \(module.path) has no token" : "tokens present in \(module.path): " + present.joined(separator: ", ")))
+    }
+}
+
+/// Whether a URI value leaves out a fixed-size, blank-padded PKCS#11 text field, compared as p11-kit
+/// compares them: the value padded with blanks to the field's size, then byte for byte. "kc" and
+/// "kc " both name a token labelled "kc"; a value longer than the field names none.
+func differs<T>(_ wanted: String?, _ field: T) -> Bool {
+    guard let wanted else { return false }
+    return withUnsafeBytes(of: field) { actual in
+        let bytes = Array(wanted.utf8)
+        guard bytes.count <= actual.count else { return true }
+        return !actual.elementsEqual(bytes + Array(repeating: 0x20, count: actual.count - bytes.count))
     }
 }
 

@@ -13,7 +13,9 @@ import Darwin
 /// `pkcs11:token=Keychain;serial=1234?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/run/pin`
 ///
 /// Values are percent-decoded. An unknown path attribute is an error, since it would narrow the match
-/// in a way we can't apply; an unknown query attribute is ignored, as RFC 7512 allows.
+/// in a way we can't apply; an unknown query attribute is ignored and may repeat, as RFC 7512 §2.3
+/// allows for vendor-specific ones. A path attribute in the query (or a query attribute in the path)
+/// is an error: read as a vendor attribute it would be ignored, and the URI would match any token.
 public struct PKCS11URI: Sendable, Equatable, CustomStringConvertible {
     /// The `type` path attribute: the class of the object the URI names.
     public enum ObjectType: String, Sendable, CaseIterable {
@@ -86,7 +88,11 @@ public struct PKCS11URI: Sendable, Equatable, CustomStringConvertible {
         if parts.count > 1, !parts[1].isEmpty {
             for attribute in parts[1].split(separator: "&", omittingEmptySubsequences: false) {
                 let (name, value) = try Self.attribute(attribute, component: "query")
-                guard seen.insert(name).inserted else {
+                if Self.pathAttributes.contains(name) {
+                    throw PKCS11URIError("'\(name)' is a path attribute: write it before the '?' (pkcs11:\(name)=…?module-path=…)")
+                }
+                // RFC 7512 §2.3: only vendor-specific query attributes may repeat.
+                guard seen.insert(name).inserted || !Self.queryAttributes.contains(name) else {
                     throw PKCS11URIError("the query attribute '\(name)' is given twice")
                 }
                 try setQueryAttribute(name, value)
@@ -133,6 +139,13 @@ public struct PKCS11URI: Sendable, Equatable, CustomStringConvertible {
 
     // MARK: Parsing
 
+    /// RFC 7512 §2.3's path attributes (`pk11-pattr`), and its standard query attributes (`pk11-qattr`).
+    static let pathAttributes: Set<String> = [
+        "token", "manufacturer", "serial", "model", "library-manufacturer", "library-description", "library-version",
+        "object", "type", "id", "slot-description", "slot-manufacturer", "slot-id",
+    ]
+    static let queryAttributes: Set<String> = ["pin-source", "pin-value", "module-name", "module-path"]
+
     private mutating func setPathAttribute(_ name: String, _ value: [UInt8]) throws(PKCS11URIError) {
         switch name {
         case "token": token = try Self.text(value, name)
@@ -168,6 +181,9 @@ public struct PKCS11URI: Sendable, Equatable, CustomStringConvertible {
             }
             type = objectType
         default:
+            if Self.queryAttributes.contains(name) {
+                throw PKCS11URIError("'\(name)' is a query attribute: write it after a '?' (pkcs11:token=…?\(name)=…)")
+            }
             throw PKCS11URIError("unknown path attribute '\(name)'")
         }
     }

@@ -242,4 +242,45 @@ struct TokenBackendTests {
         #expect(t.errorMessage(noPIN).contains(t.dir + "/no-such-pin") && !t.errorMessage(noPIN).contains("add pin-source"),
                 "\(t.errorMessage(noPIN))")
     }
+
+    // MARK: p11-kit
+
+    /// `module-name=` loads the registered modules but initializes only the one named. A second
+    /// registered module, opensc's pkcs11-spy (which logs every call it gets), sees no C_Initialize.
+    @Test func moduleNameInitializesOnlyTheNamedModule() throws {
+        let t = try Token()
+        let name = "keychain-test-spy-" + UUID().uuidString.prefix(8).lowercased()
+        let file = "/etc/pkcs11/modules/\(name).module"
+        try FileManager.default.createDirectory(atPath: "/etc/pkcs11/modules", withIntermediateDirectories: true)
+        // enable-in: only keychainctl processes load it, so no other program on the machine sees it.
+        try "module: /usr/lib/x86_64-linux-gnu/pkcs11-spy.so\nenable-in: keychainctl\n".write(toFile: file, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let log = t.dir + "/spy.log"
+        let env = t.env.merging(["PKCS11SPY": Self.module, "PKCS11SPY_OUTPUT": log]) { $1 }
+        func set(_ key: String, module: String) throws -> Int32 {
+            try run(buildDirectory.appendingPathComponent("keychainctl").path,
+                    ["--store", t.store, "--tcti", t.tpm.tcti, "--pkcs11-uri",
+                     "pkcs11:token=kc?module-name=\(module)&pin-source=file:\(t.dir)/pin", "set", "svc", key, "--key-storage", "strongbox"],
+                    input: [1], environment: env).status
+        }
+        #expect(try set("k", module: "softhsm2") == 0)
+        #expect(!((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains("C_Initialize"))
+        // The control: named, the spy is initialized (and passes the calls on to SoftHSM2).
+        #expect(try set("k2", module: name) == 0)
+        #expect(((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains("C_Initialize"))
+    }
+
+    @Test func p11KitsProxyAndAURIWithoutAModuleAreRefusedSayingWhatToWrite() throws {
+        let t = try Token()
+        let proxy = try t.cli(["--json", "set", "svc", "k", "--key-storage", "strongbox"], input: [1],
+                              uri: t.uri(module: "/usr/lib/x86_64-linux-gnu/libp11-kit.so.0"))
+        #expect(t.errorCode(proxy) == "INVALID_ARGUMENT" && t.errorMessage(proxy).contains("proxy"), "\(t.errorMessage(proxy))")
+        let noModule = try t.cli(["--json", "set", "svc", "k", "--key-storage", "strongbox"], input: [1], uri: "pkcs11:token=kc")
+        #expect(t.errorCode(noModule) == "INVALID_ARGUMENT" && t.errorMessage(noModule).contains("module-name=NAME"))
+        // A path attribute in the query would have matched every token: refused.
+        let misplaced = try t.cli(["--json", "set", "svc", "k", "--key-storage", "strongbox"], input: [1],
+                                  uri: "pkcs11:?token=kc&module-path=\(Self.module)&pin-source=file:\(t.dir)/pin")
+        #expect(t.errorCode(misplaced) == "INVALID_ARGUMENT" && t.errorMessage(misplaced).contains("path attribute"))
+        #expect(try Store(directory: t.store).item(service: "svc@strongbox", key: "k") == nil)
+    }
 }

@@ -41,6 +41,40 @@ import Testing
         #expect(error?.detail?.contains("module-path") == true)
     }
 
+    @Test func p11KitsProxyModuleIsRefusedByNameAndByFile() throws {
+        for path in ["p11-kit-proxy.so", "/usr/lib/x86_64-linux-gnu/p11-kit-proxy.so", "/usr/lib/x86_64-linux-gnu/libp11-kit.so.0"] {
+            let error = pkcs11Error { try PKCS11Module(path: path) }
+            #expect(error?.returnValue == .argumentsBad, "\(path)")
+            #expect(error?.detail?.contains("p11-kit's proxy module") == true && error?.detail?.contains("module-name=") == true)
+        }
+    }
+
+    @Test func rootGetsNoModuleFromItsHomeConfiguration() throws {
+        // p11-kit skips ~/.config/pkcs11 for root: a module registered only there is not found, and the message says why.
+        let home = FileManager.default.temporaryDirectory.appendingPathComponent("keychain-home-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: home) }
+        try FileManager.default.createDirectory(atPath: home + "/.config/pkcs11/modules", withIntermediateDirectories: true)
+        try "module: \(SoftHSM.modulePath)\n".write(toFile: home + "/.config/pkcs11/modules/keychain-home-only.module",
+                                                    atomically: true, encoding: .utf8)
+        let saved = ProcessInfo.processInfo.environment["HOME"]
+        setenv("HOME", home, 1)
+        defer { if let saved { setenv("HOME", saved, 1) } }
+        let error = pkcs11Error { try PKCS11Module(registeredName: "keychain-home-only") }
+        #expect(error?.returnValue == .libraryLoadFailed)
+        #expect(getuid() != 0 || error?.detail?.contains("not ~/.config/pkcs11") == true, "\(String(describing: error))")
+    }
+
+    @Test func tokenLabelsMatchBlankPaddedAsP11KitMatchesThem() throws {
+        let hsm = try SoftHSM()
+        // The label field is 32 bytes padded with blanks: trailing blanks in the URI change nothing.
+        #expect(try PKCS11Token(uri: PKCS11URI("pkcs11:token=test%20%20?module-path=\(SoftHSM.modulePath)")).info().label == "test")
+        for label in ["tes", "test%20x", String(repeating: "a", count: 33)] {
+            let error = pkcs11Error { try PKCS11Token(uri: PKCS11URI("pkcs11:token=\(label)?module-path=\(SoftHSM.modulePath)")) }
+            #expect(error?.returnValue == .tokenNotPresent, "\(label)")
+        }
+        _ = hsm
+    }
+
     @Test func aTokenLabelThatIsAbsentIsAClearError() throws {
         let hsm = try SoftHSM()
         let error = pkcs11Error { try PKCS11Token(uri: PKCS11URI("pkcs11:token=absent?module-path=\(SoftHSM.modulePath)")) }

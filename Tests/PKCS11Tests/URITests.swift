@@ -77,6 +77,12 @@ import Testing
         ("pkcs11:token=a?pin-value=1&pin-source=/p", "not both"),
         ("pkcs11:token=a?module-path=", "module-path is empty"),
         ("pkcs11:token=a?module-name=x&module-name=y", "given twice"),
+        ("pkcs11:token=a?pin-source=/p&pin-source=/q", "given twice"),
+        // RFC 7512: token is a path attribute, module-path a query one. Read as vendor query attributes,
+        // the first would be ignored and the URI would match every token.
+        ("pkcs11:?token=L&module-path=/usr/lib/softhsm/libsofthsm2.so", "'token' is a path attribute: write it before the '?'"),
+        ("pkcs11:token=a?serial=1", "'serial' is a path attribute"),
+        ("pkcs11:token=a;module-path=/m.so", "'module-path' is a query attribute: write it after a '?'"),
     ])
     func aMalformedURIIsRefusedWithAReason(text: String, reason: String) {
         #expect {
@@ -88,6 +94,11 @@ import Testing
 
     @Test func unknownQueryAttributesAreIgnored() throws {
         #expect(try PKCS11URI("pkcs11:token=a?x-vendor=1&colour=blue").token == "a")
+    }
+
+    @Test func vendorQueryAttributesMayRepeat() throws {
+        let uri = try PKCS11URI("pkcs11:token=a?x-vendor=1&module-path=/m.so&x-vendor=2")
+        #expect(uri.token == "a" && uri.modulePath == "/m.so")
     }
 
     @Test func thePINIsTheFirstLineOfThePINSource() throws {
