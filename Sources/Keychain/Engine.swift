@@ -14,6 +14,8 @@ actor Engine {
 
     let configuration: KeychainConfiguration
     private var openedStore: Store?
+    /// Whether this engine's first TPM operation looked for an interrupted passcode change.
+    private var checkedPasscodeChange = false
     /// TPM commands sent by this engine (all connections), for the benchmark.
     private(set) var tpmCommands = 0
 
@@ -90,8 +92,21 @@ actor Engine {
     private func withConnection<T>(_ device: TPMDevice, store: Store, flushLeftovers: Bool,
                                    _ body: (TPMKeyring) throws(KeychainError) -> T) throws(KeychainError) -> T {
         let keyring = try TPMKeyring(device: device, store: store, configuration: configuration, flushLeftovers: flushLeftovers)
-        defer { tpmCommands += keyring.context.commandCount }
-        do { return try body(keyring) } catch {
+        defer {
+            tpmCommands += keyring.context.commandCount
+            if keyring.finishedRemoval {
+                unsealed = unsealed.filter { !$0.key.protection.hasPrefix(Accessible.whenPasscodeSetThisDeviceOnly.rawValue + "/") }
+                forgetSecrets(keepingLongLived: true)
+            }
+        }
+        do {
+            // A passcode change that a killed process left half-done is finished before anything else.
+            if !checkedPasscodeChange {
+                _ = try keyring.passcodeIsSet()
+                checkedPasscodeChange = true
+            }
+            return try body(keyring)
+        } catch {
             // Whatever the step made of it: a TPM that stopped answering is the cause.
             if let unanswered = keyring.context.unanswered {
                 throw .tpmDidNotAnswer(device, timeout: configuration.tpmTimeout, unanswered)
@@ -130,8 +145,7 @@ actor Engine {
                                 "accessControl '\(control.rawValue)' needs a fingerprint reader, and this device has none")
         }
         let passcodeSet = try withKeyring { keyring throws(KeychainError) in
-            do throws(TPMError) { return try keyring.currentDescriptor().passcodeSet }
-            catch { throw keyring.diagnose(error, doing: "read the passcode state") }
+            try keyring.passcodeIsSet()
         }
         guard passcodeSet else {
             throw KeychainError(.passcodeNotSet,
@@ -428,10 +442,7 @@ actor Engine {
                 return try keyring.unseal(blob, policy: policy)
             } catch where error.code == .interactionNotAllowed {
                 // Without a passcode the device counts as unlocked (as on iOS): unlock with the empty one.
-                let passcodeSet: Bool
-                do throws(TPMError) { passcodeSet = try keyring.currentDescriptor().passcodeSet } catch {
-                    throw keyring.diagnose(error, doing: "read the passcode state")
-                }
+                let passcodeSet = try keyring.passcodeIsSet()
                 guard !passcodeSet else { throw error }
                 try keyring.unlock(passcode: nil)
                 return try keyring.unseal(blob, policy: policy)
@@ -691,7 +702,10 @@ actor Engine {
 
     /// Unlocks; a passcode that the TPM accepted also ends a fingerprint-reader lockout.
     func unlock(passcode: SecureBytes?, readerDirectory: String? = nil) throws(KeychainError) {
-        try withKeyring { keyring throws(KeychainError) in try keyring.unlock(passcode: passcode) }
+        try withKeyring { keyring throws(KeychainError) in
+            try keyring.unlock(passcode: passcode)
+            if let passcode { try keyring.repairInterruptedMark(with: passcode) }
+        }
         if passcode != nil, let readerDirectory { try FingerprintReader(directory: readerDirectory).resetLockout() }
     }
 
@@ -712,13 +726,11 @@ actor Engine {
         forgetSecrets(keepingLongLived: true)
     }
 
+    /// Crash-atomic (`TPMKeyring.changePasscode`): a removal also deletes this store's
+    /// whenPasscodeSetThisDeviceOnly items (Apple: their keys are dead in the TPM too).
     func setPasscode(old: SecureBytes?, new: SecureBytes?) throws(KeychainError) {
-        let store = try store()
         try withKeyring { keyring throws(KeychainError) in
-            let isSet: Bool
-            do throws(TPMError) { isSet = try keyring.currentDescriptor().passcodeSet } catch {
-                throw keyring.diagnose(error, doing: "read the passcode state")
-            }
+            let isSet = try keyring.passcodeIsSet()
             if old == nil && isSet {
                 throw KeychainError(.invalidArgument, "A passcode is already set: change it with the current one (keychainctl passcode change)")
             }
@@ -726,18 +738,6 @@ actor Engine {
             try keyring.changePasscode(from: old, to: new)
             // Whoever just proved the passcode is at the device: it is unlocked, as after a passcode change on iOS.
             try keyring.unlock(passcode: new)
-        }
-        if new == nil {
-            // Apple: removing the passcode destroys whenPasscodeSetThisDeviceOnly items (their keys are dead in the TPM too).
-            let tag = Accessible.whenPasscodeSetThisDeviceOnly.rawValue + "/"
-            try writeStore(store) { tx in
-                for key in try tx.wrappingKeys(whereProtectionHasPrefix: tag) {
-                    _ = try tx.deleteItems(protection: key.protection)
-                    _ = try tx.deleteWrappingKeys(protection: key.protection)
-                }
-            }
-            unsealed = unsealed.filter { !$0.key.protection.hasPrefix(tag) }
-            forgetSecrets(keepingLongLived: true)
         }
     }
 
@@ -749,10 +749,7 @@ actor Engine {
 
     func status() throws(KeychainError) -> DeviceStatus {
         try withKeyring { keyring throws(KeychainError) in
-            let passcodeSet: Bool
-            do throws(TPMError) { passcodeSet = try keyring.currentDescriptor().passcodeSet } catch {
-                throw keyring.diagnose(error, doing: "read the passcode state")
-            }
+            let passcodeSet = try keyring.passcodeIsSet()
             let state = try keyring.lockState()
             return DeviceStatus(passcodeSet: passcodeSet,
                                 lockState: passcodeSet ? .init(rawValue: state.rawValue)! : .unlocked,
@@ -830,10 +827,7 @@ extension Engine {
     /// Proves the passcode to the TPM (an unlock) when one is set, so enrollment follows the passcode.
     private func requirePasscodeForEnrollment(_ passcode: SecureBytes?) throws(KeychainError) {
         try withKeyring { keyring throws(KeychainError) in
-            let isSet: Bool
-            do throws(TPMError) { isSet = try keyring.currentDescriptor().passcodeSet } catch {
-                throw keyring.diagnose(error, doing: "read the passcode state")
-            }
+            let isSet = try keyring.passcodeIsSet()
             guard isSet else { return }
             guard let passcode else {
                 throw KeychainError(.authenticationFailed, "Changing the enrolled fingers needs the device passcode (on stdin)")

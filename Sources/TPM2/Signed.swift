@@ -5,22 +5,26 @@ import SecureMemory
 /// the HMAC key in software and signs the session's nonce; the TPM holds a copy that can only *verify*
 /// (its authPolicy is a random digest nobody can satisfy, so TPM2_HMAC with it is impossible).
 extension TPMContext {
-    /// Creates the verification key (keyedHash, HMAC-SHA256, sign, fixedTPM) holding `hmacKey`,
-    /// sent encrypted (`session` has the decrypt attribute), and makes it persistent at `handle`.
-    public func provisionVerificationKey(_ hmacKey: SecureBytes, parent: TPMHandle, session: TPMHandle,
-                                         at handle: UInt32) throws(TPMError) -> [UInt8] {
+    /// Creates and loads the verification key (keyedHash, HMAC-SHA256, sign, fixedTPM) holding
+    /// `hmacKey`, sent encrypted (`session` has the decrypt attribute). Its name is known before it
+    /// is made persistent (`persist`), so the caller can record it first.
+    /// - Returns: the loaded object (flush it) and its name.
+    public func loadVerificationKey(_ hmacKey: SecureBytes, parent: TPMHandle,
+                                    session: TPMHandle) throws(TPMError) -> (object: TPMHandle, name: [UInt8]) {
         let attributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT | TPMA_OBJECT_NODA
             | TPMA_OBJECT_SIGN_ENCRYPT | TPMA_OBJECT_ADMINWITHPOLICY
         let blob = try create(Self.keyedHash(attributes: attributes, policy: Sodium.randomBytes(32), hmac: true),
                               sensitive: hmacKey, parent: parent, session: session, command: "Create(reader key)")
         let object = try load(blob, parent: parent)
-        defer { flush(object) }
-        let name = try self.name(of: object)
+        do { return (object, try self.name(of: object)) } catch { flush(object); throw error }
+    }
+
+    /// Makes a loaded object persistent at `handle` (owner authorization).
+    public func persist(_ object: TPMHandle, at handle: UInt32) throws(TPMError) {
         var persistent: ESYS_TR = 0
-        try call("EvictControl(reader key)") {
+        try call("EvictControl(persist)") {
             Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, object.tr, Self.password, Self.none, Self.none, handle, &persistent)
         }
-        return name
     }
 
     /// Removes a persistent object (owner authorization).

@@ -133,21 +133,35 @@ final class FingerprintReader {
         return true
     }
 
+    /// Makes the reader's TPM key persistent at the first free handle, recorded in the store first
+    /// (`ReaderKeys`): keys of deleted readers and of killed enrollments are evicted before.
     private func provision(_ keyring: TPMKeyring) throws(KeychainError) -> State {
+        let keys = ReaderKeys(keyring: keyring)
+        try keys.reclaimOrphans()
         let key = SecureBytes(random: 32)
         let context = keyring.context
         let srk = keyring.srk
+        let directory = URL(fileURLWithPath: directory).standardizedFileURL.path
         for handle in Self.persistentHandles {
             if (try? context.resource(forPersistent: handle)) != nil { continue }  // taken (another reader)
-            do {
-                let name = try context.withSession(.hmac, saltKey: srk, decryptCommand: true) { session throws(TPMError) in
-                    try context.provisionVerificationKey(key, parent: srk, session: session, at: handle)
-                }
+            var session: TPMHandle?
+            var object: TPMHandle?
+            defer { context.flush(object); context.flush(session) }
+            let name: [UInt8]
+            do throws(TPMError) {
+                session = try context.startSession(.hmac, saltKey: srk, decryptCommand: true, continueSession: true)
+                (object, name) = try context.loadVerificationKey(key, parent: srk, session: session!)
+            } catch {
+                throw keyring.diagnose(error, doing: "create the fingerprint reader's key")
+            }
+            try keys.record(.init(handle: handle, name: name, directory: directory))
+            do throws(TPMError) {
+                try context.persist(object!, at: handle)
                 let tr = try context.serialize(try context.resource(forPersistent: handle))
                 return State(hmacKey: key.withUnsafeBytes { Array($0) }, tpmHandle: handle, keyName: name, keyTR: tr,
                              enrollmentSet: [])
             } catch {
-                throw keyring.diagnose(error, doing: "create the fingerprint reader's key")
+                throw keyring.diagnose(error, doing: "make the fingerprint reader's key persistent")
             }
         }
         throw KeychainError(.hardwareUnavailable, "No free persistent handle for the fingerprint reader's key (0x81000010–0x8100001F)")

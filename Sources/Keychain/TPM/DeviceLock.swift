@@ -72,25 +72,38 @@ enum DeviceLockLayout {
         authPolicy: passcodePolicy(CommandCode.nvWrite), size: descriptorSize)
 }
 
+/// What the descriptor's first byte says of the passcode.
+///
+/// `setting` and `removing` are written before NV_ChangeAuth, the one step that cannot be undone, and
+/// replaced once the change is complete: a process killed in between leaves them, and the next
+/// operation finds out which side of the change the TPM is on (`TPMKeyring.finishInterruptedChange`).
+enum PasscodeMark: UInt8 {
+    case none = 0, set = 1, setting = 2, removing = 3
+
+    var isInterrupted: Bool { self == .setting || self == .removing }
+}
+
 /// What every store on one TPM shares, read from the descriptor index.
 struct LockDescriptor: Equatable {
-    var passcodeSet: Bool
+    var mark: PasscodeMark
     var approval: TPMContext.Approval
 
-    /// [passcodeSet:1][keyPublic len:2][keyPublic][keyName len:2][keyName][signature len:2][signature]
+    var passcodeSet: Bool { mark == .set }
+
+    /// [mark:1][keyPublic len:2][keyPublic][keyName len:2][keyName][signature len:2][signature]
     func encoded() -> [UInt8] {
         func field(_ bytes: [UInt8]) -> [UInt8] { [UInt8(bytes.count >> 8), UInt8(bytes.count & 0xFF)] + bytes }
-        return [passcodeSet ? 1 : 0] + field(approval.keyPublic) + field(approval.keyName)
+        return [mark.rawValue] + field(approval.keyPublic) + field(approval.keyName)
             + field(approval.signatures.first ?? [])
     }
 
-    init(passcodeSet: Bool, approval: TPMContext.Approval) {
-        self.passcodeSet = passcodeSet
+    init(mark: PasscodeMark, approval: TPMContext.Approval) {
+        self.mark = mark
         self.approval = approval
     }
 
     init?(decoding bytes: [UInt8]) {
-        guard let first = bytes.first, first <= 1 else { return nil }
+        guard let first = bytes.first, let mark = PasscodeMark(rawValue: first) else { return nil }
         var offset = 1
         func field() -> [UInt8]? {
             guard offset + 2 <= bytes.count else { return nil }
@@ -101,7 +114,7 @@ struct LockDescriptor: Equatable {
             return Array(bytes[offset..<offset + count])
         }
         guard let pub = field(), let name = field(), let sig = field() else { return nil }
-        passcodeSet = first == 1
+        self.mark = mark
         approval = .init(keyPublic: pub, keyName: name, signatures: [sig])
     }
 }

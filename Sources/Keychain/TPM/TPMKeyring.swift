@@ -11,11 +11,14 @@ final class TPMKeyring {
     static let srkHandle: UInt32 = 0x8100_0001
 
     let context: TPMContext
-    private let store: Store
+    let store: Store
     private(set) var srk: TPMHandle
     private var stateNV: TPMHandle
-    private var epochNV: TPMHandle
-    private(set) var descriptor: LockDescriptor
+    private(set) var epochNV: TPMHandle
+    /// The descriptor as this operation last read or wrote it (its mark may be an interrupted change's).
+    var descriptor: LockDescriptor
+    /// Set when this operation finished an interrupted passcode removal (the engine drops its caches).
+    var finishedRemoval = false
     /// Manufacturer 'IBM ' is the reference implementation that swtpm runs: a software TPM.
     let isSoftwareTPM: Bool
 
@@ -157,7 +160,7 @@ final class TPMKeyring {
         try withPasscode(nil, command: CommandCode.nvIncrement, context: context, srk: srk) { policy throws(TPMError) in
             try context.incrementNV(epoch, session: policy)
         }
-        let descriptor = LockDescriptor(passcodeSet: false, approval: approval)
+        let descriptor = LockDescriptor(mark: .none, approval: approval)
         let descriptorNV = try context.defineNV(DeviceLockLayout.descriptorPublic, auth: nil)
         try withPasscode(nil, command: CommandCode.nvWrite, context: context, srk: srk) { policy throws(TPMError) in
             try context.writeNV(descriptorNV, data: descriptor.encoded(), authHandle: descriptorNV, session: policy)
@@ -199,7 +202,7 @@ final class TPMKeyring {
                 policy.pcrDigest = sha256(policy.pcrs!.flatMap { current.values[$0]! })
             }
             if accessible.requiresPasscode {
-                guard try currentDescriptor().passcodeSet else {
+                guard try passcodeIsSet() else {
                     throw KeychainError(.passcodeNotSet,
                                         "accessible 'whenPasscodeSetThisDeviceOnly' needs a device passcode: "
                                         + "set one first (keychainctl passcode set)")
@@ -458,16 +461,6 @@ final class TPMKeyring {
 
     // MARK: The device lock
 
-    func currentDescriptor() throws(TPMError) -> LockDescriptor {
-        let nv = try context.resource(forPersistent: DeviceLockLayout.descriptorIndex)
-        let bytes = try context.readNV(nv, size: DeviceLockLayout.descriptorSize)
-        guard let descriptor = LockDescriptor(decoding: bytes) else {
-            throw TPMError(command: "decode lock descriptor", code: .value)
-        }
-        self.descriptor.passcodeSet = descriptor.passcodeSet
-        return descriptor
-    }
-
     func currentPasscodeEpoch() throws(TPMError) -> UInt64 {
         UInt64(bigEndianBytes: try context.readNV(epochNV, size: 8)) ?? 0
     }
@@ -543,51 +536,6 @@ final class TPMKeyring {
         }
     }
 
-    /// NV_ChangeAuth on the PIN index: needs the current passcode (PolicyAuthValue), and the new one
-    /// crosses the bus encrypted (salted session, decrypt attribute). Removing it bumps the epoch.
-    ///
-    /// The order keeps a crash half-way on the safe side: the descriptor may say "set" while no
-    /// passcode is, never the other way round (which would make the library spend tries on the
-    /// empty passcode).
-    func changePasscode(from old: SecureBytes?, to new: SecureBytes?) throws(KeychainError) {
-        do {
-            if old == nil { try writePasscodeFlag(true, passcode: nil) }
-            if new == nil {
-                // Removing: the whenPasscodeSet keys die first, with the passcode that still works.
-                try Self.withPasscode(old, command: CommandCode.nvIncrement, context: context, srk: srk) { policy throws(TPMError) in
-                    try context.incrementNV(epochNV, session: policy)
-                }
-            }
-        } catch {
-            throw passcodeError(error, doing: "change the passcode")
-        }
-        do {
-            let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
-            try context.setAuth(pin, old)
-            defer { try? context.setAuth(pin, nil) }
-            try context.withSession(.policy, saltKey: srk, decryptCommand: true) { policy throws(TPMError) in
-                try context.policyCommandCode(policy, CommandCode.nvChangeAuth)
-                try context.policyAuthValue(policy)
-                try context.changeNVAuth(pin, to: new, session: policy)
-            }
-        } catch {
-            throw passcodeError(error, doing: "change the passcode")
-        }
-        do {
-            if new == nil { try writePasscodeFlag(false, passcode: nil) }
-        } catch {
-            throw diagnose(error, doing: "record the passcode change")
-        }
-    }
-
-    private func writePasscodeFlag(_ isSet: Bool, passcode: SecureBytes?) throws(TPMError) {
-        let nv = try context.resource(forPersistent: DeviceLockLayout.descriptorIndex)
-        try Self.withPasscode(passcode, command: CommandCode.nvWrite, context: context, srk: srk) { policy throws(TPMError) in
-            try context.writeNV(nv, data: [isSet ? 1 : 0], offset: 0, authHandle: nv, session: policy)
-        }
-        descriptor.passcodeSet = isSet
-    }
-
     /// Resets the TPM's count of wrong passcodes (needs the owner authorization).
     func resetPasscodeTries(limit: UInt32) throws(KeychainError) {
         do {
@@ -600,7 +548,7 @@ final class TPMKeyring {
         }
     }
 
-    private func passcodeError(_ error: TPMError, doing what: String) -> KeychainError {
+    func passcodeError(_ error: TPMError, doing what: String) -> KeychainError {
         if error.code.is(.badAuth) || error.code.is(.authFail) {
             return KeychainError(.authenticationFailed, "Wrong passcode: could not \(what)", underlying: .tpm(error))
         }
