@@ -557,10 +557,7 @@ actor Engine {
         try withKeyring { keyring throws(KeychainError) in
             let state = try keyring.lockState()
             if state == .unlocked || (state == .locked && availability == .afterFirstUnlock) { return }
-            let passcodeSet: Bool
-            do throws(TPMError) { passcodeSet = try keyring.currentDescriptor().passcodeSet } catch {
-                throw keyring.diagnose(error, doing: "read the passcode state")
-            }
+            let passcodeSet = try keyring.passcodeIsSet()
             guard passcodeSet else { return try keyring.unlock(passcode: nil) }
             throw state == .beforeFirstUnlock
                 ? KeychainError(.interactionNotAllowed,

@@ -29,8 +29,15 @@ extension TPMKeyring {
         static let descriptorTR = "tpm.descriptor.tr"
     }
 
-    /// Whether a passcode is set; an interrupted change is finished first.
+    /// Whether a passcode is set; an interrupted change is finished first. Read once per operation.
     func passcodeIsSet() throws(KeychainError) -> Bool {
+        if let knownPasscodeSet { return knownPasscodeSet }
+        let isSet = try readPasscodeState()
+        knownPasscodeSet = isSet
+        return isSet
+    }
+
+    private func readPasscodeState() throws(KeychainError) -> Bool {
         let mark: PasscodeMark
         do throws(TPMError) {
             guard let first = try context.readNV(try descriptorResource(), size: 1).first,
@@ -92,6 +99,7 @@ extension TPMKeyring {
     /// After an unlock with the passcode: a mark this store found to mean "set" is rewritten as `set`.
     func repairInterruptedMark(with passcode: SecureBytes) throws(KeychainError) {
         guard (try? store.meta(PasscodeMeta.knownSet)) != nil else { return }
+        knownPasscodeSet = nil
         if try passcodeIsSet(), descriptor.mark.isInterrupted {
             do { try writeMark(.set, passcode: passcode) } catch { throw passcodeError(error, doing: "record the passcode") }
         }
@@ -135,6 +143,7 @@ extension TPMKeyring {
             try context.writeNV(nv, data: [mark.rawValue], offset: 0, authHandle: nv, session: policy)
         }
         descriptor.mark = mark
+        knownPasscodeSet = mark == .set
     }
 
     private func incrementEpoch(passcode: SecureBytes?) throws(TPMError) {

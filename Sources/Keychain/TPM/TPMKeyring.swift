@@ -19,6 +19,8 @@ final class TPMKeyring {
     var descriptor: LockDescriptor
     /// Set when this operation finished an interrupted passcode removal (the engine drops its caches).
     var finishedRemoval = false
+    /// The passcode state as this operation read or wrote it.
+    var knownPasscodeSet: Bool?
     /// Manufacturer 'IBM ' is the reference implementation that swtpm runs: a software TPM.
     let isSoftwareTPM: Bool
 
