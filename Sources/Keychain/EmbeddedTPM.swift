@@ -1,4 +1,5 @@
 import Foundation
+import KeychainStore
 import TPM2
 
 /// A software TPM (swtpm) kept in `<store>/swtpm/`, for machines without one and for tests.
@@ -10,6 +11,9 @@ import TPM2
 public enum EmbeddedTPM {
     static func directory(_ store: String) -> String { store + "/swtpm" }
 
+    /// The identity of the store this TPM serves, written at its first use with the store.
+    static func storePin(_ store: String) -> String { directory(store) + "/keychain.id" }
+
     /// The TPM device of the store's software TPM, starting it when it is not running.
     /// - Returns: the device, and whether this call started it (a fresh TPM boot).
     public static func ensureRunning(storeDirectory: String) throws(KeychainError) -> (device: TPMDevice, started: Bool) {
@@ -19,7 +23,10 @@ public enum EmbeddedTPM {
                                 + "(apt-get install swtpm), or pass --tcti")
         }
         let dir = directory(storeDirectory)
-        try makePrivateDirectory(dir)
+        // Someone else's state (or a planted one) is refused, as the store's directory is.
+        do { try FileSystem.preparePrivateDirectory(dir, what: "embedded TPM's state directory") } catch {
+            throw KeychainError(store: error)
+        }
         let swtpm = try Swtpm(directory: dir)
         // One starter at a time: two processes must not start two swtpms on one state.
         let lockFD = open(dir + "/start.lock", O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0o600)
@@ -32,19 +39,6 @@ public enum EmbeddedTPM {
         stop(storeDirectory: storeDirectory)  // one that no longer listens, or an older one on TCP
         _ = try swtpm.start(state: dir, pidFile: dir + "/swtpm.pid")
         return (swtpm.device, true)
-    }
-
-    /// Creates `dir` 0700, or accepts it when it is a directory and not a symbolic link (mkdir never
-    /// follows one); the store directory's checks cover who owns it.
-    private static func makePrivateDirectory(_ dir: String) throws(KeychainError) {
-        if mkdir(dir, 0o700) != 0 && errno != EEXIST {
-            throw KeychainError(.storageError, "Cannot create \(dir) for the embedded software TPM", underlying: .errno(errno))
-        }
-        var info = stat()
-        guard lstat(dir, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
-            throw KeychainError(.storageError, "\(dir) is not a directory (a symbolic link?): remove it, and the embedded "
-                                + "software TPM makes its own")
-        }
     }
 
     /// Simulates a reboot: the swtpm process stops (its state stays) and the next use starts it again,

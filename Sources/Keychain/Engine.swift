@@ -58,13 +58,44 @@ actor Engine {
 
     func store() throws(KeychainError) -> Store {
         if let openedStore { return openedStore }
+        let pinPath = EmbeddedTPM.storePin(configuration.storeDirectory)
+        let pinned: [UInt8]?
+        let store: Store
         do {
-            let store = try Store(directory: configuration.storeDirectory)
-            openedStore = store
-            return store
+            // The embedded TPM beside a fresh database was provisioned for it: the database was lost.
+            pinned = try FileSystem.readPrivateFile(pinPath, what: "the store identity its embedded TPM was provisioned for")
+            store = try Store(directory: configuration.storeDirectory,
+                              initializedBecause: pinned.map { _ in "its embedded TPM was provisioned for it: \(pinPath)" })
         } catch {
             throw KeychainError(store: error)
         }
+        if let pinned, pinned != store.identity {
+            throw KeychainError(.dataCorrupted, "The store in \(configuration.storeDirectory) is not the one its embedded TPM was "
+                                + "provisioned for (\(pinPath)): keychain.db and keychain.id were replaced, and this TPM's items are "
+                                + "not in them. Put the store's own files back from a backup; or, to start over with no items, "
+                                + "remove \(configuration.storeDirectory)")
+        }
+        openedStore = store
+        return store
+    }
+
+    /// Pins the store's identity beside the embedded TPM's state, so that a store emptied or replaced
+    /// later is seen as such; an embedded TPM serves one store only.
+    private func pinStoreInEmbeddedTPM(_ store: Store) throws(KeychainError) {
+        let path = EmbeddedTPM.storePin(configuration.storeDirectory)
+        guard access(path, F_OK) != 0 else { return }
+        do { _ = try FileSystem.createPrivateFile(path, store.identity, what: "the embedded TPM's store identity") } catch {
+            throw KeychainError(store: error)
+        }
+    }
+
+    /// Closes the store: SQLite copies the write-ahead log into `keychain.db` when the last connection
+    /// closes, so committed data does not depend on the `-wal` file. The next call opens it again.
+    func close() { openedStore = nil }
+
+    /// Closes the store of every engine of this process.
+    static func closeAll() async {
+        for engine in engines.withLock({ Array($0.values) }) { await engine.close() }
     }
 
     /// Connects to the TPM for one operation; the connection closes when `body` returns, so a software
@@ -80,7 +111,9 @@ actor Engine {
         switch configuration.tpm {
         case .tcti(let conf):
             do { device = try TPMDevice(parsing: conf) } catch { throw .invalidArgument(error.description) }
-        case .embedded: (device, started) = try EmbeddedTPM.ensureRunning(storeDirectory: configuration.storeDirectory)
+        case .embedded:
+            (device, started) = try EmbeddedTPM.ensureRunning(storeDirectory: configuration.storeDirectory)
+            try pinStoreInEmbeddedTPM(store)
         }
         let turn = try TPMTurn.take(device, configuration: configuration)
         defer { withExtendedLifetime(turn) {} }

@@ -18,6 +18,10 @@ extension KeychainError {
             .other(error.message)
         }
         switch error.kind {
+        case .notThisStore:
+            self.init(.dataCorrupted, error.message)
+        case .untrusted:
+            self.init(.storageError, error.message)
         case .corrupt:
             self.init(.dataCorrupted, "The keychain database at \(error.path) is damaged: restore it from a backup",
                       underlying: cause)

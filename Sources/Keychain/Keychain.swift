@@ -229,6 +229,10 @@ public struct KeychainDevice: Sendable {
         return dir
     }
 
+    /// Closes every store this process opened, so committed data is folded from SQLite's write-ahead
+    /// log into `keychain.db`; a later call opens them again. Call it before the process exits.
+    public static func closeStores() async { await Engine.closeAll() }
+
     /// Provisions the TPM (SRK, device-lock indices) and the store when needed, and reports the state.
     @discardableResult
     public func initialize() async throws(KeychainError) -> DeviceStatus { try await engine.initialize() }

@@ -138,6 +138,16 @@ final class Connection {
         guard rc == SQLITE_OK else { throw error(rc, doing) }
     }
 
+    /// Copies the write-ahead log into the database file; true when all of it is there now
+    /// (false when a reader of an older snapshot kept part of it in the log).
+    func checkpoint() throws(StoreError) -> Bool {
+        try withStatement("PRAGMA wal_checkpoint(FULL)") { (statement: inout Statement) throws(StoreError) -> Bool in
+            guard try statement.step("checkpointing the write-ahead log") else { return false }
+            // busy, frames in the log, frames checkpointed (-1, -1 when not in WAL mode).
+            return statement.int64(0) == 0 && statement.int64(1) == statement.int64(2)
+        }
+    }
+
     // MARK: Transactions
 
     /// BEGIN IMMEDIATE takes the write lock now, so the body never meets a busy

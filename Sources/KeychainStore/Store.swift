@@ -10,6 +10,8 @@ internal import CSQLite
 public final class Store: @unchecked Sendable {
     public let directory: String
     public let databasePath: String
+    /// The store's identity as `keychain.id` holds it: 32 hex digits and a newline.
+    public private(set) var identity: [UInt8] = []
 
     private let reader: Connection
     private let readLock = Lock()
@@ -17,15 +19,38 @@ public final class Store: @unchecked Sendable {
     // Recursive so that `write` called inside a write body fails with an error instead of deadlocking.
     private let writeLock = Lock(recursive: true)
 
-    public convenience init(directory: String) throws(StoreError) {
-        try self.init(directory: directory, busy: .standard)
+    /// The file beside `keychain.db` that records the store's identity outside the database.
+    public static let identityFileName = "keychain.id"
+    static let identityMeta = "store.id"
+
+    /// Opens (or creates) the store in `directory`.
+    ///
+    /// The store's identity, a random 16 bytes, is kept twice: in the database's meta and in
+    /// `keychain.id` beside it. A database that is missing or empty while `keychain.id` exists (or
+    /// while `initializedBecause` says why the directory was initialised), or one whose identity is
+    /// not the recorded one, is refused with `.notThisStore`: it would read as an empty keychain.
+    ///
+    /// - Important: a database replaced by an older copy of the same store is not detected.
+    public convenience init(directory: String, initializedBecause evidence: String? = nil) throws(StoreError) {
+        try self.init(directory: directory, busy: .standard, initializedBecause: evidence)
     }
 
-    init(directory: String, busy: BusyPolicy) throws(StoreError) {
+    init(directory: String, busy: BusyPolicy, initializedBecause evidence: String? = nil) throws(StoreError) {
         self.directory = directory
-        databasePath = directory.hasSuffix("/") ? directory + "keychain.db" : directory + "/keychain.db"
+        let base = directory.hasSuffix("/") ? directory : directory + "/"
+        databasePath = base + "keychain.db"
+        let identityPath = base + Store.identityFileName
 
-        try FileSystem.prepareDirectory(directory)
+        try FileSystem.preparePrivateDirectory(directory, what: "store directory")
+        let recorded = try FileSystem.readPrivateFile(identityPath, what: "the store's identity")
+        // Before SQLite creates a fresh database in its place.
+        if (FileSystem.size(of: databasePath) ?? 0) == 0 {
+            let state = FileSystem.size(of: databasePath) == nil ? "is missing" : "is empty (0 bytes)"
+            if recorded != nil {
+                throw Store.notThisStore(databasePath, state, because: "\(identityPath) records this store's identity")
+            }
+            if let evidence { throw Store.notThisStore(databasePath, state, because: evidence) }
+        }
         try FileSystem.prepareDatabaseFile(databasePath)
 
         let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX
@@ -35,7 +60,12 @@ public final class Store: @unchecked Sendable {
         // secure_delete: deleted ciphertext is overwritten, not left in free pages.
         try writer.execute("PRAGMA journal_mode=WAL", "enabling write-ahead logging")
         try Store.configure(writer)
+        if recorded != nil, try writer.userVersion() == 0 {
+            throw Store.notThisStore(databasePath, "is not a keychain database",
+                                     because: "\(identityPath) records this store's identity")
+        }
         try Store.migrate(writer)
+        identity = try Store.checkIdentity(writer, recorded: recorded, identityPath: identityPath)
         try FileSystem.tightenIfPresent(databasePath + "-wal")
         try FileSystem.tightenIfPresent(databasePath + "-shm")
 
@@ -43,6 +73,58 @@ public final class Store: @unchecked Sendable {
         try Store.configure(reader)
         // A guard against a read path ever writing through this connection.
         try reader.execute("PRAGMA query_only=ON", "configuring the read connection")
+    }
+
+    private static func notThisStore(_ database: String, _ state: String, because evidence: String) -> StoreError {
+        let directory = String(database.dropLast("/keychain.db".count))
+        return StoreError(
+            kind: .notThisStore, path: database,
+            message: "The keychain database \(database) \(state), but this store was initialised (\(evidence)): "
+                + "reading on would show an empty keychain. Restore keychain.db from a backup; or, to start over "
+                + "with no items, remove \(directory) (every item of this store is lost)")
+    }
+
+    /// This database's identity, made on first use; checked against `keychain.id`, which is written
+    /// only once the identity is in `keychain.db` itself (checkpointed), never before.
+    private static func checkIdentity(_ connection: Connection, recorded: [UInt8]?, identityPath: String)
+        throws(StoreError) -> [UInt8]
+    {
+        var identity = try connection.meta(identityMeta)
+        if identity == nil {
+            // A database of an older build gets one, unless an identity was recorded for another database.
+            guard recorded == nil else {
+                throw notThisStore(connection.path, "has no store identity", because: "\(identityPath) records one")
+            }
+            try connection.begin()
+            do throws(StoreError) {
+                identity = try connection.meta(identityMeta)
+                if identity == nil {
+                    var generator = SystemRandomNumberGenerator()
+                    identity = (0..<16).map { _ in UInt8.random(in: .min ... .max, using: &generator) }
+                    try connection.setMeta(identityMeta, identity!)
+                }
+                try connection.commit()
+            } catch {
+                connection.rollback()
+                throw error
+            }
+        }
+        let hex = identity!.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+        let text = Array((hex + "\n").utf8)
+        var onDisk = recorded
+        if onDisk == nil, try connection.checkpoint() {
+            if try FileSystem.createPrivateFile(identityPath, text, what: "the store's identity") { return text }
+            onDisk = try FileSystem.readPrivateFile(identityPath, what: "the store's identity")  // another process's
+        }
+        if let onDisk, onDisk != text {
+            let database = connection.path
+            throw StoreError(
+                kind: .notThisStore, path: database,
+                message: "The keychain database \(database) belongs to another store (its identity is not the one in "
+                    + "\(identityPath)): it was replaced or copied from elsewhere, and this store's items are not in it. "
+                    + "Put this store's keychain.db back from a backup; or, to keep this database instead, remove \(identityPath)")
+        }
+        return text
     }
 
     private static func configure(_ connection: Connection) throws(StoreError) {

@@ -11,6 +11,12 @@ public struct StoreError: Error, Sendable, CustomStringConvertible {
         case corrupt
         /// Other processes held the store's lock for longer than we wait.
         case busy
+        /// A directory or file the store would trust may have been written by someone else: another
+        /// user's, writable by group or others, or a symbolic link. Nothing was written.
+        case untrusted
+        /// `keychain.db` is not this store's: missing or empty although the directory was
+        /// initialised, or another store's database. Reading it would show an empty keychain.
+        case notThisStore
     }
 
     public let kind: Kind

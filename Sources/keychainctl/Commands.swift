@@ -228,6 +228,8 @@ struct KeychainCtl {
         } catch {
             code = report(KeychainError(.internal, "\(error)"), json: CommandLine.arguments.contains("--json"))
         }
+        // Checkpoints the WAL into keychain.db: a lost -wal file then loses nothing.
+        await KeychainDevice.closeStores()
         fflush(nil)
         exit(code.rawValue)
     }

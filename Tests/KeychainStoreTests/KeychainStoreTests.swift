@@ -52,7 +52,7 @@ import Testing
             let error = #expect(throws: StoreError.self) { try Store(directory: path) }
             #expect(error?.kind == .cannotOpen)
             #expect(error?.path == path)
-            #expect(error?.description == "store path \(path) exists but is not a directory")
+            #expect(error?.description == "store directory \(path) exists but is not a directory")
         }
     }
 

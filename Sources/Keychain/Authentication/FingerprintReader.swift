@@ -1,4 +1,5 @@
 import Foundation
+import KeychainStore
 import SecureMemory
 import TPM2
 
@@ -14,7 +15,8 @@ import TPM2
 /// that the passcode opens, or an enrollment change).
 ///
 /// - Important: whoever can read the reader's directory can sign as the reader. On a real device
-///   that key lives in the sensor; here, give the directory to a different user or keep it root-only.
+///   that key lives in the sensor; here the directory must be the caller's own, 0700, and no one
+///   else's files in it are trusted (`FileSystem.preparePrivateDirectory`).
 final class FingerprintReader {
     static let lockoutAfter = 5
     static let permanentLockoutAfter = 10
@@ -167,11 +169,20 @@ final class FingerprintReader {
         throw KeychainError(.hardwareUnavailable, "No free persistent handle for the fingerprint reader's key (0x81000010–0x8100001F)")
     }
 
+    static let what = "fingerprint reader's directory"
+
+    /// A reader directory or state planted by someone else (whose HMAC key they hold) is refused.
     private static func load(_ directory: String) throws(KeychainError) -> State? {
         let path = directory + "/reader.json"
-        guard FileManager.default.fileExists(atPath: path) else { return nil }
-        guard let data = FileManager.default.contents(atPath: path),
-              let state = try? JSONDecoder().decode(State.self, from: data) else {
+        let bytes: [UInt8]?
+        do {
+            guard try FileSystem.checkPrivateDirectoryIfPresent(directory, what: what) else { return nil }
+            bytes = try FileSystem.readPrivateFile(path, what: "the fingerprint reader's state")
+        } catch {
+            throw KeychainError(store: error)
+        }
+        guard let bytes else { return nil }
+        guard let state = try? JSONDecoder().decode(State.self, from: Data(bytes)) else {
             throw KeychainError(.dataCorrupted, "The fingerprint reader's state at \(path) cannot be read")
         }
         return state
@@ -180,8 +191,7 @@ final class FingerprintReader {
     /// Atomic: a temporary file renamed over the old one, mode 0600 in a 0700 directory.
     private func save(_ new: State) throws(KeychainError) {
         do {
-            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
-                                                    attributes: [.posixPermissions: 0o700])
+            try FileSystem.preparePrivateDirectory(directory, what: Self.what)
             let data = try JSONEncoder().encode(new)
             let temp = directory + "/.reader.json.\(getpid())"
             guard FileManager.default.createFile(atPath: temp, contents: data, attributes: [.posixPermissions: 0o600]) else {
@@ -193,6 +203,8 @@ final class FingerprintReader {
             state = new
         } catch let error as KeychainError {
             throw error
+        } catch let error as StoreError {
+            throw KeychainError(store: error)
         } catch {
             throw KeychainError(.storageError, "Cannot save the fingerprint reader's state: \(error.localizedDescription)")
         }
