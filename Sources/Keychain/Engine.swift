@@ -135,8 +135,13 @@ actor Engine {
         do {
             // A passcode change that a killed process left half-done is finished before anything else.
             if !checkedPasscodeChange {
-                _ = try keyring.passcodeIsSet()
-                checkedPasscodeChange = true
+                do {
+                    _ = try keyring.passcodeIsSet()
+                    checkedPasscodeChange = true
+                } catch where error.code == .lockout {
+                    // The PIN is at its limit, so the question has no answer yet; resetting the
+                    // count must stay possible. Operations that need the answer get LOCKOUT.
+                }
             }
             return try body(keyring)
         } catch {

@@ -109,6 +109,20 @@ struct PasscodeCrashTests {
         }
     }
 
+    /// A set killed right after NV_ChangeAuth, seen first by a store whose PIN count is at its limit:
+    /// the question (is the PIN empty?) has no answer, yet the owner can still reset the count.
+    @Test func anUnfinishedSetDoesNotBlockResettingTheTries() throws {
+        var n = 1
+        while try cli(["passcode", "set"], Self.new + "\n", abortAfter: n).status == 134, try !passcodeSet() { n += 1 }
+        for _ in 0..<10 { try cli(["unlock"], "1111\n") }
+        #expect(try cli(["unlock"], Self.new + "\n").stderr.contains("LOCKOUT"))
+        let other = tpm.directory + "/other-store"
+        let reset = try run(ctl, ["--store", other, "--tcti", tpm.tcti, "passcode", "reset-tries"])
+        #expect(reset.status == 0, "\(reset.stderr)")
+        #expect(try cli(["unlock"], Self.new + "\n").status == 0)
+        #expect(try run(ctl, ["--store", other, "--tcti", tpm.tcti, "unlock"], input: Array((Self.new + "\n").utf8)).status == 0)
+    }
+
     /// The persistent handles in the readers' range (0x81000010–0x8100001F) the TPM holds.
     func readerHandles() throws -> [UInt32] {
         try TPMContext(device: tpm.device).handles(from: 0x8100_0000).filter { (0x8100_0010...0x8100_001F).contains($0) }
