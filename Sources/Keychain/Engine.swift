@@ -449,6 +449,9 @@ actor Engine {
         } else {
             secret = try await unsealWithUser(blob, policy: policy, record: record, window: window, context: context)
             if policy.keyRef == nil, (try? checked(secret, wrapping)) != nil { rebind(secret, wrapping, policy, store: store) }
+            else if let upgraded = withReaderBranch(policy, wrapping, readerDirectory: context.readerDirectory) {
+                reseal(secret, wrapping, upgraded, store: store)  // an enrollment that ended before its re-seal
+            }
             // authValidity: the window in which reads of this key skip the prompt (this process);
             // never for the CurrentSet values, whatever storage reads them (seed: AccessControl).
             guard window > 0, policy.biometry?.currentSet != true else { return try checked(secret, wrapping) }
@@ -643,9 +646,17 @@ actor Engine {
     /// which still opens. Copies of the old blob keep the old policy.
     private func rebind(_ secret: SecureBytes, _ wrapping: WrappingKeyRecord, _ policy: SealPolicy, store: Store) {
         var policy = policy
-        policy.keyRef = SealPolicy.keyRef(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
-        let sealed = policy
-        guard let blob = try? withKeyring({ keyring throws(KeychainError) in try keyring.seal(secret, policy: sealed) }) else { return }
+        policy.keyRef = SealPolicy.keyRef(service: wrapping.service, protection: Self.liveTag(wrapping.protection),
+                                          publicKey: wrapping.publicKey)
+        reseal(secret, wrapping, policy, store: store)
+    }
+
+    /// Seals a wrapping key's secret again under `policy` and stores it over the blob that was opened,
+    /// in one transaction: the secret is the same, so its items open with either blob, and a process
+    /// killed at any point leaves one of the two. Best effort: a failure leaves the old blob.
+    private func reseal(_ secret: SecureBytes, _ wrapping: WrappingKeyRecord, _ policy: SealPolicy, store: Store) {
+        guard (try? checked(secret, wrapping)) != nil,
+              let blob = try? withKeyring({ keyring throws(KeychainError) in try keyring.seal(secret, policy: policy) }) else { return }
         var updated = wrapping
         updated.sealedPublic = blob.publicArea
         updated.sealedPrivate = blob.privateArea
@@ -877,6 +888,40 @@ extension Engine {
         try withKeyring { keyring throws(KeychainError) in try reader.enroll(finger, keyring: keyring) }
         try reader.resetLockout()
         unsealed = unsealed.filter { $0.value.opened == nil }
+        if let passcode { try addReaderBranch(passcode: passcode, readerDirectory: readerDirectory) }
+    }
+
+    /// `biometryAnyOrPasscode` means "a finger or the passcode": a key written while no finger was
+    /// enrolled has the passcode branch alone. Once one is, the passcode (just proved by the enrollment)
+    /// opens each such key of this store and it is sealed again with both branches (`reseal`: the same
+    /// secret and keyRef, one transaction per key). A key this misses (a killed enrollment, another
+    /// store on the TPM) gets its reader branch at its next read with the passcode.
+    private func addReaderBranch(passcode: SecureBytes, readerDirectory: String) throws(KeychainError) {
+        let store = try store()
+        for wrapping in try read({ try store.wrappingKeys(whereProtectionHasPrefix: "") }) {
+            guard let policy = SealPolicy.decode(wrapping.policy),
+                  let upgraded = withReaderBranch(policy, wrapping, readerDirectory: readerDirectory) else { continue }
+            let blob = TPMContext.SealedBlob(publicArea: wrapping.sealedPublic, privateArea: wrapping.sealedPrivate)
+            // A key the passcode no longer opens (PCRs changed, an old epoch) stays as it is.
+            guard let secret = try? withKeyring({ keyring throws(KeychainError) in
+                try keyring.unseal(blob, policy: policy, authorization: .passcode(passcode, window: 0))
+            }) else { continue }
+            reseal(secret, wrapping, upgraded, store: store)
+        }
+    }
+
+    /// The policy with the reader's `Any` branch added, for a live `biometryAnyOrPasscode` key sealed to
+    /// the passcode alone while the configured reader has a finger; nil for every other key.
+    private func withReaderBranch(_ policy: SealPolicy, _ wrapping: WrappingKeyRecord, readerDirectory: String?) -> SealPolicy? {
+        guard policy.biometry == nil, policy.passcode == true, !wrapping.protection.contains("~"),
+              !wrapping.protection.hasSuffix(TokenBackend.tagSuffix),
+              ItemProtection(storageTag: wrapping.protection)?.accessControl == .biometryAnyOrPasscode,
+              let readerDirectory, let reader = try? FingerprintReader(directory: readerDirectory),
+              !reader.enrolled.isEmpty, let state = reader.state else { return nil }
+        var upgraded = policy
+        upgraded.biometry = .init(keyName: state.keyName, tpmHandle: state.tpmHandle, enrollmentSet: [], currentSet: false)
+        upgraded.keyRef = SealPolicy.keyRef(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
+        return upgraded
     }
 
     func removeFinger(_ finger: String, passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) -> Bool {

@@ -145,6 +145,88 @@ struct SeedContractTests {
         #expect(Engine.window(tag: "whenUnlocked/passcode/0@strongbox", asked: 600) == 0)
     }
 
+    // MARK: Item 2: biometryAnyOrPasscode written before any finger
+
+    /// Written while no finger was enrolled (the passcode branch alone); enrolling a finger seals the
+    /// key again with both branches: the finger opens the item written before, with no passcode read
+    /// in between, and later writes of the service too; the passcode still opens them.
+    @Test func anAnyOrPasscodeItemWrittenBeforeAnyFingerOpensWithTheFingerEnrolledLater() async throws {
+        let d = try await Device(fingers: [])
+        let store = try storage(d, .biometryAnyOrPasscode)
+        try await store.setItem("k", "before")
+        let before = try wrappingKey(d)
+        #expect(SealPolicy.decode(before.policy)?.biometry == nil, "written with the passcode branch alone")
+        try await d.device.enrollFinger("thumb", passcode: bytes(Self.pin))
+        let after = try wrappingKey(d)
+        #expect(after.publicKey == before.publicKey && after.sealedPrivate != before.sealedPrivate)
+        #expect(SealPolicy.decode(after.policy)?.biometry != nil)
+        d.answers.push(.finger("thumb"))
+        #expect(try await store.getItem("k") == "before")
+        #expect(d.answers.requests.last?.methods == [.fingerprint, .passcode])
+        try await store.setItem("k2", "after")
+        d.answers.push(.finger("thumb"), .passcode(bytes(Self.pin)))
+        #expect(try await store.getItem("k2") == "after")
+        #expect(try await store.getItem("k") == "before")
+    }
+
+    /// A key the enrollment did not reach (another store on the TPM; or a killed enrollment, below)
+    /// gets the reader's branch at its next read with the passcode.
+    @Test func aKeyTheEnrollmentMissedGetsTheFingerAtItsNextPasscodeRead() async throws {
+        let d = try await Device(fingers: [])
+        var second = d.tpm.configuration(store: d.tpm.directory + "/second")
+        second.readerDirectory = d.configuration.readerDirectory
+        second.authenticator = d.answers
+        let other = try createKeychain(.init(service: "svc", accessControl: .biometryAnyOrPasscode), configuration: second)
+        try await other.setItem("k", "v")
+        try await d.device.enrollFinger("thumb", passcode: bytes(Self.pin))
+        d.answers.push(.finger("thumb"), .finger("thumb"), .finger("thumb"))
+        #expect(await code { try await other.getItem("k") } == .authenticationFailed, "the finger opened a passcode-only key")
+        d.answers.push(.passcode(bytes(Self.pin)), .finger("thumb"))
+        #expect(try await other.getItem("k") == "v")
+        #expect(try await other.getItem("k") == "v")
+        #expect(d.answers.requests.last?.methods.contains(.fingerprint) == true)
+    }
+
+    /// `reader enroll` killed after each of its TPM commands in turn: the item written before never
+    /// stops opening with the passcode, and whenever the finger is enrolled it opens the item too
+    /// (after that passcode read, when the kill came before the key was sealed again).
+    @Test func anEnrollmentKilledAtEveryTPMCommandNeverLosesTheItemAndTheFingerEndsUpOpeningIt() throws {
+        let tpm = try SoftwareTPM()
+        let dir = tpm.directory + "/store"
+        let ctl = buildDirectory.appendingPathComponent("keychainctl").path
+        func cli(_ args: [String], _ input: String = "", abortAfter: Int? = nil) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+            try run(ctl, ["--store", dir, "--tcti", tpm.tcti] + args, input: Array(input.utf8),
+                    environment: abortAfter.map { ["KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS": "\($0)"] } ?? [:])
+        }
+        #expect(try cli(["passcode", "set"], Self.pin + "\n").status == 0)
+        /// Whether the reader's file lists the finger (read directly: no process, no TPM).
+        func enrolled() throws -> Bool {
+            guard let data = FileManager.default.contents(atPath: dir + ".reader/reader.json") else { return false }
+            let state = try JSONSerialization.jsonObject(with: data) as? [String: Any]
+            return (state?["fingers"] as? [String: Any])?["thumb"] != nil
+        }
+        var service = ""
+        for n in 1...60 {
+            if service.isEmpty {  // a new passcode-only item (no finger is enrolled)
+                service = "s\(n)"
+                #expect(try cli(["set", service, "k", "--access-control", "biometryAnyOrPasscode"], service).status == 0)
+            }
+            let enroll = try cli(["reader", "enroll", "thumb"], Self.pin + "\n", abortAfter: n)
+            #expect(enroll.status == 134 || enroll.status == 0, "kill \(n): \(enroll.stderr)")
+            let byPasscode = try cli(["get", service, "k", "--passcode-stdin"], Self.pin + "\n")
+            #expect(byPasscode.stdout == Array(service.utf8), "kill \(n): \(byPasscode.stderr)")
+            if try enrolled() {
+                let byFinger = try cli(["get", service, "k", "--touch", "thumb"])
+                #expect(byFinger.stdout == Array(service.utf8), "kill \(n): the enrolled finger: \(byFinger.stderr)")
+                #expect(try cli(["reader", "remove", "thumb"], Self.pin + "\n").status == 0)
+                service = ""
+            }
+            if enroll.status == 0 { return }
+            if n % 4 == 0 { #expect(try cli(["passcode", "reset-tries"]).status == 0) }
+        }
+        Issue.record("reader enroll never completed")
+    }
+
     // MARK: Item 3: CurrentSet siblings after an enrollment change
 
     /// Three CurrentSet items, a new finger, a write of one: each other item reports KEY_INVALIDATED
