@@ -760,6 +760,7 @@ actor Engine {
         unsealed = keepingLongLived ? unsealed.filter { $0.value.generation == nil && $0.value.opened == nil } : [:]
         agreed.removeAll()
         writers.removeAll()
+        token?.forgetOpened()
     }
 
     func lock() throws(KeychainError) {
@@ -811,7 +812,7 @@ actor Engine {
     }
 
     func drainCommandCount() -> Int { defer { tpmCommands = 0 }; return tpmCommands }
-    func dropCaches() { unsealed.removeAll(); agreed.removeAll(); writers.removeAll() }
+    func dropCaches() { unsealed.removeAll(); agreed.removeAll(); writers.removeAll(); token?.forgetOpened() }
 
     // MARK: Helpers
 
@@ -978,8 +979,8 @@ extension Engine {
         guard let uri else {
             throw KeychainError(.hardwareUnavailable, "Item '\(record.key)' is on a PKCS#11 token, and no token is configured (KEYCHAIN_PKCS11_URI)")
         }
-        let dataKey = try tokenBackend(uri).open(record.writerPublic, service: record.service, key: record.key,
-                                                 protection: record.protection)
+        let dataKey = try tokenBackend(uri).openItemKey(record.writerPublic, service: record.service, key: record.key,
+                                                        protection: record.protection)
         do {
             return try Sodium.open(record.ciphertext, key: dataKey, nonce: record.nonce,
                                    associatedData: ItemEnvelope.associatedData(record))

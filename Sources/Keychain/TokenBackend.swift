@@ -21,6 +21,15 @@ final class TokenBackend {
     /// Wrapping keys per service: a search (C_FindObjects) costs more than the decryption on some
     /// tokens; the token layer finds a key again by label and ID when a handle goes stale.
     private var handles: [String: WrappingKey] = [:]
+    /// Data keys of `none` items this process has read, like the TPM path's agreed secrets: kept until
+    /// `lock()`, `dropCaches()` or `clear`, so a warm read costs no token operation (an RSA decryption
+    /// on the token takes about a millisecond).
+    private var opened: [OpenedID: SecureBytes] = [:]
+
+    private struct OpenedID: Hashable {
+        let service, key, protection: String
+        let sealed: [UInt8]
+    }
 
     init(uri text: String) throws(KeychainError) {
         uriText = text
@@ -107,6 +116,19 @@ final class TokenBackend {
         }
     }
 
+    /// `open`, its answer kept for the process (see `opened`).
+    func openItemKey(_ sealed: [UInt8], service: String, key: String, protection: String) throws(KeychainError) -> SecureBytes {
+        let id = OpenedID(service: service, key: key, protection: protection, sealed: sealed)
+        if let dataKey = opened[id] { return dataKey }
+        let dataKey = try open(sealed, service: service, key: key, protection: protection)
+        if opened.count >= 4096 { opened.removeAll() }
+        opened[id] = dataKey
+        return dataKey
+    }
+
+    /// Forgets the data keys `openItemKey` kept.
+    func forgetOpened() { opened.removeAll() }
+
     /// The service's key on the token (made when `create` and absent), its handle kept for the process.
     private func wrappingKey(service: String, create: Bool) throws(KeychainError) -> WrappingKey {
         if let handle = handles[service] { return handle }
@@ -126,6 +148,7 @@ final class TokenBackend {
 
     func destroyKeys(service: String) throws(KeychainError) {
         handles[service] = nil
+        opened = opened.filter { $0.key.service != service }
         do { try token.destroyKeys(label: Self.keyIdentity(service: service).label) } catch {
             throw Self.map(error, doing: "remove the wrapping key of service '\(service)'")
         }

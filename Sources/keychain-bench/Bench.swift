@@ -18,6 +18,9 @@ struct BenchOptions {
     var firstWrites = 5
     /// Process runs of each reference (tpm2-tools, keychainctl, pkcs11-tool).
     var runs = 20
+    /// Set in the child process that measures one token scheme (`--token-scheme`, not for users):
+    /// SoftHSM2 reads its mechanism restriction once per process.
+    var tokenScheme: TokenScheme?
 
     static let usage = """
         usage: keychain-bench [--quick] [--warm N] [--cold N] [--writes N] [--first-writes N] [--runs N]
@@ -28,6 +31,11 @@ struct BenchOptions {
           --runs N (20)    runs of each process reference
         """
 
+    /// The sample counts as arguments, for a child process.
+    var sampleArguments: [String] {
+        ["--warm", "\(warm)", "--cold", "\(cold)", "--writes", "\(writes)", "--first-writes", "\(firstWrites)", "--runs", "\(runs)"]
+    }
+
     /// A bad argument; no message for `--help`.
     struct UsageError: Error { let message: String? }
 
@@ -37,6 +45,13 @@ struct BenchOptions {
             if flag == "--help" || flag == "-h" { throw UsageError(message: nil) }
             if flag == "--quick" {
                 (warm, cold, writes, firstWrites, runs) = (2_000, 10, 20, 2, 5)
+                continue
+            }
+            if flag == "--token-scheme" {
+                guard let scheme = arguments.popFirst().flatMap(TokenScheme.init(rawValue:)) else {
+                    throw UsageError(message: "--token-scheme needs one of \(TokenScheme.allCases.map(\.rawValue))")
+                }
+                tokenScheme = scheme
                 continue
             }
             let field: WritableKeyPath<BenchOptions, Int>
@@ -104,7 +119,7 @@ final class Bench {
         configuration.readerDirectory = configuration.storeDirectory + ".reader"  // where keychainctl looks
         configuration.authenticator = authenticator
         // SoftHSM2 reads SOFTHSM2_CONF once, at the process's first C_Initialize: set before any token use.
-        softHSM = try SoftHSMToken.make(in: tpm.directory + "/softhsm")
+        softHSM = try SoftHSMToken.make(in: tpm.directory + "/softhsm", scheme: options.tokenScheme ?? .aesGCM)
         configuration.pkcs11URI = softHSM?.uri
         self.configuration = configuration
         device = KeychainDevice(configuration: configuration)
@@ -158,8 +173,15 @@ final class Bench {
         let window = try await measureAuthValidity()
         var token: TokenResult?
         if let softHSM {
-            progress("measuring the token storage (SoftHSM2)")
+            progress("measuring the token storage (SoftHSM2, AES-GCM)")
             token = try await measureToken(softHSM)
+        }
+        var otherSchemes: [TokenResult] = []
+        if softHSM != nil {
+            for scheme in [TokenScheme.rsaOAEP, .ecdh] {
+                progress("measuring the token storage (SoftHSM2 offering \(scheme.rawValue) only, in a process of its own)")
+                otherSchemes.append(try measureTokenInChild(scheme))
+            }
         }
         progress("measuring the TPM transport")
         let transport = try measureTransport()
@@ -175,7 +197,8 @@ final class Bench {
         var environment = EnvironmentInfo.current(scratch: tpm.directory)
         environment.otherWork = otherWork.percentage()
         return Report(options: options, environment: environment, levels: levels, prompted: prompted,
-                      authValidity: window, token: token, transport: transport, tpm2Tools: tools, keychainctl: cli)
+                      authValidity: window, token: token, otherSchemes: otherSchemes, transport: transport,
+                      tpm2Tools: tools, keychainctl: cli)
     }
 
     static func service(_ accessible: Accessible) -> String { "bench.\(accessible.rawValue)" }

@@ -10,6 +10,8 @@ struct Report: CustomStringConvertible {
     let authValidity: AuthValidityResult
     /// Nil when SoftHSM2 is not installed.
     let token: TokenResult?
+    /// The token storage on SoftHSM2 restricted to RSA-OAEP, then to ECDH (each measured in a child process).
+    let otherSchemes: [TokenResult]
     let transport: Transport
     /// Nil when tpm2-tools is not installed.
     let tpm2Tools: Samples?
@@ -95,7 +97,7 @@ struct Report: CustomStringConvertible {
                         Format.rate(samples.opsPerSecond), Format.commands(samples.commandsPerOp))
             }
             add("first token call of the process: setItem (module, login, key generated; 1 sample)", token.firstUse)
-            add("setItem, first write of a new service (AES key generated on the token)", token.firstWrite)
+            add("setItem, first write of a new service (wrapping key generated on the token)", token.firstWrite)
             add("setItem, existing service", token.set)
             add("getItem cold (dropCaches() before each; the token session stays open)", token.coldGet)
             add("getItem warm", token.warmGet)
@@ -113,8 +115,17 @@ struct Report: CustomStringConvertible {
             } else {
                 processes.add("pkcs11-tool: not installed", "-", "-", "-")
             }
-            out.append("## The token storage (SoftHSM2, \(token.keysOnToken) AES keys on the token during the reads)\n\n"
+            out.append("## The token storage (SoftHSM2, AES-GCM, \(token.keysOnToken) AES keys on the token during the reads)\n\n"
                        + ops.render() + "\n\n" + processes.render())
+            var schemes = Table("token scheme (SoftHSM2 offering only its mechanisms)", "first write p50", "overwrite p50",
+                                "cold get p50", "warm get p50", "warm get p99", "pkcs11-tool p50", "pkcs11-tool / warm")
+            for result in [token] + otherSchemes {
+                let ratio = result.pkcs11Tool.map { String(format: "%.0f×", Double($0.p50) / Double(max(result.warmGet.p50, 1))) } ?? "-"
+                schemes.add(result.scheme.rawValue, Format.duration(result.firstWrite.p50), Format.duration(result.set.p50),
+                            Format.duration(result.coldGet.p50), Format.duration(result.warmGet.p50),
+                            Format.duration(result.warmGet.p99), result.pkcs11Tool.map { Format.duration($0.p50) } ?? "-", ratio)
+            }
+            out.append("## The token storage per wrapping scheme\n\n" + schemes.render())
         } else {
             out.append("## The token storage\n\nSoftHSM2 is not installed (/usr/lib/softhsm/libsofthsm2.so, softhsm2-util).")
         }
@@ -202,8 +213,10 @@ struct Report: CustomStringConvertible {
         targets.append(commandBudget("passcode getItem ≤ 7 TPM commands", answer: .passcode, budget: 7))
         let tokenTarget = "token getItem warm ≥ 50× faster than pkcs11-tool --read-object"
         if let token {
-            targets.append(ratioTarget(tokenTarget, reference: token.pkcs11Tool, subject: token.warmGet, at: 50,
-                                       missing: "pkcs11-tool not installed"))
+            for result in [token] + otherSchemes {
+                targets.append(ratioTarget(tokenTarget + " (\(result.scheme.rawValue))", reference: result.pkcs11Tool,
+                                           subject: result.warmGet, at: 50, missing: "pkcs11-tool not installed"))
+            }
         } else {
             targets.append(Target(name: tokenTarget, measured: "SoftHSM2 not installed", met: nil))
         }

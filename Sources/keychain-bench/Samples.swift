@@ -9,7 +9,7 @@ func monotonicNanoseconds() -> UInt64 {
 }
 
 /// The latencies of one measured operation, and the TPM commands it sent in all.
-struct Samples {
+struct Samples: Codable {
     private(set) var nanoseconds: [UInt64] = []
     var tpmCommands = 0
 

@@ -1,6 +1,22 @@
 import Foundation
 import Keychain
 
+/// The wrapping scheme a bench token is restricted to, by the mechanisms SoftHSM2 offers it.
+enum TokenScheme: String, CaseIterable, Codable {
+    case aesGCM = "AES-GCM"
+    case rsaOAEP = "RSA-OAEP"
+    case ecdh = "ECDH-P256"
+
+    /// `slots.mechanisms`: nothing withheld for AES-GCM (the library's first choice), else only the scheme's two.
+    var mechanisms: String? {
+        switch self {
+        case .aesGCM: nil
+        case .rsaOAEP: "CKM_RSA_PKCS_KEY_PAIR_GEN,CKM_RSA_PKCS_OAEP"
+        case .ecdh: "CKM_EC_KEY_PAIR_GEN,CKM_ECDH1_DERIVE"
+        }
+    }
+}
+
 /// A private SoftHSM2 token in the bench's directory: its own configuration, token directory and PIN file.
 struct SoftHSMToken {
     static let modulePath = "/usr/lib/softhsm/libsofthsm2.so"
@@ -17,14 +33,15 @@ struct SoftHSMToken {
     var uri: String { "pkcs11:token=\(Self.label)?module-path=\(Self.modulePath)&pin-source=file:\(pinFile)" }
 
     /// Makes the token and points this process's SOFTHSM2_CONF at it; nil when SoftHSM2 is not installed.
-    static func make(in directory: String) throws -> SoftHSMToken? {
+    static func make(in directory: String, scheme: TokenScheme) throws -> SoftHSMToken? {
         guard FileManager.default.isReadableFile(atPath: modulePath), Subprocess.isInstalled("softhsm2-util") else {
             return nil
         }
         let token = SoftHSMToken(directory: directory)
         try FileManager.default.createDirectory(atPath: directory + "/tokens", withIntermediateDirectories: true,
                                                 attributes: [.posixPermissions: 0o700])
-        let files = [(token.configurationFile, "directories.tokendir = \(directory)/tokens\nlog.level = ERROR\n"),
+        let restriction = scheme.mechanisms.map { "slots.mechanisms = \($0)\n" } ?? ""
+        let files = [(token.configurationFile, "directories.tokendir = \(directory)/tokens\nlog.level = ERROR\n" + restriction),
                      (token.pinFile, userPIN + "\n")]
         for (path, text) in files {
             guard FileManager.default.createFile(atPath: path, contents: Data(text.utf8),
@@ -40,8 +57,9 @@ struct SoftHSMToken {
 }
 
 /// The token storage (`keyStorage: 'strongbox'`) and the pkcs11-tool reference.
-struct TokenResult {
+struct TokenResult: Codable {
     static let service = "bench.token"
+    var scheme = TokenScheme.aesGCM
     /// The first call of the process on the token (a setItem): p11-kit loads the module,
     /// C_Initialize, a session is opened and logged in, the service's AES key is generated. One sample.
     var firstUse = Samples()
@@ -57,9 +75,33 @@ struct TokenResult {
     var pkcs11Tool: Samples?
     /// `keychainctl get --key-storage strongbox`, a process per read.
     var keychainctl: Samples?
-    /// AES keys on the token during the reads (one per service): SoftHSM2's file store checks
+    /// Wrapping keys on the token during the reads (one per service): SoftHSM2's file store checks
     /// every object's file when it searches, so a read costs more with more of them.
     var keysOnToken = 0
+}
+
+extension Bench {
+    /// The token storage, pkcs11-tool and keychainctl on a token offering only `scheme`'s mechanisms:
+    /// this program again with `--token-scheme`, its result as JSON on stdout.
+    func measureTokenInChild(_ scheme: TokenScheme) throws -> TokenResult {
+        let directory = tpm.directory + "/child-\(scheme.rawValue)"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
+                                                attributes: [.posixPermissions: 0o700])
+        let me = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
+        let run = try Subprocess(directory: directory).check([me, "--token-scheme", scheme.rawValue] + options.sampleArguments)
+        return try JSONDecoder().decode(TokenResult.self, from: Data(run.output))
+    }
+
+    /// The child's work: the token rows of one scheme, as JSON.
+    func measureTokenScheme(_ scheme: TokenScheme) async throws -> String {
+        guard let softHSM else { throw BenchFailure("SoftHSM2 is not installed") }
+        try await device.initialize()
+        var result = try await measureToken(softHSM)
+        result.scheme = scheme
+        result.pkcs11Tool = try pkcs11ToolRead(softHSM)
+        result.keychainctl = try keychainctlGet(service: TokenResult.service, token: softHSM)
+        return String(decoding: try JSONEncoder().encode(result), as: UTF8.self)
+    }
 }
 
 extension Bench {

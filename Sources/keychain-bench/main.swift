@@ -14,7 +14,11 @@ func runBench(_ options: BenchOptions) async -> Int32 {
             signals.forEach { $0.cancel() }
             bench.cleanUp()
         }
-        print(try await bench.run())
+        if let scheme = options.tokenScheme {
+            print(try await bench.measureTokenScheme(scheme))
+        } else {
+            print(try await bench.run())
+        }
         return 0
     } catch {
         FileHandle.standardError.write(Data("keychain-bench: \(error)\n".utf8))
