@@ -235,7 +235,8 @@ public enum FileSystem {
     /// The contents of a file in a checked private directory, or nil when it does not exist. Opened
     /// with O_NOFOLLOW, and refused unless it is a regular file of the caller's that no one else may write.
     public static func readPrivateFile(_ path: String, what: String) throws(StoreError) -> [UInt8]? {
-        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+        // O_NONBLOCK: a FIFO planted under that name must not hang the open (fstat then refuses it).
+        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else {
             let code = errno
             if code == ENOENT { return nil }

@@ -106,6 +106,27 @@ private func refusal(_ body: () throws -> Void) -> StoreError? {
         }
     }
 
+    /// A FIFO under the identity file's name must not hang the open: refused as not a regular file.
+    @Test func aFIFOInPlaceOfTheIdentityFileIsRefusedWithoutBlocking() throws {
+        try withTemporaryStorePath { path in
+            try makeDirectory(path)
+            #expect(mkfifo(path + "/keychain.id", 0o600) == 0)
+            let finished = DispatchSemaphore(value: 0)
+            let result = Failures()
+            Thread {
+                result.add(refusal { _ = try Store(directory: path) }?.message ?? "no error")
+                finished.signal()
+            }.start()
+            if finished.wait(timeout: .now() + 10) == .timedOut {
+                Issue.record("opening the store blocked on the FIFO")
+                let writer = open(path + "/keychain.id", O_WRONLY | O_NONBLOCK)  // lets the blocked open return
+                finished.wait()
+                close(writer)
+            }
+            #expect(result.all.first?.contains("\(path)/keychain.id is not a regular file") == true, "\(result.all)")
+        }
+    }
+
     @Test func aParentWritableByOthersIsRefusedUnlessItIsSticky() throws {
         try withTemporaryStorePath { path in
             let parent = (path as NSString).deletingLastPathComponent
