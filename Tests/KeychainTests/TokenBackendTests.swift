@@ -1,4 +1,5 @@
 import Foundation
+import Keychain
 import KeychainStore
 import KeychainTestSupport
 import Testing
@@ -282,5 +283,45 @@ struct TokenBackendTests {
                                   uri: "pkcs11:?token=kc&module-path=\(Self.module)&pin-source=file:\(t.dir)/pin")
         #expect(t.errorCode(misplaced) == "INVALID_ARGUMENT" && t.errorMessage(misplaced).contains("path attribute"))
         #expect(try Store(directory: t.store).item(service: "svc@strongbox", key: "k") == nil)
+    }
+}
+
+
+/// The token storage keeps a data key it read, like the TPM path's agreed secrets, and `dropCaches()`
+/// and `lock()` forget it; another process (pkcs11-tool) destroys the key on the token between the
+/// reads. It runs in a child test process: an engine keeps its token module initialized for good,
+/// and SoftHSM2 takes one configuration per process.
+@Suite("The token storage keeps read data keys until dropCaches and lock")
+struct TokenDataKeyCacheTests {
+    static let childVariable = "KEYCHAIN_TEST_TOKEN_CACHE_CHILD"
+
+    @Test func aReadDataKeyIsForgottenByDropCachesAndByLock() async throws {
+        guard ProcessInfo.processInfo.environment[Self.childVariable] != nil else {
+            let me = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
+            let child = try run(me, ["--testing-library", "swift-testing", "--filter", "aReadDataKeyIsForgottenByDropCachesAndByLock"],
+                                environment: [Self.childVariable: "1"])
+            let output = String(decoding: child.stdout, as: UTF8.self) + child.stderr
+            #expect(child.status == 0 && output.contains("1 test"), "\(output)")
+            return
+        }
+        let t = try TokenBackendTests.Token()
+        setenv("SOFTHSM2_CONF", t.env["SOFTHSM2_CONF"]!, 1)
+        var configuration = t.tpm.configuration(store: t.store)
+        configuration.pkcs11URI = t.uri()
+        let device = KeychainDevice(configuration: configuration)
+        try await device.initialize()
+        for forget in ["dropCaches", "lock"] {
+            let storage = try createKeychain(.init(service: "svc-\(forget)", android: .init(keyStorage: .strongbox)),
+                                             configuration: configuration)
+            try await storage.setItem("k", "kept")
+            #expect(try await storage.getItem("k") == "kept")
+            let deleted = try run("/usr/bin/pkcs11-tool", ["--module", TokenBackendTests.module, "--login", "--pin", "1234",
+                                                           "--delete-object", "--type", "secrkey", "--label", "keychain:svc-\(forget)@strongbox"],
+                                  environment: t.env)
+            #expect(deleted.status == 0, "\(deleted.stderr)")
+            #expect(try await storage.getItem("k") == "kept", "the data key read before is kept")
+            if forget == "lock" { try await device.lock() } else { await device.dropCaches() }
+            await #expect(throws: KeychainError.self) { try await storage.getItem("k") }
+        }
     }
 }
