@@ -447,23 +447,22 @@ extension PKCS11Token {
         template.add(CKA_CLASS, CK_OBJECT_CLASS(CKO_SECRET_KEY))
         template.add(CKA_KEY_TYPE, CK_KEY_TYPE(CKK_AES))
         template.add(CKA_VALUE_LEN, CK_ULONG(WrappingScheme.aesKeyBytes))
-        Self.addSecretUsage(template, label: label, id: id, decrypt: true, encrypt: true, derive: false)
+        Self.addSecret(template, label: label, id: id, decrypt: true, derive: false)
+        template.add(CKA_ENCRYPT, true)
+        template.add(CKA_VERIFY, false)
+        template.add(CKA_WRAP, false)
         return template
     }
 
     private func privateTemplate(label: String, id: [UInt8], scheme: WrappingScheme) -> AttributeTemplate {
         let template = AttributeTemplate()
-        Self.addSecretUsage(template, label: label, id: id, decrypt: scheme == .rsaOAEP, encrypt: nil, derive: scheme == .ecdhP256)
+        Self.addSecret(template, label: label, id: id, decrypt: scheme == .rsaOAEP, derive: scheme == .ecdhP256)
         return template
     }
 
     private func publicTemplate(label: String, id: [UInt8], scheme: WrappingScheme) -> AttributeTemplate {
         let template = AttributeTemplate()
-        template.add(CKA_LABEL, label)
-        template.add(CKA_ID, bytes: id)
-        template.add(CKA_TOKEN, true)
-        template.add(CKA_PRIVATE, true)
-        template.add(CKA_MODIFIABLE, false)
+        Self.addIdentity(template, label: label, id: id)
         template.add(CKA_VERIFY, false)
         template.add(CKA_WRAP, false)
         if scheme == .rsaOAEP {
@@ -477,23 +476,25 @@ extension PKCS11Token {
         return template
     }
 
-    /// Token, private, sensitive, never extractable, not modifiable; one usage, every other refused.
-    private static func addSecretUsage(_ template: AttributeTemplate, label: String, id: [UInt8], decrypt: Bool,
-                                       encrypt: Bool?, derive: Bool) {
+    /// Every object of a service's key: its label and ID, on the token, private, not modifiable (so
+    /// no usage can be widened later).
+    private static func addIdentity(_ template: AttributeTemplate, label: String, id: [UInt8]) {
         template.add(CKA_LABEL, label)
         template.add(CKA_ID, bytes: id)
         template.add(CKA_TOKEN, true)
         template.add(CKA_PRIVATE, true)
+        template.add(CKA_MODIFIABLE, false)
+    }
+
+    /// The half that holds the secret: sensitive, never extractable, one usage (decrypt or derive).
+    private static func addSecret(_ template: AttributeTemplate, label: String, id: [UInt8], decrypt: Bool, derive: Bool) {
+        addIdentity(template, label: label, id: id)
         template.add(CKA_SENSITIVE, true)
         template.add(CKA_EXTRACTABLE, false)
-        template.add(CKA_MODIFIABLE, false)
-        if let encrypt { template.add(CKA_ENCRYPT, encrypt) }
         template.add(CKA_DECRYPT, decrypt)
-        template.add(CKA_SIGN, false)
-        if encrypt != nil { template.add(CKA_VERIFY, false) }
-        if encrypt != nil { template.add(CKA_WRAP, false) }
-        template.add(CKA_UNWRAP, false)
         template.add(CKA_DERIVE, derive)
+        template.add(CKA_SIGN, false)
+        template.add(CKA_UNWRAP, false)
     }
 
     // MARK: Finding keys
