@@ -117,13 +117,20 @@ actor Engine {
         }
         let turn = try TPMTurn.take(device, configuration: configuration)
         defer { withExtendedLifetime(turn) {} }
-        if started { try prepareFreshSoftwareTPM(device) }
+        if case .embedded = configuration.tpm, started || !embeddedTPMChecked {
+            embeddedOwnerAuthorization = try prepareEmbeddedTPM(device, started: started)
+            embeddedTPMChecked = true
+        }
         return try withConnection(device, store: store, flushLeftovers: turn != nil, body)
     }
 
     /// The connection closes when this returns, before the turn ends.
     private func withConnection<T>(_ device: TPMDevice, store: Store, flushLeftovers: Bool,
                                    _ body: (TPMKeyring) throws(KeychainError) -> T) throws(KeychainError) -> T {
+        var configuration = configuration
+        if case .embedded = configuration.tpm, configuration.ownerAuthorization == nil {
+            configuration.ownerAuthorization = embeddedOwnerAuthorization
+        }
         let keyring = try TPMKeyring(device: device, store: store, configuration: configuration, flushLeftovers: flushLeftovers)
         defer {
             tpmCommands += keyring.context.commandCount
@@ -153,16 +160,26 @@ actor Engine {
         }
     }
 
-    /// A just-started software TPM gets small dictionary-attack settings: nothing here is subject to
-    /// DA (our objects are noDA), but other tools on it should not lock it out for 1000 s.
-    private func prepareFreshSoftwareTPM(_ device: TPMDevice) throws(KeychainError) {
-        do {
-            let context = try TPMContext(device: device, timeout: configuration.tpmTimeout)
-            try context.setDictionaryAttackParameters(maxTries: 32, recoveryTime: 10, lockoutRecovery: 10)
-            tpmCommands += context.commandCount
-        } catch {
+    /// The embedded software TPM's owner authorization, from its file, once this process checked that
+    /// the TPM holds it (on start, and on first use: a crash may have left the file without the change).
+    private var embeddedOwnerAuthorization: SecureBytes?
+    private var embeddedTPMChecked = false
+
+    /// The embedded software TPM is taken on first use: random owner and lockout authorizations, kept
+    /// in its own 0700 directory (see `EmbeddedTPM.takeOwnership`). A just-started one also gets small
+    /// dictionary-attack settings: nothing here is subject to DA (our objects are noDA), but other
+    /// tools on it should not lock it out for 1000 s.
+    private func prepareEmbeddedTPM(_ device: TPMDevice, started: Bool) throws(KeychainError) -> SecureBytes? {
+        let context: TPMContext
+        do { context = try TPMContext(device: device, timeout: configuration.tpmTimeout) } catch {
             throw KeychainError(.hardwareUnavailable, "The embedded software TPM does not answer", underlying: .tpm(error))
         }
+        defer { tpmCommands += context.commandCount }
+        let owner = try EmbeddedTPM.takeOwnership(context, storeDirectory: configuration.storeDirectory)
+        // Best effort: after a wrong lockout authorization (anyone may try one) the TPM refuses it for
+        // lockoutRecovery, and that must not stop the keychain from starting.
+        if started { try? context.setDictionaryAttackParameters(maxTries: 32, recoveryTime: 10, lockoutRecovery: 10) }
+        return owner
     }
 
     private func lockGeneration(_ store: Store) throws(KeychainError) -> UInt64 {
@@ -798,10 +815,13 @@ actor Engine {
         try withKeyring { keyring throws(KeychainError) in
             let passcodeSet = try keyring.passcodeIsSet()
             let state = try keyring.lockState()
+            let ownership = try ownershipStatus(keyring)
             return DeviceStatus(passcodeSet: passcodeSet,
                                 lockState: passcodeSet ? .init(rawValue: state.rawValue)! : .unlocked,
                                 securityLevel: keyring.isSoftwareTPM ? .softwareTPM : .hardwareTPM,
-                                tpm: "\(keyring.context.device)")
+                                tpm: "\(keyring.context.device)",
+                                ownerAuthorizationSet: ownership.owner, lockoutAuthorizationSet: ownership.lockout,
+                                storageRootKey: ownership.srk, warnings: ownership.warnings)
         }
     }
 

@@ -166,6 +166,15 @@ public struct DeviceStatus: Sendable, Hashable, Codable {
     public var lockState: LockState
     public var securityLevel: ItemInfo.SecurityLevel
     public var tpm: String
+    /// Whether the TPM's owner and lockout authorizations are set (TPM_PT_PERMANENT): empty ones let
+    /// anyone with TPM access get round the passcode or clear the TPM (see `warnings`).
+    public var ownerAuthorizationSet: Bool
+    public var lockoutAuthorizationSet: Bool
+    /// The persistent storage root key compared with the one this store pinned at provisioning.
+    public enum StorageRootKey: String, Sendable, Hashable, Codable { case pinned, missing, replaced }
+    public var storageRootKey: StorageRootKey
+    /// What is weak or wrong, in words: empty authorizations and what they cost, a missing or replaced SRK.
+    public var warnings: [String]
 }
 
 /// The device: its passcode and lock, shared by every storage of a store.
@@ -234,8 +243,21 @@ public struct KeychainDevice: Sendable {
     public static func closeStores() async { await Engine.closeAll() }
 
     /// Provisions the TPM (SRK, device-lock indices) and the store when needed, and reports the state.
+    /// It never changes the TPM's hierarchy authorizations: `status().warnings` says when they are empty.
     @discardableResult
     public func initialize() async throws(KeychainError) -> DeviceStatus { try await engine.initialize() }
+
+    /// Provisions as `initialize()`, then takes ownership of the TPM as a provisioning tool does: each
+    /// empty owner or lockout authorization with a file in `ownership` is set to 32 random bytes,
+    /// written there first (`hex:…`, 0600, never overwritten); an empty one without a file is refused
+    /// with `INVALID_ARGUMENT` unless `ownership.allowEmpty`. The embedded software TPM is taken on
+    /// its first start without asking (its files are in `<store>/swtpm/`).
+    @discardableResult
+    public func initialize(takingOwnership ownership: Ownership) async throws(KeychainError) -> DeviceStatus {
+        _ = try await engine.initialize()
+        try await engine.takeOwnership(ownership)
+        return try await engine.status()
+    }
     public func status() async throws(KeychainError) -> DeviceStatus { try await engine.status() }
     /// Resets this library's count of wrong token PINs (SoftHSM2-like tokens keep none themselves).
     public func resetTokenPINTries() async throws(KeychainError) { try await engine.resetTokenPINTries() }

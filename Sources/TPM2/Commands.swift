@@ -50,6 +50,18 @@ extension TPMContext {
 
     /// Creates the SRK in the owner hierarchy and makes it persistent at `persistentHandle`.
     public func provisionSRK(at persistentHandle: UInt32) throws(TPMError) -> TPMHandle {
+        let primary = try createPrimary(KC_ESYS_TR_RH_OWNER, label: "SRK")
+        defer { flush(primary) }
+        var persistent: ESYS_TR = 0
+        try call("EvictControl(SRK)") {
+            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, primary.tr, Self.password, Self.none, Self.none,
+                              persistentHandle, &persistent)
+        }
+        return TPMHandle(tr: persistent, mustFlush: false)
+    }
+
+    /// A transient primary key with the SRK template in `hierarchy`; the caller flushes it.
+    func createPrimary(_ hierarchy: ESYS_TR, label: String) throws(TPMError) -> TPMHandle {
         var inPublic = TPM2B_PUBLIC()
         inPublic.publicArea.type = UInt16(TPM2_ALG_ECC)
         inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA256)
@@ -68,17 +80,11 @@ extension TPMContext {
         var outsideInfo = TPM2B_DATA()
         var creationPCR = TPML_PCR_SELECTION()
         var primary: ESYS_TR = 0
-        try call("CreatePrimary(SRK)") {
-            Esys_CreatePrimary(esys, KC_ESYS_TR_RH_OWNER, Self.password, Self.none, Self.none,
+        try call("CreatePrimary(\(label))") {
+            Esys_CreatePrimary(esys, hierarchy, Self.password, Self.none, Self.none,
                                &inSensitive, &inPublic, &outsideInfo, &creationPCR, &primary, nil, nil, nil, nil)
         }
-        defer { flush(TPMHandle(tr: primary, mustFlush: true)) }
-        var persistent: ESYS_TR = 0
-        try call("EvictControl(SRK)") {
-            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, primary, Self.password, Self.none, Self.none,
-                              persistentHandle, &persistent)
-        }
-        return TPMHandle(tr: persistent, mustFlush: false)
+        return TPMHandle(tr: primary, mustFlush: true)
     }
 
     // MARK: Sealed data objects (Part 3, 12.1 Create, 12.2 Load, 12.7 Unseal)

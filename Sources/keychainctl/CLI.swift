@@ -17,8 +17,9 @@ struct Invocation {
     var switches: Set<String> = []
 
     static let valued: Set<String> = ["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
-                                      "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage", "--owner-auth-file"]
-    static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--help", "-h"]
+                                      "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage", "--owner-auth-file",
+                                      "--owner-auth-out", "--lockout-auth-out"]
+    static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h"]
 
     init(_ args: [String]) throws(UsageError) {
         var i = 0
@@ -76,9 +77,17 @@ let usage = """
     usage: keychainctl [--store DIR] [--tcti CONF] [--json] COMMAND …
 
     Device:
-      init [--owner-auth-file FILE|-]   provision the TPM and the store; FILE (or stdin) holds the owner
-                                   authorization that device provisioning set (first line); never argv
-      status                       the TPM, the passcode and the lock state
+      init [--owner-auth-file FILE|-] [--owner-auth-out FILE] [--lockout-auth-out FILE] [--allow-empty-owner-auth]
+                                   provision the TPM and the store, and take ownership of the TPM: an empty
+                                   owner or lockout authorization (anyone with TPM access could replace the
+                                   passcode's PIN index, or clear the TPM) is set to 32 random bytes, written
+                                   first to the --…-auth-out FILE (created 0600, never overwritten, 'hex:…' as
+                                   tpm2-tools reads it); without that FILE init refuses, unless
+                                   --allow-empty-owner-auth. --owner-auth-file: FILE (or stdin) holds the owner
+                                   authorization already set (first line); never argv. The embedded software
+                                   TPM keeps random ones in <store>/swtpm/ (owner.auth, lockout.auth)
+      status                       the TPM, the passcode, the lock state, the TPM's authorizations and
+                                   storage root key, with warnings in words
       passcode set|change|remove   PINs on stdin, one per line (change: old then new)
       passcode reset-tries [--owner-auth-file FILE|-]   reset the TPM's count of wrong passcodes
       unlock                       the passcode on stdin (no input when none is set)
@@ -179,8 +188,13 @@ func readStdin(limit: Int = 1 << 16) throws(KeychainError) -> SecureBytes {
     return buffer.withUnsafeBytes { SecureBytes(copying: $0.prefix(length)) }
 }
 
-/// The first line of FILE (or of stdin for `-`): an authorization that never goes through argv.
+/// The first line of FILE (or of stdin for `-`): an authorization that never goes through argv,
+/// as tpm2-tools reads it (`hex:…` as `init` writes it, `str:…`, or the bytes).
 func readSecretFile(_ path: String) throws(KeychainError) -> SecureBytes {
+    try AuthorizationText.decode(try readFirstLine(path))
+}
+
+private func readFirstLine(_ path: String) throws(KeychainError) -> SecureBytes {
     if path == "-" {
         guard let line = try readLines(1).first else { throw KeychainError.invalidArgument("No authorization on stdin") }
         return line

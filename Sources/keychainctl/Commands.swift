@@ -33,14 +33,21 @@ struct Commands {
     func run() async throws -> Exit {
         switch inv.command.first {
         case "init":
-            let status = try await device.initialize()
-            output(status) { "initialized: \($0.tpm) (\($0.securityLevel.rawValue)), passcode \($0.passcodeSet ? "set" : "not set")" }
+            let ownership = Ownership(ownerAuthorizationFile: inv.flags["--owner-auth-out"],
+                                      lockoutAuthorizationFile: inv.flags["--lockout-auth-out"],
+                                      allowEmpty: inv.switches.contains("--allow-empty-owner-auth"))
+            let status = try await device.initialize(takingOwnership: ownership)
+            output(status) {
+                "initialized: \($0.tpm) (\($0.securityLevel.rawValue)), passcode \($0.passcodeSet ? "set" : "not set")\n"
+                    + authorizationLines($0)
+            }
         case "status":
             struct Status: Encodable { let device: DeviceStatus; let token: TokenStatus? }
             let status = Status(device: try await device.status(), token: try await device.tokenStatus())
             output(status) {
                 var text = "tpm: \($0.device.tpm)\nsecurity level: \($0.device.securityLevel.rawValue)\n"
-                    + "passcode: \($0.device.passcodeSet ? "set" : "not set")\nlock: \($0.device.lockState.rawValue)"
+                    + "passcode: \($0.device.passcodeSet ? "set" : "not set")\nlock: \($0.device.lockState.rawValue)\n"
+                    + authorizationLines($0.device)
                 if let t = $0.token {
                     text += "\ntoken: " + escaped("\(t.label) (\(t.manufacturer), \(t.model), serial \(t.serial))")
                     text += "\ntoken PIN: locked \(t.userPinLocked), final try \(t.userPinFinalTry), count low \(t.userPinCountLow)"
@@ -188,6 +195,14 @@ struct Commands {
             throw UsageError(message: "passcode takes: set, change, remove or reset-tries")
         }
         return .ok
+    }
+
+    /// The TPM's authorizations and storage root key, then each warning on its own line.
+    private func authorizationLines(_ status: DeviceStatus) -> String {
+        (["owner authorization: \(status.ownerAuthorizationSet ? "set" : "EMPTY")",
+          "lockout authorization: \(status.lockoutAuthorizationSet ? "set" : "EMPTY")",
+          "storage root key: \(status.storageRootKey.rawValue)"]
+            + status.warnings.map { "warning: \($0)" }).joined(separator: "\n")
     }
 
     private func notFound(_ args: [String]) -> Exit {

@@ -51,7 +51,9 @@ struct ProcessTests {
         let refused = try cli(tpm, store, ["--json", "init"])
         #expect(refused.status == 3)
         #expect(String(decoding: refused.stdout, as: UTF8.self).contains("AUTHENTICATION_FAILED"))
-        #expect(try cli(tpm, store, ["init", "--owner-auth-file", tpm.directory + "/owner"]).status == 0)
+        // The owner's is set; the lockout's is empty: init sets it, written to a file first.
+        #expect(try cli(tpm, store, ["init", "--owner-auth-file", tpm.directory + "/owner",
+                                     "--lockout-auth-out", tpm.directory + "/lockout"]).status == 0)
         #expect(try cli(tpm, store, ["passcode", "set"], input: Array("2468\n".utf8)).status == 0)
         // The reader's first enrollment makes a persistent key: the owner authorization again, on stdin.
         #expect(try cli(tpm, store, ["reader", "enroll", "thumb", "--owner-auth-file", tpm.directory + "/owner"],
@@ -289,7 +291,7 @@ struct ProcessTests {
         defer { broker.stop() }
         let tcti = broker.tcti
         let env = broker.environment
-        #expect(try cli(tpm, store, ["init"], tcti: tcti, environment: env).status == 0)
+        #expect(try cli(tpm, store, ["init", "--allow-empty-owner-auth"], tcti: tcti, environment: env).status == 0)
         let writers = 4, rounds = 6
         let failures = Mutex<[String]>([])
         DispatchQueue.concurrentPerform(iterations: writers) { w in

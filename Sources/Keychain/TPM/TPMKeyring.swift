@@ -455,10 +455,19 @@ final class TPMKeyring {
                       underlying: .tpm(error))
     }
 
-    private func srkChanged() -> Bool {
-        guard let pinned = try? store.meta(Meta.srkName) else { return false }
-        guard let current = try? context.resource(forPersistent: Self.srkHandle) else { return true }
-        return (try? context.name(of: current)) != pinned
+    private func srkChanged() -> Bool { srkState() != .pinned }
+
+    /// The persistent SRK compared with the name pinned in the store at provisioning.
+    func srkState() -> DeviceStatus.StorageRootKey {
+        guard let pinned = try? store.meta(Meta.srkName) else { return .pinned }
+        do throws(TPMError) {
+            let current = try context.resource(forPersistent: Self.srkHandle)
+            return (try? context.name(of: current)) == pinned ? .pinned : .replaced
+        } catch {
+            // The TPM's HANDLE error: nothing there. Anything else: ESAPI, which already holds the pinned
+            // SRK (deserialized from the store), refused a second name for the same handle: replaced.
+            return error.code.is(.handle) ? .missing : .replaced
+        }
     }
 
     // MARK: The device lock
