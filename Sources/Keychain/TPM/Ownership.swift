@@ -135,12 +135,17 @@ enum SecretFile {
 
     /// The decoded first line of a secret file, or nil when it does not exist.
     static func read(_ path: String) throws(KeychainError) -> SecureBytes? {
-        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+        // O_NONBLOCK: a FIFO planted there must not hang the open; only a regular file is read.
+        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else {
             if errno == ENOENT { return nil }
             throw KeychainError(.storageError, "Cannot read \(path)", underlying: .errno(errno))
         }
         defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
+            throw KeychainError(.storageError, "\(path) is not a regular file: remove it")
+        }
         let buffer = SecureBytes(count: 256)
         let n = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress!, $0.count) }
         guard n >= 0 else { throw KeychainError(.storageError, "Cannot read \(path)", underlying: .errno(errno)) }
