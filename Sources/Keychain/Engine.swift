@@ -945,6 +945,15 @@ extension Engine {
         return upgraded
     }
 
+    /// Deletes the reader and frees its TPM key's persistent handle; its items keep only their
+    /// passcode branch (CurrentSet ones report KEY_INVALIDATED).
+    func deleteReader(passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) -> Bool {
+        try requirePasscodeForEnrollment(passcode)
+        let reader = try FingerprintReader(directory: readerDirectory)
+        unsealed = unsealed.filter { $0.value.opened == nil }
+        return try withKeyring { keyring throws(KeychainError) in try reader.delete(keyring: keyring) }
+    }
+
     func removeFinger(_ finger: String, passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) -> Bool {
         try requirePasscodeForEnrollment(passcode)
         let reader = try FingerprintReader(directory: readerDirectory)

@@ -222,6 +222,12 @@ public struct KeychainDevice: Sendable {
     public func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool {
         try await engine.removeFinger(name, passcode: passcode, readerDirectory: try readerDirectory())
     }
+    /// Deletes the fingerprint reader (its fingers and its TPM key); needs the device passcode when
+    /// one is set. - Returns: false when there was no reader.
+    @discardableResult
+    public func deleteReader(passcode: SecureBytes?) async throws(KeychainError) -> Bool {
+        try await engine.deleteReader(passcode: passcode, readerDirectory: try readerDirectory())
+    }
     public func enrolledFingers() async throws(KeychainError) -> [String] {
         try FingerprintReader(directory: try readerDirectory()).enrolled
     }

@@ -112,6 +112,7 @@ let usage = """
 
     The fingerprint reader (simulated; its own directory, --reader DIR or KEYCHAIN_READER, 'none' for no reader):
       reader enroll NAME | reader remove NAME   the device passcode on stdin when one is set
+      reader delete                             the reader and its TPM key (passcode on stdin when set)
       reader list
 
     Reads of items behind an access control ask on the terminal; without one, answer with

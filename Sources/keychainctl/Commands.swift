@@ -160,11 +160,17 @@ struct Commands {
                 return .notFound
             }
             done("removed \(args[1])")
+        case ("delete", 1):
+            guard try await device.deleteReader(passcode: try readLines(1).first) else {
+                FileHandle.standardError.write(Data("keychainctl: there is no reader to delete\n".utf8))
+                return .notFound
+            }
+            done("deleted the reader and its TPM key")
         case ("list", 1):
             let fingers = try await device.enrolledFingers()
             if inv.json { printJSON(fingers) } else { fingers.forEach { print(escaped($0)) } }
         default:
-            throw UsageError(message: "reader takes: enroll NAME, remove NAME or list")
+            throw UsageError(message: "reader takes: enroll NAME, remove NAME, delete or list")
         }
         return .ok
     }

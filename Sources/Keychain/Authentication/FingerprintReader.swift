@@ -135,6 +135,21 @@ final class FingerprintReader {
         return true
     }
 
+    /// Deletes the reader: its state first (renamed away, then removed), then its TPM key, so a
+    /// kill in between leaves a recorded key that the next enrollment evicts, never a reader
+    /// without its key. - Returns: false when there was no reader.
+    func delete(keyring: TPMKeyring) throws(KeychainError) -> Bool {
+        guard let current = state else { return false }
+        let retired = directory + "/.reader.json.deleted"
+        guard rename(statePath, retired) == 0 else {
+            throw KeychainError(.storageError, "Cannot remove \(statePath)", underlying: .errno(errno))
+        }
+        unlink(retired)
+        state = nil
+        try ReaderKeys(keyring: keyring).evict(handle: current.tpmHandle, name: current.keyName)
+        return true
+    }
+
     /// Makes the reader's TPM key persistent at the first free handle, recorded in the store first
     /// (`ReaderKeys`): keys of deleted readers and of killed enrollments are evicted before.
     private func provision(_ keyring: TPMKeyring) throws(KeychainError) -> State {

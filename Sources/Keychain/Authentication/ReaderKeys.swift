@@ -64,6 +64,19 @@ struct ReaderKeys {
         if kept != all { try save(kept) }
     }
 
+    /// Evicts a deleted reader's key (if the TPM still holds that name there) and forgets it.
+    func evict(handle: UInt32, name: [UInt8]) throws(KeychainError) {
+        do {
+            if let key = try? context.resource(forPersistent: handle), try context.name(of: key) == name {
+                try context.evict(key, at: handle)
+            }
+        } catch {
+            throw keyring.diagnose(error, doing: "evict the fingerprint reader's TPM key")
+        }
+        let all = entries()
+        if all.contains(where: { $0.handle == handle }) { try save(all.filter { $0.handle != handle }) }
+    }
+
     /// Its reader's state is gone (the file or the directory does not exist) or names another key.
     /// A file that cannot be read for another reason keeps the key.
     private static func isOrphan(_ entry: Entry) -> Bool {
