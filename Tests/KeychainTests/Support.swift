@@ -2,6 +2,7 @@ import Foundation
 import Keychain
 import KeychainTestSupport
 import SecureMemory
+import Synchronization
 import Testing
 import TPM2
 
@@ -72,12 +73,23 @@ func run(_ path: String, _ args: [String], input: [UInt8] = [], environment: [St
     // A child may exit without reading all its input (a refused `set`): that is EPIPE for this write,
     // not a SIGPIPE that ends the whole test process.
     _ = ignoreBrokenPipes
+    // A child that never ends (a TPM client queued behind another forever) fails its test after two
+    // minutes instead of holding the whole run until CI's cap.
+    let finished = Mutex(false)
+    DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(childDeadlineSeconds)) {
+        finished.withLock { done in if !done { kill(pid, SIGKILL) } }
+    }
     try? stdin.fileHandleForWriting.write(contentsOf: Data(input))
     try stdin.fileHandleForWriting.close()
     let out = stdout.fileHandleForReading.readDataToEndOfFile()
     let err = stderr.fileHandleForReading.readDataToEndOfFile()
-    return (Processes.wait(pid), Array(out), String(decoding: err, as: UTF8.self))
+    let status = Processes.wait(pid)
+    let timedOut = finished.withLock { done in defer { done = true }; return status == -1 }
+    return (status, Array(out), String(decoding: err, as: UTF8.self) + (timedOut ? "\n[killed: a signal ended it, or it ran past \(childDeadlineSeconds) s]" : ""))
 }
+
+/// How long a child of a test may run.
+let childDeadlineSeconds = 120
 
 /// SIGPIPE ignored in the test process, once (children still start with the default).
 let ignoreBrokenPipes: Void = { signal(SIGPIPE, SIG_IGN) }()
