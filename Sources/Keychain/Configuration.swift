@@ -75,10 +75,18 @@ public struct KeychainConfiguration: Sendable {
         }
     }
 
+    /// For tests: inside `KeychainConfiguration.$taskDefault.withValue(configuration) { … }` (or
+    /// KeychainTestSupport's `SimulatedDevice.asDefault`), `default` is `configuration`, so the app's
+    /// `keychain`, `createKeychain(options)` and `KeychainDevice()` use it. A task-local: it holds for
+    /// that task and the tasks it starts (not detached ones), so tests running in parallel each have theirs.
+    @TaskLocal public static var taskDefault: KeychainConfiguration?
+
+    /// Read at each use: the task's `taskDefault` when set, else the environment:
     /// `KEYCHAIN_STORE` or `~/.local/share/keychain`; `KEYCHAIN_TCTI`, `TPM2TCTI`, `/dev/tpmrm0`,
     /// and the embedded software TPM when there is none of them. The reader is `KEYCHAIN_READER`
     /// (`none` for a device without one), or `<store>.reader`.
     public static var `default`: KeychainConfiguration {
+        if let taskDefault { return taskDefault }
         let env = ProcessInfo.processInfo.environment
         let store = env["KEYCHAIN_STORE"].flatMap { $0.isEmpty ? nil : $0 }
             ?? (env["HOME"] ?? NSHomeDirectory()) + "/.local/share/keychain"

@@ -134,10 +134,11 @@ public func createKeychain(_ options: KeychainOptions = .init(),
 }
 
 /// The default storage: the application identifier as its service (`KEYCHAIN_APP_ID`, or the
-/// program's name), `afterFirstUnlock`, no access control.
-public let keychain: Keychain = {
+/// program's name), `afterFirstUnlock`, no access control. Made at each use from
+/// `KeychainConfiguration.default` (cheap), so a test's `taskDefault` redirects it too.
+public var keychain: Keychain {
     do { return try Keychain() } catch { fatalError("default options are valid: \(error)") }
-}()
+}
 
 /// What `getItemInfo` returns.
 public struct ItemInfo: Sendable, Hashable, Codable {

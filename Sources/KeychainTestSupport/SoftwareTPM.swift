@@ -2,15 +2,17 @@ import Foundation
 import Keychain
 import TPM2
 
-/// A private software TPM for one test or suite: swtpm on Unix sockets in a 0700 temporary directory,
-/// small dictionary-attack limits, stopped and removed when released, and killed with the process
-/// that made it (however that process ends).
+/// A private software TPM for one test or suite: swtpm on Unix sockets in a 0700 folder
+/// `$TMPDIR/keychain-swtpm-<UUID>` (`/tmp` without `TMPDIR`), small dictionary-attack limits, stopped
+/// and removed when released, and killed with the process that made it (however that process ends).
+/// A folder left by a run that was killed is removed by the next `SoftwareTPM()` of the same user.
 ///
 /// ```swift
 /// let tpm = try SoftwareTPM()
 /// let keychain = try createKeychain(.init(service: "tests"), configuration: tpm.configuration())
 /// ```
 public final class SoftwareTPM: @unchecked Sendable {
+    /// `$TMPDIR/keychain-swtpm-<UUID>`: the sockets, `state/` (the TPM's), `store/`, `reader/`, `owner`.
     public let directory: String
     private let swtpm: Swtpm
     private var child: Swtpm.Child?
@@ -23,10 +25,13 @@ public final class SoftwareTPM: @unchecked Sendable {
     public var processIdentifier: pid_t { lock.withLock { child?.pid ?? 0 } }
 
     public init() throws {
-        directory = FileManager.default.temporaryDirectory.appendingPathComponent("keychain-swtpm-\(UUID().uuidString)").path
+        let temporary = FileManager.default.temporaryDirectory.path
+        Self.removeStaleDirectories(in: temporary)
+        directory = temporary + "/keychain-swtpm-\(UUID().uuidString)"
         for dir in [directory, directory + "/state"] where mkdir(dir, 0o700) != 0 {
             throw SoftwareTPMError("cannot create \(dir): errno \(errno)")
         }
+        try Self.recordOwner(in: directory)
         swtpm = try Swtpm(directory: directory)
         try start()
         // Low DA limits, so a test that fails authorizations never waits minutes (our own objects are noDA).
@@ -44,6 +49,12 @@ public final class SoftwareTPM: @unchecked Sendable {
         KeychainConfiguration(storeDirectory: store ?? directory + "/store", tpm: .tcti(tcti), pcrSelection: pcrSelection)
     }
 
+    /// The environment that points a child process's default configuration (`keychain`,
+    /// `createKeychain()`, `keychainctl`) at this TPM and `directory/store`, with no fingerprint reader.
+    public var environment: [String: String] {
+        ["KEYCHAIN_TCTI": tcti, "KEYCHAIN_STORE": directory + "/store", "KEYCHAIN_READER": "none"]
+    }
+
     /// A TPM reset: the process stops and starts again on the same state.
     public func reboot() throws {
         stop()
@@ -59,6 +70,67 @@ public final class SoftwareTPM: @unchecked Sendable {
 
     private func start() throws {
         try lock.withLock { child = try swtpm.start(state: directory + "/state") }
+    }
+
+    // MARK: Folders of dead runs
+
+    /// Removes the `keychain-swtpm-*` folders in `temporary` whose owner process is gone (killed, so
+    /// no deinit ran; its swtpm died with it). Only folders of this user that name their owner are
+    /// considered, and a folder whose owner still runs is kept. `SoftwareTPM()` calls it.
+    public static func removeStaleDirectories(in temporary: String) {
+        guard let entries = try? FileManager.default.contentsOfDirectory(atPath: temporary) else { return }
+        for entry in entries where entry.hasPrefix("keychain-swtpm-") {
+            let path = temporary + "/" + entry
+            var info = stat()
+            guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == getuid(),
+                  let owner = readOwner(in: path), !isRunning(owner) else { continue }
+            try? FileManager.default.removeItem(atPath: path)
+        }
+    }
+
+    /// `owner` holds "<pid> <start time>": the start time tells a reused pid from the owner.
+    private static func recordOwner(in directory: String) throws {
+        let pid = getpid()
+        guard let started = startTime(of: pid) else { throw SoftwareTPMError("cannot read /proc/\(pid)/stat") }
+        let fd = open(directory + "/owner", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw SoftwareTPMError("cannot create \(directory)/owner: errno \(errno)") }
+        defer { close(fd) }
+        let text = Array("\(pid) \(started)\n".utf8)
+        guard write(fd, text, text.count) == text.count else {
+            throw SoftwareTPMError("cannot write \(directory)/owner: errno \(errno)")
+        }
+    }
+
+    private static func readOwner(in directory: String) -> (pid: pid_t, started: UInt64)? {
+        let fd = open(directory + "/owner", O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+        guard fd >= 0 else { return nil }  // being made right now, or not ours to judge
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 64)
+        let count = read(fd, &buffer, buffer.count)
+        guard count > 0 else { return nil }
+        let fields = String(decoding: buffer[..<count], as: UTF8.self).split(whereSeparator: \.isWhitespace)
+        guard fields.count == 2, let pid = pid_t(fields[0]), pid > 0, let started = UInt64(fields[1]) else { return nil }
+        return (pid, started)
+    }
+
+    /// Alive (a zombie is not) and the same process: its start time matches.
+    private static func isRunning(_ owner: (pid: pid_t, started: UInt64)) -> Bool {
+        guard let stat = procStat(owner.pid), stat.state != "Z" else { return false }
+        return stat.started == owner.started
+    }
+
+    private static func startTime(of pid: pid_t) -> UInt64? { procStat(pid)?.started }
+
+    /// Fields 3 (state) and 22 (start time, in clock ticks since boot) of /proc/<pid>/stat.
+    private static func procStat(_ pid: pid_t) -> (state: Character, started: UInt64)? {
+        guard let handle = FileHandle(forReadingAtPath: "/proc/\(pid)/stat") else { return nil }
+        defer { try? handle.close() }
+        let text = String(decoding: handle.readDataToEndOfFile(), as: UTF8.self)
+        // The command name (field 2) may hold spaces and parentheses: count from its last ')'.
+        guard let end = text.lastIndex(of: ")") else { return nil }
+        let fields = text[text.index(after: end)...].split(separator: " ")
+        guard fields.count > 19, let state = fields[0].first, let started = UInt64(fields[19]) else { return nil }
+        return (state, started)
     }
 }
 

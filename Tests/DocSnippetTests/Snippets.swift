@@ -32,8 +32,11 @@ func README_0() async throws {
 // README.md, block 2
 func README_1() async throws {
 
-    let tpm = try SoftwareTPM()
-    let vault = try createKeychain(.init(service: "vault"), configuration: tpm.configuration())
+    let d = try await SimulatedDevice(passcode: SecureBytes(copying: Array("2468".utf8)), fingers: ["thumb"])
+    try await d.asDefault {
+        try await keychain.setItem("accessToken", "at-1")   // in d's TPM and store
+        d.answers.push(.finger("thumb"))                     // the answer to the next prompt
+    }
 }
 
 // docs/guides/biometrics-vault.md, block 1
@@ -226,10 +229,33 @@ struct docs_guides_testing_with_swtpm_0 {
 
         d.answers.push(.finger("thumb"))
         #expect(try await vault.getItem("refreshToken") == "rt-1")
+        #expect(d.answers.requests.count == 1)  // what was asked: prompt, allowed methods
 
         d.answers.push(.cancel)
         await #expect(throws: KeychainError(.userCanceled)) { try await vault.getItem("refreshToken") }
 
-        try await d.tpm.reboot()  // a TPM reset: after-first-unlock items wait for an unlock
+        try await d.lock()                      // whenUnlocked… items: INTERACTION_NOT_ALLOWED, no prompt
+        try await d.unlock()                    // with the device's passcode, checked by the TPM
+        try await d.enrollFinger("index")       // biometryCurrentSet items: KEY_INVALIDATED on next read
+        try d.tpm.reboot()                      // a TPM reset: afterFirstUnlock items wait for an unlock
+    }
+}
+
+// docs/guides/testing-with-swtpm.md, block 2
+struct docs_guides_testing_with_swtpm_1 {
+
+    /// App code: no configuration anywhere.
+    struct Session {
+        func save(_ token: String) async throws { try await keychain.setItem("accessToken", token) }
+        func token() async throws -> String? { try await keychain.getItem("accessToken") }
+    }
+
+    @Test func theSessionIsKeptInTheDefaultKeychain() async throws {
+        let d = try await SimulatedDevice()
+        try await d.asDefault {
+            try await Session().save("at-1")
+            #expect(try await Session().token() == "at-1")
+            #expect(keychain.configuration.storeDirectory == d.configuration.storeDirectory)
+        }
     }
 }
