@@ -113,24 +113,24 @@ public final class SoftwareTPM: @unchecked Sendable {
         return (pid, started)
     }
 
-    /// Alive (a zombie is not) and the same process: its start time matches.
+    /// Gone only when the kernel says so (ESRCH); a pid that exists with another start time was reused.
+    /// Anything unsure (an unreadable /proc entry, a zombie, a leader whose main thread exited and
+    /// shows as `Z`) counts as running: a live test's folder is never removed.
     private static func isRunning(_ owner: (pid: pid_t, started: UInt64)) -> Bool {
-        guard let stat = procStat(owner.pid), stat.state != "Z" else { return false }
-        return stat.started == owner.started
+        if kill(owner.pid, 0) != 0 && errno == ESRCH { return false }
+        guard let started = startTime(of: owner.pid) else { return true }
+        return started == owner.started
     }
 
-    private static func startTime(of pid: pid_t) -> UInt64? { procStat(pid)?.started }
-
-    /// Fields 3 (state) and 22 (start time, in clock ticks since boot) of /proc/<pid>/stat.
-    private static func procStat(_ pid: pid_t) -> (state: Character, started: UInt64)? {
+    /// Field 22 of /proc/<pid>/stat: the start time, in clock ticks since boot.
+    private static func startTime(of pid: pid_t) -> UInt64? {
         guard let handle = FileHandle(forReadingAtPath: "/proc/\(pid)/stat") else { return nil }
         defer { try? handle.close() }
         let text = String(decoding: handle.readDataToEndOfFile(), as: UTF8.self)
         // The command name (field 2) may hold spaces and parentheses: count from its last ')'.
         guard let end = text.lastIndex(of: ")") else { return nil }
         let fields = text[text.index(after: end)...].split(separator: " ")
-        guard fields.count > 19, let state = fields[0].first, let started = UInt64(fields[19]) else { return nil }
-        return (state, started)
+        return fields.count > 19 ? UInt64(fields[19]) : nil
     }
 }
 
