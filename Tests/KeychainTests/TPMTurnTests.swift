@@ -78,4 +78,31 @@ struct TPMTurnTests {
         #expect(try cli(["status"]).status == 0)
         #expect(try leftovers() == [])
     }
+
+    /// Another user made the directory where the TPM lock would go (`$XDG_RUNTIME_DIR/keychain`,
+    /// or `/tmp/keychain-<uid>`), open to all: the lock goes to the store instead, nothing is made
+    /// in the planted directory, and the keychain works. The control: our own directory gets it.
+    @Test func aLockDirectoryAnotherUserMadeIsNotUsed() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        let planted = tpm.directory + "/xdg-planted", ours = tpm.directory + "/xdg-ours"
+        for dir in [planted + "/keychain", ours] {
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        }
+        chmod(tpm.directory + "/xdg-planted", 0o755)
+        chown(planted + "/keychain", 65534, 65534)
+        chmod(planted + "/keychain", 0o777)
+        let binary = ctl
+        func keychainctl(_ xdg: String, _ args: [String], _ input: String = "") throws -> Int32 {
+            try run(binary, ["--store", store, "--tcti", tpm.tcti] + args, input: Array(input.utf8),
+                    environment: ["XDG_RUNTIME_DIR": xdg]).status
+        }
+        #expect(try keychainctl(planted, ["set", "s", "k", "--accessible", "always"], "v") == 0)
+        #expect(try keychainctl(planted, ["get", "s", "k"]) == 0)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: planted + "/keychain") == [], "a lock in the planted directory")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: store).contains { $0.hasPrefix("tpm-") && $0.hasSuffix(".lock") })
+        #expect(try keychainctl(ours, ["get", "s", "k"]) == 0)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: ours + "/keychain").contains { $0.hasSuffix(".lock") })
+    }
+
 }
