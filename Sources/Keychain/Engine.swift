@@ -34,8 +34,6 @@ actor Engine {
     struct WrappingKeyID: Hashable { var service: String; var protection: String; var publicKey: [UInt8] }
     struct AgreedID: Hashable { var wrappingPublic: [UInt8]; var writerPublic: [UInt8] }
 
-    static let lockGenerationMeta = "lock.generation"
-
     private init(configuration: KeychainConfiguration) {
         self.configuration = configuration
         self.executor = SerialThreadExecutor(name: "keychain.engine")
@@ -183,7 +181,7 @@ actor Engine {
     }
 
     private func lockGeneration(_ store: Store) throws(KeychainError) -> UInt64 {
-        do { return try store.meta(Self.lockGenerationMeta).flatMap(UInt64.init(bigEndianBytes:)) ?? 0 }
+        do { return try store.meta(StoreMeta.lockGeneration).flatMap(UInt64.init(bigEndianBytes:)) ?? 0 }
         catch { throw KeychainError(store: error) }
     }
 
@@ -335,8 +333,6 @@ actor Engine {
         protection.firstIndex(of: "~").map { String(protection[..<$0]) } ?? protection
     }
 
-    static func retiredMarker(service: String, key: String) -> String { "retired:\(service.utf8.count):\(service)/\(key)" }
-
     static func retire(_ dead: WrappingKeyRecord, _ tx: Transaction) throws {
         var retired = dead
         retired.protection = retiredTag(dead.protection, publicKey: dead.publicKey)
@@ -344,8 +340,8 @@ actor Engine {
         for key in try tx.keys(service: dead.service) {
             // An item already marked belongs to an older retired key.
             guard let item = try tx.item(service: dead.service, key: key), item.protection == dead.protection,
-                  try retiredKey(of: item, marker: tx.meta(retiredMarker(service: dead.service, key: key))) == nil else { continue }
-            try tx.setMeta(retiredMarker(service: dead.service, key: key), dead.publicKey + item.nonce)
+                  try retiredKey(of: item, marker: tx.meta(StoreMeta.retired(service: dead.service, key: key))) == nil else { continue }
+            try tx.setMeta(StoreMeta.retired(service: dead.service, key: key), dead.publicKey + item.nonce)
         }
     }
 
@@ -359,14 +355,14 @@ actor Engine {
     /// The item at (service, key) was replaced or removed: drop its marker, and its retired key
     /// when no other item uses it.
     static func releaseRetired(service: String, key: String, _ tx: Transaction) throws {
-        let name = retiredMarker(service: service, key: key)
+        let name = StoreMeta.retired(service: service, key: key)
         guard let marker = try tx.meta(name) else { return }
         _ = try tx.deleteMeta(name)
         guard marker.count > Sodium.x25519KeyLength else { return }
         let publicKey = Array(marker.prefix(Sodium.x25519KeyLength))
         for other in try tx.keys(service: service) where other != key {
             if let item = try tx.item(service: service, key: other),
-               try retiredKey(of: item, marker: tx.meta(retiredMarker(service: service, key: other))) == publicKey { return }
+               try retiredKey(of: item, marker: tx.meta(StoreMeta.retired(service: service, key: other))) == publicKey { return }
         }
         for wrapping in try tx.wrappingKeys(service: service) where wrapping.publicKey == publicKey && wrapping.protection.contains("~") {
             _ = try tx.deleteWrappingKey(service: service, protection: wrapping.protection)
@@ -404,7 +400,7 @@ actor Engine {
         // Only these tags ever have a dead key replaced (Engine.set's staleKey): others skip the lookup.
         let retirable = record.protection.contains("CurrentSet") || record.protection.hasPrefix(Accessible.whenPasscodeSetThisDeviceOnly.rawValue)
         let retired = !retirable ? nil
-            : try read { try Self.retiredKey(of: record, marker: store.meta(Self.retiredMarker(service: service, key: key))) }
+            : try read { try Self.retiredKey(of: record, marker: store.meta(StoreMeta.retired(service: service, key: key))) }
         let keyTag = retired.map { Self.retiredTag(record.protection, publicKey: $0) } ?? record.protection
         guard let wrapping = try read({ try store.wrappingKey(service: service, protection: keyTag) }) else {
             throw corrupted(record, "its wrapping key is missing from the store")
@@ -541,7 +537,7 @@ actor Engine {
         }
         // authValidity across processes: a TPM ticket from an earlier read of this key, which opens no other.
         let window = Int32(clamping: policy.acceptsTickets ? window : 0)
-        let ticketName = "ticket:\(record.service)/\(record.protection)"
+        let ticketName = StoreMeta.ticket(service: record.service, protection: record.protection)
         // A ticket made for a longer window than this read's is used only within this read's window.
         if window > 0, let saved = try? store().meta(ticketName),
            let stored = try? JSONDecoder().decode(TPMKeyring.StoredTicket.self, from: Data(saved)),
@@ -727,7 +723,7 @@ actor Engine {
             try tokenBackend(pkcs11URI).destroyKeys(service: service)
         }
         try writeStore(store) { tx in
-            for key in try tx.keys(service: service) { _ = try tx.deleteMeta(Self.retiredMarker(service: service, key: key)) }
+            for key in try tx.keys(service: service) { _ = try tx.deleteMeta(StoreMeta.retired(service: service, key: key)) }
             _ = try tx.deleteItems(service: service)
             _ = try tx.deleteWrappingKeys(service: service)
         }
@@ -750,7 +746,7 @@ actor Engine {
         guard let protection = ItemProtection(storageTag: tag) else {
             throw corrupted(record, "its protection '\(record.protection)' is not one this library writes")
         }
-        let manufacturer = try read { try store.meta("tpm.manufacturer") }
+        let manufacturer = try read { try store.meta(StoreMeta.manufacturer) }
         let publicService = onToken && record.service.hasSuffix(TokenBackend.tagSuffix)
             ? String(record.service.dropLast(TokenBackend.tagSuffix.count)) : record.service
         return ItemInfo(key: record.key, service: publicService, accessible: protection.accessible,
@@ -784,8 +780,8 @@ actor Engine {
         try withKeyring { keyring throws(KeychainError) in try keyring.lock() }
         let store = try store()
         try writeStore(store) { tx in
-            let generation = try tx.meta(Self.lockGenerationMeta).flatMap(UInt64.init(bigEndianBytes:)) ?? 0
-            try tx.setMeta(Self.lockGenerationMeta, (generation + 1).bigEndianBytes)
+            let generation = try tx.meta(StoreMeta.lockGeneration).flatMap(UInt64.init(bigEndianBytes:)) ?? 0
+            try tx.setMeta(StoreMeta.lockGeneration, (generation + 1).bigEndianBytes)
         }
         forgetSecrets(keepingLongLived: true)
     }
@@ -1041,7 +1037,6 @@ public struct TokenStatus: Sendable, Hashable, Codable {
 // MARK: 'strongbox' with the passcode: the token's user PIN, asked at read
 
 extension Engine {
-    static let tokenLimiterMeta = "pkcs11.pin-attempts"
     static let tokenPINLimit = 5
 
     /// A token item behind the passcode is stored like a TPM item: an X25519 wrapping pair per
@@ -1112,18 +1107,18 @@ extension Engine {
     }
 
     private func tokenLimiter(_ store: Store) -> PINAttemptLimiter {
-        (try? store.meta(Self.tokenLimiterMeta)).flatMap { $0 }.flatMap { try? JSONDecoder().decode(PINAttemptLimiter.self, from: Data($0)) }
+        (try? store.meta(StoreMeta.tokenPINAttempts)).flatMap { $0 }.flatMap { try? JSONDecoder().decode(PINAttemptLimiter.self, from: Data($0)) }
             ?? PINAttemptLimiter(limit: Self.tokenPINLimit)
     }
 
     /// A count that cannot be saved would let PINs be tried without limit: that is an error.
     private func saveTokenLimiter(_ limiter: PINAttemptLimiter, _ store: Store) throws(KeychainError) {
         let data = (try? JSONEncoder().encode(limiter)) ?? Data()
-        try writeStore(store) { tx in try tx.setMeta(Self.tokenLimiterMeta, Array(data)) }
+        try writeStore(store) { tx in try tx.setMeta(StoreMeta.tokenPINAttempts, Array(data)) }
     }
 
     func resetTokenPINTries() throws(KeychainError) {
         let store = try store()
-        try writeStore(store) { tx in _ = try tx.deleteMeta(Self.tokenLimiterMeta) }
+        try writeStore(store) { tx in _ = try tx.deleteMeta(StoreMeta.tokenPINAttempts) }
     }
 }

@@ -272,7 +272,7 @@ struct SeedContractTests {
         try await store.removeItem("c")
         let raw = try Store(directory: d.configuration.storeDirectory)
         #expect(try raw.wrappingKeys(service: "svc").count == 1)
-        for key in ["a", "b", "c"] { #expect(try raw.meta(Engine.retiredMarker(service: "svc", key: key)) == nil) }
+        for key in ["a", "b", "c"] { #expect(try raw.meta(StoreMeta.retired(service: "svc", key: key)) == nil) }
         d.answers.push(.finger("index"), .finger("thumb"))
         #expect(try await store.getItem("b") == "new")
         #expect(try await store.getItem("a") == "new")

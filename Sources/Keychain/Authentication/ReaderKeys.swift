@@ -20,21 +20,19 @@ struct ReaderKeys {
         var directory: String
     }
 
-    static let meta = "reader.keys"
-
     let keyring: TPMKeyring
 
     private var store: Store { keyring.store }
     private var context: TPMContext { keyring.context }
 
     func entries() -> [Entry] {
-        (try? store.meta(Self.meta)).flatMap { $0 }.flatMap { try? JSONDecoder().decode([Entry].self, from: Data($0)) } ?? []
+        (try? store.meta(StoreMeta.readerKeys)).flatMap { $0 }.flatMap { try? JSONDecoder().decode([Entry].self, from: Data($0)) } ?? []
     }
 
     private func save(_ entries: [Entry]) throws(KeychainError) {
         do {
             let data = try JSONEncoder().encode(entries)
-            try store.write { try $0.setMeta(Self.meta, Array(data)) }
+            try store.write { try $0.setMeta(StoreMeta.readerKeys, Array(data)) }
         } catch let error as StoreError {
             throw KeychainError(store: error)
         } catch {

@@ -22,12 +22,6 @@ import TPM2
 ///   passcode, so the store remembers the answer for that mark and epoch, and the next unlock with the
 ///   passcode rewrites it: each store asks at most once per interrupted change.
 extension TPMKeyring {
-    private enum PasscodeMeta {
-        /// [mark][epoch, 8 bytes]: an interrupted change's mark that this store found to mean "set".
-        static let knownSet = "tpm.passcode.known-set"
-        /// The descriptor index's ESAPI resource, so reading the mark is one command.
-        static let descriptorTR = "tpm.descriptor.tr"
-    }
 
     /// Whether a passcode is set; an interrupted change is finished first. Read once per operation.
     func passcodeIsSet() throws(KeychainError) -> Bool {
@@ -57,12 +51,12 @@ extension TPMKeyring {
         let epoch: UInt64
         do { epoch = try currentPasscodeEpoch() } catch { throw diagnose(error, doing: "read the passcode epoch") }
         let answer = [mark.rawValue] + epoch.bigEndianBytes
-        if (try? store.meta(PasscodeMeta.knownSet)) == answer { return true }
+        if (try? store.meta(StoreMeta.passcodeKnownSet)) == answer { return true }
         do throws(TPMError) {
             // The empty passcode's PolicySecret is the question: is the PIN empty?
             if mark == .removing { try incrementEpoch(passcode: nil) } else { try writeMark(.none, passcode: nil) }
         } catch where error.code.is(.badAuth) || error.code.is(.authFail) {
-            _ = try? store.write { try $0.setMeta(PasscodeMeta.knownSet, answer) }
+            _ = try? store.write { try $0.setMeta(StoreMeta.passcodeKnownSet, answer) }
             return true
         } catch {
             throw passcodeError(error, doing: "finish an interrupted passcode change")
@@ -98,7 +92,7 @@ extension TPMKeyring {
 
     /// After an unlock with the passcode: a mark this store found to mean "set" is rewritten as `set`.
     func repairInterruptedMark(with passcode: SecureBytes) throws(KeychainError) {
-        guard (try? store.meta(PasscodeMeta.knownSet)) != nil else { return }
+        guard (try? store.meta(StoreMeta.passcodeKnownSet)) != nil else { return }
         knownPasscodeSet = nil
         if try passcodeIsSet(), descriptor.mark.isInterrupted {
             do { try writeMark(.set, passcode: passcode) } catch { throw passcodeError(error, doing: "record the passcode") }
@@ -127,13 +121,13 @@ extension TPMKeyring {
     }
 
     private func forgetKnownSet() {
-        _ = try? store.write { _ = try $0.deleteMeta(PasscodeMeta.knownSet) }
+        _ = try? store.write { _ = try $0.deleteMeta(StoreMeta.passcodeKnownSet) }
     }
 
     private func descriptorResource() throws(TPMError) -> TPMHandle {
-        if let tr = try? store.meta(PasscodeMeta.descriptorTR), let handle = try? context.deserialize(tr) { return handle }
+        if let tr = try? store.meta(StoreMeta.descriptorTR), let handle = try? context.deserialize(tr) { return handle }
         let handle = try context.resource(forPersistent: DeviceLockLayout.descriptorIndex)
-        if let tr = try? context.serialize(handle) { _ = try? store.write { try $0.setMeta(PasscodeMeta.descriptorTR, tr) } }
+        if let tr = try? context.serialize(handle) { _ = try? store.write { try $0.setMeta(StoreMeta.descriptorTR, tr) } }
         return handle
     }
 

@@ -24,16 +24,6 @@ final class TPMKeyring {
     /// Manufacturer 'IBM ' is the reference implementation that swtpm runs: a software TPM.
     let isSoftwareTPM: Bool
 
-    private enum Meta {
-        static let srkTR = "tpm.srk.tr"
-        static let srkName = "tpm.srk.name"
-        static let stateTR = "tpm.state.tr"
-        static let epochTR = "tpm.epoch.tr"
-        static let pinTR = "tpm.pin.tr"
-        static let descriptor = "tpm.lock.descriptor"
-        static let manufacturer = "tpm.manufacturer"
-        static let bootState = "tpm.boot-state"
-    }
 
     /// - Parameter flushLeftovers: flush what killed processes left (only while holding the TPM's turn).
     init(device: TPMDevice, store: Store, configuration: KeychainConfiguration, flushLeftovers: Bool = false) throws(KeychainError) {
@@ -58,10 +48,10 @@ final class TPMKeyring {
             throw KeychainError.invalidArgument("The owner authorization is longer than the TPM accepts")
         }
         // A store that knows its TPM needs no TPM command to start: its handles are deserialized.
-        if let srkTR = try Self.meta(store, Meta.srkTR), let stateTR = try Self.meta(store, Meta.stateTR),
-           let epochTR = try Self.meta(store, Meta.epochTR),
-           let desc = try Self.meta(store, Meta.descriptor).flatMap(LockDescriptor.init(decoding:)),
-           let manufacturer = try Self.meta(store, Meta.manufacturer) {
+        if let srkTR = try Self.meta(store, StoreMeta.srkTR), let stateTR = try Self.meta(store, StoreMeta.stateTR),
+           let epochTR = try Self.meta(store, StoreMeta.epochTR),
+           let desc = try Self.meta(store, StoreMeta.lockDescriptor).flatMap(LockDescriptor.init(decoding:)),
+           let manufacturer = try Self.meta(store, StoreMeta.manufacturer) {
             do {
                 srk = try context.deserialize(srkTR)
                 stateNV = try context.deserialize(stateTR)
@@ -95,7 +85,7 @@ final class TPMKeyring {
                 srk = try context.provisionSRK(at: srkHandle)
             }
             let srkName = try context.name(of: srk)
-            if let pinned = try store.meta(Meta.srkName), pinned != srkName {
+            if let pinned = try store.meta(StoreMeta.srkName), pinned != srkName {
                 throw KeychainError(.hardwareUnavailable,
                                     "The TPM's storage root key at 0x81000001 is not the one this store was made with: "
                                     + "the TPM was cleared or replaced, and the items sealed to the old one cannot be opened")
@@ -110,14 +100,14 @@ final class TPMKeyring {
             let pinTR = try context.serialize(try context.resource(forPersistent: DeviceLockLayout.pinIndex))
             let bootState = try BootState.read(context, configuration.pcrSelection.filter { (0...15).contains($0) })
             try store.write { tx in
-                try tx.setMeta(Meta.bootState, bootState.encoded())
-                try tx.setMeta(Meta.srkTR, srkTR)
-                try tx.setMeta(Meta.srkName, srkName)
-                try tx.setMeta(Meta.stateTR, stateTR)
-                try tx.setMeta(Meta.epochTR, epochTR)
-                try tx.setMeta(Meta.pinTR, pinTR)
-                try tx.setMeta(Meta.descriptor, descriptor.encoded())
-                try tx.setMeta(Meta.manufacturer, manufacturer)
+                try tx.setMeta(StoreMeta.bootState, bootState.encoded())
+                try tx.setMeta(StoreMeta.srkTR, srkTR)
+                try tx.setMeta(StoreMeta.srkName, srkName)
+                try tx.setMeta(StoreMeta.stateTR, stateTR)
+                try tx.setMeta(StoreMeta.epochTR, epochTR)
+                try tx.setMeta(StoreMeta.pinTR, pinTR)
+                try tx.setMeta(StoreMeta.lockDescriptor, descriptor.encoded())
+                try tx.setMeta(StoreMeta.manufacturer, manufacturer)
             }
             return (srk, state, epoch, descriptor, manufacturer.starts(with: Array("IBM".utf8)))
         } catch let error as KeychainError {
@@ -238,7 +228,7 @@ final class TPMKeyring {
     /// extended since boot would make the key die at the next reboot. A PCR first selected after
     /// provisioning (or a store provisioned before this check) is recorded at its first seal.
     private func checkBootState(_ current: BootState) throws(KeychainError) {
-        var expected = try Self.meta(store, Meta.bootState).flatMap(BootState.init(decoding:)) ?? BootState(values: [:])
+        var expected = try Self.meta(store, StoreMeta.bootState).flatMap(BootState.init(decoding:)) ?? BootState(values: [:])
         let changed = current.values.keys.sorted().filter { pcr in
             expected.values[pcr].map { $0 != current.values[pcr] } ?? false
         }
@@ -252,7 +242,7 @@ final class TPMKeyring {
         let unrecorded = current.values.filter { expected.values[$0.key] == nil }
         guard !unrecorded.isEmpty else { return }
         expected.values.merge(unrecorded) { old, _ in old }
-        do { try store.write { tx in try tx.setMeta(Meta.bootState, expected.encoded()) } } catch let error as StoreError {
+        do { try store.write { tx in try tx.setMeta(StoreMeta.bootState, expected.encoded()) } } catch let error as StoreError {
             throw KeychainError(store: error)
         } catch {
             throw KeychainError(.internal, "\(error)")
@@ -392,7 +382,7 @@ final class TPMKeyring {
     }
 
     private func pinResource() throws(TPMError) -> TPMHandle {
-        if let tr = try? store.meta(Meta.pinTR), let handle = try? context.deserialize(tr) { return handle }
+        if let tr = try? store.meta(StoreMeta.pinTR), let handle = try? context.deserialize(tr) { return handle }
         return try context.resource(forPersistent: DeviceLockLayout.pinIndex)
     }
 
@@ -459,7 +449,7 @@ final class TPMKeyring {
 
     /// The persistent SRK compared with the name pinned in the store at provisioning.
     func srkState() -> DeviceStatus.StorageRootKey {
-        guard let pinned = try? store.meta(Meta.srkName) else { return .pinned }
+        guard let pinned = try? store.meta(StoreMeta.srkName) else { return .pinned }
         do throws(TPMError) {
             let current = try context.resource(forPersistent: Self.srkHandle)
             return (try? context.name(of: current)) == pinned ? .pinned : .replaced

@@ -1,0 +1,46 @@
+/// Every name this library keeps in the store's meta table, in one place (KeychainStore keeps its
+/// own, `Store.identityMeta`).
+///
+/// - Important: the strings are on disk. Renaming one makes existing stores lose what it names
+///   (StoreMetaTests pins each byte).
+enum StoreMeta {
+    // MARK: TPM
+    /// The SRK's serialized ESAPI resource, so opening the keyring needs no CreatePrimary.
+    static let srkTR = "tpm.srk.tr"
+    /// The SRK's name when the store was first opened: a different one is another TPM (or a cleared one).
+    static let srkName = "tpm.srk.name"
+    /// The device-lock state NV index's serialized ESAPI resource.
+    static let stateTR = "tpm.state.tr"
+    /// The device-lock epoch NV index's serialized ESAPI resource.
+    static let epochTR = "tpm.epoch.tr"
+    /// The passcode (PIN) NV index's serialized ESAPI resource.
+    static let pinTR = "tpm.pin.tr"
+    /// The device-lock layout (LockDescriptor) the store was created with.
+    static let lockDescriptor = "tpm.lock.descriptor"
+    /// The TPM's manufacturer (4 bytes); 'IBM ' means a software TPM.
+    static let manufacturer = "tpm.manufacturer"
+    /// The boot PCR values (BootState) seen at the last open, to tell a changed boot from tampering.
+    static let bootState = "tpm.boot-state"
+    /// [mark][epoch, 8 bytes]: an interrupted passcode change's mark that this store found to mean "set".
+    static let passcodeKnownSet = "tpm.passcode.known-set"
+    /// The descriptor NV index's serialized ESAPI resource, so reading the passcode mark is one command.
+    static let descriptorTR = "tpm.descriptor.tr"
+
+    // MARK: Engine
+    /// How many times the device was locked (UInt64, big endian): a `whenUnlocked` key cached
+    /// before the last lock is not used after it.
+    static let lockGeneration = "lock.generation"
+    /// The token PIN's attempt limiter (PINAttemptLimiter, JSON).
+    static let tokenPINAttempts = "pkcs11.pin-attempts"
+    /// The enrolled fingerprint readers' keys (ReaderKeys.Entry list, JSON).
+    static let readerKeys = "reader.keys"
+
+    /// A TPM ticket (TPMKeyring.StoredTicket, JSON) for one wrapping key, kept for its authValidity window.
+    static func ticket(service: String, protection: String) -> String { "\(ticketPrefix)\(service)/\(protection)" }
+    static let ticketPrefix = "ticket:"
+
+    /// [retired public key][item nonce]: the item at (service, key) still uses a retired wrapping key.
+    /// The service's length comes first, so no (service, key) pair names another's marker.
+    static func retired(service: String, key: String) -> String { "\(retiredPrefix)\(service.utf8.count):\(service)/\(key)" }
+    static let retiredPrefix = "retired:"
+}
