@@ -556,37 +556,27 @@ actor Engine {
                                 "Reading '\(record.key)' needs the user (\(methods.map(\.rawValue).joined(separator: " or "))), "
                                 + "and no authenticator can ask: pass --touch FINGER or --passcode-stdin, or run on a terminal")
         }
-        var failure: String?
-        for attempt in 1...max(1, authenticator.attemptsPerRead) {
-            let answer = await authenticator.authenticate(AuthenticationRequest(
-                prompt: context.prompt, methods: methods, service: record.service, key: record.key,
-                attempt: attempt, previousFailure: failure))
+        return try await authenticator.ask(prompt: context.prompt, methods: methods, service: record.service, key: record.key,
+                                           unnamedFailure: "no match") { answer throws(KeychainError) in
             switch answer {
-            case .cancel, .fallback, .interrupted: throw answer.endingError!
             case .finger(let finger):
-                guard methods.contains(.fingerprint), let reader else {
-                    failure = "a fingerprint does not open this item"
-                    continue
-                }
+                guard methods.contains(.fingerprint), let reader else { return .failed("a fingerprint does not open this item") }
                 switch try reader.read(finger: finger) {
                 case .match:
-                    return try withKeyring { keyring throws(KeychainError) in
+                    return .opened(try withKeyring { keyring throws(KeychainError) in
                         let secret = try keyring.unseal(blob, policy: policy, authorization: .finger(reader, window: window))
                         saveTicket(keyring.issuedTicket, name: ticketName)
                         return secret
-                    }
+                    })
                 case .noMatch:
-                    failure = "no match"
+                    return .failed("no match")
                 case .lockout:
                     throw KeychainError(.lockout, "Too many failed fingerprint matches: enter the passcode to use the reader again")
                 case .permanentLockout:
                     throw KeychainError(.lockoutPermanent, "The fingerprint reader is locked until the passcode is entered")
                 }
             case .passcode(let pin):
-                guard methods.contains(.passcode) else {
-                    failure = "the passcode does not open this item"
-                    continue
-                }
+                guard methods.contains(.passcode) else { return .failed("the passcode does not open this item") }
                 do throws(KeychainError) {
                     let secret = try withKeyring { keyring throws(KeychainError) in
                         let secret = try keyring.unseal(blob, policy: policy, authorization: .passcode(pin, window: window))
@@ -594,13 +584,12 @@ actor Engine {
                         return secret
                     }
                     try reader?.resetLockout()
-                    return secret
+                    return .opened(secret)
                 } catch where error.code == .authenticationFailed {
-                    failure = "wrong passcode"
+                    return .failed("wrong passcode")
                 }
             }
         }
-        throw KeychainError(.authenticationFailed, "Not recognised (\(failure ?? "no match"))")
     }
 
     /// One NV_Read of the state index before a prompt: a locked device (or one not unlocked since the
@@ -1071,39 +1060,32 @@ extension Engine {
             throw KeychainError(.interactionNotAllowed, "Reading '\(record.key)' needs the token's PIN, and no authenticator can ask")
         }
         let backend = try tokenBackend(uri)
-        var failure: String?
-        for attempt in 1...max(1, authenticator.attemptsPerRead) {
-            var limiter = tokenLimiter(store)
+        var limiter = tokenLimiter(store)
+        return try await authenticator.ask(prompt: context.prompt, methods: [.passcode], service: record.service, key: record.key,
+                                           unnamedFailure: "wrong PIN", beforeAsking: { () throws(KeychainError) in
+            limiter = tokenLimiter(store)
             guard !limiter.isLocked else {
                 throw KeychainError(.lockoutPermanent, "Too many wrong token PINs (\(limiter.limit)): this library refuses the "
                                     + "token's PIN until the count is reset (keychainctl token reset-tries)")
             }
-            let answer = await authenticator.authenticate(AuthenticationRequest(
-                prompt: context.prompt, methods: [.passcode], service: record.service, key: record.key,
-                attempt: attempt, previousFailure: failure))
-            switch answer {
-            case .cancel, .fallback, .interrupted: throw answer.endingError!
-            case .finger: failure = "enter the token's PIN"
-            case .passcode(let pin):
-                do throws(KeychainError) {
-                    try backend.checkPIN(pin)
-                    limiter.recordSuccess()
-                    try saveTokenLimiter(limiter, store)
-                } catch where error.code == .authenticationFailed {
-                    limiter.recordFailure()
-                    try saveTokenLimiter(limiter, store)
-                    failure = "wrong PIN, \(limiter.remaining) left"
-                    continue
-                }
-                let secret = try backend.open(wrapping.sealedPrivate, service: wrapping.service, key: "", protection: wrapping.protection)
-                guard secret.count == Sodium.x25519KeyLength, Sodium.x25519Public(of: secret) == wrapping.publicKey else {
-                    throw KeychainError(.dataCorrupted, "The stored public key of service '\(wrapping.service)' does not match its sealed key")
-                }
-                if window > 0 { unsealed[id] = (secret, nil, .now) }
-                return secret
+        }) { answer throws(KeychainError) in
+            guard case .passcode(let pin) = answer else { return .failed("enter the token's PIN") }
+            do throws(KeychainError) {
+                try backend.checkPIN(pin)
+                limiter.recordSuccess()
+                try saveTokenLimiter(limiter, store)
+            } catch where error.code == .authenticationFailed {
+                limiter.recordFailure()
+                try saveTokenLimiter(limiter, store)
+                return .failed("wrong PIN, \(limiter.remaining) left")
             }
+            let secret = try backend.open(wrapping.sealedPrivate, service: wrapping.service, key: "", protection: wrapping.protection)
+            guard secret.count == Sodium.x25519KeyLength, Sodium.x25519Public(of: secret) == wrapping.publicKey else {
+                throw KeychainError(.dataCorrupted, "The stored public key of service '\(wrapping.service)' does not match its sealed key")
+            }
+            if window > 0 { unsealed[id] = (secret, nil, .now) }
+            return .opened(secret)
         }
-        throw KeychainError(.authenticationFailed, "Not recognised (\(failure ?? "wrong PIN"))")
     }
 
     private func tokenLimiter(_ store: Store) -> PINAttemptLimiter {

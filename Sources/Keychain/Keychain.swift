@@ -193,23 +193,16 @@ public struct KeychainDevice: Sendable {
         guard let authenticator = configuration.authenticator else {
             throw KeychainError(.interactionNotAllowed, "Reauthenticating needs the user, and no authenticator can ask")
         }
-        var failure: String?
-        for attempt in 1...3 {
-            let answer = await authenticator.authenticate(AuthenticationRequest(
-                prompt: prompt, methods: [.passcode], service: "", key: "", attempt: attempt, previousFailure: failure))
-            switch answer {
-            case .cancel, .fallback, .interrupted: throw answer.endingError!
-            case .finger: failure = "enter the passcode"
-            case .passcode(let pin):
-                do throws(KeychainError) {
-                    try await engine.unlock(passcode: pin, readerDirectory: configuration.readerDirectory)
-                    return
-                } catch where error.code == .authenticationFailed {
-                    failure = "wrong passcode"
-                }
+        try await authenticator.ask(prompt: prompt, methods: [.passcode], service: "", key: "",
+                                    unnamedFailure: "wrong passcode") { answer throws(KeychainError) -> PromptOutcome<Void> in
+            guard case .passcode(let pin) = answer else { return .failed("enter the passcode") }
+            do throws(KeychainError) {
+                try await engine.unlock(passcode: pin, readerDirectory: configuration.readerDirectory)
+                return .opened(())
+            } catch where error.code == .authenticationFailed {
+                return .failed("wrong passcode")
             }
         }
-        throw KeychainError(.authenticationFailed, "Not recognised after 3 tries (\(failure ?? "wrong passcode"))")
     }
 
     // MARK: The fingerprint reader
