@@ -26,6 +26,9 @@ actor Engine {
     private var unsealed: [WrappingKeyID: (secret: SecureBytes, generation: UInt64?, opened: ContinuousClock.Instant?)] = [:]
     /// Agreed secrets per (wrapping key, item writer), so a warm read does no X25519.
     private var agreed: [AgreedID: SecureBytes] = [:]
+    /// The store's lock generation when this process last saw the TPM's state index say "unlocked"
+    /// (a read's pre-prompt check, or an unlock): while it is current the check needs no TPM.
+    private var seenUnlocked: UInt64?
     /// This process's ephemeral writer pair per wrapping public key, and its agreed secret.
     private var writers: [[UInt8]: (publicKey: [UInt8], shared: SecureBytes)] = [:]
     /// The PKCS#11 token session, for `keyStorage: 'strongbox'` items.
@@ -595,18 +598,28 @@ actor Engine {
     /// One NV_Read of the state index before a prompt: a locked device (or one not unlocked since the
     /// TPM started, for `afterFirstUnlock`) fails at once. Only a guard against a useless prompt: the
     /// TPM's PolicyNV still decides at unseal. Without a passcode the device counts as unlocked.
+    /// Skipped, with no TPM connection, while this process last saw the device unlocked and no `lock`
+    /// went through this store since (its lock generation): a lock by another store on the TPM, or a
+    /// TPM reset under a running process, then costs a useless prompt, never an item.
     private func refuseWhileLocked(_ availability: SealPolicy.Availability) throws(KeychainError) {
         guard availability != .always else { return }
-        try withKeyring { keyring throws(KeychainError) in
+        let generation = try lockGeneration(try store())
+        if seenUnlocked == generation { return }
+        let unlocked = try withKeyring { keyring throws(KeychainError) -> Bool in
             let state = try keyring.lockState()
-            if state == .unlocked || (state == .locked && availability == .afterFirstUnlock) { return }
+            if state == .unlocked { return true }
+            if state == .locked && availability == .afterFirstUnlock { return false }
             let passcodeSet = try keyring.passcodeIsSet()
-            guard passcodeSet else { return try keyring.unlock(passcode: nil) }
+            guard passcodeSet else {
+                try keyring.unlock(passcode: nil)
+                return true
+            }
             throw state == .beforeFirstUnlock
                 ? KeychainError(.interactionNotAllowed,
                                 "The device has not been unlocked since the TPM started: unlock it first (keychainctl unlock)")
                 : KeychainError(.interactionNotAllowed, "The device is locked: unlock it first (keychainctl unlock)")
         }
+        if unlocked { seenUnlocked = generation }
     }
 
     enum ReaderVerdict {
@@ -750,10 +763,12 @@ actor Engine {
 
     /// Unlocks; a passcode that the TPM accepted also ends a fingerprint-reader lockout.
     func unlock(passcode: SecureBytes?, readerDirectory: String? = nil) throws(KeychainError) {
+        let generation = try lockGeneration(try store())
         try withKeyring { keyring throws(KeychainError) in
             try keyring.unlock(passcode: passcode)
             if let passcode { try keyring.repairInterruptedMark(with: passcode) }
         }
+        seenUnlocked = generation
         if passcode != nil, let readerDirectory { try FingerprintReader(directory: readerDirectory).resetLockout() }
     }
 
@@ -817,7 +832,10 @@ actor Engine {
     }
 
     func drainCommandCount() -> Int { defer { tpmCommands = 0 }; return tpmCommands }
-    func dropCaches() { unsealed.removeAll(); agreed.removeAll(); writers.removeAll(); token?.forgetOpened() }
+    func dropCaches() {
+        unsealed.removeAll(); agreed.removeAll(); writers.removeAll(); token?.forgetOpened()
+        seenUnlocked = nil
+    }
 
     // MARK: Helpers
 

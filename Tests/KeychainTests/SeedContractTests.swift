@@ -312,6 +312,11 @@ struct SeedContractTests {
         try await d.device.unlock(passcode: bytes(Self.pin))
         #expect(try await store.getItem("k") == "v")
         #expect(d.answers.requests.count == 1)
+        // Locked again after this process saw it unlocked: the check asks the TPM again, still no prompt.
+        try await d.device.lock()
+        d.answers.push(answer)
+        #expect(await code { try await store.getItem("k") } == .interactionNotAllowed)
+        #expect(d.answers.requests.count == 1, "a device locked since the last read asked for the user")
     }
 
     @Test func beforeTheFirstUnlockAfterFirstUnlockItemsFailBeforeAnyPrompt() async throws {
