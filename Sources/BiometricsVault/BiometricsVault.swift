@@ -195,40 +195,15 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable {
 /// The thread the synchronous calls wait on: their keychain work runs as a task on this executor
 /// (and on the keychain engine's own thread), so waiting never needs a thread of Swift's shared
 /// pool, which a caller on that pool may be holding.
-final class VaultThread: TaskExecutor, @unchecked Sendable {
-    static let shared = VaultThread()
-    private static let name = "biometrics-vault"
-    private let condition = NSCondition()
-    private var jobs: [UnownedJob] = []
+enum VaultThread {
+    static let name = "biometrics-vault"
+    static let shared = SerialThreadExecutor(name: name)
+}
 
-    private init() {
-        let thread = Thread { [unowned self] in self.loop() }
-        thread.name = Self.name
-        thread.start()
-    }
-
-    func enqueue(_ job: consuming ExecutorJob) {
-        let unowned = UnownedJob(job)
-        condition.lock()
-        jobs.append(unowned)
-        condition.signal()
-        condition.unlock()
-    }
-
-    private func loop() {
-        while true {
-            condition.lock()
-            while jobs.isEmpty { condition.wait() }
-            let batch = jobs
-            jobs.removeAll(keepingCapacity: true)
-            condition.unlock()
-            for job in batch { job.runSynchronously(on: asUnownedTaskExecutor()) }
-        }
-    }
-
+extension SerialThreadExecutor {
     /// Runs `body` as a task on this thread and blocks the caller until it ends.
     func wait<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
-        precondition(Thread.current.name != Self.name, "a synchronous vault call from inside another")
+        precondition(Thread.current.name != VaultThread.name, "a synchronous vault call from inside another")
         let result = Mutex<Result<T, any Error>?>(nil)
         let done = DispatchSemaphore(value: 0)
         Task(executorPreference: self) {
