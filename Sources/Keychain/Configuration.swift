@@ -109,3 +109,20 @@ public struct KeychainConfiguration: Sendable {
     }
 }
 
+extension KeychainConfiguration {
+    /// `INVALID_ARGUMENT` naming the first setting of `other` that one engine cannot honour next to
+    /// this one; nil when they can share it. The application identifier, reader directory,
+    /// authenticator and token URI are read per call and may differ.
+    func refusal(sharing other: KeychainConfiguration) -> KeychainError? {
+        let differing: String? = if tpm != other.tpm { "tpm" }
+            else if ownerAuthorization != other.ownerAuthorization { "ownerAuthorization" }
+            else if pcrSelection != other.pcrSelection { "pcrSelection" }
+            else if passcodeRetryLimit != other.passcodeRetryLimit { "passcodeRetryLimit" }
+            else if tpmTimeout != other.tpmTimeout { "tpmTimeout" }
+            else { nil }
+        return differing.map {
+            KeychainError(.invalidArgument, "This process already uses the store at \(storeDirectory) with another \($0): "
+                          + "use one configuration per store (only the reader, authenticator, token URI and app identifier may differ)")
+        }
+    }
+}

@@ -44,14 +44,16 @@ actor Engine {
 
     private static let engines = Mutex<[String: Engine]>([:])
 
-    /// The engine of a store directory in this process (made on first use; touches nothing yet).
-    static func shared(for configuration: KeychainConfiguration) -> Engine {
+    /// The engine of a store directory in this process (made on first use; touches nothing yet), and
+    /// the refusal of a configuration whose engine-wide settings differ from the engine's: one store
+    /// has one TPM, owner authorization, PCR selection, passcode limit and timeout in a process.
+    static func shared(for configuration: KeychainConfiguration) -> (engine: Engine, refusal: KeychainError?) {
         let key = URL(fileURLWithPath: configuration.storeDirectory).standardizedFileURL.path
         return engines.withLock { engines in
-            if let engine = engines[key] { return engine }
+            if let engine = engines[key] { return (engine, engine.configuration.refusal(sharing: configuration)) }
             let engine = Engine(configuration: configuration)
             engines[key] = engine
-            return engine
+            return (engine, nil)
         }
     }
 

@@ -20,7 +20,9 @@ public struct Keychain: Sendable {
         self.service = options.service ?? configuration.applicationIdentifier
         if options.service == nil { _ = try KeychainOptions(service: service).validated() }  // a bad KEYCHAIN_APP_ID
         self.configuration = configuration
-        self.engine = Engine.shared(for: configuration)
+        let shared = Engine.shared(for: configuration)
+        if let refusal = shared.refusal { throw refusal }
+        self.engine = shared.engine
     }
 
     /// Where the storage's items live in the store: a token storage's items are kept apart from a
@@ -180,11 +182,20 @@ public struct DeviceStatus: Sendable, Hashable, Codable {
 
 /// The device: its passcode and lock, shared by every storage of a store.
 public struct KeychainDevice: Sendable {
-    let engine: Engine
+    private let sharedEngine: Engine
+    /// Why this configuration cannot use the store's engine; thrown by the first call that can throw.
+    private let refusal: KeychainError?
     let configuration: KeychainConfiguration
     public init(configuration: KeychainConfiguration = .default) {
-        engine = Engine.shared(for: configuration)
+        (sharedEngine, refusal) = Engine.shared(for: configuration)
         self.configuration = configuration
+    }
+
+    var engine: Engine {
+        get throws(KeychainError) {
+            if let refusal { throw refusal }
+            return sharedEngine
+        }
     }
 
     /// Asks the owner for the device passcode (the authenticator, passcode only) and proves it to the
@@ -228,7 +239,7 @@ public struct KeychainDevice: Sendable {
     /// The biometric sensors present: a fingerprint reader when one is configured.
     public func biometryTypes() -> [BiometryType] { configuration.readerDirectory == nil ? [] : [.fingerprint] }
     public func canUseAccessControl(_ value: AccessControl) async -> AccessControlCheck {
-        await engine.canUse(value, readerDirectory: configuration.readerDirectory)
+        await sharedEngine.canUse(value, readerDirectory: configuration.readerDirectory)
     }
 
     private func readerDirectory() throws(KeychainError) -> String {
@@ -290,9 +301,9 @@ public struct KeychainDevice: Sendable {
     public func resetPasscodeTries() async throws(KeychainError) { try await engine.resetPasscodeTries() }
 
     /// TPM commands this process sent since the last call (for benchmarks).
-    public func takeTPMCommandCount() async -> Int { await engine.drainCommandCount() }
+    public func takeTPMCommandCount() async -> Int { await sharedEngine.drainCommandCount() }
     /// Forgets unsealed keys held in memory, as a new process would start (for benchmarks and tests).
-    public func dropCaches() async { await engine.dropCaches() }
+    public func dropCaches() async { await sharedEngine.dropCaches() }
 
     private func checkPasscode(_ passcode: SecureBytes) throws(KeychainError) {
         // The PIN index's authValue holds at most one SHA-256 digest: 32 bytes.

@@ -153,8 +153,9 @@ struct TransportTests {
     @Test func aMalformedTCTIIsRefusedBeforeAnyConnection() async throws {
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        for tcti in ["swtpm:host=,port=abc", "swtpm:port=99999", "swtpm:path=", "swtpm:path=/x,port=2321", "swtpm:bogus=1"] {
-            let device = KeychainDevice(configuration: KeychainConfiguration(storeDirectory: directory + "/store", tpm: .tcti(tcti)))
+        // A store per string: one store has one TPM in a process (the engine of the first would answer).
+        for (n, tcti) in ["swtpm:host=,port=abc", "swtpm:port=99999", "swtpm:path=", "swtpm:path=/x,port=2321", "swtpm:bogus=1"].enumerated() {
+            let device = KeychainDevice(configuration: KeychainConfiguration(storeDirectory: directory + "/store\(n)", tpm: .tcti(tcti)))
             let error = await #expect(throws: KeychainError.self) { try await device.status() }
             #expect(error?.code == .invalidArgument)
             #expect(error?.message.contains("swtpm:path=SOCKET") == true, "\(String(describing: error))")
