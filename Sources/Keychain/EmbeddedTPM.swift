@@ -16,7 +16,8 @@ public enum EmbeddedTPM {
 
     /// The TPM device of the store's software TPM, starting it when it is not running.
     /// - Returns: the device, and whether this call started it (a fresh TPM boot).
-    public static func ensureRunning(storeDirectory: String) throws(KeychainError) -> (device: TPMDevice, started: Bool) {
+    /// - Note: `package`, not `public`: TPM2 types stay out of Keychain's public API (tests start it with this).
+    package static func ensureRunning(storeDirectory: String) throws(KeychainError) -> (device: TPMDevice, started: Bool) {
         guard Processes.findExecutable("swtpm") != nil else {
             throw KeychainError(.hardwareUnavailable,
                                 "No TPM: there is no /dev/tpmrm0 and swtpm is not installed for the embedded software TPM "
