@@ -53,8 +53,9 @@ extension TPMContext {
         let primary = try createPrimary(KC_ESYS_TR_RH_OWNER, label: "SRK")
         defer { flush(primary) }
         var persistent: ESYS_TR = 0
+        let owner = try ownerAuthorization()
         try call("EvictControl(SRK)") {
-            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, primary.tr, Self.password, Self.none, Self.none,
+            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, primary.tr, owner, Self.none, Self.none,
                               persistentHandle, &persistent)
         }
         return TPMHandle(tr: persistent, mustFlush: false)
@@ -261,16 +262,19 @@ extension TPMContext {
         info.nvPublic.authPolicy.size = TPM2B.set(&info.nvPublic.authPolicy.buffer, pub.authPolicy)
         info.nvPublic.dataSize = pub.size
         var handle: ESYS_TR = 0
+        var owner = ownerSession?.tr ?? Self.password
+        if ownerSession == nil { owner = try ownerAuthorization() }
         try call("NV_DefineSpace(0x\(String(pub.index, radix: 16)))") {
-            Esys_NV_DefineSpace(esys, KC_ESYS_TR_RH_OWNER, ownerSession?.tr ?? Self.password, Self.none, Self.none,
+            Esys_NV_DefineSpace(esys, KC_ESYS_TR_RH_OWNER, owner, Self.none, Self.none,
                                 &authValue, &info, &handle)
         }
         return TPMHandle(tr: handle, mustFlush: false)
     }
 
     public func undefineNV(_ index: TPMHandle) throws(TPMError) {
+        let owner = try ownerAuthorization()
         try call("NV_UndefineSpace") {
-            Esys_NV_UndefineSpace(esys, KC_ESYS_TR_RH_OWNER, index.tr, Self.password, Self.none, Self.none)
+            Esys_NV_UndefineSpace(esys, KC_ESYS_TR_RH_OWNER, index.tr, owner, Self.none, Self.none)
         }
     }
 
@@ -279,8 +283,10 @@ extension TPMContext {
                         session: TPMHandle?) throws(TPMError) {
         var buffer = TPM2B_MAX_NV_BUFFER()
         buffer.size = TPM2B.set(&buffer.buffer, data)
+        var auth = session?.tr ?? Self.password
+        if session == nil && authHandle == Self.owner { auth = try ownerAuthorization() }
         try call("NV_Write") {
-            Esys_NV_Write(esys, authHandle.tr, index.tr, session?.tr ?? Self.password, Self.none, Self.none, &buffer, offset)
+            Esys_NV_Write(esys, authHandle.tr, index.tr, auth, Self.none, Self.none, &buffer, offset)
         }
     }
 

@@ -22,16 +22,18 @@ extension TPMContext {
     /// Makes a loaded object persistent at `handle` (owner authorization).
     public func persist(_ object: TPMHandle, at handle: UInt32) throws(TPMError) {
         var persistent: ESYS_TR = 0
+        let owner = try ownerAuthorization()
         try call("EvictControl(persist)") {
-            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, object.tr, Self.password, Self.none, Self.none, handle, &persistent)
+            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, object.tr, owner, Self.none, Self.none, handle, &persistent)
         }
     }
 
     /// Removes a persistent object (owner authorization).
     public func evict(_ persistent: TPMHandle, at handle: UInt32) throws(TPMError) {
         var out: ESYS_TR = 0
+        let owner = try ownerAuthorization()
         try call("EvictControl(remove)") {
-            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, persistent.tr, Self.password, Self.none, Self.none, handle, &out)
+            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, persistent.tr, owner, Self.none, Self.none, handle, &out)
         }
     }
 

@@ -45,7 +45,23 @@ public final class TPMContext {
         self.esys = ctx
     }
 
+    /// Once set (to the SRK), owner-authorized commands prove the owner's authorization in an HMAC
+    /// session salted to it, started on first use and flushed with the connection, instead of a
+    /// password session that would carry the authorization itself in clear.
+    public var ownerSaltKey: TPMHandle?
+    private var ownerSession: TPMHandle?
+
+    /// The session for the owner hierarchy's authorization: salted HMAC when `ownerSaltKey` is set.
+    func ownerAuthorization() throws(TPMError) -> ESYS_TR {
+        guard let ownerSaltKey else { return Self.password }
+        if let ownerSession { return ownerSession.tr }
+        let session = try startSession(.hmac, saltKey: ownerSaltKey, continueSession: true)
+        ownerSession = session
+        return session.tr
+    }
+
     deinit {
+        flush(ownerSession)
         var ctx: OpaquePointer? = esys
         Esys_Finalize(&ctx)
         Tss2_TctiLdr_Finalize(&tcti)

@@ -86,6 +86,32 @@ struct OwnershipTests {
         }
     }
 
+    /// After `init`, the owner-authorized commands of later operations (the passcode count reset,
+    /// the reader's persistent key) authorize in an HMAC session salted to the SRK: the owner
+    /// authorization itself never crosses the connection, as it would in a password session.
+    @Test func theOwnerAuthorizationNeverCrossesTheConnectionInLaterOwnerCommands() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store", capture = tpm.directory + "/owner.pcap"
+        let owner = tpm.directory + "/owner.auth", lockout = tpm.directory + "/lockout.auth"
+        let binary = ctl
+        func keychainctl(_ args: [String], _ input: String = "") throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+            try run(binary, ["--store", store, "--tcti", "pcap:" + tpm.tcti] + args, input: Array(input.utf8),
+                    environment: ["TCTI_PCAP_FILE": capture])
+        }
+        #expect(try keychainctl(["init", "--owner-auth-out", owner, "--lockout-auth-out", lockout]).status == 0)
+        #expect(try keychainctl(["passcode", "set"], "2468\n").status == 0)
+        let enrolled = try keychainctl(["reader", "enroll", "thumb", "--owner-auth-file", owner], "2468\n")
+        #expect(enrolled.status == 0, "\(enrolled.stderr)")
+        let reset = try keychainctl(["passcode", "reset-tries", "--owner-auth-file", owner])
+        #expect(reset.status == 0, "\(reset.stderr)")
+        let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: capture)))
+        let hex = Array(try String(contentsOfFile: owner, encoding: .utf8).dropFirst(4).prefix(64))
+        let value = stride(from: 0, to: 64, by: 2).map { UInt8(String(hex[$0...$0 + 1]), radix: 16)! }
+        #expect(bytes.count > 5_000)
+        let found = (0...(bytes.count - value.count)).contains { bytes[$0..<$0 + value.count].elementsEqual(value) }
+        #expect(!found, "the owner authorization crossed the TPM connection in clear")
+    }
+
     /// The control: with the authorizations left empty (as the flag allows), the same tpm2-tools
     /// commands succeed, and status says what that costs, in words and in JSON.
     @Test func anEmptyOwnerAuthorizationIsAllowedOnlyOnRequestAndStatusWarns() throws {

@@ -56,6 +56,7 @@ final class TPMKeyring {
                 srk = try context.deserialize(srkTR)
                 stateNV = try context.deserialize(stateTR)
                 epochNV = try context.deserialize(epochTR)
+                context.ownerSaltKey = srk  // owner commands in a session salted to the pinned SRK
             } catch {
                 throw KeychainError(.dataCorrupted, "The store's TPM handles cannot be read", underlying: .tpm(error))
             }
@@ -90,6 +91,7 @@ final class TPMKeyring {
                                     "The TPM's storage root key at 0x81000001 is not the one this store was made with: "
                                     + "the TPM was cleared or replaced, and the items sealed to the old one cannot be opened")
             }
+            context.ownerSaltKey = srk  // from here, owner commands in a session salted to it
             let descriptor = try provisionDeviceLock(context: context, srk: srk, configuration: configuration)
             let state = try context.resource(forPersistent: DeviceLockLayout.stateIndex)
             let epoch = try context.resource(forPersistent: DeviceLockLayout.epochIndex)
