@@ -18,11 +18,6 @@ public enum EmbeddedTPM {
     /// - Returns: the device, and whether this call started it (a fresh TPM boot).
     /// - Note: `package`, not `public`: TPM2 types stay out of Keychain's public API (tests start it with this).
     package static func ensureRunning(storeDirectory: String) throws(KeychainError) -> (device: TPMDevice, started: Bool) {
-        guard Processes.findExecutable("swtpm") != nil else {
-            throw KeychainError(.hardwareUnavailable,
-                                "No TPM: there is no /dev/tpmrm0 and swtpm is not installed for the embedded software TPM "
-                                + "(apt-get install swtpm), or pass --tcti")
-        }
         let dir = directory(storeDirectory)
         // Someone else's state (or a planted one) is refused, as the store's directory is.
         do { try FileSystem.preparePrivateDirectory(dir, what: "embedded TPM's state directory") } catch {
@@ -37,6 +32,12 @@ public enum EmbeddedTPM {
         defer { flock(lockFD, LOCK_UN) }
 
         if swtpm.isListening { return (swtpm.device, false) }
+        // Looked up only when one must start: not on every operation of a running one.
+        guard Processes.findExecutable("swtpm") != nil else {
+            throw KeychainError(.hardwareUnavailable,
+                                "No TPM: there is no /dev/tpmrm0 and swtpm is not installed for the embedded software TPM "
+                                + "(apt-get install swtpm), or pass --tcti")
+        }
         stop(storeDirectory: storeDirectory)  // one that no longer listens, or an older one on TCP
         _ = try swtpm.start(state: dir, pidFile: dir + "/swtpm.pid")
         return (swtpm.device, true)

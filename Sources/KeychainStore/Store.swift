@@ -44,8 +44,9 @@ public final class Store: @unchecked Sendable {
         try FileSystem.preparePrivateDirectory(directory, what: "store directory")
         let recorded = try FileSystem.readPrivateFile(identityPath, what: "the store's identity")
         // Before SQLite creates a fresh database in its place.
-        if (FileSystem.size(of: databasePath) ?? 0) == 0 {
-            let state = FileSystem.size(of: databasePath) == nil ? "is missing" : "is empty (0 bytes)"
+        let size = FileSystem.size(of: databasePath)
+        if (size ?? 0) == 0 {
+            let state = size == nil ? "is missing" : "is empty (0 bytes)"
             if recorded != nil {
                 throw Store.notThisStore(databasePath, state, because: "\(identityPath) records this store's identity")
             }

@@ -96,21 +96,13 @@ extension PKCS11Token {
                                                         template: secretTemplate(label: label, id: id))
                     made = [secret]
                     key = WrappingKey(scheme: scheme, label: label, id: id, secret: secret, publicKey: nil, publicPoint: nil, epoch: epoch)
-                case .rsaOAEP:
+                case .rsaOAEP, .ecdhP256:
                     let (publicKey, privateKey) = try module.generateKeyPair(
-                        session, mechanism: CK_MECHANISM_TYPE(CKM_RSA_PKCS_KEY_PAIR_GEN),
+                        session, mechanism: CK_MECHANISM_TYPE(scheme == .ecdhP256 ? CKM_EC_KEY_PAIR_GEN : CKM_RSA_PKCS_KEY_PAIR_GEN),
                         publicTemplate: publicTemplate(label: label, id: id, scheme: scheme),
                         privateTemplate: privateTemplate(label: label, id: id, scheme: scheme))
                     made = [privateKey, publicKey]
-                    key = WrappingKey(scheme: scheme, label: label, id: id, secret: privateKey, publicKey: publicKey,
-                                      publicPoint: nil, epoch: epoch)
-                case .ecdhP256:
-                    let (publicKey, privateKey) = try module.generateKeyPair(
-                        session, mechanism: CK_MECHANISM_TYPE(CKM_EC_KEY_PAIR_GEN),
-                        publicTemplate: publicTemplate(label: label, id: id, scheme: scheme),
-                        privateTemplate: privateTemplate(label: label, id: id, scheme: scheme))
-                    made = [privateKey, publicKey]
-                    let point = try ecPoint(session, publicKey)
+                    let point = scheme == .ecdhP256 ? try ecPoint(session, publicKey) : nil
                     key = WrappingKey(scheme: scheme, label: label, id: id, secret: privateKey, publicKey: publicKey,
                                       publicPoint: point, epoch: epoch)
                 }

@@ -262,8 +262,8 @@ extension TPMContext {
         info.nvPublic.authPolicy.size = TPM2B.set(&info.nvPublic.authPolicy.buffer, pub.authPolicy)
         info.nvPublic.dataSize = pub.size
         var handle: ESYS_TR = 0
-        var owner = ownerSession?.tr ?? Self.password
-        if ownerSession == nil { owner = try ownerAuthorization() }
+        let owner: ESYS_TR
+        if let ownerSession { owner = ownerSession.tr } else { owner = try ownerAuthorization() }
         try call("NV_DefineSpace(0x\(String(pub.index, radix: 16)))") {
             Esys_NV_DefineSpace(esys, KC_ESYS_TR_RH_OWNER, owner, Self.none, Self.none,
                                 &authValue, &info, &handle)
@@ -283,8 +283,8 @@ extension TPMContext {
                         session: TPMHandle?) throws(TPMError) {
         var buffer = TPM2B_MAX_NV_BUFFER()
         buffer.size = TPM2B.set(&buffer.buffer, data)
-        var auth = session?.tr ?? Self.password
-        if session == nil && authHandle == Self.owner { auth = try ownerAuthorization() }
+        let auth: ESYS_TR
+        if let session { auth = session.tr } else if authHandle == Self.owner { auth = try ownerAuthorization() } else { auth = Self.password }
         try call("NV_Write") {
             Esys_NV_Write(esys, authHandle.tr, index.tr, auth, Self.none, Self.none, &buffer, offset)
         }

@@ -94,8 +94,9 @@ public enum CommandCode {
     public static let nvChangeAuth: UInt32 = 0x13B
     public static let nvIncrement: UInt32 = 0x134
     public static let unseal: UInt32 = 0x15E
+    public static let startAuthSession: UInt32 = 0x176
     static let policyNV: UInt32 = 0x149
-    static let policySecret: UInt32 = 0x151
+    public static let policySecret: UInt32 = 0x151
     static let policySigned: UInt32 = 0x160
     static let policyAuthValue: UInt32 = 0x16B
     static let policyCommandCode: UInt32 = 0x16C

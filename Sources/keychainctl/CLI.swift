@@ -82,7 +82,7 @@ let usage = """
                                    owner or lockout authorization (anyone with TPM access could replace the
                                    passcode's PIN index, or clear the TPM) is set to 32 random bytes, written
                                    first to the --…-auth-out FILE (created 0600, never overwritten, 'hex:…' as
-                                   tpm2-tools reads it); without that FILE init refuses, unless
+                                   tpm2-tools reads it); without that FILE init provisions, then refuses, unless
                                    --allow-empty-owner-auth. --owner-auth-file: FILE (or stdin) holds the owner
                                    authorization already set (first line); never argv. The embedded software
                                    TPM keeps random ones in <store>/swtpm/ (owner.auth, lockout.auth)
@@ -119,7 +119,8 @@ let usage = """
       --touch FINGER | --touch cancel | --touch fallback | --touch interrupt, or --passcode-stdin
       demo                         the sign-in flow, step by step, on a fresh embedded software TPM
 
-    Environment: KEYCHAIN_STORE (store directory), KEYCHAIN_TCTI then TPM2TCTI (the TPM).
+    Environment: KEYCHAIN_STORE (store directory), KEYCHAIN_TCTI then TPM2TCTI (the TPM), KEYCHAIN_READER
+    (the reader's directory, or none), KEYCHAIN_PKCS11_URI (the token), KEYCHAIN_APP_ID (the default service).
     Without either and without /dev/tpmrm0, a software TPM kept in the store directory is used.
     """
 
@@ -174,7 +175,7 @@ func readStdin(limit: Int = 1 << 16) throws(KeychainError) -> SecureBytes {
     while true {
         if length == buffer.count {
             guard length <= limit else {
-                throw KeychainError.invalidArgument("The input on stdin is longer than the \(limit) bytes allowed here: nothing was stored")
+                throw KeychainError.invalidArgument("The input on stdin is longer than the \(limit) bytes allowed here")
             }
             let bigger = SecureBytes(count: min(buffer.count * 2, limit + 1))
             bigger.withUnsafeMutableBytes { dest in buffer.withUnsafeBytes { dest.copyMemory(from: $0) } }
@@ -184,7 +185,7 @@ func readStdin(limit: Int = 1 << 16) throws(KeychainError) -> SecureBytes {
         if n > 0 { length += n } else if n == 0 || errno != EINTR { break }
     }
     guard length <= limit else {
-        throw KeychainError.invalidArgument("The input on stdin is longer than the \(limit) bytes allowed here: nothing was stored")
+        throw KeychainError.invalidArgument("The input on stdin is longer than the \(limit) bytes allowed here")
     }
     return buffer.withUnsafeBytes { SecureBytes(copying: $0.prefix(length)) }
 }

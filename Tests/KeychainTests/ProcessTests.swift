@@ -3,6 +3,7 @@ import Keychain
 import KeychainTestSupport
 import SecureMemory
 import Testing
+import TPM2
 
 /// `keychainctl` as scripts use it: separate processes on one store and one TPM.
 @Suite("keychainctl processes")
@@ -119,9 +120,9 @@ struct ProcessTests {
 
         let capture = try TPMCapture(path: capturePath)
         let srk: UInt32 = 0x8100_0001, pinIndex: UInt32 = 0x0100_4B50
-        let provingThePIN = capture.commands.filter { $0.code == TPMCapture.CommandCode.policySecret && $0.handles.first == pinIndex }
-        let changingThePIN = capture.commands.filter { $0.code == TPMCapture.CommandCode.nvChangeAuth && $0.handles.first == pinIndex }
-        let unseals = capture.commands.filter { $0.code == TPMCapture.CommandCode.unseal }
+        let provingThePIN = capture.commands.filter { $0.code == CommandCode.policySecret && $0.handles.first == pinIndex }
+        let changingThePIN = capture.commands.filter { $0.code == CommandCode.nvChangeAuth && $0.handles.first == pinIndex }
+        let unseals = capture.commands.filter { $0.code == CommandCode.unseal }
         // The control: the capture holds each kind of command (wrong and right unlocks, a passcode read, a change).
         #expect(provingThePIN.count >= 4 && changingThePIN.count >= 1 && unseals.count >= 2,
                 "\(provingThePIN.count) PolicySecret, \(changingThePIN.count) NV_ChangeAuth, \(unseals.count) Unseal")

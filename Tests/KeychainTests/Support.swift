@@ -93,3 +93,20 @@ let childDeadlineSeconds = 120
 
 /// SIGPIPE ignored in the test process, once (children still start with the default).
 let ignoreBrokenPipes: Void = { signal(SIGPIPE, SIG_IGN) }()
+
+/// Starts `keychain-bench --quick` (it makes a `SoftwareTPM`) and reads its stderr until it says
+/// where its store is; returns its pid and what it said. The caller ends it.
+func startBenchUntilItNamesItsStore(environment: [String: String]? = nil) throws -> (pid: pid_t, said: String) {
+    let bench = buildDirectory.appendingPathComponent("keychain-bench").path
+    let stderr = Pipe()
+    let pid = try #require(Processes.spawn(bench, [bench, "--quick"], environment: environment,
+                                           stderr: stderr.fileHandleForWriting.fileDescriptor))
+    try stderr.fileHandleForWriting.close()
+    var said = ""
+    while !said.contains("store in") {
+        let chunk = stderr.fileHandleForReading.availableData
+        if chunk.isEmpty { break }
+        said += String(decoding: chunk, as: UTF8.self)
+    }
+    return (pid, said)
+}

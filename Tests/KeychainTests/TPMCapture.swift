@@ -1,4 +1,5 @@
 import Foundation
+import TPM2
 
 /// The TPM commands and responses of a capture made by tpm2-tss's pcap TCTI (pcapng, raw IPv4 and
 /// TCP frames to and from port 2321), decoded as far as the session checks of the capture tests need.
@@ -24,14 +25,6 @@ struct TPMCapture {
         /// The sessions the authorizations name, as they were started (nil for a password session).
         let sessions: [Session?]
         let response: UInt32
-    }
-
-    enum CommandCode {
-        static let startAuthSession: UInt32 = 0x176
-        static let policySecret: UInt32 = 0x151
-        static let nvChangeAuth: UInt32 = 0x13B
-        static let unseal: UInt32 = 0x15E
-        static let nvWrite: UInt32 = 0x137
     }
 
     /// Handles each command carries before its parameters (TPM 2.0 Part 3), for the commands we decode.

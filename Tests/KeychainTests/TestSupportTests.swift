@@ -63,19 +63,9 @@ import Testing
     @Test func foldersOfKilledRunsAreRemovedAtTheNextStart() throws {
         let temporary = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: temporary) }
-        let bench = buildDirectory.appendingPathComponent("keychain-bench").path
         var environment = ProcessInfo.processInfo.environment
         environment["TMPDIR"] = temporary
-        let stderr = Pipe()
-        let pid = try #require(Processes.spawn(bench, [bench, "--quick"], environment: environment,
-                                               stderr: stderr.fileHandleForWriting.fileDescriptor))
-        try stderr.fileHandleForWriting.close()
-        var said = ""
-        while !said.contains("store in") {
-            let chunk = stderr.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            said += String(decoding: chunk, as: UTF8.self)
-        }
+        let (pid, said) = try startBenchUntilItNamesItsStore(environment: environment)
         #expect(kill(pid, SIGKILL) == 0)
         _ = Processes.wait(pid)
         let left = try FileManager.default.contentsOfDirectory(atPath: temporary).filter { $0.hasPrefix("keychain-swtpm-") }

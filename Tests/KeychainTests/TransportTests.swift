@@ -129,16 +129,7 @@ struct TransportTests {
     /// The watchdog of a test's TPM: the process that made it killed with SIGKILL (no deinit runs)
     /// takes its swtpm along. keychain-bench makes a `SoftwareTPM` and says where.
     @Test func aTestTPMDiesWithItsProcessEvenOnKill9() throws {
-        let bench = buildDirectory.appendingPathComponent("keychain-bench").path
-        let stderr = Pipe()
-        let pid = try #require(Processes.spawn(bench, [bench, "--quick"], stderr: stderr.fileHandleForWriting.fileDescriptor))
-        try stderr.fileHandleForWriting.close()
-        var said = ""
-        while !said.contains("store in") {
-            let chunk = stderr.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            said += String(decoding: chunk, as: UTF8.self)
-        }
+        let (pid, said) = try startBenchUntilItNamesItsStore()
         let marker = try #require(said.range(of: "swtpm on swtpm:path="), "keychain-bench said: \(said)")
         let socket = String(said[marker.upperBound...].prefix { $0 != "," })
         let swtpm = try #require(try processes(mentioning: socket).first, "no swtpm on \(socket)")

@@ -56,7 +56,12 @@ extension TPMKeyring {
             // The empty passcode's PolicySecret is the question: is the PIN empty?
             if mark == .removing { try incrementEpoch(passcode: nil) } else { try writeMark(.none, passcode: nil) }
         } catch where error.code.is(.badAuth) || error.code.is(.authFail) {
-            _ = try? store.write { try $0.setMeta(StoreMeta.passcodeKnownSet, answer) }
+            // Unsaved, the next operation would ask again and spend another of the PIN's tries.
+            do { try store.write { try $0.setMeta(StoreMeta.passcodeKnownSet, answer) } } catch let error as StoreError {
+                throw KeychainError(store: error)
+            } catch {
+                throw KeychainError(.internal, "\(error)")
+            }
             return true
         } catch {
             throw passcodeError(error, doing: "finish an interrupted passcode change")
@@ -132,7 +137,7 @@ extension TPMKeyring {
     }
 
     private func writeMark(_ mark: PasscodeMark, passcode: SecureBytes?) throws(TPMError) {
-        let nv = try context.resource(forPersistent: DeviceLockLayout.descriptorIndex)
+        let nv = try descriptorResource()
         try Self.withPasscode(passcode, command: CommandCode.nvWrite, context: context, srk: srk) { policy throws(TPMError) in
             try context.writeNV(nv, data: [mark.rawValue], offset: 0, authHandle: nv, session: policy)
         }
