@@ -27,7 +27,7 @@ public struct Keychain: Sendable {
 
     /// Where the storage's items live in the store: a token storage's items are kept apart from a
     /// TPM storage's of the same service (`service@strongbox`).
-    var storeService: String { options.android.keyStorage == .strongbox ? service + TokenBackend.tagSuffix : service }
+    var storeService: String { options.android.keyStorage == .strongbox ? service + TokenSession.tagSuffix : service }
 
     /// The largest value `setItem` stores, in bytes (16 MiB); read input in a bounded way up to it.
     public static let maxValueLength = Engine.maxValueLength
@@ -52,8 +52,8 @@ public struct Keychain: Sendable {
             case .none:
                 try await engine.setOnToken(value, service: storeService, key: key, protection: protection, label: call?.label, uri: uri)
             case .passcode:
-                try await engine.setOnTokenWithPasscode(value, service: storeService, key: key, protection: protection,
-                                                        label: call?.label, uri: uri)
+                try await engine.set(value, service: storeService, key: key, protection: protection, label: call?.label,
+                                     backend: TokenBackend(uri: uri), tag: protection.storageTag + TokenSession.tagSuffix)
             default:
                 // The token has no fingerprint reader: refuse rather than store with less protection.
                 throw KeychainError(.unsupported, "accessControl '\(protection.accessControl.rawValue)' is not available with keyStorage 'strongbox': use 'none' or 'passcode' (the token's PIN)")
@@ -61,7 +61,7 @@ public struct Keychain: Sendable {
             return
         }
         try await engine.set(value, service: storeService, key: key, protection: protection, label: call?.label,
-                             readerDirectory: configuration.readerDirectory)
+                             backend: TPMBackend(readerDirectory: configuration.readerDirectory), tag: protection.storageTag)
     }
 
     /// The value as UTF-8 text, or nil when there is none.

@@ -13,7 +13,7 @@ import TPM2
 /// its scheme. The value is then encrypted with libsodium as on the TPM path, with the sealed data key
 /// among the authenticated fields. One logged-in session per process (the engine's), reused; the PIN
 /// comes from the URI (`pin-source` or `pin-value`).
-final class TokenBackend {
+final class TokenSession {
     static let tagSuffix = "@strongbox"
     let uri: PKCS11URI
     let uriText: String
@@ -184,7 +184,7 @@ extension Engine {
     /// Whether the token of `uri` can hold a storage's keys: opened, logged in, its mechanisms read.
     func tokenCanKeepKeys(uri: String) -> AccessControlCheck {
         do {
-            _ = try tokenBackend(uri).scheme()
+            _ = try tokenSession(uri).scheme()
             return .init(available: true)
         } catch {
             return .init(available: false, reason: error.code == .unsupported ? .unsupported : .notAvailable)

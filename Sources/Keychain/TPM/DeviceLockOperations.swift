@@ -1,0 +1,71 @@
+import Foundation
+import KeychainStore
+import PKCS11
+import SecureMemory
+import TPM2
+
+/// The device lock and passcode, as the TPM keeps them (`DeviceLock`, `PasscodeChange`).
+extension Engine {
+    /// Unlocks; a passcode that the TPM accepted also ends a fingerprint-reader lockout.
+    func unlock(passcode: SecureBytes?, readerDirectory: String? = nil) throws(KeychainError) {
+        let generation = try lockGeneration(try store())
+        try withKeyring { keyring throws(KeychainError) in
+            try keyring.unlock(passcode: passcode)
+            if let passcode { try keyring.repairInterruptedMark(with: passcode) }
+        }
+        seenUnlocked = generation
+        if passcode != nil, let readerDirectory { try FingerprintReader(directory: readerDirectory).resetLockout() }
+    }
+
+    func lock() throws(KeychainError) {
+        try withKeyring { keyring throws(KeychainError) in try keyring.lock() }
+        let store = try store()
+        try writeStore(store) { tx in
+            let generation = try tx.meta(StoreMeta.lockGeneration).flatMap(UInt64.init(bigEndianBytes:)) ?? 0
+            try tx.setMeta(StoreMeta.lockGeneration, (generation + 1).bigEndianBytes)
+        }
+        forgetSecrets(keepingLongLived: true)
+    }
+
+    /// Crash-atomic (`TPMKeyring.changePasscode`): a removal also deletes this store's
+    /// whenPasscodeSetThisDeviceOnly items (Apple: their keys are dead in the TPM too).
+    func setPasscode(old: SecureBytes?, new: SecureBytes?) throws(KeychainError) {
+        try withKeyring { keyring throws(KeychainError) in
+            let isSet = try keyring.passcodeIsSet()
+            if old == nil && isSet {
+                throw KeychainError(.invalidArgument, "A passcode is already set: change it with the current one (keychainctl passcode change)")
+            }
+            if old != nil && !isSet { throw passcodeNotSet() }
+            try keyring.changePasscode(from: old, to: new)
+            // Whoever just proved the passcode is at the device: it is unlocked, as after a passcode change on iOS.
+            try keyring.unlock(passcode: new)
+        }
+    }
+
+    func resetPasscodeTries() throws(KeychainError) {
+        try withKeyring { keyring throws(KeychainError) in
+            try keyring.resetPasscodeTries(limit: configuration.passcodeRetryLimit)
+        }
+    }
+
+    func status() throws(KeychainError) -> DeviceStatus {
+        try withKeyring { keyring throws(KeychainError) in
+            let passcodeSet = try keyring.passcodeIsSet()
+            let state = try keyring.lockState()
+            let ownership = try ownershipStatus(keyring)
+            return DeviceStatus(passcodeSet: passcodeSet,
+                                lockState: passcodeSet ? .init(rawValue: state.rawValue)! : .unlocked,
+                                securityLevel: keyring.isSoftwareTPM ? .softwareTPM : .hardwareTPM,
+                                tpm: "\(keyring.context.device)",
+                                ownerAuthorizationSet: ownership.owner, lockoutAuthorizationSet: ownership.lockout,
+                                storageRootKey: ownership.srk, warnings: ownership.warnings)
+        }
+    }
+
+    /// Makes sure the store and the TPM are provisioned (SRK, device-lock indices).
+    func initialize() throws(KeychainError) -> DeviceStatus {
+        try configuration.checkPCRSelection()
+        return try status()
+    }
+
+}

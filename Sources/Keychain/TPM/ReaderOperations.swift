@@ -1,0 +1,127 @@
+import Foundation
+import KeychainStore
+import PKCS11
+import SecureMemory
+import TPM2
+
+// MARK: Access control: the reader and what a write can get
+
+extension Engine {
+    /// What a write needs (seed: AccessControl, "What a write needs"), checked before anything is
+    /// stored: a write never stores an item with less protection than asked.
+    func writeRequirements(_ protection: ItemProtection, reader: FingerprintReader?)
+        throws(KeychainError) -> (biometry: SealPolicy.BiometryBinding?, passcode: Bool) {
+        let control = protection.accessControl
+        guard control != .none else { return (nil, false) }
+        if control.needsBiometry && reader == nil {
+            throw KeychainError(.biometryNotAvailable,
+                                "accessControl '\(control.rawValue)' needs a fingerprint reader, and this device has none")
+        }
+        let passcodeSet = try withKeyring { keyring throws(KeychainError) in
+            try keyring.passcodeIsSet()
+        }
+        guard passcodeSet else {
+            throw KeychainError(.passcodeNotSet,
+                                "accessControl '\(control.rawValue)' needs a device passcode: set one first (keychainctl passcode set)")
+        }
+        let enrolled = !(reader?.enrolled.isEmpty ?? true)
+        if control.needsBiometry && !enrolled {
+            throw KeychainError(.biometryNotEnrolled,
+                                "accessControl '\(control.rawValue)' needs an enrolled finger (keychainctl reader enroll NAME)"
+                                + (control.allowsPasscode ? "; the passcode does not make up for it" : ""))
+        }
+        var biometry: SealPolicy.BiometryBinding?
+        if control.usesBiometry, enrolled, let reader, let state = reader.state {
+            biometry = .init(keyName: state.keyName, tpmHandle: state.tpmHandle,
+                             enrollmentSet: control.isCurrentSet ? reader.enrollmentSet : [], currentSet: control.isCurrentSet)
+        }
+        return (biometry, control.allowsPasscode)
+    }
+
+    /// The same answer as a write would give, without writing and without a prompt.
+    func canUse(_ value: AccessControl, readerDirectory: String?) -> AccessControlCheck {
+        guard value != .none else { return .init(available: true) }
+        do {
+            let reader = try readerDirectory.map { (dir: String) throws(KeychainError) in try FingerprintReader(directory: dir) }
+            _ = try writeRequirements(try ItemProtection(accessControl: value), reader: reader)
+            return .init(available: true)
+        } catch {
+            switch error.code {
+            case .biometryNotAvailable: return .init(available: false, reason: .notAvailable)
+            case .biometryNotEnrolled: return .init(available: false, reason: .notEnrolled)
+            case .passcodeNotSet: return .init(available: false, reason: .passcodeNotSet)
+            default: return .init(available: false, reason: .unsupported)
+            }
+        }
+    }
+
+    /// Proves the passcode to the TPM (an unlock) when one is set, so enrollment follows the passcode.
+    func requirePasscodeForEnrollment(_ passcode: SecureBytes?) throws(KeychainError) {
+        try withKeyring { keyring throws(KeychainError) in
+            let isSet = try keyring.passcodeIsSet()
+            guard isSet else { return }
+            guard let passcode else {
+                throw KeychainError(.authenticationFailed, "Changing the enrolled fingers needs the device passcode (on stdin)")
+            }
+            try keyring.unlock(passcode: passcode)
+        }
+    }
+
+    func enroll(_ finger: String, passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) {
+        try requirePasscodeForEnrollment(passcode)
+        let reader = try FingerprintReader(directory: readerDirectory)
+        try withKeyring { keyring throws(KeychainError) in try reader.enroll(finger, keyring: keyring) }
+        try reader.resetLockout()
+        unsealed = unsealed.filter { $0.value.opened == nil }
+        if let passcode { try addReaderBranch(passcode: passcode, readerDirectory: readerDirectory) }
+    }
+
+    /// `biometryAnyOrPasscode` means "a finger or the passcode": a key written while no finger was
+    /// enrolled has the passcode branch alone. Once one is, the passcode (just proved by the enrollment)
+    /// opens each such key of this store and it is sealed again with both branches (`reseal`: the same
+    /// secret and keyRef, one transaction per key). A key this misses (a killed enrollment, another
+    /// store on the TPM) gets its reader branch at its next read with the passcode.
+    func addReaderBranch(passcode: SecureBytes, readerDirectory: String) throws(KeychainError) {
+        let store = try store()
+        for wrapping in try read({ try store.wrappingKeys(whereProtectionHasPrefix: "") }) {
+            guard let policy = SealPolicy.decode(wrapping.policy),
+                  let upgraded = withReaderBranch(policy, wrapping, readerDirectory: readerDirectory) else { continue }
+            let blob = TPMContext.SealedBlob(publicArea: wrapping.sealedPublic, privateArea: wrapping.sealedPrivate)
+            // A key the passcode no longer opens (PCRs changed, an old epoch) stays as it is.
+            guard let secret = try? withKeyring({ keyring throws(KeychainError) in
+                try keyring.unseal(blob, policy: policy, authorization: .passcode(passcode, window: 0))
+            }) else { continue }
+            reseal(secret, wrapping, upgraded, store: store)
+        }
+    }
+
+    /// The policy with the reader's `Any` branch added, for a live `biometryAnyOrPasscode` key sealed to
+    /// the passcode alone while the configured reader has a finger; nil for every other key.
+    func withReaderBranch(_ policy: SealPolicy, _ wrapping: WrappingKeyRecord, readerDirectory: String?) -> SealPolicy? {
+        guard policy.biometry == nil, policy.passcode == true, !wrapping.protection.contains("~"),
+              !wrapping.protection.hasSuffix(TokenSession.tagSuffix),
+              ItemProtection(storageTag: wrapping.protection)?.accessControl == .biometryAnyOrPasscode,
+              let readerDirectory, let reader = try? FingerprintReader(directory: readerDirectory),
+              !reader.enrolled.isEmpty, let state = reader.state else { return nil }
+        var upgraded = policy
+        upgraded.biometry = .init(keyName: state.keyName, tpmHandle: state.tpmHandle, enrollmentSet: [], currentSet: false)
+        upgraded.keyRef = SealPolicy.keyRef(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
+        return upgraded
+    }
+
+    /// Deletes the reader and frees its TPM key's persistent handle; its items keep only their
+    /// passcode branch (CurrentSet ones report KEY_INVALIDATED).
+    func deleteReader(passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) -> Bool {
+        try requirePasscodeForEnrollment(passcode)
+        let reader = try FingerprintReader(directory: readerDirectory)
+        unsealed = unsealed.filter { $0.value.opened == nil }
+        return try withKeyring { keyring throws(KeychainError) in try reader.delete(keyring: keyring) }
+    }
+
+    func removeFinger(_ finger: String, passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) -> Bool {
+        try requirePasscodeForEnrollment(passcode)
+        let reader = try FingerprintReader(directory: readerDirectory)
+        unsealed = unsealed.filter { $0.value.opened == nil }
+        return try reader.remove(finger)
+    }
+}

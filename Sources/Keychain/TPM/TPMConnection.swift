@@ -1,0 +1,88 @@
+import Foundation
+import KeychainStore
+import PKCS11
+import SecureMemory
+import TPM2
+
+/// The TPM connection of one operation, and the embedded TPM's first use.
+extension Engine {
+    /// Connects to the TPM for one operation; the connection closes when `body` returns, so a software
+    /// TPM (one client at a time) is free for other processes between operations.
+    ///
+    /// Without a resource manager (swtpm, `/dev/tpm0`) the operation is this process's turn at the
+    /// TPM (`TPMTurn`): no other process's commands interleave, and it starts by flushing what killed
+    /// processes left (each kill mid-operation leaks a session; three make every read fail).
+    func withKeyring<T>(_ body: (TPMKeyring) throws(KeychainError) -> T) throws(KeychainError) -> T {
+        let store = try store()
+        let device: TPMDevice
+        var started = false
+        switch configuration.tpm {
+        case .tcti(let conf):
+            do { device = try TPMDevice(parsing: conf) } catch { throw .invalidArgument(error.description) }
+        case .embedded:
+            (device, started) = try EmbeddedTPM.ensureRunning(storeDirectory: configuration.storeDirectory)
+            try pinStoreInEmbeddedTPM(store)
+        }
+        let turn = try TPMTurn.take(device, configuration: configuration)
+        defer { withExtendedLifetime(turn) {} }
+        if case .embedded = configuration.tpm, started || !embeddedTPMChecked {
+            embeddedOwnerAuthorization = try prepareEmbeddedTPM(device, started: started)
+            embeddedTPMChecked = true
+        }
+        return try withConnection(device, store: store, flushLeftovers: turn != nil, body)
+    }
+
+    /// The connection closes when this returns, before the turn ends.
+    func withConnection<T>(_ device: TPMDevice, store: Store, flushLeftovers: Bool,
+                                   _ body: (TPMKeyring) throws(KeychainError) -> T) throws(KeychainError) -> T {
+        var configuration = configuration
+        if case .embedded = configuration.tpm, configuration.ownerAuthorization == nil {
+            configuration.ownerAuthorization = embeddedOwnerAuthorization
+        }
+        let keyring = try TPMKeyring(device: device, store: store, configuration: configuration, flushLeftovers: flushLeftovers)
+        defer {
+            tpmCommands += keyring.context.commandCount
+            if keyring.finishedRemoval {
+                unsealed = unsealed.filter { !$0.key.protection.hasPrefix(Accessible.whenPasscodeSetThisDeviceOnly.rawValue + "/") }
+                forgetSecrets(keepingLongLived: true)
+            }
+        }
+        do {
+            // A passcode change that a killed process left half-done is finished before anything else.
+            if !checkedPasscodeChange {
+                do {
+                    _ = try keyring.passcodeIsSet()
+                    checkedPasscodeChange = true
+                } catch where error.code == .lockout {
+                    // The PIN is at its limit, so the question has no answer yet; resetting the
+                    // count must stay possible. Operations that need the answer get LOCKOUT.
+                }
+            }
+            return try body(keyring)
+        } catch {
+            // Whatever the step made of it: a TPM that stopped answering is the cause.
+            if let unanswered = keyring.context.unanswered {
+                throw .tpmDidNotAnswer(device, timeout: configuration.tpmTimeout, unanswered)
+            }
+            throw error
+        }
+    }
+
+
+    /// The embedded software TPM is taken on first use: random owner and lockout authorizations, kept
+    /// in its own 0700 directory (see `EmbeddedTPM.takeOwnership`). A just-started one also gets small
+    /// dictionary-attack settings: nothing here is subject to DA (our objects are noDA), but other
+    /// tools on it should not lock it out for 1000 s.
+    func prepareEmbeddedTPM(_ device: TPMDevice, started: Bool) throws(KeychainError) -> SecureBytes? {
+        let context: TPMContext
+        do { context = try TPMContext(device: device, timeout: configuration.tpmTimeout) } catch {
+            throw KeychainError(.hardwareUnavailable, "The embedded software TPM does not answer", underlying: .tpm(error))
+        }
+        defer { tpmCommands += context.commandCount }
+        let owner = try EmbeddedTPM.takeOwnership(context, storeDirectory: configuration.storeDirectory)
+        // Best effort: after a wrong lockout authorization (anyone may try one) the TPM refuses it for
+        // lockoutRecovery, and that must not stop the keychain from starting.
+        if started { try? context.setDictionaryAttackParameters(maxTries: 32, recoveryTime: 10, lockoutRecovery: 10) }
+        return owner
+    }
+}
