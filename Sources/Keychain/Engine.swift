@@ -115,7 +115,7 @@ actor Engine {
 
     /// Stores one item under the wrapping key `backend` gives its service and protection.
     func set(_ value: SecureBytes, service: String, key: String, protection: ItemProtection, label: String?,
-             backend: any KeyBackend, tag: String) throws(KeychainError) {
+             backend: any KeyBackend, tag: String, dates: ItemDates? = nil) throws(KeychainError) {
         try checkKey(key)
         guard value.count <= Self.maxValueLength else {
             throw KeychainError.invalidArgument("Invalid value: at most \(Self.maxValueLength) bytes, got \(value.count)")
@@ -125,7 +125,7 @@ actor Engine {
         let (candidate, replaces) = try backend.wrappingKey(service: service, tag: tag, protection: protection, stored: stored,
                                                              engine: self)
         try storeEnvelope(value, service: service, key: key, tag: tag, candidate: candidate, staleKey: replaces,
-                          label: label, store: store)
+                          label: label, store: store, dates: dates)
     }
 
     /// The backend that holds a stored wrapping key, from the record.
@@ -137,7 +137,7 @@ actor Engine {
     /// Writes one item under a wrapping public key, in one transaction: no TPM or token needed.
     /// Another process may have made the same wrapping key meanwhile: theirs wins, ours is dropped.
     func storeEnvelope(_ value: SecureBytes, service: String, key: String, tag: String, candidate: WrappingKeyRecord,
-                       staleKey: [UInt8]?, label: String?, store: Store) throws(KeychainError) {
+                       staleKey: [UInt8]?, label: String?, store: Store, dates: ItemDates? = nil) throws(KeychainError) {
         do {
             try store.write { tx in
                 // Another process may have made this service's key meanwhile: theirs wins, ours is dropped.
@@ -152,7 +152,7 @@ actor Engine {
                 let existing = try tx.item(service: service, key: key)
                 let now = Self.now()
                 var record = ItemRecord(service: service, key: key, protection: tag, label: label ?? existing?.label,
-                                        created: existing?.created ?? now, modified: now,
+                                        created: dates?.created ?? existing?.created ?? now, modified: dates?.modified ?? now,
                                         writerPublic: writer.publicKey, salt: Sodium.randomBytes(ItemEnvelope.saltLength),
                                         nonce: Sodium.randomBytes(Sodium.xchachaNonceLength), ciphertext: [])
                 let dataKey = ItemEnvelope.dataKey(shared: writer.shared, writerPublic: writer.publicKey,

@@ -2,7 +2,7 @@ internal import CSodium
 
 /// Why a libsodium operation refused its input.
 public struct SodiumError: Error, Equatable, Hashable, Sendable, CustomStringConvertible {
-    enum Code: UInt8, Sendable { case authenticationFailed, invalidLength, weakPublicKey }
+    enum Code: UInt8, Sendable { case authenticationFailed, invalidLength, weakPublicKey, outOfMemory }
     let code: Code
 
     /// The ciphertext, nonce, associated data or key is not the one it was sealed with.
@@ -11,12 +11,15 @@ public struct SodiumError: Error, Equatable, Hashable, Sendable, CustomStringCon
     public static let invalidLength = SodiumError(code: .invalidLength)
     /// The peer's X25519 public key is a low-order point (the shared secret would be zero).
     public static let weakPublicKey = SodiumError(code: .weakPublicKey)
+    /// Argon2id could not allocate its memory limit.
+    public static let outOfMemory = SodiumError(code: .outOfMemory)
 
     public var description: String {
         switch code {
         case .authenticationFailed: "authentication failed: the sealed data was altered or the key is wrong"
         case .invalidLength: "a key, nonce or ciphertext has the wrong length"
         case .weakPublicKey: "the peer public key is weak (low order)"
+        case .outOfMemory: "Argon2id could not allocate its memory limit"
         }
     }
 }

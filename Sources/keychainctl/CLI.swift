@@ -18,8 +18,10 @@ struct Invocation {
 
     static let valued: Set<String> = ["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
                                       "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage", "--owner-auth-file",
-                                      "--owner-auth-out", "--lockout-auth-out"]
-    static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h"]
+                                      "--owner-auth-out", "--lockout-auth-out",
+                                      "--service", "--out", "--cost"]
+    static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h",
+                                        "--passphrase-stdin"]
 
     init(_ args: [String]) throws(UsageError) {
         var i = 0
@@ -109,6 +111,15 @@ let usage = """
       clear SERVICE
       can-use ACCESS_CONTROL       available, and the reason when not
       biometry-types
+
+    Backup (docs/provisioning.md, docs/formats.md):
+      backup --passphrase-stdin [--service S] [--out FILE] [--cost interactive|moderate|sensitive] [--passcode-stdin]
+                                   every item of a migratable level (whenUnlocked, afterFirstUnlock, always),
+                                   never ThisDeviceOnly, biometric or token items, encrypted under the
+                                   passphrase (first line of stdin; the passcode on the second with
+                                   --passcode-stdin, asked once); the file on stdout, or --out FILE
+      restore FILE --passphrase-stdin   items come back with their protection, label and dates; an item
+                                   that exists or whose protection this device cannot give is skipped
 
     The fingerprint reader (simulated; its own directory, --reader DIR or KEYCHAIN_READER, 'none' for no reader):
       reader enroll NAME | reader remove NAME   the device passcode on stdin when one is set

@@ -137,6 +137,10 @@ struct Commands {
         case "biometry-types":
             let types = device.biometryTypes()
             if inv.json { printJSON(types.map(\.rawValue)) } else { types.forEach { print($0.rawValue) } }
+        case "backup":
+            return try await backup()
+        case "restore":
+            return try await restore()
         case "demo":
             return try await Demo().run()
         case nil:
@@ -221,7 +225,7 @@ struct Commands {
         if inv.json { printJSON(["ok": text]) } else { print(escaped(text)) }
     }
 
-    private func output<T: Encodable>(_ value: T, text: (T) -> String) {
+    func output<T: Encodable>(_ value: T, text: (T) -> String) {
         if inv.json { printJSON(value) } else { print(text(value)) }
     }
 }

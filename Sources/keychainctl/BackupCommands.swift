@@ -1,0 +1,80 @@
+import Foundation
+import Keychain
+import SecureMemory
+
+/// `backup` and `restore`: the passphrase (and for backup the passcode) come on stdin, never argv.
+extension Commands {
+    func backup() async throws -> Exit {
+        _ = try arguments(0, "no arguments (--service S, --out FILE, --cost C)")
+        guard inv.switches.contains("--passphrase-stdin") else {
+            throw KeychainError.invalidArgument("backup needs --passphrase-stdin: the passphrase on the first line of stdin")
+        }
+        let out = inv.flags["--out"]
+        if out == nil, isatty(1) == 1 {
+            throw KeychainError.invalidArgument("backup writes the encrypted file to stdout: redirect it (> FILE) or use --out FILE")
+        }
+        let cost = try inv.flags["--cost"].map { (text: String) throws(KeychainError) in try BackupCost(parsing: text) } ?? .moderate
+        let passcodeOnStdin = inv.switches.contains("--passcode-stdin")
+        let lines = try readLines(passcodeOnStdin ? 2 : 1)
+        guard let passphrase = lines.first, passphrase.count > 0 else {
+            throw KeychainError.invalidArgument("No passphrase on stdin: give it on the first line")
+        }
+        var configuration = configuration
+        if passcodeOnStdin {
+            guard lines.count == 2 else { throw KeychainError.invalidArgument("--passcode-stdin: give the device passcode on the second line of stdin") }
+            configuration.authenticator = ScriptedAuthenticator([.passcode(lines[1])], attemptsPerRead: 1)
+        } else if isatty(0) == 1 && isatty(2) == 1 {
+            configuration.authenticator = TerminalAuthenticator()
+        } else {
+            configuration.authenticator = nil
+        }
+        let device = KeychainDevice(configuration: configuration)
+        let report = if let out {
+            try await device.backup(toFile: out, passphrase: passphrase, service: inv.flags["--service"], cost: cost)
+        } else {
+            try await device.backup(to: 1, passphrase: passphrase, service: inv.flags["--service"], cost: cost)
+        }
+        // With the file on stdout, the report goes to stderr.
+        var text: String
+        if inv.json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys]
+            text = String(decoding: try encoder.encode(report), as: UTF8.self)
+        } else {
+            text = report.backedUp.map { "backed up: \(escaped($0.service)) \(escaped($0.key))" }
+                .joined(separator: "\n")
+            text += report.skipped.map { "\nleft out: \(escaped($0.service)) \(escaped($0.key)) (\($0.reason.rawValue))" }.joined()
+            text += "\n\(report.backedUp.count) backed up, \(report.skipped.count) left out"
+        }
+        if out != nil { print(text) } else { FileHandle.standardError.write(Data((text + "\n").utf8)) }
+        return .ok
+    }
+
+    func restore() async throws -> Exit {
+        let args = try arguments(1, "FILE")
+        guard inv.switches.contains("--passphrase-stdin") else {
+            throw KeychainError.invalidArgument("restore needs --passphrase-stdin: the passphrase on the first line of stdin")
+        }
+        guard let passphrase = try readLines(1).first, passphrase.count > 0 else {
+            throw KeychainError.invalidArgument("No passphrase on stdin: give it on the first line")
+        }
+        let report = try await device.restore(fromFile: args[0], passphrase: passphrase)
+        output(report) { report in
+            var lines = report.restored.map { "restored: \(escaped($0.service)) \(escaped($0.key))" }
+            lines += report.skipped.map { "skipped: \(escaped($0.service)) \(escaped($0.key)) (\(Self.why($0.reason)))" }
+            lines.append("\(report.restored.count) restored, \(report.skipped.count) skipped")
+            return lines.joined(separator: "\n")
+        }
+        return .ok
+    }
+
+    private static func why(_ reason: BackupSkip.Reason) -> String {
+        switch reason {
+        case .exists: "exists: an item with this service and key is already here; remove it to restore this one"
+        case .passcodeNotSet: "passcodeNotSet: it needs a device passcode; set one (keychainctl passcode set) and restore again"
+        case .thisDeviceOnly: "thisDeviceOnly"
+        case .biometric: "biometric"
+        case .token: "token"
+        }
+    }
+}
