@@ -25,6 +25,11 @@ enum StoreMeta {
     static let passcodeKnownSet = "tpm.passcode.known-set"
     /// The descriptor NV index's serialized ESAPI resource, so reading the passcode mark is one command.
     static let descriptorTR = "tpm.descriptor.tr"
+    /// The boot-state approval index's serialized ESAPI resource (BootApprovalLayout); present once
+    /// the index exists and holds a state.
+    static let bootApprovalTR = "tpm.boot-approval.tr"
+    /// The PCR values (BootState) this store approved last; the index holds only their policy digest.
+    static let bootApproved = "tpm.boot-approved"
 
     // MARK: Engine
     /// How many times the device was locked (UInt64, big endian): a `whenUnlocked` key cached

@@ -55,6 +55,10 @@ public enum PolicyStep: Sendable, Hashable {
     case authValue
     /// Any one of the branches.
     case or([[UInt8]])
+    /// PolicyAuthorizeNV (Part 3, 23.22): the steps before it must leave the digest the NV index at
+    /// `index` (named `name`) holds; then the digest restarts from this step alone. `approving` are the
+    /// steps a session runs first: they are not part of this step's digest (the index holds theirs).
+    indirect case authorizeNV(index: UInt32, name: [UInt8], approving: [PolicyStep])
 
     public func extend(_ digest: [UInt8]) -> [UInt8] {
         switch self {
@@ -76,6 +80,8 @@ public enum PolicyStep: Sendable, Hashable {
             return sha256(digest, CommandCode.policyAuthValue.bigEndianBytes)
         case .or(let branches):
             return sha256([UInt8](repeating: 0, count: 32), CommandCode.policyOR.bigEndianBytes, branches.flatMap { $0 })
+        case .authorizeNV(_, let name, _):
+            return sha256([UInt8](repeating: 0, count: 32), CommandCode.policyAuthorizeNV.bigEndianBytes, name)
         }
     }
 }
@@ -103,6 +109,7 @@ public enum CommandCode {
     static let policyCpHash: UInt32 = 0x16E
     static let policyOR: UInt32 = 0x171
     static let policyPCR: UInt32 = 0x17F
+    static let policyAuthorizeNV: UInt32 = 0x192
 }
 
 /// The public area of an NV index, enough to compute its name offline (Part 2, 13.5).

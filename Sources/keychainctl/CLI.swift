@@ -15,11 +15,13 @@ struct Invocation {
     var command: [String] = []
     var flags: [String: String] = [:]
     var switches: Set<String> = []
+    /// Options given more than once (`--pcr 0=HEX --pcr 7=HEX`), every value in order.
+    var repeated: [String: [String]] = [:]
 
     static let valued: Set<String> = ["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
                                       "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage", "--owner-auth-file",
                                       "--owner-auth-out", "--lockout-auth-out",
-                                      "--service", "--out", "--cost"]
+                                      "--service", "--out", "--cost", "--pcr"]
     static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h",
                                         "--passphrase-stdin"]
 
@@ -35,9 +37,11 @@ struct Invocation {
                 let name = String(arg[..<eq])
                 guard Self.valued.contains(name) else { throw UsageError(message: "unknown option \(name) (or it takes no value)") }
                 flags[name] = String(arg[arg.index(after: eq)...])
+                repeated[name, default: []].append(flags[name]!)
             } else if Self.valued.contains(arg) {
                 guard i + 1 < args.count else { throw UsageError(message: "\(arg) needs a value") }
                 flags[arg] = args[i + 1]
+                repeated[arg, default: []].append(args[i + 1])
                 i += 1
             } else if Self.booleans.contains(arg) {
                 switches.insert(arg)
@@ -95,6 +99,12 @@ let usage = """
       unlock                       the passcode on stdin (no input when none is set)
       lock
       tpm reboot                   restart the embedded software TPM (a TPM reset)
+      boot-state                   the PCRs ThisDeviceOnly items are bound to: approved and current values
+      boot-state approve [--pcr N=HEX]… [--owner-auth-file FILE|-]
+                                   approve the current boot state (after an update you trust), or with
+                                   --pcr the values an update will leave (before its reboot); revokes the
+                                   state approved before. The passcode on stdin (no input when none is set),
+                                   or the owner authorization with --owner-auth-file
       token reset-tries            reset this library's count of wrong token PINs
 
     Items (the value of `set` is read from stdin to EOF, bytes kept exactly):

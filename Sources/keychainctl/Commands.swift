@@ -42,12 +42,14 @@ struct Commands {
                     + authorizationLines($0)
             }
         case "status":
-            struct Status: Encodable { let device: DeviceStatus; let token: TokenStatus? }
-            let status = Status(device: try await device.status(), token: try await device.tokenStatus())
+            struct Status: Encodable { let device: DeviceStatus; let token: TokenStatus?; let bootState: BootStateStatus? }
+            let status = Status(device: try await device.status(), token: try await device.tokenStatus(),
+                                bootState: try? await device.bootState())
             output(status) {
                 var text = "tpm: \($0.device.tpm)\nsecurity level: \($0.device.securityLevel.rawValue)\n"
                     + "passcode: \($0.device.passcodeSet ? "set" : "not set")\nlock: \($0.device.lockState.rawValue)\n"
                     + authorizationLines($0.device)
+                if let boot = $0.bootState { text += "\n" + bootStateLine(boot) }
                 if let t = $0.token {
                     text += "\ntoken: " + escaped("\(t.label) (\(t.manufacturer), \(t.model), serial \(t.serial))")
                     text += "\ntoken PIN: locked \(t.userPinLocked), final try \(t.userPinFinalTry), count low \(t.userPinCountLow)"
@@ -63,6 +65,8 @@ struct Commands {
             done("locked")
         case "passcode":
             return try await passcode()
+        case "boot-state":
+            return try await bootState()
         case "token":
             guard inv.command.dropFirst().first == "reset-tries" else { throw UsageError(message: "token takes: reset-tries") }
             try await device.resetTokenPINTries()
@@ -221,7 +225,7 @@ struct Commands {
         return .notFound
     }
 
-    private func done(_ text: String) {
+    func done(_ text: String) {
         if inv.json { printJSON(["ok": text]) } else { print(escaped(text)) }
     }
 

@@ -33,15 +33,16 @@ struct BypassTests {
         let object = try context.load(stolen.blob, parent: srk)
         defer { context.flush(object) }
         do {
-            for step in steps {
-                switch step {
-                case .pcr(let selection, let digest): try context.policyPCR(session, selection: selection, digest: digest)
-                case .nv(let index, _, let operand, let offset, let comparison):
-                    try context.policyNV(session, index: index == DeviceLockLayout.epochIndex ? epoch : state,
-                                         operand: operand, offset: offset, comparison: comparison)
-                default: Issue.record("unexpected step")
+            let approval = try? context.resource(forPersistent: BootApprovalLayout.index)
+            try context.run(steps, on: session, nvIndex: { index throws(TPMError) in
+                switch index {
+                case DeviceLockLayout.epochIndex: return epoch
+                case DeviceLockLayout.stateIndex: return state
+                default:
+                    guard let approval else { throw TPMError(command: "approval index", code: .handle) }
+                    return approval
                 }
-            }
+            })
             _ = try context.unseal(object, session: session)
             return nil
         } catch {
@@ -63,15 +64,19 @@ struct BypassTests {
         try await f.storage("tdo", accessible: .afterFirstUnlockThisDeviceOnly).setItem("k", "v")
         try await f.device.unlock(passcode: nil)  // no passcode: anyone may unlock, as the library does itself
         let stolen = try steal(f, service: "tdo", accessible: .afterFirstUnlockThisDeviceOnly)
+        let approvedValue = try TPMContext(device: f.tpm.device).readPCRs(PCRSelection([7]))
         try f.extendPCR(7)
-        let withStoredDigest = try attempt(f, stolen, steps: stolen.policy.steps)
-        #expect(withStoredDigest?.code.is(.value) == true, "PolicyPCR must refuse the old digest")
-        // Skipping PolicyPCR, or asserting today's PCRs, leaves a digest the key was not sealed to.
-        let skipped = try attempt(f, stolen, steps: stolen.policy.steps.filter { if case .pcr = $0 { false } else { true } })
+        let withStoredSteps = try attempt(f, stolen, steps: stolen.policy.steps)
+        #expect(withStoredSteps?.code.is(.value) == true, "PolicyAuthorizeNV must refuse an unapproved PCR 7")
+        // Skipping PolicyAuthorizeNV, or asserting the approved values (PolicyPCR refuses them), or asserting
+        // today's values without the approval, leaves a digest the key was not sealed to.
+        let skipped = try attempt(f, stolen, steps: stolen.policy.steps.filter { if case .authorizeNV = $0 { false } else { true } })
         #expect(skipped?.code.is(.policyFail) == true)
+        let asApproved = try attempt(f, stolen, steps: [.pcr(selection: PCRSelection([7]), digest: sha256(approvedValue.flatMap { $0 }))])
+        #expect(asApproved?.code.is(.value) == true)
         let today = sha256(try TPMContext(device: f.tpm.device).readPCRs(PCRSelection([7])).flatMap { $0 })
         let withToday = try attempt(f, stolen, steps: stolen.policy.steps.map {
-            if case .pcr(let sel, _) = $0 { .pcr(selection: sel, digest: today) } else { $0 }
+            if case .authorizeNV = $0 { .pcr(selection: PCRSelection([7]), digest: today) } else { $0 }
         })
         #expect(withToday?.code.is(.policyFail) == true)
     }

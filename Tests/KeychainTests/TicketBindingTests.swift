@@ -42,14 +42,11 @@ struct TicketBindingTests {
         let object = try context.load(stolen.blob, parent: srk)
         defer { context.flush(object) }
         do {
-            for step in stolen.policy.steps {
-                switch step {
-                case .pcr(let selection, let digest): try context.policyPCR(session, selection: selection, digest: digest)
-                case .nv(_, _, let operand, let offset, let comparison):
-                    try context.policyNV(session, index: state, operand: operand, offset: offset, comparison: comparison)
-                default: Issue.record("unexpected step")
-                }
-            }
+            let epoch = try context.resource(forPersistent: DeviceLockLayout.epochIndex)
+            let approval = try context.resource(forPersistent: BootApprovalLayout.index)
+            try context.run(stolen.policy.steps, on: session, nvIndex: { index in
+                index == DeviceLockLayout.stateIndex ? state : index == DeviceLockLayout.epochIndex ? epoch : approval
+            })
             try context.policyTicket(session, ticket)
             if stolen.policy.branches.count > 1 { try context.policyOR(session, stolen.policy.branchDigests) }
             _ = try context.unseal(object, session: session)

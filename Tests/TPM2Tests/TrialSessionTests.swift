@@ -44,17 +44,11 @@ struct TrialSessionTests {
         let trial = try ctx.startSession(.trial, saltKey: nil)
         defer { ctx.flush(trial) }
         for (count, step) in zip(1..., steps) {
-            switch step {
-            case .pcr(let selection, let digest): try ctx.policyPCR(trial, selection: selection, digest: digest)
-            case .nv(_, _, let operand, let offset, let comparison):
-                try ctx.policyNV(trial, index: epoch, operand: operand, offset: offset, comparison: comparison)
-            case .secret(_, _, let policyRef): try ctx.policySecret(trial, entity: pin, authSession: auth, policyRef: policyRef)
-            case .commandCode(let code): try ctx.policyCommandCode(trial, code)
-            case .cpHash(let cpHash): try ctx.policyCpHash(trial, cpHash)
-            case .authValue: try ctx.policyAuthValue(trial)
-            case .or(let branches): try ctx.policyOR(trial, branches)
-            case .signed: Issue.record("PolicySigned needs a signer: covered by the keychain's reader tests")
-            }
+            // The library's own runner (TPMContext.run), with the caller's PolicySecret.
+            try ctx.run([step], on: trial, nvIndex: { _ in epoch }, other: { step throws(TPMError) in
+                guard case .secret(_, _, let policyRef) = step else { return }
+                try ctx.policySecret(trial, entity: pin, authSession: auth, policyRef: policyRef)
+            })
             let offline = PolicyDigest.compute(Array(steps.prefix(count)))
             #expect(try ctx.policyDigest(trial).hex == offline.hex, "after step \(count): \(step)")
         }

@@ -10,7 +10,10 @@ struct SealPolicy: Codable, Equatable {
     var availability: Availability
     /// `ThisDeviceOnly`: the PCRs and the SHA-256 of their values when the key was sealed.
     var pcrs: [Int]?
+    /// Keys sealed before boot-state approval: the literal digest (`PolicyPCR`); nil in approved keys.
     var pcrDigest: [UInt8]?
+    /// Approved keys: the boot-state approval index's name (`PolicyAuthorizeNV`, BootApprovalLayout).
+    var bootApprovalName: [UInt8]?
     /// `whenPasscodeSet`: the passcode epoch the key belongs to.
     var passcodeEpoch: UInt64?
     /// Name of the state index (depends on the TPM's lock approval key).
@@ -66,6 +69,9 @@ struct SealPolicy: Codable, Equatable {
 
     var fixedToThisTPM: Bool { pcrs != nil }
 
+    /// Sealed to literal PCR values by a version before boot-state approval: re-sealed when next opened.
+    var isLiteralBootBinding: Bool { pcrs != nil && pcrDigest != nil && bootApprovalName == nil }
+
     func step(for branch: Branch) -> PolicyStep {
         switch branch {
         case .biometry: .signed(keyName: biometry!.keyName, policyRef: signedRef)
@@ -79,7 +85,11 @@ struct SealPolicy: Codable, Equatable {
     /// The assertions every reader of the key makes first, in order: PCRs, passcode epoch, lock state.
     var steps: [PolicyStep] {
         var steps: [PolicyStep] = []
-        if let pcrs, let pcrDigest {
+        if let pcrs, let bootApprovalName {
+            // First: PolicyAuthorizeNV restarts the digest from itself.
+            steps.append(.authorizeNV(index: BootApprovalLayout.index, name: bootApprovalName,
+                                      approving: [.pcr(selection: PCRSelection(pcrs), digest: [])]))
+        } else if let pcrs, let pcrDigest {
             steps.append(.pcr(selection: PCRSelection(pcrs), digest: pcrDigest))
         }
         if let passcodeEpoch {

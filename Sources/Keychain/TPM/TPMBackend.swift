@@ -110,8 +110,10 @@ extension Engine {
         var opened: ContinuousClock.Instant?
         if policy.branches.isEmpty {
             secret = try unsealWithoutUser(blob, policy: policy)
+            if policy.isLiteralBootBinding { migrateBootBinding(secret, wrapping, policy, store: store) }
         } else {
             secret = try await unsealWithUser(blob, policy: policy, record: record, window: window, context: context)
+            if policy.isLiteralBootBinding { migrateBootBinding(secret, wrapping, policy, store: store) }
             if policy.keyRef == nil, (try? checked(secret, wrapping)) != nil { rebind(secret, wrapping, policy, store: store) }
             else if let upgraded = withReaderBranch(policy, wrapping, readerDirectory: context.readerDirectory) {
                 reseal(secret, wrapping, upgraded, store: store)  // an enrollment that ended before its re-seal

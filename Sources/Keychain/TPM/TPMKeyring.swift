@@ -66,6 +66,9 @@ final class TPMKeyring {
         }
         (srk, stateNV, epochNV, descriptor, isSoftwareTPM) = try Self.provision(
             context: context, store: store, configuration: configuration)
+        // The boot-state approval index, approving the boot state just recorded (BootApproval.swift).
+        let selection = PCRSelection(configuration.pcrSelection.filter { (0...15).contains($0) }).indices
+        if !selection.isEmpty { _ = try ensureBootApproval(selection: selection, initial: recordedBootState(selection)) }
     }
 
     private static func meta(_ store: Store, _ name: String) throws(KeychainError) -> [UInt8]? {
@@ -190,10 +193,17 @@ final class TPMKeyring {
             var policy = SealPolicy(availability: .init(accessible), stateName: stateName, biometry: biometry,
                                     passcode: passcode ? true : nil, keyRef: keyRef, authValidity: authValidity)
             if accessible.isThisDeviceOnly {
-                let current = try BootState.read(context, pcrs)
-                try checkBootState(current)
-                policy.pcrs = PCRSelection(pcrs).indices
-                policy.pcrDigest = sha256(policy.pcrs!.flatMap { current.values[$0]! })
+                let selection = PCRSelection(pcrs).indices
+                policy.pcrs = selection
+                if let name = try ensureBootApproval(selection: selection, initial: recordedBootState(selection)) {
+                    try checkApprovedBootState(selection: selection)
+                    policy.bootApprovalName = name
+                } else {
+                    // No approval index and no owner authorization to make one: literal values, as before.
+                    let current = try BootState.read(context, pcrs)
+                    try checkBootState(current)
+                    policy.pcrDigest = sha256(selection.flatMap { current.values[$0]! })
+                }
             }
             if accessible.requiresPasscode {
                 guard try passcodeIsSet() else {
@@ -224,6 +234,13 @@ final class TPMKeyring {
         } catch {
             throw diagnose(error, doing: "seal a wrapping key")
         }
+    }
+
+    /// The boot state recorded when the store was set up, over `selection` (nil when a PCR is missing).
+    func recordedBootState(_ selection: [Int]) -> BootState? {
+        guard let recorded = (try? store.meta(StoreMeta.bootState)).flatMap({ $0 }).flatMap(BootState.init(decoding:)),
+              selection.allSatisfy({ recorded.values[$0] != nil }) else { return nil }
+        return BootState(values: recorded.values.filter { selection.contains($0.key) })
     }
 
     /// Never seals to a state the device does not boot into (seed: never store an item with less): PCRs
@@ -300,19 +317,20 @@ final class TPMKeyring {
             session = try context.startSession(policy.digest.isEmpty ? .hmac : .policy, saltKey: srk, encryptResponse: true)
             step = "Load"
             object = try context.load(blob, parent: srk)
-            for policyStep in steps {
-                switch policyStep {
-                case .pcr(let selection, let digest):
-                    step = "PolicyPCR"
-                    try context.policyPCR(session!, selection: selection, digest: digest)
-                case .nv(let index, _, let operand, let offset, let comparison):
-                    step = index == DeviceLockLayout.epochIndex ? "PolicyNV(epoch)" : "PolicyNV(state)"
-                    try context.policyNV(session!, index: index == DeviceLockLayout.epochIndex ? epochNV : stateNV,
-                                         operand: operand, offset: offset, comparison: comparison)
-                default:
-                    throw KeychainError(.internal, "Unexpected policy step in a wrapping key policy")
+            try context.run(steps, on: session!, nvIndex: { index throws(TPMError) in
+                switch index {
+                case DeviceLockLayout.epochIndex: epochNV
+                case DeviceLockLayout.stateIndex: stateNV
+                default: try bootApprovalIndex()
                 }
-            }
+            }, willRun: { policyStep in
+                switch policyStep {
+                case .pcr: step = "PolicyPCR"
+                case .authorizeNV: step = "PolicyAuthorizeNV"
+                case .nv(let index, _, _, _, _): step = index == DeviceLockLayout.epochIndex ? "PolicyNV(epoch)" : "PolicyNV(state)"
+                default: step = "policy"
+                }
+            })
             if !policy.branches.isEmpty {
                 try authorize(session!, policy: policy, authorization: authorization, step: &step)
             }
@@ -324,7 +342,7 @@ final class TPMKeyring {
         } catch let error as KeychainError {
             throw error
         } catch let error as TPMError {
-            throw mapUnsealError(error, step: step)
+            throw mapUnsealError(error, step: step, policy: policy)
         } catch {
             throw KeychainError(.internal, "\(error)")
         }
@@ -388,7 +406,7 @@ final class TPMKeyring {
         return try context.resource(forPersistent: DeviceLockLayout.pinIndex)
     }
 
-    private func mapUnsealError(_ error: TPMError, step: String) -> KeychainError {
+    private func mapUnsealError(_ error: TPMError, step: String, policy: SealPolicy) -> KeychainError {
         let code = error.code
         switch step {
         case "PolicySecret" where code.is(.badAuth) || code.is(.authFail):
@@ -408,6 +426,13 @@ final class TPMKeyring {
                                  "The device state changed: PCRs this ThisDeviceOnly item is bound to no longer hold "
                                  + "the values it was sealed to. The item is kept; it opens again if they return",
                                  underlying: .tpm(error))
+        case "PolicyAuthorizeNV" where code.is(.value):
+            return unapprovedBootState(current: try? BootState.read(context, policy.pcrs ?? []), reading: true, underlying: error)
+        case "PolicyAuthorizeNV" where code.is(.nvUninitialized) || code.is(.handle):
+            return KeychainError(.deviceStateChanged,
+                                 "No boot state is approved on this TPM (its approval index is missing or empty): the "
+                                 + "ThisDeviceOnly item is kept; approve the current state if you trust it: keychainctl "
+                                 + "--owner-auth-file FILE boot-state approve", underlying: .tpm(error))
         case "PolicyNV(state)" where code.is(.nvUninitialized):
             return KeychainError(.interactionNotAllowed,
                                  "The device has not been unlocked since the TPM started: unlock it first (keychainctl unlock)",

@@ -1,0 +1,200 @@
+import Foundation
+import KeychainStore
+import SecureMemory
+import TPM2
+
+/// Local approval of boot states (issue 12): `ThisDeviceOnly` keys are sealed not to PCR values but to
+/// "whatever PCR policy the approval index holds" (TPM2_PolicyAuthorizeNV), so a trusted firmware or
+/// Secure Boot update is approved once, before or after the reboot, and no key is sealed again.
+///
+/// The index (owner range, next to the device lock's) holds a TPMT_HA: SHA-256 and the PolicyPCR digest
+/// of the approved values. Writing it needs the passcode (PolicySecret on the PIN index, as the
+/// descriptor) or the owner authorization (TPMA_NV_OWNERWRITE); anyone may read it, and a new value
+/// replaces the old at once: a state approved before is revoked by the next approval.
+enum BootApprovalLayout {
+    static let index: UInt32 = 0x0100_4B54
+    static let size: UInt16 = 34
+
+    static let publicArea = NVPublic(
+        index: index,
+        attributes: NVAttributes.policyWrite | NVAttributes.ownerWrite | NVAttributes.authRead | NVAttributes.noDA,
+        authPolicy: DeviceLockLayout.passcodePolicy(CommandCode.nvWrite),
+        size: size)
+
+    /// The name every key's PolicyAuthorizeNV step extends with (the index is always written when used).
+    static var name: [UInt8] { publicArea.name(written: true) }
+
+    /// The policy an approved state stands for: PolicyPCR over `selection` with these values.
+    static func approvedPolicy(selection: [Int], pcrDigest: [UInt8]) -> [UInt8] {
+        PolicyDigest.compute([.pcr(selection: PCRSelection(selection), digest: pcrDigest)])
+    }
+
+    static func approvedPolicy(_ state: BootState) -> [UInt8] {
+        let selection = state.values.keys.sorted()
+        return approvedPolicy(selection: selection, pcrDigest: sha256(selection.flatMap { state.values[$0]! }))
+    }
+
+    /// The index's contents: TPMT_HA (hashAlg SHA-256, digest).
+    static func contents(_ policy: [UInt8]) -> [UInt8] { [0x00, 0x0B] + policy }
+
+    /// The step a `ThisDeviceOnly` key's policy starts with: the PCRs as they are now, approved by the index.
+    static func step(selection: [Int]) -> PolicyStep {
+        .authorizeNV(index: index, name: name, approving: [.pcr(selection: PCRSelection(selection), digest: [])])
+    }
+}
+
+extension TPMKeyring {
+    /// The approval index's ESAPI resource: the store's serialized one (no command), else one ReadPublic.
+    func bootApprovalIndex() throws(TPMError) -> TPMHandle {
+        if let tr = try? store.meta(StoreMeta.bootApprovalTR), let handle = try? context.deserialize(tr) { return handle }
+        return try context.resource(forPersistent: BootApprovalLayout.index)
+    }
+
+    func readBootState(_ selection: [Int]) throws(KeychainError) -> BootState {
+        do { return try BootState.read(context, selection) } catch { throw diagnose(error, doing: "read the PCRs") }
+    }
+
+    /// The approved policy the index holds; nil when the index is missing or unwritten.
+    func approvedBootPolicy() throws(TPMError) -> [UInt8]? {
+        do {
+            let bytes = try context.readNV(try bootApprovalIndex(), size: BootApprovalLayout.size)
+            return bytes.count == 34 && bytes.starts(with: [0x00, 0x0B]) ? Array(bytes.dropFirst(2)) : nil
+        } catch where error.code.is(.nvUninitialized) || error.code.is(.handle) {
+            return nil
+        }
+    }
+
+    /// The values this store approved last (the index holds only their digest).
+    func recordedApproval() -> BootState? {
+        (try? store.meta(StoreMeta.bootApproved)).flatMap { $0 }.flatMap(BootState.init(decoding:))
+    }
+
+    /// Makes sure the approval index exists and holds a state, for a store that seals `ThisDeviceOnly`
+    /// keys over `selection`. A new index (defined with the owner authorization) first approves
+    /// `initial`: the boot state recorded when the store was set up, or the values an old key was sealed
+    /// to. Returns the index's name; nil when the index cannot be made (no owner authorization): the
+    /// caller then keeps to literal PCR values. Crash-safe: each step is redone until the store records
+    /// the index (define, write, record; an index found half-made is completed or remade).
+    func ensureBootApproval(selection: [Int], initial: BootState?) throws(KeychainError) -> [UInt8]? {
+        if (try? store.meta(StoreMeta.bootApprovalTR)).flatMap({ $0 }) != nil { return BootApprovalLayout.name }
+        do {
+            var index = try? context.resource(forPersistent: BootApprovalLayout.index)
+            if let existing = index {
+                let name = try context.name(of: existing)
+                if name != BootApprovalLayout.publicArea.name(written: true)
+                    && name != BootApprovalLayout.publicArea.name(written: false) {
+                    // Someone else's index at our handle (other attributes or policy): it can never approve
+                    // for our keys' policy, so it goes (owner authorization).
+                    try context.undefineNV(existing)
+                    index = nil
+                }
+            }
+            if index == nil { index = try context.defineNV(BootApprovalLayout.publicArea, auth: nil) }
+            var approvedValues: BootState?
+            if try approvedBootPolicy() == nil {
+                let state = try initial ?? BootState.read(context, selection)
+                try context.writeNV(index!, data: BootApprovalLayout.contents(BootApprovalLayout.approvedPolicy(state)),
+                                    authHandle: TPMContext.owner, session: nil)
+                approvedValues = state
+            } else if let initial, try approvedBootPolicy() == BootApprovalLayout.approvedPolicy(initial) {
+                approvedValues = initial
+            }
+            // A fresh resource: its name has TPMA_NV_WRITTEN, as the keys' policies do.
+            let tr = try context.serialize(try context.resource(forPersistent: BootApprovalLayout.index))
+            try store.write { tx in
+                try tx.setMeta(StoreMeta.bootApprovalTR, tr)
+                if let approvedValues { try tx.setMeta(StoreMeta.bootApproved, approvedValues.encoded()) }
+            }
+            return BootApprovalLayout.name
+        } catch let error as TPMError {
+            if error.code.is(.badAuth) || error.code.is(.authFail) || error.code.is(.lockout) || error.code.is(.authUnavailable) {
+                return nil
+            }
+            throw diagnose(error, doing: "provision the boot-state approval index")
+        } catch let error as StoreError {
+            throw KeychainError(store: error)
+        } catch {
+            throw KeychainError(.internal, "\(error)")
+        }
+    }
+
+    /// Refuses a `ThisDeviceOnly` seal in a state nobody approved (it would be sealed to nothing that opens).
+    func checkApprovedBootState(selection: [Int]) throws(KeychainError) {
+        do {
+            let current = try BootState.read(context, selection)
+            let approved = try approvedBootPolicy()
+            if approved != BootApprovalLayout.approvedPolicy(current) {
+                throw unapprovedBootState(current: current, reading: false)
+            }
+        } catch let error as KeychainError {
+            throw error
+        } catch let error as TPMError {
+            throw diagnose(error, doing: "read the approved boot state")
+        } catch {
+            throw KeychainError(.internal, "\(error)")
+        }
+    }
+
+    /// DEVICE_STATE_CHANGED naming the PCRs that differ from this store's approved values and the command
+    /// that approves the current state.
+    func unapprovedBootState(current: BootState?, reading: Bool, underlying: TPMError? = nil) -> KeychainError {
+        var which = "the PCRs this keychain is bound to"
+        if let current {
+            let approvedPolicy = (try? approvedBootPolicy()) ?? nil
+            if let approved = recordedApproval(), approvedPolicy == BootApprovalLayout.approvedPolicy(approved) {
+                let differing = current.values.keys.sorted().filter { approved.values[$0] != current.values[$0] }
+                if !differing.isEmpty {
+                    which = differing.map { "PCR \($0) (approved \(hex(approved.values[$0])), now \(hex(current.values[$0])))" }
+                        .joined(separator: ", ")
+                }
+            } else {
+                which = "PCR " + current.values.keys.sorted().map(String.init).joined(separator: ", ")
+                    + " (the approved values were set by another store or tool)"
+            }
+        }
+        let what = reading ? "The ThisDeviceOnly item is kept and opens again in an approved state."
+                           : "Nothing was stored: a ThisDeviceOnly item is never sealed to a state nobody approved."
+        return KeychainError(.deviceStateChanged,
+                             "The device's boot state is not approved: \(which) differs. \(what) If this boot follows a firmware "
+                             + "or Secure Boot update you trust, approve it: keychainctl boot-state approve (the passcode on "
+                             + "stdin, or --owner-auth-file FILE); otherwise boot the approved configuration",
+                             underlying: underlying.map { .tpm($0) })
+    }
+
+    /// Writes the approved state: with the passcode (PolicySecret on the PIN index; the empty one when
+    /// none is set), or with the owner authorization when `passcode` is nil and `owner` is set.
+    func approveBootState(_ state: BootState, passcode: SecureBytes?, owner: Bool) throws(KeychainError) {
+        guard try ensureBootApproval(selection: state.values.keys.sorted(), initial: nil) != nil else {
+            throw KeychainError(.authenticationFailed,
+                                "The boot-state approval index does not exist yet, and making it needs the owner authorization "
+                                + "(keychainctl --owner-auth-file FILE boot-state approve)")
+        }
+        let data = BootApprovalLayout.contents(BootApprovalLayout.approvedPolicy(state))
+        do {
+            let index = try context.resource(forPersistent: BootApprovalLayout.index)
+            if owner {
+                try context.writeNV(index, data: data, authHandle: TPMContext.owner, session: nil)
+            } else {
+                try Self.withPasscode(passcode, command: CommandCode.nvWrite, context: context, srk: srk) { policy throws(TPMError) in
+                    try context.writeNV(index, data: data, authHandle: index, session: policy)
+                }
+            }
+        } catch {
+            if owner, error.code.is(.badAuth) || error.code.is(.authFail) {
+                throw KeychainError(.authenticationFailed, "The TPM refused the owner authorization: nothing was approved",
+                                    underlying: .tpm(error))
+            }
+            throw passcodeError(error, doing: "approve the boot state")
+        }
+        do { try store.write { tx in try tx.setMeta(StoreMeta.bootApproved, state.encoded()) } } catch let error as StoreError {
+            throw KeychainError(store: error)
+        } catch {
+            throw KeychainError(.internal, "\(error)")
+        }
+    }
+}
+
+private func hex(_ bytes: [UInt8]?) -> String {
+    guard let bytes else { return "none" }
+    return bytes.map { String(format: "%02x", $0) }.joined()
+}

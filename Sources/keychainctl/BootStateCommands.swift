@@ -1,0 +1,67 @@
+import Foundation
+import Keychain
+
+extension Commands {
+    /// `boot-state` and `boot-state approve` (docs/boot-state.md).
+    func bootState() async throws -> Exit {
+        let args = Array(inv.command.dropFirst())
+        switch args.first {
+        case nil, "status":
+            let status = try await device.bootState()
+            output(status) { bootStateText($0) }
+        case "approve":
+            guard args.count == 1 else { throw UsageError(message: "boot-state approve takes options only: [--pcr N=HEX]…") }
+            var predicted: [Int: [UInt8]] = [:]
+            for text in inv.repeated["--pcr"] ?? [] {
+                for item in text.split(separator: ",") {
+                    let parts = item.split(separator: "=", maxSplits: 1)
+                    guard parts.count == 2, let pcr = Int(parts[0]), let value = hexBytes(String(parts[1])) else {
+                        throw KeychainError.invalidArgument("Invalid --pcr '\(item)': expected N=HEX, a PCR number and its SHA-256 value in hex (64 digits)")
+                    }
+                    predicted[pcr] = value
+                }
+            }
+            let status: BootStateStatus
+            if inv.flags["--owner-auth-file"] != nil {
+                status = try await device.approveBootStateAsOwner(predicted: predicted)
+            } else {
+                let pin = try readLines(1).first
+                status = try await device.approveBootState(predicted: predicted, passcode: pin.flatMap { $0.count == 0 ? nil : $0 })
+            }
+            output(status) { "approved\n" + bootStateText($0) }
+        default:
+            throw UsageError(message: "boot-state takes: status (the default) or approve [--pcr N=HEX]…")
+        }
+        return .ok
+    }
+
+    private func hexBytes(_ text: String) -> [UInt8]? {
+        let digits = Array(text.utf8)
+        guard digits.count % 2 == 0, !digits.isEmpty else { return nil }
+        var bytes: [UInt8] = []
+        for i in stride(from: 0, to: digits.count, by: 2) {
+            guard let byte = UInt8(String(decoding: digits[i..<i + 2], as: UTF8.self), radix: 16) else { return nil }
+            bytes.append(byte)
+        }
+        return bytes
+    }
+}
+
+func bootStateText(_ status: BootStateStatus) -> String {
+    var lines = ["pcrs: " + status.pcrs.map(String.init).joined(separator: ",")]
+    for pcr in status.pcrs {
+        lines.append("pcr \(pcr) current:  \(status.current[pcr] ?? "?")")
+        lines.append("pcr \(pcr) approved: \(status.approved?[pcr] ?? (status.approvalIndexWritten ? "(approved elsewhere: values unknown to this store)" : "none"))")
+    }
+    lines.append(bootStateLine(status))
+    return lines.joined(separator: "\n")
+}
+
+/// One line for `status`: whether ThisDeviceOnly items open in this boot state.
+func bootStateLine(_ status: BootStateStatus) -> String {
+    if status.matches { return "boot state: approved (PCR \(status.pcrs.map(String.init).joined(separator: ",")))" }
+    let which = status.approved == nil ? "the approved values are unknown to this store"
+        : "PCR " + status.differing.map(String.init).joined(separator: ",") + " differs"
+    return "boot state: NOT approved (\(which)): ThisDeviceOnly items do not open; if you trust this boot, "
+        + "approve it: keychainctl boot-state approve"
+}
