@@ -83,6 +83,7 @@ actor Engine {
                                 + "not in them. Put the store's own files back from a backup; or, to start over with no items, "
                                 + "remove \(configuration.storeDirectory)")
         }
+        try mergeTokenNamespace(store)
         openedStore = store
         return store
     }
@@ -129,9 +130,14 @@ actor Engine {
     }
 
     /// The backend that holds a stored wrapping key, from the record.
-    func backend(of wrapping: WrappingKeyRecord, context: ReadContext) -> any KeyBackend {
-        wrapping.policy == TokenBackend.policyMarker ? TokenBackend(uri: context.pkcs11URI)
-            : TPMBackend(readerDirectory: context.readerDirectory)
+    func backend(of wrapping: WrappingKeyRecord, readerDirectory: String?, pkcs11URI: String?) throws(KeychainError) -> any KeyBackend {
+        switch wrapping.backend {
+        case .tpm: return TPMBackend(readerDirectory: readerDirectory)
+        case .token: return TokenBackend(uri: pkcs11URI)
+        case .unknown:
+            throw KeychainError(.dataCorrupted, "A key of service '\(wrapping.service)' is held by a backend this version "
+                                + "does not know: it was written by a newer version")
+        }
     }
 
     /// Writes one item under a wrapping public key, in one transaction: no TPM or token needed.
@@ -162,6 +168,11 @@ actor Engine {
                 }
                 try tx.putItem(record)
                 try Self.releaseRetired(service: service, key: key, tx)
+                // The item may have been under another key (another protection or backend): that key
+                // goes when no item uses it any more.
+                if let old = existing?.protection, old != tag, try tx.itemCount(service: service, protection: old) == 0 {
+                    _ = try tx.deleteWrappingKey(service: service, protection: old)
+                }
             }
         } catch let error as KeychainError {
             throw error
@@ -211,8 +222,8 @@ actor Engine {
         }
         let secret: SecureBytes
         do throws(KeychainError) {
-            secret = try await backend(of: wrapping, context: context).openSecret(wrapping, for: record, store: store,
-                                                                                  context: context, engine: self)
+            secret = try await backend(of: wrapping, readerDirectory: context.readerDirectory, pkcs11URI: context.pkcs11URI)
+                .openSecret(wrapping, for: record, store: store, context: context, engine: self)
         } catch where error.code == .keyInvalidated {
             try? removeInvalidated(record)
             throw error
@@ -278,10 +289,14 @@ actor Engine {
         }
     }
 
+    /// Removes every item of the service, whatever holds its key, and the service's objects on the
+    /// configured token. Without a token configured its objects stay there (the store's sealed
+    /// parts that they open are removed all the same).
     func clear(service: String, pkcs11URI: String? = nil) throws(KeychainError) {
         let store = try store()
-        if service.hasSuffix(TokenSession.tagSuffix), let pkcs11URI {
-            try tokenSession(pkcs11URI).destroyKeys(service: service)
+        if let pkcs11URI, try read({ try store.wrappingKeys(service: service).contains { $0.backend == .token }
+                                            || store.keys(service: service).contains { try store.item(service: service, key: $0)?.salt.isEmpty == true } }) {
+            try TokenBackend(uri: pkcs11URI).destroyKeys(service: service, engine: self)
         }
         try writeStore(store) { tx in
             for key in try tx.keys(service: service) { _ = try tx.deleteMeta(StoreMeta.retired(service: service, key: key)) }
@@ -302,20 +317,19 @@ actor Engine {
         try checkKey(key)
         let store = try store()
         guard let record = try read({ try store.item(service: service, key: key) }) else { return nil }
-        let onToken = record.protection.hasSuffix(TokenSession.tagSuffix)
-        let tag = onToken ? String(record.protection.dropLast(TokenSession.tagSuffix.count)) : record.protection
-        guard let protection = ItemProtection(storageTag: tag) else {
-            throw corrupted(record, "its protection '\(record.protection)' is not one this library writes")
+        guard let protection = ItemProtection(storageTag: TokenSession.protectionTag(record.protection)) else {
+            throw corrupted(record, "its protection is not one this library writes")
         }
-        let manufacturer = try read { try store.meta(StoreMeta.manufacturer) }
-        let publicService = onToken && record.service.hasSuffix(TokenSession.tagSuffix)
-            ? String(record.service.dropLast(TokenSession.tagSuffix.count)) : record.service
-        return ItemInfo(key: record.key, service: publicService, accessible: protection.accessible,
+        // The first format's token items have no wrapping key: their own data key is on the token.
+        let wrapping = record.salt.isEmpty ? nil : try read { try store.wrappingKey(service: service, protection: record.protection) }
+        let level = try wrapping.map { (w: WrappingKeyRecord) throws(KeychainError) in
+            try backend(of: w, readerDirectory: nil, pkcs11URI: nil).securityLevel(engine: self)
+        } ?? .pkcs11Token
+        return ItemInfo(key: record.key, service: record.service, accessible: protection.accessible,
                         accessControl: protection.accessControl, label: record.label,
                         created: Date(timeIntervalSince1970: Double(record.created) / 1000),
                         modified: Date(timeIntervalSince1970: Double(record.modified) / 1000),
-                        securityLevel: onToken ? .pkcs11Token
-                            : (manufacturer ?? []).starts(with: Array("IBM".utf8)) ? .softwareTPM : .hardwareTPM)
+                        securityLevel: level, token: level == .pkcs11Token ? wrapping?.token : nil)
     }
 
     /// Forgets every secret that opens items: unsealed keys, agreed secrets, this process's writers.

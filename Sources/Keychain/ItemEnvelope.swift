@@ -19,6 +19,8 @@ enum ItemEnvelope {
     }
 
     /// Every stored field but the nonce and the ciphertext, length-prefixed so no two field lists collide.
+    /// A token item's service is authenticated as its namespace of the first format
+    /// (`TokenBackend.namespace`), so items migrated from it open unchanged.
     static func associatedData(_ r: ItemRecord) -> [UInt8] {
         var ad: [UInt8] = Array("keychain-linux v1".utf8)
         ad.reserveCapacity(128 + r.service.utf8.count + r.key.utf8.count)
@@ -26,7 +28,7 @@ enum ItemEnvelope {
             ad += UInt32(bytes.count).bigEndianBytes
             ad += bytes
         }
-        field(r.service.utf8)
+        field((r.protection.hasSuffix(TokenSession.tagSuffix) ? TokenBackend.namespace(r.service) : r.service).utf8)
         field(r.key.utf8)
         field(r.protection.utf8)
         if let label = r.label { ad.append(1); field(label.utf8) } else { ad.append(0) }

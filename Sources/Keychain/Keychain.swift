@@ -25,10 +25,6 @@ public struct Keychain: Sendable {
         self.engine = shared.engine
     }
 
-    /// Where the storage's items live in the store: a token storage's items are kept apart from a
-    /// TPM storage's of the same service (`service@strongbox`).
-    var storeService: String { options.android.keyStorage == .strongbox ? service + TokenSession.tagSuffix : service }
-
     /// The largest value `setItem` stores, in bytes (16 MiB); read input in a bounded way up to it.
     public static let maxValueLength = Engine.maxValueLength
 
@@ -49,10 +45,8 @@ public struct Keychain: Sendable {
                 throw KeychainError(.unsupported, "keyStorage 'strongbox' needs a PKCS#11 token: set KEYCHAIN_PKCS11_URI or --pkcs11-uri")
             }
             switch protection.accessControl {
-            case .none:
-                try await engine.setOnToken(value, service: storeService, key: key, protection: protection, label: call?.label, uri: uri)
-            case .passcode:
-                try await engine.set(value, service: storeService, key: key, protection: protection, label: call?.label,
+            case .none, .passcode:
+                try await engine.set(value, service: service, key: key, protection: protection, label: call?.label,
                                      backend: TokenBackend(uri: uri), tag: protection.storageTag + TokenSession.tagSuffix)
             default:
                 // The token has no fingerprint reader: refuse rather than store with less protection.
@@ -60,14 +54,14 @@ public struct Keychain: Sendable {
             }
             return
         }
-        try await engine.set(value, service: storeService, key: key, protection: protection, label: call?.label,
+        try await engine.set(value, service: service, key: key, protection: protection, label: call?.label,
                              backend: TPMBackend(readerDirectory: configuration.readerDirectory), tag: protection.storageTag)
     }
 
     /// The value as UTF-8 text, or nil when there is none.
     /// - Throws: `INVALID_ARGUMENT` when the stored bytes are not UTF-8 (read them with `getData`).
     public func getItem(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> String? {
-        guard let bytes = try await engine.get(service: storeService, key: key, context: readContext(call)) else { return nil }
+        guard let bytes = try await engine.get(service: service, key: key, context: readContext(call)) else { return nil }
         guard let text = bytes.withUnsafeBytes({ String(validating: $0.bindMemory(to: UInt8.self), as: UTF8.self) }) else {
             throw KeychainError.invalidArgument("Item '\(key)' holds bytes that are not UTF-8 text: read it with getData")
         }
@@ -76,13 +70,13 @@ public struct Keychain: Sendable {
 
     /// The value's bytes, or nil when there is none.
     public func getData(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> Data? {
-        guard let bytes = try await engine.get(service: storeService, key: key, context: readContext(call)) else { return nil }
+        guard let bytes = try await engine.get(service: service, key: key, context: readContext(call)) else { return nil }
         return bytes.withUnsafeBytes { Data($0) }
     }
 
     /// The value in locked memory, wiped when released: for keys and tokens that should not linger.
     public func getSecureBytes(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> SecureBytes? {
-        try await engine.get(service: storeService, key: key, context: readContext(call))
+        try await engine.get(service: service, key: key, context: readContext(call))
     }
 
     /// The prompt is the storage's, then the call's, field by field (seed: createKeychain).
@@ -105,27 +99,27 @@ public struct Keychain: Sendable {
 
     /// Whether an item exists; never prompts and never touches the TPM.
     public func hasItem(_ key: String) async throws(KeychainError) -> Bool {
-        try await engine.has(service: storeService, key: key)
+        try await engine.has(service: service, key: key)
     }
 
     /// Removes an item; removing an absent one is not an error.
     public func removeItem(_ key: String) async throws(KeychainError) {
-        try await engine.remove(service: storeService, key: key)
+        try await engine.remove(service: service, key: key)
     }
 
     /// Removes every item of this storage's service and its wrapping keys; never prompts.
     public func clear() async throws(KeychainError) {
-        try await engine.clear(service: storeService, pkcs11URI: configuration.pkcs11URI)
+        try await engine.clear(service: service, pkcs11URI: configuration.pkcs11URI)
     }
 
     /// The keys of this storage's items, sorted; never prompts and never touches the TPM.
     public func getAllKeys() async throws(KeychainError) -> [String] {
-        try await engine.keys(service: storeService)
+        try await engine.keys(service: service)
     }
 
     /// What is known of an item without reading its value: protection, label, dates, security level.
     public func getItemInfo(_ key: String) async throws(KeychainError) -> ItemInfo? {
-        try await engine.info(service: storeService, key: key)
+        try await engine.info(service: service, key: key)
     }
 }
 
@@ -160,6 +154,8 @@ public struct ItemInfo: Sendable, Hashable, Codable {
     public var created: Date
     public var modified: Date
     public var securityLevel: SecurityLevel
+    /// The label of the token that holds its key (`pkcs11Token`), when known.
+    public var token: String?
 }
 
 /// The device lock as the TPM sees it.

@@ -35,6 +35,8 @@ enum StoreMeta {
     /// How many times the device was locked (UInt64, big endian): a `whenUnlocked` key cached
     /// before the last lock is not used after it.
     static let lockGeneration = "lock.generation"
+    /// Present once the first format's "<service>@strongbox" items joined their service (`mergeTokenNamespace`).
+    static let oneNamespace = "items.one-namespace"
     /// The token PIN's attempt limiter (PINAttemptLimiter, JSON).
     static let tokenPINAttempts = "pkcs11.pin-attempts"
     /// The enrolled fingerprint readers' keys (ReaderKeys.Entry list, JSON).

@@ -2,7 +2,7 @@ internal import CSQLite
 
 /// Schema version 1, created in one transaction. WITHOUT ROWID: every lookup is
 /// by primary key, so this saves the second B-tree search per read.
-let schemaVersion: Int64 = 1
+let schemaVersion: Int64 = 2
 let schemaV1 = """
     CREATE TABLE meta(
         name TEXT PRIMARY KEY,
@@ -36,6 +36,20 @@ let schemaV1 = """
     PRAGMA user_version = 1;
     """
 
+/// Version 2: a wrapping key says which backend holds it (`WrappingKeyRecord.Backend`); a token's
+/// part of it moves out of `sealed_private` (which keeps only a TPM's part) into `token_sealed`.
+/// Version 1 marked token keys by their policy, the text "pkcs11-user-pin".
+let schemaV2Upgrade = """
+    ALTER TABLE wrapping_keys ADD COLUMN backend TEXT NOT NULL DEFAULT 'tpm';
+    ALTER TABLE wrapping_keys ADD COLUMN token_format INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE wrapping_keys ADD COLUMN token TEXT;
+    ALTER TABLE wrapping_keys ADD COLUMN token_sealed BLOB NOT NULL DEFAULT x'';
+    UPDATE wrapping_keys SET backend = 'token', token_format = 1, token_sealed = sealed_private,
+        sealed_private = x'', policy = x''
+        WHERE policy = CAST('pkcs11-user-pin' AS BLOB);
+    PRAGMA user_version = 2;
+    """
+
 /// The SQL behind both Store (on its read connection) and Transaction (on the
 /// write connection). Callers hold the connection's lock.
 extension Connection {
@@ -51,7 +65,9 @@ extension Connection {
     private func wrappingKeyRecord(_ row: Statement) -> WrappingKeyRecord {
         WrappingKeyRecord(
             service: row.text(0), protection: row.text(1), publicKey: row.blob(2),
-            sealedPublic: row.blob(3), sealedPrivate: row.blob(4), policy: row.blob(5), created: row.int64(6))
+            sealedPublic: row.blob(3), sealedPrivate: row.blob(4), policy: row.blob(5), created: row.int64(6),
+            backend: WrappingKeyRecord.Backend(rawValue: row.text(7)) ?? .unknown, tokenFormat: row.int64(8),
+            token: row.optionalText(9), tokenSealed: row.blob(10))
     }
 
     // MARK: Meta
@@ -183,7 +199,7 @@ extension Connection {
 
     func wrappingKey(service: String, protection: String) throws(StoreError) -> WrappingKeyRecord? {
         try withStatement("""
-            SELECT service, protection, public_key, sealed_public, sealed_private, policy, created
+            SELECT service, protection, public_key, sealed_public, sealed_private, policy, created, backend, token_format, token, token_sealed
             FROM wrapping_keys WHERE service = ?1 AND protection = ?2
             """) { (s: inout Statement) throws(StoreError) in
             try s.bind(1, service)
@@ -194,7 +210,7 @@ extension Connection {
 
     func wrappingKeys(service: String) throws(StoreError) -> [WrappingKeyRecord] {
         try withStatement("""
-            SELECT service, protection, public_key, sealed_public, sealed_private, policy, created
+            SELECT service, protection, public_key, sealed_public, sealed_private, policy, created, backend, token_format, token, token_sealed
             FROM wrapping_keys WHERE service = ?1 ORDER BY protection
             """) { (s: inout Statement) throws(StoreError) in
             try s.bind(1, service)
@@ -208,7 +224,7 @@ extension Connection {
         // substr/length count characters alike, so this is an exact prefix test
         // with no LIKE wildcards or case folding to escape.
         try withStatement("""
-            SELECT service, protection, public_key, sealed_public, sealed_private, policy, created
+            SELECT service, protection, public_key, sealed_public, sealed_private, policy, created, backend, token_format, token, token_sealed
             FROM wrapping_keys WHERE substr(protection, 1, length(?1)) = ?1 ORDER BY service, protection
             """) { (s: inout Statement) throws(StoreError) in
             try s.bind(1, prefix)
@@ -221,8 +237,9 @@ extension Connection {
     func putWrappingKey(_ r: WrappingKeyRecord) throws(StoreError) {
         _ = try change("""
             INSERT OR REPLACE INTO wrapping_keys(
-                service, protection, public_key, sealed_public, sealed_private, policy, created)
-            VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                service, protection, public_key, sealed_public, sealed_private, policy, created,
+                backend, token_format, token, token_sealed)
+            VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
             """, "writing a wrapping key") { (s: inout Statement) throws(StoreError) in
             try s.bind(1, r.service)
             try s.bind(2, r.protection)
@@ -231,6 +248,10 @@ extension Connection {
             try s.bind(5, r.sealedPrivate)
             try s.bind(6, r.policy)
             try s.bind(7, r.created)
+            try s.bind(8, r.backend.rawValue)
+            try s.bind(9, r.tokenFormat)
+            try s.bind(10, r.token)
+            try s.bind(11, r.tokenSealed)
         }
     }
 

@@ -10,11 +10,30 @@ public struct WrappingKeyRecord: Sendable, Equatable, Hashable {
     public var policy: [UInt8]
     /// Milliseconds since the Unix epoch.
     public var created: Int64
+    /// Which backend holds the secret half: the engine reads it this way, never from a name.
+    public enum Backend: String, Sendable, Hashable {
+        case tpm, token
+        /// Written by a newer version: never opened as something else.
+        case unknown
+    }
+    public var backend: Backend
+    /// The token envelope's format (0 for a TPM key); its meaning is the token backend's.
+    public var tokenFormat: Int64
+    /// The label of the token that holds the key, as it was when the key was made.
+    public var token: String?
+    /// The token's part of the secret, sealed by the token; `sealedPublic`/`sealedPrivate`/`policy`
+    /// hold the TPM's part, when there is one.
+    public var tokenSealed: [UInt8]
 
     public init(
         service: String, protection: String, publicKey: [UInt8],
-        sealedPublic: [UInt8], sealedPrivate: [UInt8], policy: [UInt8] = [], created: Int64
+        sealedPublic: [UInt8], sealedPrivate: [UInt8], policy: [UInt8] = [], created: Int64,
+        backend: Backend = .tpm, tokenFormat: Int64 = 0, token: String? = nil, tokenSealed: [UInt8] = []
     ) {
+        self.backend = backend
+        self.tokenFormat = tokenFormat
+        self.token = token
+        self.tokenSealed = tokenSealed
         self.service = service
         self.protection = protection
         self.publicKey = publicKey

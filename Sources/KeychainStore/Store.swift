@@ -142,6 +142,9 @@ public final class Store: @unchecked Sendable {
             let version = try connection.userVersion()
             if version == 0 {
                 try connection.executeScript(schemaV1, "creating the store schema")
+            }
+            if version <= 1 {
+                try connection.executeScript(schemaV2Upgrade, "upgrading the store schema to version 2")
             } else if version != schemaVersion {
                 throw StoreError(
                     kind: .cannotOpen, path: connection.path,

@@ -39,6 +39,10 @@ public final class Transaction {
         try open().keys(service: service)
     }
 
+    public func services() throws(StoreError) -> [String] {
+        try open().services()
+    }
+
     public func itemCount(service: String, protection: String) throws(StoreError) -> Int {
         try open().itemCount(service: service, protection: protection)
     }

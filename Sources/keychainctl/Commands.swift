@@ -123,6 +123,7 @@ struct Commands {
                         "accessControl: \(info.accessControl.rawValue)", "label: \(escaped(info.label ?? ""))",
                         "created: \(f.string(from: info.created))", "modified: \(f.string(from: info.modified))",
                         "securityLevel: \(info.securityLevel.rawValue)"].joined(separator: "\n")
+                    + (info.token.map { "\ntoken: \(escaped($0))" } ?? "")
             }
         case "clear":
             let args = try arguments(1, "SERVICE")

@@ -14,7 +14,7 @@ import Testing
                 let file = store.databasePath + suffix
                 if FileManager.default.fileExists(atPath: file) { #expect(mode(of: file) == 0o600) }
             }
-            #expect(try store.schemaVersionOnDisk() == 1)
+            #expect(try store.schemaVersionOnDisk() == 2)
             #expect(try store.services().isEmpty)
         }
     }
@@ -27,7 +27,7 @@ import Testing
             }
             let again = try Store(directory: path)
             #expect(try again.item(service: "mail", key: "alice") == sampleItem())
-            #expect(try again.schemaVersionOnDisk() == 1)
+            #expect(try again.schemaVersionOnDisk() == 2)
         }
     }
 
@@ -389,7 +389,7 @@ import Testing
             #expect(failures.all.isEmpty)
             let store = try Store(directory: path)
             #expect(try store.keys(service: "mail").count == 6)
-            #expect(try store.schemaVersionOnDisk() == 1)
+            #expect(try store.schemaVersionOnDisk() == 2)
         }
     }
 
@@ -495,7 +495,7 @@ struct StoreMultiProcessTests {
             let bump = try PythonChild("""
                 import sqlite3, sys
                 db = sqlite3.connect(sys.argv[1])
-                db.execute("PRAGMA user_version = 2")
+                db.execute("PRAGMA user_version = 3")
                 db.commit()
                 print("done", flush=True)
                 """, [path + "/keychain.db"])
@@ -503,7 +503,7 @@ struct StoreMultiProcessTests {
             #expect(bump.wait() == 0)
             let error = #expect(throws: StoreError.self) { try Store(directory: path) }
             #expect(error?.kind == .cannotOpen)
-            #expect(error?.description.contains("schema version 2") == true)
+            #expect(error?.description.contains("schema version 3") == true)
         }
     }
 

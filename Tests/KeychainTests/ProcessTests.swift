@@ -177,7 +177,7 @@ struct ProcessTests {
             import sqlite3, sys
             db = sqlite3.connect(sys.argv[1])
             db.execute("UPDATE items SET key = 'renamed' WHERE service = 'bank' AND key = 'pin'")
-            db.execute("INSERT INTO wrapping_keys SELECT 'shop', protection, public_key, sealed_public, sealed_private, policy, created FROM wrapping_keys WHERE service = 'bank'")
+            db.execute("INSERT INTO wrapping_keys(service, protection, public_key, sealed_public, sealed_private, policy, created) SELECT 'shop', protection, public_key, sealed_public, sealed_private, policy, created FROM wrapping_keys WHERE service = 'bank'")
             db.execute("INSERT INTO items SELECT 'shop', key, protection, label, created, modified, writer_public, salt, nonce, ciphertext FROM items WHERE service = 'bank' AND key = 'token'")
             db.commit()
             db.close()

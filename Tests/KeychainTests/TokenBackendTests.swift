@@ -60,26 +60,44 @@ struct TokenBackendTests {
         }
     }
 
-    @Test func itemsRoundTripAndAreKeptApartFromTheTPMStorageOfTheSameService() throws {
+    /// One namespace: a token storage's items are its service's items, seen by every storage of the
+    /// service; a write with either keyStorage replaces the item wherever it was, and the key it was
+    /// under goes when no item uses it any more.
+    @Test func aTokenItemIsItsServicesItemAndAWriteReplacesItWhereverItWas() throws {
         let t = try Token()
         #expect(try t.cli(["set", "svc", "k", "--key-storage", "strongbox"], input: Array("on the token".utf8)).status == 0)
-        #expect(try t.cli(["set", "svc", "k"], input: Array("in the TPM".utf8)).status == 0)
-        #expect(try t.cli(["get", "svc", "k"]).stdout == Array("in the TPM".utf8))
-        #expect(try t.cli(["get", "svc", "k", "--key-storage", "strongbox"]).stdout == Array("on the token".utf8))
-        #expect(String(decoding: try t.cli(["ls", "svc", "--key-storage", "strongbox"]).stdout, as: UTF8.self) == "k\n")
-        let info = String(decoding: try t.cli(["--json", "info", "svc", "k"]).stdout, as: UTF8.self)
-        #expect(info.contains("\"securityLevel\":\"softwareTPM\""))
-        let tokenInfo = String(decoding: try t.cli(["--json", "info", "svc", "k", "--key-storage", "strongbox"]).stdout, as: UTF8.self)
-        #expect(tokenInfo.contains("\"securityLevel\":\"pkcs11Token\"") && tokenInfo.contains("\"service\":\"svc\""))
-        // Reading a token storage's item: the storage is made with keyStorage strongbox.
+        #expect(try t.cli(["get", "svc", "k"]).stdout == Array("on the token".utf8))
+        #expect(try t.cli(["has", "svc", "k"]).status == 0)
+        #expect(String(decoding: try t.cli(["ls", "svc"]).stdout, as: UTF8.self) == "k\n")
+        let tokenInfo = String(decoding: try t.cli(["--json", "info", "svc", "k"]).stdout, as: UTF8.self)
+        #expect(tokenInfo.contains("\"securityLevel\":\"pkcs11Token\"") && tokenInfo.contains("\"service\":\"svc\"")
+                && tokenInfo.contains("\"token\":\"kc\""), "\(tokenInfo)")
         let store = try Store(directory: t.store)
-        let tokenItem = try #require(try store.item(service: "svc@strongbox", key: "k"))
-        #expect(tokenItem.protection == "afterFirstUnlock/none@strongbox")
-        #expect(try store.item(service: "svc", key: "k")?.protection == "afterFirstUnlock/none")
-        // The store holds no plaintext of either.
+        #expect(try store.wrappingKey(service: "svc", protection: "afterFirstUnlock/none@strongbox")?.backend == .token)
+        // A TPM write replaces it; the token-held key no item uses is destroyed.
+        #expect(try t.cli(["set", "svc", "k"], input: Array("in the TPM".utf8)).status == 0)
+        #expect(try t.cli(["get", "svc", "k", "--key-storage", "strongbox"]).stdout == Array("in the TPM".utf8))
+        #expect(String(decoding: try t.cli(["--json", "info", "svc", "k"]).stdout, as: UTF8.self).contains("\"securityLevel\":\"softwareTPM\""))
+        #expect(try store.wrappingKey(service: "svc", protection: "afterFirstUnlock/none@strongbox") == nil)
+        // And back: a token write replaces the TPM item, and its TPM key goes.
+        #expect(try t.cli(["set", "svc", "k", "--key-storage", "strongbox"], input: Array("token again".utf8)).status == 0)
+        #expect(try t.cli(["get", "svc", "k"]).stdout == Array("token again".utf8))
+        #expect(try store.wrappingKey(service: "svc", protection: "afterFirstUnlock/none") == nil)
+        #expect(try store.services() == ["svc"])
+        // rm from a TPM storage removes it; clear from a TPM storage destroys the token objects too.
+        #expect(try t.cli(["rm", "svc", "k"]).status == 0)
+        #expect(try t.cli(["get", "svc", "k", "--key-storage", "strongbox"]).status != 0)
+        #expect(try t.cli(["set", "svc", "k2", "--key-storage", "strongbox"], input: [1]).status == 0)
+        #expect(try t.objects().contains("keychain:svc"))
+        #expect(try t.cli(["clear", "svc"]).status == 0)
+        #expect(!(try t.objects()).contains("keychain:svc"))
+        #expect(try t.cli(["ls", "svc", "--key-storage", "strongbox"]).stdout.isEmpty)
+        // No message names an internal service.
+        let missing = try t.cli(["--json", "get", "svc", "gone", "--key-storage", "strongbox"])
+        #expect(!t.errorMessage(missing).contains("@"))
         let db = try Data(contentsOf: URL(fileURLWithPath: t.store + "/keychain.db"))
             + ((try? Data(contentsOf: URL(fileURLWithPath: t.store + "/keychain.db-wal"))) ?? Data())
-        #expect(db.range(of: Data("on the token".utf8)) == nil && db.range(of: Data("in the TPM".utf8)) == nil)
+        #expect(db.range(of: Data("on the token".utf8)) == nil && db.range(of: Data("token again".utf8)) == nil)
     }
 
     @Test func theWrappingKeyOnTheTokenIsSensitiveAndNeverExtractable() throws {
@@ -102,18 +120,19 @@ struct TokenBackendTests {
     @Test func aWrongPINAnAbsentTokenAndAWrongModuleAreClearCodesAndNothingIsLost() throws {
         let t = try Token()
         #expect(try t.cli(["set", "svc", "k", "--key-storage", "strongbox"], input: Array("kept".utf8)).status == 0)
-        let wrongPIN = try t.cli(["--json", "set", "svc", "k2", "--key-storage", "strongbox"], input: [1],
+        // Each write makes its service's key on the token (a service that has one needs only its public half).
+        let wrongPIN = try t.cli(["--json", "set", "svc2", "k2", "--key-storage", "strongbox"], input: [1],
                                  uri: t.uri(pinFile: t.dir + "/wrong-pin"))
         #expect(wrongPIN.status == 3 && t.errorCode(wrongPIN) == "AUTHENTICATION_FAILED")
-        let noToken = try t.cli(["--json", "set", "svc", "k2", "--key-storage", "strongbox"], input: [1], uri: t.uri(label: "absent"))
+        let noToken = try t.cli(["--json", "set", "svc2", "k2", "--key-storage", "strongbox"], input: [1], uri: t.uri(label: "absent"))
         #expect(noToken.status == 3 && t.errorCode(noToken) == "HARDWARE_UNAVAILABLE")
-        let noModule = try t.cli(["--json", "set", "svc", "k2", "--key-storage", "strongbox"], input: [1], uri: t.uri(module: "/nonexistent/lib.so"))
+        let noModule = try t.cli(["--json", "set", "svc2", "k2", "--key-storage", "strongbox"], input: [1], uri: t.uri(module: "/nonexistent/lib.so"))
         #expect(noModule.status == 3 && t.errorCode(noModule) == "HARDWARE_UNAVAILABLE")
         // Nothing was lost: the token item reads with the right PIN.
         #expect(try t.cli(["get", "svc", "k", "--key-storage", "strongbox"]).stdout == Array("kept".utf8))
         let store = try Store(directory: t.store)
-        #expect(try store.item(service: "svc@strongbox", key: "k") != nil)
-        #expect(try store.item(service: "svc@strongbox", key: "k2") == nil)
+        #expect(try store.item(service: "svc", key: "k") != nil)
+        #expect(try store.item(service: "svc2", key: "k2") == nil)
     }
 
     /// `passcode` on a token: the token's user PIN, asked at read and checked by the token (C_Login);
@@ -148,7 +167,7 @@ struct TokenBackendTests {
         #expect(try t.cli(["set", "svc", "a", "--key-storage", "strongbox"], input: Array("A".utf8)).status == 0)
         #expect(try t.cli(["set", "svc", "b", "--key-storage", "strongbox"], input: Array("B".utf8)).status == 0)
         let store = try Store(directory: t.store)
-        var record = try #require(try store.item(service: "svc@strongbox", key: "a"))
+        var record = try #require(try store.item(service: "svc", key: "a"))
         record.writerPublic[20] ^= 1
         try store.write { try $0.putItem(record) }
         let tampered = try t.cli(["--json", "get", "svc", "a", "--key-storage", "strongbox"])
@@ -190,8 +209,8 @@ struct TokenBackendTests {
         #expect(try t.cli(["get", "svc", "k", "--key-storage", "strongbox"]).stdout == Array("first".utf8))
         #expect(try t.cli(["set", "svc", "k", "--key-storage", "strongbox"], input: Array("second".utf8)).status == 0)
         #expect(try t.cli(["get", "svc", "k", "--key-storage", "strongbox"]).stdout == Array("second".utf8))
-        let record = try #require(try Store(directory: t.store).item(service: "svc@strongbox", key: "k"))
-        #expect(kind.formats.contains(record.writerPublic[0]), "format byte \(record.writerPublic[0])")
+        let wrapping = try #require(try Store(directory: t.store).wrappingKey(service: "svc", protection: "afterFirstUnlock/none@strongbox"))
+        #expect(kind.formats.contains(wrapping.tokenSealed[0]), "format byte \(wrapping.tokenSealed[0])")
         // The passcode (the token's PIN, asked at read) works the same on every kind.
         #expect(try t.cli(["set", "svc", "p", "--key-storage", "strongbox", "--access-control", "passcode"],
                           input: Array("pin-guarded".utf8)).status == 0)
@@ -215,7 +234,7 @@ struct TokenBackendTests {
         let message = t.errorMessage(write)
         #expect(["CKM_AES_GCM", "CKM_RSA_PKCS_OAEP", "CKM_ECDH1_DERIVE"].allSatisfy(message.contains), "\(message)")
         #expect(!(try t.objects()).contains("Object;"))
-        #expect(try Store(directory: t.store).item(service: "svc@strongbox", key: "k") == nil)
+        #expect(try Store(directory: t.store).item(service: "svc", key: "k") == nil)
         let canUse = String(decoding: try t.cli(["--json", "can-use", "none", "--key-storage", "strongbox"]).stdout, as: UTF8.self)
         #expect(canUse.contains("\"available\":false") && canUse.contains("\"reason\":\"unsupported\""), "\(canUse)")
     }
@@ -261,13 +280,13 @@ struct TokenBackendTests {
         func set(_ key: String, module: String) throws -> Int32 {
             try run(buildDirectory.appendingPathComponent("keychainctl").path,
                     ["--store", t.store, "--tcti", t.tpm.tcti, "--pkcs11-uri",
-                     "pkcs11:token=kc?module-name=\(module)&pin-source=file:\(t.dir)/pin", "set", "svc", key, "--key-storage", "strongbox"],
+                     "pkcs11:token=kc?module-name=\(module)&pin-source=file:\(t.dir)/pin", "set", key, "k", "--key-storage", "strongbox"],
                     input: [1], environment: env).status
         }
-        #expect(try set("k", module: "softhsm2") == 0)
+        #expect(try set("svc", module: "softhsm2") == 0)
         #expect(!((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains("C_Initialize"))
         // The control: named, the spy is initialized (and passes the calls on to SoftHSM2).
-        #expect(try set("k2", module: name) == 0)
+        #expect(try set("svc2", module: name) == 0)  // a new service: its key is made on the token
         #expect(((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").contains("C_Initialize"))
     }
 
@@ -282,10 +301,9 @@ struct TokenBackendTests {
         let misplaced = try t.cli(["--json", "set", "svc", "k", "--key-storage", "strongbox"], input: [1],
                                   uri: "pkcs11:?token=kc&module-path=\(Self.module)&pin-source=file:\(t.dir)/pin")
         #expect(t.errorCode(misplaced) == "INVALID_ARGUMENT" && t.errorMessage(misplaced).contains("path attribute"))
-        #expect(try Store(directory: t.store).item(service: "svc@strongbox", key: "k") == nil)
+        #expect(try Store(directory: t.store).item(service: "svc", key: "k") == nil)
     }
 }
-
 
 /// The token storage keeps a data key it read, like the TPM path's agreed secrets, and `dropCaches()`
 /// and `lock()` forget it; another process (pkcs11-tool) destroys the key on the token between the

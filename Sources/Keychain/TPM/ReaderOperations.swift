@@ -99,7 +99,7 @@ extension Engine {
     /// the passcode alone while the configured reader has a finger; nil for every other key.
     func withReaderBranch(_ policy: SealPolicy, _ wrapping: WrappingKeyRecord, readerDirectory: String?) -> SealPolicy? {
         guard policy.biometry == nil, policy.passcode == true, !wrapping.protection.contains("~"),
-              !wrapping.protection.hasSuffix(TokenSession.tagSuffix),
+              wrapping.backend == .tpm,
               ItemProtection(storageTag: wrapping.protection)?.accessControl == .biometryAnyOrPasscode,
               let readerDirectory, let reader = try? FingerprintReader(directory: readerDirectory),
               !reader.enrolled.isEmpty, let state = reader.state else { return nil }

@@ -7,36 +7,56 @@ import TPM2
 // MARK: keyStorage 'strongbox': the PKCS#11 token
 
 /// A PKCS#11 token holds the wrapping key: its secret half is sealed by the service's key on the
-/// token (`TokenSession`, in the scheme the token's mechanisms allow). A `passcode` item's read asks
-/// for the token's user PIN, which the token checks (C_Login) before it opens the secret half.
+/// token (`TokenSession`, in the scheme the token's mechanisms allow) and kept in the record's
+/// `tokenSealed`. A `passcode` item's read asks for the token's user PIN, which the token checks
+/// (C_Login) before it opens the secret half; a `none` item's read uses the URI's PIN.
+///
+/// Token envelope formats (`WrappingKeyRecord.tokenFormat`):
+/// - 1: the secret half sealed by the token alone.
 struct TokenBackend: KeyBackend {
-    /// What a token-held wrapping key stores in place of a TPM policy.
-    static let policyMarker = Array("pkcs11-user-pin".utf8)
+    static let tokenOnly: Int64 = 1
     var uri: String?
 
     func session(_ engine: isolated Engine) throws(KeychainError) -> TokenSession {
         guard let uri else {
-            throw KeychainError(.hardwareUnavailable, "This item is on a PKCS#11 token, and no token is configured (KEYCHAIN_PKCS11_URI)")
+            throw KeychainError(.hardwareUnavailable, "This item's key is on a PKCS#11 token, and no token is configured "
+                                + "(KEYCHAIN_PKCS11_URI or --pkcs11-uri)")
         }
         return try engine.tokenSession(uri)
     }
 
+    /// What a token item's sealed parts name as their service: the token namespace of the first
+    /// format ("<service>@strongbox"), kept so stores migrated from it open unchanged.
+    static func namespace(_ service: String) -> String { service + TokenSession.tagSuffix }
+
     func wrappingKey(service: String, tag: String, protection: ItemProtection, stored: WrappingKeyRecord?,
                      engine: isolated Engine) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
         if let stored { return (stored, nil) }
+        let session = try session(engine)
         let pair = Sodium.generateX25519()
-        let sealed = try session(engine).seal(pair.secretKey, service: service, key: "", protection: tag)
+        let sealed = try session.seal(pair.secretKey, service: Self.namespace(service), key: "", protection: tag)
         return (WrappingKeyRecord(service: service, protection: tag, publicKey: pair.publicKey, sealedPublic: [],
-                                  sealedPrivate: sealed, policy: Self.policyMarker, created: Engine.now()), nil)
+                                  sealedPrivate: [], created: Engine.now(), backend: .token, tokenFormat: Self.tokenOnly,
+                                  token: session.label, tokenSealed: sealed), nil)
     }
 
     func openSecret(_ wrapping: WrappingKeyRecord, for record: ItemRecord, store: Store, context: Engine.ReadContext,
                     engine: isolated Engine) async throws(KeychainError) -> SecureBytes {
-        try await engine.tokenPasscodeSecret(for: wrapping, record: record, store: store, context: context)
+        guard wrapping.tokenFormat == Self.tokenOnly else {
+            throw KeychainError(.dataCorrupted, "The key of item '\(record.key)' has a token format (\(wrapping.tokenFormat)) "
+                                + "this version does not read")
+        }
+        if TokenSession.usesPasscode(record.protection) {
+            return try await engine.tokenPasscodeSecret(for: wrapping, record: record, store: store, context: context)
+        }
+        // Kept by the session until lock() or dropCaches(), like the TPM path's agreed secrets.
+        return try engine.checked(try session(engine).openItemKey(wrapping.tokenSealed, service: Self.namespace(wrapping.service),
+                                                                   key: "", protection: wrapping.protection), wrapping)
     }
 
+    /// The service's objects on the token (one per service, whatever the protection).
     func destroyKeys(service: String, engine: isolated Engine) throws(KeychainError) {
-        try session(engine).destroyKeys(service: service)
+        try session(engine).destroyKeys(service: Self.namespace(service))
     }
 
     func securityLevel(engine: isolated Engine) -> ItemInfo.SecurityLevel { .pkcs11Token }
@@ -51,43 +71,15 @@ extension Engine {
         return backend
     }
 
-    func setOnToken(_ value: SecureBytes, service: String, key: String, protection: ItemProtection, label: String?,
-                    uri: String) throws(KeychainError) {
-        try checkKey(key)
-        guard value.count <= Self.maxValueLength else {
-            throw KeychainError.invalidArgument("Invalid value: at most \(Self.maxValueLength) bytes, got \(value.count)")
-        }
-        let backend = try tokenSession(uri)
-        let store = try store()
-        let tag = protection.storageTag + TokenSession.tagSuffix
-        let dataKey = SecureBytes(random: Sodium.xchachaKeyLength)
-        let sealed = try backend.seal(dataKey, service: service, key: key, protection: tag)
-        do {
-            try store.write { tx in
-                let existing = try tx.item(service: service, key: key)
-                let now = Self.now()
-                var record = ItemRecord(service: service, key: key, protection: tag, label: label ?? existing?.label,
-                                        created: existing?.created ?? now, modified: now,
-                                        writerPublic: sealed, salt: [], nonce: Sodium.randomBytes(Sodium.xchachaNonceLength),
-                                        ciphertext: [])
-                record.ciphertext = value.withUnsafeBytes {
-                    Sodium.seal($0, key: dataKey, nonce: record.nonce, associatedData: ItemEnvelope.associatedData(record))
-                }
-                try tx.putItem(record)
-            }
-        } catch let error as StoreError {
-            throw KeychainError(store: error)
-        } catch {
-            throw KeychainError(.internal, "\(error)")
-        }
-    }
-
+    /// A token item of the first format (`none`): its own data key, sealed by the service's token
+    /// key, in `writerPublic`, with no salt. Still read; a write replaces it with the envelope.
     func getFromToken(_ record: ItemRecord, uri: String?) throws(KeychainError) -> SecureBytes {
         guard let uri else {
-            throw KeychainError(.hardwareUnavailable, "Item '\(record.key)' is on a PKCS#11 token, and no token is configured (KEYCHAIN_PKCS11_URI)")
+            throw KeychainError(.hardwareUnavailable, "Item '\(record.key)' is on a PKCS#11 token, and no token is configured "
+                                + "(KEYCHAIN_PKCS11_URI or --pkcs11-uri)")
         }
-        let dataKey = try tokenSession(uri).openItemKey(record.writerPublic, service: record.service, key: record.key,
-                                                        protection: record.protection)
+        let dataKey = try tokenSession(uri).openItemKey(record.writerPublic, service: TokenBackend.namespace(record.service),
+                                                        key: record.key, protection: record.protection)
         do {
             return try Sodium.open(record.ciphertext, key: dataKey, nonce: record.nonce,
                                    associatedData: ItemEnvelope.associatedData(record))
@@ -152,7 +144,8 @@ extension Engine {
                 try saveTokenLimiter(limiter, store)
                 return .failed("wrong PIN, \(limiter.remaining) left")
             }
-            let secret = try backend.open(wrapping.sealedPrivate, service: wrapping.service, key: "", protection: wrapping.protection)
+            let secret = try backend.open(wrapping.tokenSealed, service: TokenBackend.namespace(wrapping.service), key: "",
+                                          protection: wrapping.protection)
             guard secret.count == Sodium.x25519KeyLength, Sodium.x25519Public(of: secret) == wrapping.publicKey else {
                 throw KeychainError(.dataCorrupted, "The stored public key of service '\(wrapping.service)' does not match its sealed key")
             }

@@ -57,6 +57,9 @@ final class TokenSession {
         }
     }
 
+    /// The token's label (C_GetTokenInfo), recorded with the keys made on it; nil when it cannot be read.
+    var label: String? { (try? token.info().label)?.trimmingCharacters(in: .whitespaces) }
+
     /// "token 'kc' of module /usr/lib/softhsm/libsofthsm2.so", for messages.
     static func describe(_ uri: PKCS11URI) -> String {
         let module = uri.modulePath ?? uri.moduleName.map { "'\($0)' (p11-kit)" } ?? "(none)"
@@ -71,6 +74,12 @@ final class TokenSession {
         } catch {
             throw Self.map(error, doing: "keep keys on " + Self.describe(uri))
         }
+    }
+
+    /// A token item's tag names its key apart from a TPM key of the same protection; this is the
+    /// protection part alone.
+    static func protectionTag(_ tag: String) -> String {
+        tag.hasSuffix(tagSuffix) ? String(tag.dropLast(tagSuffix.count)) : tag
     }
 
     /// Whether a stored protection tag is a token item behind the token's user PIN.
