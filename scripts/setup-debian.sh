@@ -7,6 +7,7 @@ packages=(
   swtpm swtpm-tools                                      # the embedded and test software TPM
   tpm2-tools tpm2-abrmd libtss2-tcti-tabrmd0 dbus        # tests: the tpm2-tools reference, the resource manager
   python3                                                # store tests: a second SQLite process
+  openssl                                                # identity tests: the EK certificate and its chain (swtpm_localca uses it too)
   libp11-kit-dev softhsm2 opensc                         # the PKCS#11 backend and its tests (SoftHSM2, pkcs11-tool)
 )
 missing=()

@@ -122,7 +122,9 @@ let usage = """
       can-use ACCESS_CONTROL       available, and the reason when not
       biometry-types
 
-    Backup (docs/provisioning.md, docs/formats.md):
+    Provisioning and backup (docs/provisioning.md, docs/formats.md):
+      identity [--out FILE]        the device's identity document (JSON): EK public keys and certificates,
+                                   SRK public area and name, the keychain's NV indices, the boot state
       backup --passphrase-stdin [--service S] [--out FILE] [--cost interactive|moderate|sensitive] [--passcode-stdin]
                                    every item of a migratable level (whenUnlocked, afterFirstUnlock, always),
                                    never ThisDeviceOnly, biometric or token items, encrypted under the

@@ -142,6 +142,8 @@ struct Commands {
         case "biometry-types":
             let types = device.biometryTypes()
             if inv.json { printJSON(types.map(\.rawValue)) } else { types.forEach { print($0.rawValue) } }
+        case "identity":
+            return try await identity()
         case "backup":
             return try await backup()
         case "restore":

@@ -1,0 +1,166 @@
+import Foundation
+import TPM2
+
+/// A device's identity document, format 1 (docs/formats.md): what a server with no TPM needs to seal a
+/// secret to this device and to compute the policy it will be sealed under. Only public values.
+public struct DeviceIdentity: Sendable, Hashable, Codable {
+    public static let formatName = "keychain-linux identity"
+    public static let currentVersion = 1
+
+    public struct TPMInfo: Sendable, Hashable, Codable {
+        /// TPM_PT_MANUFACTURER as four ASCII characters (`IBM ` is swtpm).
+        public var manufacturer: String
+        /// TPM_PT_VENDOR_STRING_1…4 as text, trailing NULs and spaces removed.
+        public var vendor: String
+        /// TPM_PT_FIRMWARE_VERSION_1 and _2, 8 hex digits each.
+        public var firmwareVersion: String
+    }
+
+    public struct EndorsementKey: Sendable, Hashable, Codable {
+        /// `rsa2048` (template L-1) or `eccP256` (template L-2).
+        public var type: String
+        /// Marshalled TPM2B_PUBLIC, base64.
+        public var publicArea: String
+        /// The EK's TPM name (nameAlg SHA-256 and the digest of its public area), hex.
+        public var name: String
+        /// The EK certificate (DER, base64) from its NV index, when the TPM holds one.
+        public var certificate: String?
+        /// Where the certificate is read: `0x01c00002` (RSA) or `0x01c0000a` (ECC).
+        public var certificateIndex: String
+    }
+
+    public struct PersistentKey: Sendable, Hashable, Codable {
+        public var handle: String
+        public var publicArea: String
+        public var name: String
+    }
+
+    public struct NVIndex: Sendable, Hashable, Codable {
+        public var index: String
+        public var name: String
+    }
+
+    public struct BootState: Sendable, Hashable, Codable {
+        public var bank: String
+        public var pcrs: [Int]
+        /// SHA-256 over the selected PCR values in index order: the digest a ThisDeviceOnly key's
+        /// PolicyPCR is computed over (SealPolicy).
+        public var digest: String
+    }
+
+    public var format: String
+    public var version: Int
+    public var created: Date
+    public var tpm: TPMInfo
+    /// The endorsement keys, RSA first; empty when the endorsement hierarchy refuses CreatePrimary.
+    public var endorsementKeys: [EndorsementKey]
+    /// The keychain's storage root key (ECC P-256 at 0x81000001).
+    public var storageRootKey: PersistentKey
+    /// The keychain's device-lock NV indices by role: `state`, `pin`, `epoch`, `descriptor`.
+    public var nvIndices: [String: NVIndex]
+    public var bootState: BootState
+}
+
+extension DeviceIdentity {
+    /// Reads a document, checking what a sealer relies on: the format, the version, well-formed
+    /// public areas whose names match, and a certificate only where the document says so.
+    /// - Throws: `DATA_CORRUPTED` for anything else, `UNSUPPORTED` for a newer version.
+    public init(json: Data) throws(KeychainError) {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        let decoded: DeviceIdentity
+        do { decoded = try decoder.decode(DeviceIdentity.self, from: json) } catch {
+            throw KeychainError(.dataCorrupted, "This is not a device identity document: \(error)")
+        }
+        guard decoded.format == Self.formatName else {
+            throw KeychainError(.dataCorrupted, "This is not a device identity document (format '\(decoded.format)')")
+        }
+        guard decoded.version == Self.currentVersion else {
+            throw KeychainError(.unsupported, "This identity is in version \(decoded.version); this keychain reads version \(Self.currentVersion)")
+        }
+        for key in decoded.endorsementKeys {
+            guard let area = Data(base64Encoded: key.publicArea), Self.name(ofPublic: Array(area)) == key.name,
+                  key.certificate.map({ Data(base64Encoded: $0) != nil }) ?? true else {
+                throw KeychainError(.dataCorrupted, "The identity's \(key.type) endorsement key does not match its name, or is not base64")
+            }
+        }
+        guard let srk = Data(base64Encoded: decoded.storageRootKey.publicArea),
+              Self.name(ofPublic: Array(srk)) == decoded.storageRootKey.name else {
+            throw KeychainError(.dataCorrupted, "The identity's storage root key does not match its name")
+        }
+        guard decoded.bootState.digest.count == 64, decoded.bootState.pcrs.allSatisfy({ (0..<24).contains($0) }) else {
+            throw KeychainError(.dataCorrupted, "The identity's boot state is malformed")
+        }
+        self = decoded
+    }
+
+    /// The document as written: sorted keys, ISO 8601 dates.
+    public func json() -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
+        encoder.dateEncodingStrategy = .iso8601
+        return (try? encoder.encode(self)) ?? Data()
+    }
+
+    /// The TPM name of a marshalled TPM2B_PUBLIC with nameAlg SHA-256, hex; nil when it is not one.
+    static func name(ofPublic bytes: [UInt8]) -> String? {
+        // TPM2B: u16 size, then TPMT_PUBLIC: u16 type, u16 nameAlg (0x000B = SHA-256), …
+        guard bytes.count > 6, Int(bytes[0]) << 8 | Int(bytes[1]) == bytes.count - 2, bytes[4] == 0x00, bytes[5] == 0x0B else { return nil }
+        return hex([0x00, 0x0B] + sha256(Array(bytes[2...])))
+    }
+}
+
+func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
+func hexHandle(_ value: UInt32) -> String { "0x" + String(format: "%08x", value) }
+
+extension KeychainDevice {
+    /// This device's identity document (provisions the TPM and the store first, as `initialize` does).
+    public func identity() async throws(KeychainError) -> DeviceIdentity {
+        try await engine.identity()
+    }
+}
+
+extension Engine {
+    func identity() throws(KeychainError) -> DeviceIdentity {
+        try configuration.checkPCRSelection()
+        let pcrs = configuration.pcrSelection
+        return try withKeyring { keyring throws(KeychainError) -> DeviceIdentity in
+            let context = keyring.context
+            do throws(TPMError) {
+                let vendor = try context.vendorProperties()
+                func text(_ words: [UInt32]) -> String {
+                    let bytes = words.flatMap { $0.bigEndianBytes }.filter { $0 != 0 }
+                    return String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: .whitespaces)
+                }
+                var keys: [DeviceIdentity.EndorsementKey] = []
+                for type in TPMContext.EndorsementKeyType.allCases {
+                    // A TPM whose endorsement hierarchy has an authorization, or lacks the algorithm: no EK of that type.
+                    guard let area = try? context.endorsementKeyPublic(type), let name = DeviceIdentity.name(ofPublic: area) else { continue }
+                    let certificate = try context.readWholeNV(type.certificateIndex)
+                    keys.append(.init(type: type.rawValue, publicArea: Data(area).base64EncodedString(), name: name,
+                                      certificate: certificate.map { Data($0).base64EncodedString() },
+                                      certificateIndex: hexHandle(type.certificateIndex)))
+                }
+                let srkArea = try context.publicArea(of: keyring.srk)
+                var indices: [String: DeviceIdentity.NVIndex] = [:]
+                for (role, index) in [("pin", DeviceLockLayout.pinIndex), ("state", DeviceLockLayout.stateIndex),
+                                      ("epoch", DeviceLockLayout.epochIndex), ("descriptor", DeviceLockLayout.descriptorIndex)] {
+                    indices[role] = .init(index: hexHandle(index), name: hex(try context.name(of: try context.resource(forPersistent: index))))
+                }
+                let values = try context.readPCRs(PCRSelection(pcrs))
+                return DeviceIdentity(
+                    format: DeviceIdentity.formatName, version: DeviceIdentity.currentVersion,
+                    created: Date(timeIntervalSince1970: (Date().timeIntervalSince1970).rounded(.down)),
+                    tpm: .init(manufacturer: text([vendor.manufacturer]), vendor: text(vendor.vendor),
+                               firmwareVersion: String(format: "%08x.%08x", vendor.firmware.0, vendor.firmware.1)),
+                    endorsementKeys: keys,
+                    storageRootKey: .init(handle: hexHandle(TPMKeyring.srkHandle), publicArea: Data(srkArea).base64EncodedString(),
+                                          name: hex(try context.name(of: keyring.srk))),
+                    nvIndices: indices,
+                    bootState: .init(bank: "sha256", pcrs: pcrs, digest: hex(sha256(values.flatMap { $0 }))))
+            } catch {
+                throw keyring.diagnose(error, doing: "read the device identity")
+            }
+        }
+    }
+}

@@ -1,0 +1,105 @@
+import Foundation
+@testable import Keychain
+import KeychainTestSupport
+import Testing
+import TPM2
+
+/// `keychainctl identity` on a software TPM made by `swtpm_setup --create-ek-cert` with swtpm's
+/// local CA, checked against what tpm2-tools and openssl read from the same TPM and certificate.
+@Suite("device identity")
+struct IdentityTests {
+    var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
+
+    /// Replaces the TPM's state with one swtpm_setup manufactured: EKs and their certificates in NV,
+    /// signed by a local CA kept in `<directory>/ca`.
+    static func manufacture(_ tpm: SoftwareTPM) throws {
+        let dir = tpm.directory
+        try FileManager.default.createDirectory(atPath: dir + "/ca", withIntermediateDirectories: true)
+        try "statedir = \(dir)/ca\nsigningkey = \(dir)/ca/signkey.pem\nissuercert = \(dir)/ca/issuercert.pem\ncertserial = \(dir)/ca/certserial\n"
+            .write(toFile: dir + "/localca.conf", atomically: true, encoding: .utf8)
+        try "create_certs_tool = /usr/bin/swtpm_localca\ncreate_certs_tool_config = \(dir)/localca.conf\ncreate_certs_tool_options = /etc/swtpm-localca.options\nactive_pcr_banks = sha256\n"
+            .write(toFile: dir + "/setup.conf", atomically: true, encoding: .utf8)
+        tpm.stop()
+        let made = try run("/usr/bin/swtpm_setup", ["--tpm2", "--tpmstate", dir + "/state", "--create-ek-cert",
+                                                    "--config", dir + "/setup.conf", "--overwrite"])
+        #expect(made.status == 0, "\(made.stderr)")
+        try tpm.reboot()
+    }
+
+    func identity(_ tpm: SoftwareTPM) throws -> (DeviceIdentity, Data) {
+        let out = try run(ctl, ["--store", tpm.directory + "/store", "--tcti", tpm.tcti, "identity"])
+        #expect(out.status == 0, "\(out.stderr)")
+        return (try DeviceIdentity(json: Data(out.stdout)), Data(out.stdout))
+    }
+
+    @Test func theIdentityNamesTheCertifiedEKTheSRKTheIndicesAndTheBootStateAsTheTPMHasThem() throws {
+        let tpm = try SoftwareTPM()
+        try Self.manufacture(tpm)
+        let (id, _) = try identity(tpm)
+        #expect(id.format == DeviceIdentity.formatName && id.version == 1)
+        #expect(id.tpm.manufacturer == "IBM")
+        let rsa = try #require(id.endorsementKeys.first { $0.type == "rsa2048" })
+        let certificate = try #require(rsa.certificate.flatMap { Data(base64Encoded: $0) })
+        #expect(rsa.certificateIndex == "0x01c00002")
+        // The certificate certifies the EK this identity carries: the same RSA modulus.
+        let der = tpm.directory + "/ek.der"
+        try certificate.write(to: URL(fileURLWithPath: der))
+        let modulus = String(decoding: try run("/usr/bin/openssl", ["x509", "-inform", "DER", "-in", der, "-noout", "-modulus"]).stdout,
+                             as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        let area = [UInt8](try #require(Data(base64Encoded: rsa.publicArea)))
+        #expect(modulus == "Modulus=" + hex(Array(area.suffix(256))).uppercased())
+        // It chains to swtpm's local CA.
+        let chain = try run("/usr/bin/openssl", ["verify", "-CAfile", tpm.directory + "/ca/swtpm-localca-rootca-cert.pem",
+                                                 "-untrusted", tpm.directory + "/ca/issuercert.pem", der])
+        #expect(chain.status == 0, "\(chain.stderr)")
+
+        let env = ["TPM2TOOLS_TCTI": tpm.tcti]
+        // The SRK's name as tpm2-tools reads it.
+        let name = tpm.directory + "/srk.name"
+        #expect(try run("/usr/bin/tpm2_readpublic", ["-c", "0x81000001", "-n", name], environment: env).status == 0)
+        #expect(id.storageRootKey.name == hex([UInt8](try Data(contentsOf: URL(fileURLWithPath: name)))))
+        // The state index's name as tpm2-tools reads it.
+        let nv = String(decoding: try run("/usr/bin/tpm2_nvreadpublic", ["0x01004b51"], environment: env).stdout, as: UTF8.self)
+        #expect(nv.contains("name: " + (id.nvIndices["state"]?.name ?? "missing")))
+        #expect(Set(id.nvIndices.keys) == ["pin", "state", "epoch", "descriptor"])
+        // The boot state: SHA-256 over PCR 7 as tpm2_pcrread gives it.
+        let pcr = tpm.directory + "/pcr7"
+        #expect(try run("/usr/bin/tpm2_pcrread", ["sha256:7", "-o", pcr], environment: env).status == 0)
+        let pcrValue = [UInt8](try Data(contentsOf: URL(fileURLWithPath: pcr)))
+        #expect(id.bootState.pcrs == [7] && id.bootState.digest == hex(sha256Bytes(pcrValue)))
+    }
+
+    @Test func aTPMWithoutCertificatesHasAnIdentityWithoutThemAndTheSameEKEveryTime() throws {
+        let tpm = try SoftwareTPM()
+        let (first, _) = try identity(tpm)
+        let (second, _) = try identity(tpm)
+        #expect(first.endorsementKeys.count == 2 && first.endorsementKeys.allSatisfy { $0.certificate == nil })
+        #expect(first.endorsementKeys == second.endorsementKeys && first.storageRootKey == second.storageRootKey)
+    }
+
+    /// The identity parser against changed documents: a clear error, never a crash.
+    @Test func aChangedIdentityIsRefusedWithAClearCode() throws {
+        let tpm = try SoftwareTPM()
+        let (id, json) = try identity(tpm)
+        var srkSwapped = id
+        srkSwapped.storageRootKey.publicArea = id.endorsementKeys[0].publicArea
+        #expect(throws: KeychainError(.dataCorrupted)) { try DeviceIdentity(json: srkSwapped.json()) }
+        var newer = id
+        newer.version = 2
+        #expect(throws: KeychainError(.unsupported)) { try DeviceIdentity(json: newer.json()) }
+        let bytes = [UInt8](json)
+        for round in 0..<1500 {
+            var f = bytes
+            switch round % 3 {
+            case 0: f[Int.random(in: 0..<f.count)] = UInt8.random(in: 0...255)
+            case 1: f = Array(f[..<Int.random(in: 0..<f.count)])
+            default: f.insert(UInt8.random(in: 0x20...0x7E), at: Int.random(in: 0...f.count))
+            }
+            do { _ = try DeviceIdentity(json: Data(f)) } catch {
+                #expect(error.code == .dataCorrupted || error.code == .unsupported, "\(error)")
+            }
+        }
+    }
+}
+
+func sha256Bytes(_ bytes: [UInt8]) -> [UInt8] { sha256(bytes) }
