@@ -21,11 +21,13 @@ let package = Package(
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CP11Kit", pkgConfig: "p11-kit-1", providers: [.apt(["libp11-kit-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        // OpenSSL's libcrypto: P-256 ECDH and AES-CFB for TPM2 duplication blobs (seal-for, no TPM needed).
+        .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         // glibc's spawn and pipe calls that Swift's Glibc module leaves out.
         .systemLibrary(name: "CSpawn"),
 
         // The TPM 2.0 layer: one ESYS call point, sessions, policies, offline policy digests.
-        .target(name: "TPM2", dependencies: ["CTSS2", "CSodium", "SecureMemory"]),
+        .target(name: "TPM2", dependencies: ["CTSS2", "CSodium", "COpenSSL", "SecureMemory"]),
         // Secrets on sodium_malloc, and the libsodium primitives the keychain uses.
         .target(name: "SecureMemory", dependencies: ["CSodium"]),
         // The SQLite store: one database per store directory.

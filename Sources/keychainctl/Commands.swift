@@ -144,6 +144,10 @@ struct Commands {
             if inv.json { printJSON(types.map(\.rawValue)) } else { types.forEach { print($0.rawValue) } }
         case "identity":
             return try await identity()
+        case "seal-for":
+            return try await sealFor()
+        case "import":
+            return try await importBundle()
         case "backup":
             return try await backup()
         case "restore":
@@ -248,7 +252,8 @@ struct KeychainCtl {
                 exit(0)
             }
             let configuration = try inv.configuration()
-            if case .embedded = configuration.tpm, inv.command.first != "demo", inv.command.first != "biometry-types" {
+            if case .embedded = configuration.tpm, inv.command.first != "demo", inv.command.first != "biometry-types",
+               inv.command.first != "seal-for" {
                 FileHandle.standardError.write(Data("keychainctl: no TPM device or --tcti: using the embedded software TPM in \(escaped(configuration.storeDirectory))/swtpm (security level: software)\n".utf8))
             }
             code = try await Commands(inv: inv, configuration: configuration).run()

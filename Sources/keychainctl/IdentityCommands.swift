@@ -19,3 +19,49 @@ extension Commands {
         return .ok
     }
 }
+
+/// `seal-for IDENTITY SERVICE KEY [...] < value > BUNDLE` (no TPM) and `import BUNDLE` (on the device).
+extension Commands {
+    func sealFor() async throws -> Exit {
+        let args = try arguments(3, "IDENTITY SERVICE KEY (the value on stdin)")
+        if inv.flags["--ek-ca"] != nil {
+            throw KeychainError(.unsupported, "--ek-ca is not implemented: bundles are sealed to the device's SRK, which the EK "
+                                + "certificate does not vouch for; check the identity's EK certificate with openssl before you trust it")
+        }
+        let identity = try DeviceIdentity(json: try readFile(args[0], limit: 1 << 20, what: "the identity"))
+        let accessible = try inv.flags["--accessible"].map { (t: String) throws(KeychainError) in try Accessible(parsing: t) } ?? .afterFirstUnlock
+        let control = try inv.flags["--access-control"].map { (t: String) throws(KeychainError) in try AccessControl(parsing: t) } ?? AccessControl.none
+        var version: UInt64 = 0
+        if let v = inv.flags["--version"] {
+            guard let n = UInt64(v) else { throw KeychainError.invalidArgument("Invalid --version '\(v)': expected a whole number, 0 or more") }
+            version = n
+        }
+        if isatty(1) == 1 { throw KeychainError.invalidArgument("seal-for writes the bundle to stdout: redirect it (> BUNDLE)") }
+        let bundle = try Provisioning.seal(try readStdin(limit: Keychain.maxValueLength), service: args[1], key: args[2],
+                                           accessible: accessible, accessControl: control, label: inv.flags["--label"],
+                                           version: version, for: identity)
+        (bundle.json() + Data("\n".utf8)).withUnsafeBytes { writeStdout($0) }
+        return .ok
+    }
+
+    func importBundle() async throws -> Exit {
+        let args = try arguments(1, "BUNDLE")
+        let bundle = try ProvisioningBundle(json: try readFile(args[0], limit: Keychain.maxValueLength * 2, what: "the bundle"))
+        let passcode = inv.switches.contains("--passcode-stdin") ? try readLines(1).first : nil
+        let outcome = try await device.importBundle(bundle, passcode: passcode)
+        output(["outcome": outcome.rawValue, "service": bundle.service, "key": bundle.key]) {
+            "\($0["outcome"]!): \(escaped(bundle.service)) \(escaped(bundle.key)) (version \(bundle.itemVersion))"
+        }
+        return .ok
+    }
+
+    private func readFile(_ path: String, limit: Int, what: String) throws(KeychainError) -> Data {
+        guard let handle = FileHandle(forReadingAtPath: path) else {
+            throw KeychainError(.invalidArgument, "Cannot read \(what) at \(path)", underlying: .errno(errno))
+        }
+        defer { try? handle.close() }
+        let data = (try? handle.read(upToCount: limit + 1)) ?? nil ?? Data()
+        guard data.count <= limit else { throw KeychainError.invalidArgument("\(path) is larger than \(what) can be") }
+        return data
+    }
+}

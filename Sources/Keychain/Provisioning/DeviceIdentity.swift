@@ -35,6 +35,7 @@ public struct DeviceIdentity: Sendable, Hashable, Codable {
         public var name: String
     }
 
+    /// An NV index and its TPM name with TPMA_NV_WRITTEN set (as the policies that name it use it).
     public struct NVIndex: Sendable, Hashable, Codable {
         public var index: String
         public var name: String
@@ -43,8 +44,9 @@ public struct DeviceIdentity: Sendable, Hashable, Codable {
     public struct BootState: Sendable, Hashable, Codable {
         public var bank: String
         public var pcrs: [Int]
-        /// SHA-256 over the selected PCR values in index order: the digest a ThisDeviceOnly key's
-        /// PolicyPCR is computed over (SealPolicy).
+        /// SHA-256 over the selected PCR values in index order when the identity was made (the values
+        /// the device approves at its first ThisDeviceOnly seal; keys are bound to the approved state
+        /// through `nvIndices.bootApproval`, not to this digest).
         public var digest: String
     }
 
@@ -56,7 +58,8 @@ public struct DeviceIdentity: Sendable, Hashable, Codable {
     public var endorsementKeys: [EndorsementKey]
     /// The keychain's storage root key (ECC P-256 at 0x81000001).
     public var storageRootKey: PersistentKey
-    /// The keychain's device-lock NV indices by role: `state`, `pin`, `epoch`, `descriptor`.
+    /// The keychain's NV indices by role: `state`, `pin`, `epoch`, `descriptor` (the device lock),
+    /// `bootApproval` (the approved boot state of ThisDeviceOnly keys).
     public var nvIndices: [String: NVIndex]
     public var bootState: BootState
 }
@@ -143,10 +146,14 @@ extension Engine {
                 }
                 let srkArea = try context.publicArea(of: keyring.srk)
                 var indices: [String: DeviceIdentity.NVIndex] = [:]
-                for (role, index) in [("pin", DeviceLockLayout.pinIndex), ("state", DeviceLockLayout.stateIndex),
-                                      ("epoch", DeviceLockLayout.epochIndex), ("descriptor", DeviceLockLayout.descriptorIndex)] {
-                    indices[role] = .init(index: hexHandle(index), name: hex(try context.name(of: try context.resource(forPersistent: index))))
-                }
+                // Names as policies use them: with TPMA_NV_WRITTEN (the state index is unwritten until the first unlock).
+                indices["pin"] = .init(index: hexHandle(DeviceLockLayout.pinIndex), name: hex(DeviceLockLayout.pinName))
+                indices["state"] = .init(index: hexHandle(DeviceLockLayout.stateIndex), name: hex(keyring.stateName))
+                indices["epoch"] = .init(index: hexHandle(DeviceLockLayout.epochIndex), name: hex(DeviceLockLayout.epochPublic.name(written: true)))
+                indices["descriptor"] = .init(index: hexHandle(DeviceLockLayout.descriptorIndex),
+                                              name: hex(try context.name(of: try context.resource(forPersistent: DeviceLockLayout.descriptorIndex))))
+                // The boot-state approval index (issue 12) may not exist yet; its name is fixed (written).
+                indices["bootApproval"] = .init(index: hexHandle(BootApprovalLayout.index), name: hex(BootApprovalLayout.name))
                 let values = try context.readPCRs(PCRSelection(pcrs))
                 return DeviceIdentity(
                     format: DeviceIdentity.formatName, version: DeviceIdentity.currentVersion,

@@ -1,0 +1,261 @@
+import Foundation
+import KeychainStore
+import SecureMemory
+import TPM2
+
+/// A provisioning bundle, format 1 (docs/formats.md): one item sealed to one device's TPM by a
+/// machine without a TPM (`keychainctl seal-for`), opened only by `keychainctl import` on that device.
+///
+/// A random 32-byte key K is the sensitive data of a TPM2 duplication blob for the device's SRK
+/// (`Duplication.blob`); the object's authPolicy is the item's protection as the keychain seals it
+/// (`SealPolicy`, computed from the identity). The value is XChaCha20-Poly1305 under K, with every
+/// other field and the object's name as associated data.
+public struct ProvisioningBundle: Sendable, Hashable, Codable {
+    public static let formatName = "keychain-linux bundle"
+    public static let currentVersion = 1
+
+    public var format: String
+    public var version: Int
+    /// The SRK name (hex) of the device it is sealed to.
+    public var target: String
+    public var service: String
+    public var key: String
+    public var label: String?
+    public var accessible: Accessible
+    public var accessControl: AccessControl
+    /// The provisioning version (`--version`): an import never replaces a higher one.
+    public var itemVersion: UInt64
+    /// ThisDeviceOnly: the PCR selection whose approved state (PolicyAuthorizeNV on the device's
+    /// boot-state approval index) the object is bound to, as the device's own ThisDeviceOnly keys are.
+    public var pcrs: [Int]?
+    /// Marshalled TPM2B_PUBLIC, TPM2B_PRIVATE and TPM2B_ENCRYPTED_SECRET, base64 (what `tpm2_import`
+    /// reads as `-u`, `-i` and `-s`).
+    public var publicArea: String
+    public var duplicate: String
+    public var encryptedSeed: String
+    /// XChaCha20-Poly1305 of the value under K, base64.
+    public var nonce: String
+    public var ciphertext: String
+
+    public func json() -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
+        return (try? encoder.encode(self)) ?? Data()
+    }
+
+    /// - Throws: `DATA_CORRUPTED` for a document that is not a bundle, `UNSUPPORTED` for a newer version.
+    public init(json: Data) throws(KeychainError) {
+        let decoded: ProvisioningBundle
+        do { decoded = try JSONDecoder().decode(ProvisioningBundle.self, from: json) } catch {
+            throw KeychainError(.dataCorrupted, "This is not a provisioning bundle: \(error)")
+        }
+        guard decoded.format == Self.formatName else { throw KeychainError(.dataCorrupted, "This is not a provisioning bundle (format '\(decoded.format)')") }
+        guard decoded.version == Self.currentVersion else {
+            throw KeychainError(.unsupported, "This bundle is in version \(decoded.version); this keychain reads version \(Self.currentVersion)")
+        }
+        self = decoded
+    }
+
+    init(format: String, version: Int, target: String, service: String, key: String, label: String?, accessible: Accessible,
+         accessControl: AccessControl, itemVersion: UInt64, pcrs: [Int]?, publicArea: String,
+         duplicate: String, encryptedSeed: String, nonce: String, ciphertext: String) {
+        (self.format, self.version, self.target, self.service, self.key, self.label) = (format, version, target, service, key, label)
+        (self.accessible, self.accessControl, self.itemVersion, self.pcrs) = (accessible, accessControl, itemVersion, pcrs)
+        (self.publicArea, self.duplicate, self.encryptedSeed, self.nonce, self.ciphertext) = (publicArea, duplicate, encryptedSeed, nonce, ciphertext)
+    }
+
+    /// Every field but the value's, length-prefixed, and the sealed object's name.
+    func associatedData(objectName: [UInt8]) -> [UInt8] {
+        var ad = Array("keychain-linux bundle v1".utf8)
+        func field(_ bytes: some Collection<UInt8>) { ad += UInt32(bytes.count).bigEndianBytes; ad += bytes }
+        field(target.utf8); field(service.utf8); field(key.utf8)
+        if let label { ad.append(1); field(label.utf8) } else { ad.append(0) }
+        field(accessible.rawValue.utf8); field(accessControl.rawValue.utf8)
+        ad += itemVersion.bigEndianBytes
+        field((pcrs ?? []).map { UInt8(clamping: $0) })
+        field(objectName)
+        return ad
+    }
+
+    /// The policy the object is sealed under: the protection as `SealPolicy` makes it for the
+    /// device's own keys, with its state index name and, for ThisDeviceOnly, its boot-state approval.
+    static func policy(accessible: Accessible, accessControl: AccessControl, stateName: [UInt8],
+                       pcrs: [Int]?, bootApprovalName: [UInt8]) -> SealPolicy {
+        SealPolicy(availability: .init(accessible), pcrs: pcrs, pcrDigest: nil, bootApprovalName: pcrs == nil ? nil : bootApprovalName,
+                   passcodeEpoch: nil, stateName: stateName, biometry: nil, passcode: accessControl == .passcode ? true : nil,
+                   keyRef: nil, authValidity: nil)
+    }
+
+    /// The protections a bundle can carry; the others are refused with the reason.
+    static func check(_ accessible: Accessible, _ accessControl: AccessControl) throws(KeychainError) {
+        guard accessControl == .none || accessControl == .passcode else {
+            throw KeychainError(.unsupported, "accessControl '\(accessControl.rawValue)' cannot be sealed for another device: its "
+                                + "protection belongs to that device's fingerprint reader; use 'passcode' or 'none'")
+        }
+        guard accessible != .whenPasscodeSetThisDeviceOnly else {
+            throw KeychainError(.unsupported, "accessible 'whenPasscodeSetThisDeviceOnly' cannot be sealed offline: its key is bound "
+                                + "to the device's passcode epoch, which the identity does not carry; use 'whenUnlockedThisDeviceOnly' with accessControl 'passcode'")
+        }
+    }
+}
+
+public enum Provisioning {
+    /// Seals `value` for the device of `identity`; needs no TPM.
+    /// - Throws: `UNSUPPORTED` for a biometric access control or `whenPasscodeSetThisDeviceOnly`;
+    ///   `DATA_CORRUPTED` for an identity whose SRK is not an ECC P-256 storage key.
+    public static func seal(_ value: SecureBytes, service: String, key: String, accessible: Accessible = .afterFirstUnlock,
+                            accessControl: AccessControl = .none, label: String? = nil, version: UInt64 = 0,
+                            for identity: DeviceIdentity) throws(KeychainError) -> ProvisioningBundle {
+        try ProvisioningBundle.check(accessible, accessControl)
+        _ = try KeychainOptions(service: service).validated()
+        guard !key.isEmpty, key.utf8.count <= 1024 else { throw KeychainError.invalidArgument("Invalid key: expected 1 to 1024 bytes") }
+        guard value.count <= Engine.maxValueLength else { throw KeychainError.invalidArgument("Invalid value: at most \(Engine.maxValueLength) bytes") }
+        guard let stateName = identity.nvIndices["state"].flatMap({ bytes(hex: $0.name) }),
+              let approvalName = identity.nvIndices["bootApproval"].flatMap({ bytes(hex: $0.name) }),
+              let srk = Data(base64Encoded: identity.storageRootKey.publicArea) else {
+            throw KeychainError(.dataCorrupted, "The identity lacks its state index, its boot-state approval index or its SRK")
+        }
+        let thisDeviceOnly = accessible.isThisDeviceOnly
+        let policy = ProvisioningBundle.policy(accessible: accessible, accessControl: accessControl, stateName: stateName,
+                                               pcrs: thisDeviceOnly ? identity.bootState.pcrs : nil, bootApprovalName: approvalName)
+        let k = SecureBytes(random: Sodium.xchachaKeyLength)
+        let blob: Duplication.Blob
+        do { blob = try Duplication.blob(k, policy: policy.digest, parentPublic: Array(srk)) } catch {
+            throw KeychainError(.dataCorrupted, "Cannot seal to this identity's SRK: \(error)")
+        }
+        var bundle = ProvisioningBundle(
+            format: ProvisioningBundle.formatName, version: ProvisioningBundle.currentVersion, target: identity.storageRootKey.name,
+            service: service, key: key, label: label, accessible: accessible, accessControl: accessControl, itemVersion: version,
+            pcrs: thisDeviceOnly ? identity.bootState.pcrs : nil,
+            publicArea: Data(blob.publicArea).base64EncodedString(), duplicate: Data(blob.duplicate).base64EncodedString(),
+            encryptedSeed: Data(blob.encryptedSeed).base64EncodedString(), nonce: "", ciphertext: "")
+        let nonce = Sodium.randomBytes(Sodium.xchachaNonceLength)
+        bundle.nonce = Data(nonce).base64EncodedString()
+        bundle.ciphertext = Data(Sodium.seal(value, key: k, nonce: nonce, associatedData: bundle.associatedData(objectName: blob.name)))
+            .base64EncodedString()
+        return bundle
+    }
+}
+
+func bytes(hex text: String) -> [UInt8]? {
+    guard text.count % 2 == 0 else { return nil }
+    var out: [UInt8] = []
+    var index = text.startIndex
+    while index < text.endIndex {
+        let next = text.index(index, offsetBy: 2)
+        guard let byte = UInt8(text[index..<next], radix: 16) else { return nil }
+        out.append(byte)
+        index = next
+    }
+    return out
+}
+
+/// What `import` did.
+public enum ImportOutcome: String, Sendable, Hashable, Codable {
+    case imported
+    /// The same bundle was imported before and its item is there: nothing changed.
+    case alreadyInstalled
+}
+
+extension KeychainDevice {
+    /// Imports a bundle sealed to this device: TPM2_Import under the SRK, the TPM opens K under the
+    /// item's policy (the lock state; the passcode for a passcode item), and the value becomes an
+    /// ordinary item of its service, sealed under this keychain's own keys (fixedTPM for ThisDeviceOnly).
+    /// - Throws: `INVALID_ARGUMENT` for a bundle of another device or an older version than the
+    ///   installed one; `DATA_CORRUPTED` for a changed bundle (the TPM refuses it, or the value fails
+    ///   authentication); `INTERACTION_NOT_ALLOWED` when the device is locked; `AUTHENTICATION_FAILED`
+    ///   for a wrong passcode.
+    public func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes? = nil) async throws(KeychainError) -> ImportOutcome {
+        try await engine.importBundle(bundle, passcode: passcode, readerDirectory: configuration.readerDirectory)
+    }
+}
+
+extension Engine {
+    static func provisionedMeta(service: String, key: String) -> String { "provisioned:\(service.utf8.count):\(service)/\(key)" }
+
+    func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes?, readerDirectory: String?) async throws(KeychainError) -> ImportOutcome {
+        try ProvisioningBundle.check(bundle.accessible, bundle.accessControl)
+        let protection = try ItemProtection(accessible: bundle.accessible, accessControl: bundle.accessControl)
+        guard let publicArea = Data(base64Encoded: bundle.publicArea).map(Array.init),
+              let duplicate = Data(base64Encoded: bundle.duplicate).map(Array.init),
+              let seed = Data(base64Encoded: bundle.encryptedSeed).map(Array.init),
+              let nonce = Data(base64Encoded: bundle.nonce).map(Array.init), nonce.count == Sodium.xchachaNonceLength,
+              let ciphertext = Data(base64Encoded: bundle.ciphertext).map(Array.init),
+              publicArea.count > 6, bundle.pcrs.map({ !$0.isEmpty && $0.allSatisfy { (0..<24).contains($0) } }) ?? true else {
+            throw KeychainError(.dataCorrupted, "This bundle's fields are not well-formed")
+        }
+        let digest = sha256(publicArea, duplicate, seed, nonce, ciphertext)
+        let store = try store()
+        let metaName = Self.provisionedMeta(service: bundle.service, key: bundle.key)
+        let installed: (version: UInt64, digest: [UInt8])?
+        do {
+            installed = try store.meta(metaName).flatMap { $0.count == 40 ? (UInt64(bigEndianBytes: Array($0.prefix(8)))!, Array($0.suffix(32))) : nil }
+        } catch { throw KeychainError(store: error) }
+        if let installed {
+            guard bundle.itemVersion >= installed.version else {
+                throw KeychainError(.invalidArgument, "This bundle is version \(bundle.itemVersion) of '\(bundle.key)'; version "
+                                    + "\(installed.version) is installed: a provisioning bundle never rolls an item back")
+            }
+            if bundle.itemVersion == installed.version {
+                guard installed.digest == digest else {
+                    throw KeychainError(.invalidArgument, "Another bundle of version \(bundle.itemVersion) of '\(bundle.key)' is installed: "
+                                        + "give each new bundle a higher --version")
+                }
+                if try has(service: bundle.service, key: bundle.key) { return .alreadyInstalled }
+            }
+        }
+        let k: SecureBytes = try withKeyring { keyring throws(KeychainError) -> SecureBytes in
+            let context = keyring.context
+            let srkName: [UInt8], stateName: [UInt8]
+            do throws(TPMError) {
+                srkName = try context.name(of: keyring.srk)
+                stateName = keyring.stateName
+            } catch { throw keyring.diagnose(error, doing: "read the SRK's name") }
+            guard hex(srkName) == bundle.target else {
+                throw KeychainError(.invalidArgument, "This bundle is sealed to another device's TPM (SRK \(bundle.target.prefix(16))…), "
+                                    + "not this one (SRK \(hex(srkName).prefix(16))…): seal it for this device's identity")
+            }
+            var approvalName = BootApprovalLayout.name
+            if let pcrs = bundle.pcrs {
+                // As for a ThisDeviceOnly write: the approval index exists and approves a state (today's if none).
+                guard let name = try keyring.ensureBootApproval(selection: pcrs, initial: keyring.recordedBootState(pcrs)) else {
+                    throw KeychainError(.hardwareUnavailable, "A ThisDeviceOnly bundle needs the boot-state approval index, and "
+                                        + "this keychain cannot define it without the owner authorization (--owner-auth-file)")
+                }
+                approvalName = name
+            }
+            let policy = ProvisioningBundle.policy(accessible: bundle.accessible, accessControl: bundle.accessControl, stateName: stateName,
+                                                   pcrs: bundle.pcrs, bootApprovalName: approvalName)
+            let privateArea: [UInt8]
+            do throws(TPMError) {
+                privateArea = try context.importDuplicate(publicArea: publicArea, duplicate: duplicate, encryptedSeed: seed, parent: keyring.srk)
+            } catch {
+                throw KeychainError(.dataCorrupted, "The TPM refused this bundle: it was changed, or sealed to another TPM",
+                                    underlying: .tpm(error))
+            }
+            let blob = TPMContext.SealedBlob(publicArea: publicArea, privateArea: privateArea)
+            let authorization: TPMKeyring.Authorization = passcode.map { .passcode($0, window: 0) } ?? .none
+            do throws(KeychainError) {
+                return try keyring.unseal(blob, policy: policy, authorization: authorization)
+            } catch where error.code == .interactionNotAllowed {
+                // Without a passcode the device counts as unlocked (as for any item).
+                guard try !keyring.passcodeIsSet() else { throw error }
+                try keyring.unlock(passcode: nil)
+                return try keyring.unseal(blob, policy: policy, authorization: authorization)
+            }
+        }
+        let objectName = Duplication.name(ofPublic: publicArea)
+        let value: SecureBytes
+        do { value = try Sodium.open(ciphertext, key: k, nonce: nonce, associatedData: bundle.associatedData(objectName: objectName)) } catch {
+            throw KeychainError(.dataCorrupted, "This bundle's value failed authentication: a field was changed")
+        }
+        // The version first: a crash before the item is written leaves a record whose item is missing,
+        // and the same bundle imports again.
+        do { try store.write { tx in try tx.setMeta(metaName, bundle.itemVersion.bigEndianBytes + digest) } } catch let error as StoreError {
+            throw KeychainError(store: error)
+        } catch { throw KeychainError(.internal, "\(error)") }
+        try set(value, service: bundle.service, key: bundle.key, protection: protection, label: bundle.label,
+                backend: TPMBackend(readerDirectory: readerDirectory), tag: protection.storageTag)
+        return .imported
+    }
+}

@@ -1,0 +1,197 @@
+internal import CTSS2
+internal import COpenSSL
+import SecureMemory
+
+/// Why a duplication blob cannot be made for a parent.
+public struct DuplicationError: Error, Sendable, CustomStringConvertible {
+    public let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// TPM2 duplication blobs made without a TPM (Part 1, 23.3 "Duplication"; Part 2, 12.3.2.4–5): a
+/// sealed data object whose sensitive area is protected only by the outer wrapper to a new parent,
+/// so that `TPM2_Import` on that parent's TPM, and only there, accepts it.
+///
+/// The seed is exchanged with the parent's ECC P-256 key (ECDH, then KDFe with "DUPLICATE"); the outer
+/// wrapper is AES-128-CFB under KDFa(seed, "STORAGE", name) with IV 0, and its integrity an HMAC-SHA256
+/// under KDFa(seed, "INTEGRITY") over the encrypted sensitive area and the object's name.
+public enum Duplication {
+    public struct Blob: Sendable, Hashable {
+        /// Marshalled TPM2B_PUBLIC of the object.
+        public var publicArea: [UInt8]
+        /// Marshalled TPM2B_PRIVATE: the outer HMAC (TPM2B_DIGEST), then the encrypted TPM2B_SENSITIVE.
+        public var duplicate: [UInt8]
+        /// Marshalled TPM2B_ENCRYPTED_SECRET: the ephemeral ECC point (TPMS_ECC_POINT).
+        public var encryptedSeed: [UInt8]
+        /// The object's TPM name (0x000B and the SHA-256 of its public area).
+        public var name: [UInt8]
+    }
+
+    // MARK: Key derivation (Part 1, 11.4.10)
+
+    /// KDFa with HMAC-SHA256 (SP 800-108 counter mode): `[i]32 ‖ label ‖ 0x00 ‖ contextU ‖ contextV ‖ [bits]32`.
+    public static func kdfa(key: [UInt8], label: String, contextU: [UInt8], contextV: [UInt8], bits: Int) -> [UInt8] {
+        var out: [UInt8] = []
+        var counter: UInt32 = 1
+        let keyBytes = SecureBytes(copying: key)
+        while out.count * 8 < bits {
+            let message = counter.bigEndianBytes + Array(label.utf8) + [0] + contextU + contextV + UInt32(bits).bigEndianBytes
+            out += Sodium.hmacSHA256(key: keyBytes, message: message)
+            counter += 1
+        }
+        return Array(out.prefix((bits + 7) / 8))
+    }
+
+    /// KDFe with SHA-256 (SP 800-56A concatenation): `H([i]32 ‖ Z ‖ use ‖ 0x00 ‖ partyU ‖ partyV)`.
+    public static func kdfe(z: [UInt8], use: String, partyU: [UInt8], partyV: [UInt8], bits: Int) -> [UInt8] {
+        var out: [UInt8] = []
+        var counter: UInt32 = 1
+        while out.count * 8 < bits {
+            out += sha256(counter.bigEndianBytes, z, Array(use.utf8) + [0], partyU, partyV)
+            counter += 1
+        }
+        return Array(out.prefix((bits + 7) / 8))
+    }
+
+    // MARK: The object
+
+    /// A sealed data object (KEYEDHASH, SHA-256 name, not fixedTPM/fixedParent) holding `secret`
+    /// (at most 128 bytes), with `policy` as authPolicy (userWithAuth only when it is empty).
+    /// Returns the public area and the marshalled TPM2B_SENSITIVE (in locked memory).
+    public static func sealedObject(_ secret: SecureBytes, policy: [UInt8]) throws(DuplicationError) -> (publicArea: [UInt8], sensitive: SecureBytes) {
+        guard secret.count <= 128 else { throw DuplicationError("a sealed data object holds at most 128 bytes") }
+        var attributes = TPMA_OBJECT_NODA | TPMA_OBJECT_ADMINWITHPOLICY
+        if policy.isEmpty { attributes |= TPMA_OBJECT_USERWITHAUTH }
+        var pub = TPMContext.keyedHash(attributes: attributes, policy: policy, hmac: false)
+        // unique = H(seedValue ‖ data): the TPM checks this binding on import (Part 1, 27.7.4).
+        let seedValue = Sodium.randomBytes(32)
+        let unique = secret.withUnsafeBytes { sha256(seedValue, Array($0)) }
+        pub.publicArea.unique.keyedHash.size = TPM2B.set(&pub.publicArea.unique.keyedHash.buffer, unique)
+        var sensitive = TPM2B_SENSITIVE()
+        defer { withUnsafeMutableBytes(of: &sensitive) { $0.initializeMemory(as: UInt8.self, repeating: 0) } }
+        sensitive.sensitiveArea.sensitiveType = UInt16(TPM2_ALG_KEYEDHASH)
+        sensitive.sensitiveArea.seedValue.size = TPM2B.set(&sensitive.sensitiveArea.seedValue.buffer, seedValue)
+        secret.withUnsafeBytes { sensitive.sensitiveArea.sensitive.bits.size = TPM2B.set(&sensitive.sensitiveArea.sensitive.bits.buffer, $0) }
+        let marshalled = SecureBytes(count: MemoryLayout<TPM2B_SENSITIVE>.size + 8)
+        var offset = 0
+        let rc = marshalled.withUnsafeMutableBytes { raw in
+            Tss2_MU_TPM2B_SENSITIVE_Marshal(&sensitive, raw.baseAddress!.assumingMemoryBound(to: UInt8.self), raw.count, &offset)
+        }
+        guard rc == 0 else { throw DuplicationError("cannot marshal the sensitive area (\(rc))") }
+        let publicArea: [UInt8]
+        do { publicArea = try Marshal.public(pub) } catch { throw DuplicationError("cannot marshal the public area") }
+        return (publicArea, marshalled.withUnsafeBytes { SecureBytes(copying: $0.prefix(offset)) })
+    }
+
+    /// The TPM name of a marshalled TPM2B_PUBLIC whose nameAlg is SHA-256.
+    public static func name(ofPublic bytes: [UInt8]) -> [UInt8] {
+        [0x00, 0x0B] + sha256(Array(bytes.dropFirst(2)))
+    }
+
+    // MARK: The blob
+
+    /// A duplication blob of `secret` under `policy` for the parent whose public area is `parentPublic`:
+    /// a restricted decryption ECC NIST P-256 key, nameAlg SHA-256, AES-128-CFB (the keychain's SRK).
+    public static func blob(_ secret: SecureBytes, policy: [UInt8], parentPublic: [UInt8]) throws(DuplicationError) -> Blob {
+        let parent: TPM2B_PUBLIC
+        do { parent = try Marshal.public(parentPublic) } catch { throw DuplicationError("the parent's public area does not parse") }
+        let area = parent.publicArea
+        let restrictedDecrypt = TPMA_OBJECT_RESTRICTED | TPMA_OBJECT_DECRYPT
+        guard area.type == UInt16(TPM2_ALG_ECC), area.nameAlg == UInt16(TPM2_ALG_SHA256),
+              area.objectAttributes & restrictedDecrypt == restrictedDecrypt,
+              area.parameters.eccDetail.curveID == UInt16(TPM2_ECC_NIST_P256),
+              area.parameters.eccDetail.symmetric.algorithm == UInt16(TPM2_ALG_AES),
+              area.parameters.eccDetail.symmetric.keyBits.aes == 128,
+              area.parameters.eccDetail.symmetric.mode.aes == UInt16(TPM2_ALG_CFB),
+              area.unique.ecc.x.size == 32, area.unique.ecc.y.size == 32 else {
+            throw DuplicationError("the parent is not a restricted decryption ECC P-256 key with AES-128-CFB and SHA-256")
+        }
+        let px = TPM2B.bytes(area.unique.ecc.x.buffer, size: 32), py = TPM2B.bytes(area.unique.ecc.y.buffer, size: 32)
+        let exchange = try ecdh(peerX: px, peerY: py)
+        let seed = SecureBytes(copying: kdfe(z: exchange.z, use: "DUPLICATE", partyU: exchange.x, partyV: px, bits: 256))
+        let object = try sealedObject(secret, policy: policy)
+        let name = name(ofPublic: object.publicArea)
+        let seedBytes = seed.withUnsafeBytes { Array($0) }
+        let symKey = kdfa(key: seedBytes, label: "STORAGE", contextU: name, contextV: [], bits: 128)
+        let encSensitive = try aes128CFB(key: symKey, object.sensitive)
+        let hmacKey = SecureBytes(copying: kdfa(key: seedBytes, label: "INTEGRITY", contextU: [], contextV: [], bits: 256))
+        let outerHMAC = Sodium.hmacSHA256(key: hmacKey, message: encSensitive + name)
+        let body = UInt16(32).bigEndianBytes + outerHMAC + encSensitive
+        let point = UInt16(32).bigEndianBytes + exchange.x + UInt16(32).bigEndianBytes + exchange.y
+        return Blob(publicArea: object.publicArea, duplicate: UInt16(body.count).bigEndianBytes + body,
+                    encryptedSeed: UInt16(point.count).bigEndianBytes + point, name: name)
+    }
+
+    /// An ephemeral P-256 key `d`: its public point (x, y) and the x-coordinate of d·peer.
+    static func ecdh(peerX: [UInt8], peerY: [UInt8]) throws(DuplicationError) -> (x: [UInt8], y: [UInt8], z: [UInt8]) {
+        guard let group = EC_GROUP_new_by_curve_name(NID_X9_62_prime256v1), let ctx = BN_CTX_new() else {
+            throw DuplicationError("libcrypto has no P-256")
+        }
+        defer { EC_GROUP_free(group); BN_CTX_free(ctx) }
+        let d = BN_secure_new(), bx = BN_new(), by = BN_new(), zx = BN_new()
+        let peer = EC_POINT_new(group), ephemeral = EC_POINT_new(group), shared = EC_POINT_new(group)
+        defer {
+            BN_clear_free(d); BN_free(bx); BN_free(by); BN_free(zx)
+            EC_POINT_free(peer); EC_POINT_free(ephemeral); EC_POINT_clear_free(shared)
+        }
+        // set_affine_coordinates refuses a point that is not on the curve.
+        guard BN_bin2bn(peerX, 32, bx) != nil, BN_bin2bn(peerY, 32, by) != nil,
+              EC_POINT_set_affine_coordinates(group, peer, bx, by, ctx) == 1 else {
+            throw DuplicationError("the parent's public point is not on P-256")
+        }
+        guard BN_priv_rand_range(d, EC_GROUP_get0_order(group)) == 1, BN_is_zero(d) == 0,
+              EC_POINT_mul(group, ephemeral, d, nil, nil, ctx) == 1,
+              EC_POINT_mul(group, shared, nil, peer, d, ctx) == 1,
+              EC_POINT_get_affine_coordinates(group, ephemeral, bx, by, ctx) == 1,
+              EC_POINT_get_affine_coordinates(group, shared, zx, nil, ctx) == 1 else {
+            throw DuplicationError("P-256 key agreement failed")
+        }
+        var x = [UInt8](repeating: 0, count: 32), y = x, z = x
+        guard BN_bn2binpad(bx, &x, 32) == 32, BN_bn2binpad(by, &y, 32) == 32, BN_bn2binpad(zx, &z, 32) == 32 else {
+            throw DuplicationError("P-256 coordinates do not fit 32 bytes")
+        }
+        return (x, y, z)
+    }
+
+    /// AES-128-CFB with a zero IV (Part 1, 23.3.2.3: the key is used once).
+    static func aes128CFB(key: [UInt8], _ plaintext: SecureBytes) throws(DuplicationError) -> [UInt8] {
+        guard let ctx = EVP_CIPHER_CTX_new() else { throw DuplicationError("libcrypto: no cipher context") }
+        defer { EVP_CIPHER_CTX_free(ctx) }
+        let iv = [UInt8](repeating: 0, count: 16)
+        var out = [UInt8](repeating: 0, count: plaintext.count + 16)
+        var n: Int32 = 0, tail: Int32 = 0
+        let ok = plaintext.withUnsafeBytes { input in
+            EVP_EncryptInit_ex(ctx, EVP_aes_128_cfb128(), nil, key, iv) == 1
+                && EVP_EncryptUpdate(ctx, &out, &n, input.baseAddress!.assumingMemoryBound(to: UInt8.self), Int32(input.count)) == 1
+                && out.withUnsafeMutableBufferPointer { EVP_EncryptFinal_ex(ctx, $0.baseAddress! + Int(n), &tail) } == 1
+        }
+        guard ok else { throw DuplicationError("libcrypto: AES-128-CFB failed") }
+        return Array(out.prefix(Int(n + tail)))
+    }
+}
+
+extension TPMContext {
+    /// TPM2_Import (Part 3, 13.3) of a duplication blob under `parent` (no inner wrapper): the
+    /// object's private area as this TPM wraps it, loadable under `parent` with `load`.
+    /// - Throws: `INTEGRITY` when the outer HMAC fails (another parent, or a changed blob), `BINDING`
+    ///   when the public and sensitive areas do not belong together.
+    public func importDuplicate(publicArea: [UInt8], duplicate: [UInt8], encryptedSeed: [UInt8],
+                                parent: TPMHandle) throws(TPMError) -> [UInt8] {
+        var objectPublic = try Marshal.public(publicArea)
+        var dup = try Marshal.private(duplicate)
+        var seed = TPM2B_ENCRYPTED_SECRET()
+        var offset = 0
+        let rc = Tss2_MU_TPM2B_ENCRYPTED_SECRET_Unmarshal(encryptedSeed, encryptedSeed.count, &offset, &seed)
+        guard rc == 0, offset == encryptedSeed.count else { throw TPMError(command: "unmarshal TPM2B_ENCRYPTED_SECRET", code: .size) }
+        var encryptionKey = TPM2B_DATA()
+        var symmetric = TPMT_SYM_DEF_OBJECT()
+        symmetric.algorithm = UInt16(TPM2_ALG_NULL)
+        var outPrivate: UnsafeMutablePointer<TPM2B_PRIVATE>?
+        try call("Import") {
+            Esys_Import(esys, parent.tr, Self.password, Self.none, Self.none, &encryptionKey, &objectPublic, &dup, &seed,
+                        &symmetric, &outPrivate)
+        }
+        defer { Esys_Free(outPrivate) }
+        return try Marshal.private(outPrivate!.pointee)
+    }
+}
