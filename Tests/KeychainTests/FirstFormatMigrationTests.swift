@@ -65,6 +65,25 @@ struct FirstFormatMigrationTests {
             }
             try store.write { try $0.putItem(record) }
         }
+        // A `passcode` item: an X25519 pair per service whose secret the token sealed (the policy
+        // column said so), and the value in the envelope.
+        let tag = "afterFirstUnlock/passcode/0@strongbox"
+        let pair = Sodium.generateX25519()
+        let sealed = try session.seal(pair.secretKey, service: "svc@strongbox", key: "", protection: tag)
+        let writer = Sodium.generateX25519()
+        let shared = try Sodium.x25519(writer.secretKey, pair.publicKey)
+        var record = ItemRecord(service: "svc", key: "p", protection: tag, created: 1, modified: 1, writerPublic: writer.publicKey,
+                                salt: Sodium.randomBytes(ItemEnvelope.saltLength), nonce: Sodium.randomBytes(Sodium.xchachaNonceLength),
+                                ciphertext: [])
+        let dataKey = ItemEnvelope.dataKey(shared: shared, writerPublic: writer.publicKey, wrappingPublic: pair.publicKey, salt: record.salt)
+        record.ciphertext = Sodium.seal(Array("pin-guarded".utf8), key: dataKey, nonce: record.nonce,
+                                        associatedData: ItemEnvelope.associatedData(record))
+        record.service = "svc@strongbox"
+        try store.write { tx in
+            try tx.putWrappingKey(WrappingKeyRecord(service: "svc@strongbox", protection: tag, publicKey: pair.publicKey, sealedPublic: [],
+                                                    sealedPrivate: sealed, policy: Array("pkcs11-user-pin".utf8), created: 1))
+            try tx.putItem(record)
+        }
     }
 
     /// Runs SQL on a store's database in another process (python3's sqlite3; CI installs python3).
@@ -80,10 +99,9 @@ struct FirstFormatMigrationTests {
     @Test(arguments: [true, false])
     func aFirstFormatStoreIsMigratedOnOpen(tokenNewer: Bool) throws {
         let t = try TokenBackendTests.Token()
-        #expect(try t.cli(["set", "svc", "p", "--key-storage", "strongbox", "--access-control", "passcode"],
-                          input: Array("pin-guarded".utf8)).status == 0)
         // The first format held a TPM item and a token item of one key at once; its `none` token
-        // items had their own data key, sealed by the token (written here as that version did).
+        // items had their own data key, sealed by the token; its `passcode` items a token-sealed
+        // X25519 pair per service (all written here as that version did).
         // Modified long after or long before the TPM item below.
         try Self.writeFirstFormatNoneItems(t, ["k": "from the token", "only": "token only"], modified: tokenNewer ? 4_000_000_000_000 : 1)
         try Self.sql(t.store, "CREATE TABLE kept AS SELECT * FROM items WHERE key = 'k'; DELETE FROM items WHERE key = 'k';")
@@ -108,6 +126,13 @@ struct FirstFormatMigrationTests {
         // The loser's key, which no item uses any more, is gone with it (a first-format token item's
         // own data key is in its row).
         if tokenNewer { #expect(try store.wrappingKey(service: "svc", protection: "afterFirstUnlock/none") == nil) }
+        // A new write of a lock-state level does not go under the first format's token-only key: a
+        // key split with the TPM replaces it, and the items of the old key still read with it.
+        #expect(try t.cli(["set", "svc", "p2", "--key-storage", "strongbox", "--access-control", "passcode"],
+                          input: Array("split".utf8)).status == 0)
+        #expect(try store.wrappingKey(service: "svc", protection: "afterFirstUnlock/passcode/0@strongbox")?.tokenFormat == 2)
+        #expect(try t.cli(["get", "svc", "p2", "--passcode-stdin"], input: Array("1234\n".utf8)).stdout == Array("split".utf8))
+        #expect(try t.cli(["get", "svc", "p", "--passcode-stdin"], input: Array("1234\n".utf8)).stdout == Array("pin-guarded".utf8))
         // A write replaces a first-format item with the envelope.
         #expect(try t.cli(["set", "svc", "only", "--key-storage", "strongbox"], input: Array("rewritten".utf8)).status == 0)
         #expect(try store.item(service: "svc", key: "only")?.salt.isEmpty == false)

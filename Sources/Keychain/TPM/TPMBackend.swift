@@ -33,8 +33,11 @@ struct TPMBackend: KeyBackend {
 extension Engine {
     /// What a TPM write needs: the reader and passcode its access control asks for, and a key that is
     /// not dead (a CurrentSet key of an older enrollment set, a passcode key of an older passcode).
+    /// A new key seals a new X25519 secret, or `part`: the TPM's part of a key split with a token
+    /// (`TokenBackend`), and the public key of the whole.
     func tpmWrappingKey(service: String, tag: String, protection: ItemProtection, stored: WrappingKeyRecord?,
-                        readerDirectory: String?) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
+                        readerDirectory: String?, part: (secret: SecureBytes, publicKey: [UInt8])? = nil)
+        throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
         if protection.accessible.isThisDeviceOnly { try configuration.checkPCRSelection() }
         // The reader's state is read only for writes that need it.
         let reader = protection.accessControl == .none ? nil
@@ -72,7 +75,7 @@ extension Engine {
             if epoch != current { staleKey = existing.publicKey; wrapping = nil }
         }
         if wrapping == nil {
-            let pair = Sodium.generateX25519()
+            let pair = part.map { Sodium.X25519KeyPair(publicKey: $0.publicKey, secretKey: $0.secret) } ?? Sodium.generateX25519()
             let (blob, policy) = try withKeyring { keyring throws(KeychainError) in
                 try keyring.seal(pair.secretKey, accessible: protection.accessible, pcrs: configuration.pcrSelection,
                                  biometry: requirements.biometry, passcode: requirements.passcode,
@@ -86,8 +89,10 @@ extension Engine {
         return (wrapping!, staleKey)
     }
 
-    func unsealedSecret(for wrapping: WrappingKeyRecord, record: ItemRecord, store: Store,
-                                context: ReadContext) async throws(KeychainError) -> SecureBytes {
+    /// The key's secret, opened by the TPM (and kept as its level allows). For a key split with a
+    /// token, `tokenPart` is the token's part: the secret is made from both (`TokenBackend.combine`).
+    func unsealedSecret(for wrapping: WrappingKeyRecord, record: ItemRecord, store: Store, context: ReadContext,
+                        tokenPart: SecureBytes? = nil) async throws(KeychainError) -> SecureBytes {
         let id = WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
         let window = Self.window(tag: record.protection, asked: context.authValidity)
         // The warm path: no policy decoding, one meta read for whenUnlocked keys only.
@@ -109,7 +114,8 @@ extension Engine {
         let secret: SecureBytes
         var opened: ContinuousClock.Instant?
         if policy.branches.isEmpty {
-            secret = try unsealWithoutUser(blob, policy: policy)
+            let opened = try unsealWithoutUser(blob, policy: policy)
+            secret = tokenPart.map { TokenBackend.combine(tpmPart: opened, tokenPart: $0) } ?? opened
             if policy.isLiteralBootBinding { migrateBootBinding(secret, wrapping, policy, store: store) }
         } else {
             secret = try await unsealWithUser(blob, policy: policy, record: record, window: window, context: context)

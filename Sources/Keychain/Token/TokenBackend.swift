@@ -12,9 +12,14 @@ import TPM2
 /// (C_Login) before it opens the secret half; a `none` item's read uses the URI's PIN.
 ///
 /// Token envelope formats (`WrappingKeyRecord.tokenFormat`):
-/// - 1: the secret half sealed by the token alone.
+/// - 1: the secret half sealed by the token alone (`always`, `alwaysThisDeviceOnly`).
+/// - 2: the secret half is the XOR of a part the token seals (`tokenSealed`) and a part the TPM seals
+///   (`sealedPublic`, `sealedPrivate`, `policy`) under the `SealPolicy` of a TPM key of the same
+///   level: the lock-state levels need the TPM's lock state as well as the token. The TPM part's
+///   policy has no access control: a token's `passcode` is its user PIN, checked by the token.
 struct TokenBackend: KeyBackend {
     static let tokenOnly: Int64 = 1
+    static let withTPM: Int64 = 2
     var uri: String?
 
     func session(_ engine: isolated Engine) throws(KeychainError) -> TokenSession {
@@ -29,8 +34,35 @@ struct TokenBackend: KeyBackend {
     /// format ("<service>@strongbox"), kept so stores migrated from it open unchanged.
     static func namespace(_ service: String) -> String { service + TokenSession.tagSuffix }
 
+    /// Whether a level needs the TPM's lock state: all but `always` and `alwaysThisDeviceOnly`.
+    /// - Important: `alwaysThisDeviceOnly` on a token is bound to the token (its key never leaves it),
+    ///   not to this device's TPM.
+    static func needsTPM(_ accessible: Accessible) -> Bool { accessible != .always && accessible != .alwaysThisDeviceOnly }
+
+    /// The secret of a key split between the token and the TPM: both parts are uniform and
+    /// independent, so either alone says nothing of it.
+    static func combine(tpmPart: SecureBytes, tokenPart: SecureBytes) -> SecureBytes {
+        let secret = SecureBytes(random: Sodium.x25519KeyLength)
+        secret.withUnsafeMutableBytes { out in
+            tpmPart.withUnsafeBytes { a in
+                tokenPart.withUnsafeBytes { b in
+                    for i in 0..<out.count { out[i] = (i < a.count ? a[i] : 0) ^ (i < b.count ? b[i] : 0) }
+                }
+            }
+        }
+        return secret
+    }
+
     func wrappingKey(service: String, tag: String, protection: ItemProtection, stored: WrappingKeyRecord?,
                      engine: isolated Engine) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
+        if Self.needsTPM(protection.accessible) {
+            // A token-only key of a lock-state level (made before levels were enforced) is replaced;
+            // its items keep it (retired) and read as they were written.
+            if let stored, stored.tokenFormat == Self.tokenOnly {
+                return (try splitKey(service: service, tag: tag, protection: protection, stored: nil, engine: engine).key, stored.publicKey)
+            }
+            return try splitKey(service: service, tag: tag, protection: protection, stored: stored, engine: engine)
+        }
         if let stored { return (stored, nil) }
         let session = try session(engine)
         let pair = Sodium.generateX25519()
@@ -40,8 +72,30 @@ struct TokenBackend: KeyBackend {
                                   token: session.label, tokenSealed: sealed), nil)
     }
 
+    /// A lock-state level: the TPM part is sealed as a TPM key of that level would be (a dead key,
+    /// after a passcode removal, is replaced the same way), then the token seals its part.
+    private func splitKey(service: String, tag: String, protection: ItemProtection, stored: WrappingKeyRecord?,
+                          engine: isolated Engine) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
+        let session = try session(engine)
+        let tokenPart = SecureBytes(random: Sodium.x25519KeyLength)
+        let tpmPart = SecureBytes(random: Sodium.x25519KeyLength)
+        let publicKey = Sodium.x25519Public(of: Self.combine(tpmPart: tpmPart, tokenPart: tokenPart))
+        let tpmProtection = try ItemProtection(accessible: protection.accessible)
+        var (key, replaces) = try engine.tpmWrappingKey(service: service, tag: tag, protection: tpmProtection, stored: stored,
+                                                        readerDirectory: nil, part: (tpmPart, publicKey))
+        guard key.publicKey == publicKey else { return (key, replaces) }  // the stored key serves
+        key.backend = .token
+        key.tokenFormat = Self.withTPM
+        key.token = session.label
+        key.tokenSealed = try session.seal(tokenPart, service: Self.namespace(service), key: "", protection: tag)
+        return (key, replaces)
+    }
+
     func openSecret(_ wrapping: WrappingKeyRecord, for record: ItemRecord, store: Store, context: Engine.ReadContext,
                     engine: isolated Engine) async throws(KeychainError) -> SecureBytes {
+        if wrapping.tokenFormat == Self.withTPM {
+            return try await openSplit(wrapping, for: record, store: store, context: context, engine: engine)
+        }
         guard wrapping.tokenFormat == Self.tokenOnly else {
             throw KeychainError(.dataCorrupted, "The key of item '\(record.key)' has a token format (\(wrapping.tokenFormat)) "
                                 + "this version does not read")
@@ -51,7 +105,33 @@ struct TokenBackend: KeyBackend {
         }
         // Kept by the session until lock() or dropCaches(), like the TPM path's agreed secrets.
         return try engine.checked(try session(engine).openItemKey(wrapping.tokenSealed, service: Self.namespace(wrapping.service),
-                                                                   key: "", protection: wrapping.protection), wrapping)
+                                                                   key: "", protection: Engine.liveTag(wrapping.protection)), wrapping)
+    }
+
+    /// The token's part (the PIN asked first for `passcode`), then the TPM's, opened and kept as a
+    /// TPM key of the level is: the TPM checks the lock state, with the same commands.
+    private func openSplit(_ wrapping: WrappingKeyRecord, for record: ItemRecord, store: Store, context: Engine.ReadContext,
+                           engine: isolated Engine) async throws(KeychainError) -> SecureBytes {
+        guard TokenSession.usesPasscode(record.protection) else {
+            // Kept by the session until lock() or dropCaches().
+            let tokenPart = try session(engine).openItemKey(wrapping.tokenSealed, service: Self.namespace(wrapping.service),
+                                                             key: "", protection: Engine.liveTag(wrapping.protection))
+            return try await engine.unsealedSecret(for: wrapping, record: record, store: store, context: context, tokenPart: tokenPart)
+        }
+        let id = Engine.WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
+        let window = Engine.window(tag: record.protection, asked: context.authValidity)
+        if let cached = engine.unsealed[id], let opened = cached.opened, opened + .seconds(window) > ContinuousClock.now,
+           try cached.generation.map({ (g: UInt64) throws(KeychainError) in g == (try engine.lockGeneration(store)) }) ?? true {
+            return cached.secret
+        }
+        // Never ask for the PIN for an item the lock state cannot open.
+        if let availability = SealPolicy.decode(wrapping.policy)?.availability { try engine.refuseWhileLocked(availability) }
+        let tokenPart = try await engine.tokenPasscodePart(for: wrapping, record: record, store: store, context: context)
+        engine.unsealed[id] = nil
+        let secret = try await engine.unsealedSecret(for: wrapping, record: record, store: store, context: context, tokenPart: tokenPart)
+        let generation = engine.unsealed[id]?.generation
+        engine.unsealed[id] = window > 0 ? (secret, generation, .now) : nil
+        return secret
     }
 
     /// The service's objects on the token (one per service, whatever the protection).
@@ -118,6 +198,15 @@ extension Engine {
         let id = WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
         let window = Self.window(tag: record.protection, asked: context.authValidity)
         if let cached = unsealed[id], cached.opened.map({ $0 + .seconds(window) > ContinuousClock.now }) ?? false { return cached.secret }
+        let secret = try checked(try await tokenPasscodePart(for: wrapping, record: record, store: store, context: context), wrapping)
+        if window > 0 { unsealed[id] = (secret, nil, .now) }
+        return secret
+    }
+
+    /// Asks for the token's user PIN, which the token checks (C_Login), then has the token open its
+    /// sealed part of the key.
+    func tokenPasscodePart(for wrapping: WrappingKeyRecord, record: ItemRecord, store: Store,
+                           context: ReadContext) async throws(KeychainError) -> SecureBytes {
         guard let uri = context.pkcs11URI else {
             throw KeychainError(.hardwareUnavailable, "Item '\(record.key)' is on a PKCS#11 token, and no token is configured (KEYCHAIN_PKCS11_URI)")
         }
@@ -144,13 +233,8 @@ extension Engine {
                 try saveTokenLimiter(limiter, store)
                 return .failed("wrong PIN, \(limiter.remaining) left")
             }
-            let secret = try backend.open(wrapping.tokenSealed, service: TokenBackend.namespace(wrapping.service), key: "",
-                                          protection: wrapping.protection)
-            guard secret.count == Sodium.x25519KeyLength, Sodium.x25519Public(of: secret) == wrapping.publicKey else {
-                throw KeychainError(.dataCorrupted, "The stored public key of service '\(wrapping.service)' does not match its sealed key")
-            }
-            if window > 0 { unsealed[id] = (secret, nil, .now) }
-            return .opened(secret)
+            return .opened(try backend.open(wrapping.tokenSealed, service: TokenBackend.namespace(wrapping.service), key: "",
+                                            protection: Engine.liveTag(wrapping.protection)))
         }
     }
 
