@@ -3,3 +3,8 @@
 #include <openssl/bn.h>
 #include <openssl/obj_mac.h>
 #include <openssl/rand.h>
+#include <openssl/rsa.h>
+#include <openssl/crypto.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+#include <openssl/pem.h>

@@ -12,7 +12,8 @@ public struct DuplicationError: Error, Sendable, CustomStringConvertible {
 /// sealed data object whose sensitive area is protected only by the outer wrapper to a new parent,
 /// so that `TPM2_Import` on that parent's TPM, and only there, accepts it.
 ///
-/// The seed is exchanged with the parent's ECC P-256 key (ECDH, then KDFe with "DUPLICATE"); the outer
+/// The seed is exchanged with the parent's ECC P-256 key (ECDH, then KDFe with "DUPLICATE"), or is
+/// random and RSA-OAEP encrypted to an RSA 2048 parent (label "DUPLICATE"); the outer
 /// wrapper is AES-128-CFB under KDFa(seed, "STORAGE", name) with IV 0, and its integrity an HMAC-SHA256
 /// under KDFa(seed, "INTEGRITY") over the encrypted sensitive area and the object's name.
 public enum Duplication {
@@ -21,7 +22,7 @@ public enum Duplication {
         public var publicArea: [UInt8]
         /// Marshalled TPM2B_PRIVATE: the outer HMAC (TPM2B_DIGEST), then the encrypted TPM2B_SENSITIVE.
         public var duplicate: [UInt8]
-        /// Marshalled TPM2B_ENCRYPTED_SECRET: the ephemeral ECC point (TPMS_ECC_POINT).
+        /// Marshalled TPM2B_ENCRYPTED_SECRET: the ephemeral ECC point (TPMS_ECC_POINT), or the RSA-OAEP ciphertext.
         public var encryptedSeed: [UInt8]
         /// The object's TPM name (0x000B and the SHA-256 of its public area).
         public var name: [UInt8]
@@ -97,18 +98,40 @@ public enum Duplication {
         do { parent = try Marshal.public(parentPublic) } catch { throw DuplicationError("the parent's public area does not parse") }
         let area = parent.publicArea
         let restrictedDecrypt = TPMA_OBJECT_RESTRICTED | TPMA_OBJECT_DECRYPT
-        guard area.type == UInt16(TPM2_ALG_ECC), area.nameAlg == UInt16(TPM2_ALG_SHA256),
-              area.objectAttributes & restrictedDecrypt == restrictedDecrypt,
-              area.parameters.eccDetail.curveID == UInt16(TPM2_ECC_NIST_P256),
-              area.parameters.eccDetail.symmetric.algorithm == UInt16(TPM2_ALG_AES),
-              area.parameters.eccDetail.symmetric.keyBits.aes == 128,
-              area.parameters.eccDetail.symmetric.mode.aes == UInt16(TPM2_ALG_CFB),
-              area.unique.ecc.x.size == 32, area.unique.ecc.y.size == 32 else {
-            throw DuplicationError("the parent is not a restricted decryption ECC P-256 key with AES-128-CFB and SHA-256")
+        guard area.nameAlg == UInt16(TPM2_ALG_SHA256), area.objectAttributes & restrictedDecrypt == restrictedDecrypt else {
+            throw DuplicationError("the parent is not a restricted decryption key with a SHA-256 name")
         }
-        let px = TPM2B.bytes(area.unique.ecc.x.buffer, size: 32), py = TPM2B.bytes(area.unique.ecc.y.buffer, size: 32)
-        let exchange = try ecdh(peerX: px, peerY: py)
-        let seed = SecureBytes(copying: kdfe(z: exchange.z, use: "DUPLICATE", partyU: exchange.x, partyV: px, bits: 256))
+        let seed: SecureBytes
+        let encryptedSeed: [UInt8]
+        if area.type == UInt16(TPM2_ALG_ECC) {
+            guard area.parameters.eccDetail.curveID == UInt16(TPM2_ECC_NIST_P256),
+                  area.parameters.eccDetail.symmetric.algorithm == UInt16(TPM2_ALG_AES),
+                  area.parameters.eccDetail.symmetric.keyBits.aes == 128,
+                  area.parameters.eccDetail.symmetric.mode.aes == UInt16(TPM2_ALG_CFB),
+                  area.unique.ecc.x.size == 32, area.unique.ecc.y.size == 32 else {
+                throw DuplicationError("the ECC parent is not P-256 with AES-128-CFB")
+            }
+            let px = TPM2B.bytes(area.unique.ecc.x.buffer, size: 32), py = TPM2B.bytes(area.unique.ecc.y.buffer, size: 32)
+            let exchange = try ecdh(peerX: px, peerY: py)
+            seed = SecureBytes(copying: kdfe(z: exchange.z, use: "DUPLICATE", partyU: exchange.x, partyV: px, bits: 256))
+            let point = UInt16(32).bigEndianBytes + exchange.x + UInt16(32).bigEndianBytes + exchange.y
+            encryptedSeed = UInt16(point.count).bigEndianBytes + point
+        } else if area.type == UInt16(TPM2_ALG_RSA) {
+            guard area.parameters.rsaDetail.keyBits == 2048,
+                  area.parameters.rsaDetail.exponent == 0 || area.parameters.rsaDetail.exponent == 65537,
+                  area.parameters.rsaDetail.symmetric.algorithm == UInt16(TPM2_ALG_AES),
+                  area.parameters.rsaDetail.symmetric.keyBits.aes == 128,
+                  area.parameters.rsaDetail.symmetric.mode.aes == UInt16(TPM2_ALG_CFB),
+                  area.unique.rsa.size == 256 else {
+                throw DuplicationError("the RSA parent is not RSA 2048 with AES-128-CFB")
+            }
+            // The seed is random; RSA-OAEP (SHA-256, label "DUPLICATE\0") carries it (Part 1, B.10.3).
+            seed = SecureBytes(random: 32)
+            let sealed = try rsaOAEP(modulus: TPM2B.bytes(area.unique.rsa.buffer, size: 256), seed, label: "DUPLICATE")
+            encryptedSeed = UInt16(sealed.count).bigEndianBytes + sealed
+        } else {
+            throw DuplicationError("the parent is neither ECC nor RSA")
+        }
         let object = try sealedObject(secret, policy: policy)
         let name = name(ofPublic: object.publicArea)
         let seedBytes = seed.withUnsafeBytes { Array($0) }
@@ -117,9 +140,47 @@ public enum Duplication {
         let hmacKey = SecureBytes(copying: kdfa(key: seedBytes, label: "INTEGRITY", contextU: [], contextV: [], bits: 256))
         let outerHMAC = Sodium.hmacSHA256(key: hmacKey, message: encSensitive + name)
         let body = UInt16(32).bigEndianBytes + outerHMAC + encSensitive
-        let point = UInt16(32).bigEndianBytes + exchange.x + UInt16(32).bigEndianBytes + exchange.y
         return Blob(publicArea: object.publicArea, duplicate: UInt16(body.count).bigEndianBytes + body,
-                    encryptedSeed: UInt16(point.count).bigEndianBytes + point, name: name)
+                    encryptedSeed: encryptedSeed, name: name)
+    }
+
+    /// RSA-OAEP with SHA-256 (hash and MGF1) and the label with its terminating zero, to a public
+    /// exponent of 65537 (a TPM's 0).
+    static func rsaOAEP(modulus: [UInt8], _ message: SecureBytes, label: String) throws(DuplicationError) -> [UInt8] {
+        guard let rsa = RSA_new() else { throw DuplicationError("libcrypto: no RSA") }
+        let n = BN_bin2bn(modulus, Int32(modulus.count), nil), e = BN_new()
+        guard let n, let e, BN_set_word(e, 65537) == 1, RSA_set0_key(rsa, n, e, nil) == 1 else {
+            RSA_free(rsa)
+            throw DuplicationError("libcrypto: cannot make the RSA key")
+        }
+        guard let key = EVP_PKEY_new(), EVP_PKEY_set1_RSA(key, rsa) == 1 else {
+            RSA_free(rsa)
+            throw DuplicationError("libcrypto: cannot make the RSA key")
+        }
+        RSA_free(rsa)
+        defer { EVP_PKEY_free(key) }
+        guard let ctx = EVP_PKEY_CTX_new(key, nil) else { throw DuplicationError("libcrypto: no key context") }
+        defer { EVP_PKEY_CTX_free(ctx) }
+        // set0 takes the label: it must come from OpenSSL's allocator.
+        let text = Array(label.utf8) + [0]
+        guard let copy = CRYPTO_malloc(text.count, nil, 0) else { throw DuplicationError("libcrypto: out of memory") }
+        copy.copyMemory(from: text, byteCount: text.count)
+        guard EVP_PKEY_encrypt_init(ctx) == 1, EVP_PKEY_CTX_set_rsa_padding(ctx, RSA_PKCS1_OAEP_PADDING) == 1,
+              EVP_PKEY_CTX_set_rsa_oaep_md(ctx, EVP_sha256()) == 1, EVP_PKEY_CTX_set_rsa_mgf1_md(ctx, EVP_sha256()) == 1 else {
+            CRYPTO_free(copy, nil, 0)
+            throw DuplicationError("libcrypto: cannot set RSA-OAEP")
+        }
+        guard EVP_PKEY_CTX_set0_rsa_oaep_label(ctx, copy, Int32(text.count)) == 1 else {
+            CRYPTO_free(copy, nil, 0)
+            throw DuplicationError("libcrypto: cannot set the OAEP label")
+        }
+        var out = [UInt8](repeating: 0, count: 256)
+        var length = out.count
+        let status = message.withUnsafeBytes { m in
+            EVP_PKEY_encrypt(ctx, &out, &length, m.baseAddress!.assumingMemoryBound(to: UInt8.self), m.count)
+        }
+        guard status == 1 else { throw DuplicationError("libcrypto: RSA-OAEP failed") }
+        return Array(out.prefix(length))
     }
 
     /// An ephemeral P-256 key `d`: its public point (x, y) and the x-coordinate of d·peer.
@@ -177,6 +238,12 @@ extension TPMContext {
     ///   when the public and sensitive areas do not belong together.
     public func importDuplicate(publicArea: [UInt8], duplicate: [UInt8], encryptedSeed: [UInt8],
                                 parent: TPMHandle) throws(TPMError) -> [UInt8] {
+        try importDuplicate(publicArea: publicArea, duplicate: duplicate, encryptedSeed: encryptedSeed, parent: parent,
+                            authorization: Self.password)
+    }
+
+    func importDuplicate(publicArea: [UInt8], duplicate: [UInt8], encryptedSeed: [UInt8],
+                         parent: TPMHandle, authorization: ESYS_TR) throws(TPMError) -> [UInt8] {
         var objectPublic = try Marshal.public(publicArea)
         var dup = try Marshal.private(duplicate)
         var seed = TPM2B_ENCRYPTED_SECRET()
@@ -188,7 +255,7 @@ extension TPMContext {
         symmetric.algorithm = UInt16(TPM2_ALG_NULL)
         var outPrivate: UnsafeMutablePointer<TPM2B_PRIVATE>?
         try call("Import") {
-            Esys_Import(esys, parent.tr, Self.password, Self.none, Self.none, &encryptionKey, &objectPublic, &dup, &seed,
+            Esys_Import(esys, parent.tr, authorization, Self.none, Self.none, &encryptionKey, &objectPublic, &dup, &seed,
                         &symmetric, &outPrivate)
         }
         defer { Esys_Free(outPrivate) }

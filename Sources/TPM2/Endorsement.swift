@@ -23,6 +23,13 @@ extension TPMContext {
     /// the default template (the same key every time, since primary keys derive from the seed), then flushed.
     /// - Throws: the TPM's error, e.g. `AUTH_FAIL` when the endorsement hierarchy has an authorization.
     public func endorsementKeyPublic(_ type: EndorsementKeyType) throws(TPMError) -> [UInt8] {
+        let ek = try createEndorsementKey(type)
+        defer { flush(ek.handle) }
+        return ek.publicArea
+    }
+
+    /// CreatePrimary of the EK: the transient handle (the caller flushes it) and its public area.
+    func createEndorsementKey(_ type: EndorsementKeyType) throws(TPMError) -> (handle: TPMHandle, publicArea: [UInt8]) {
         var inPublic = TPM2B_PUBLIC()
         inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA256)
         inPublic.publicArea.objectAttributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT | TPMA_OBJECT_SENSITIVEDATAORIGIN
@@ -58,8 +65,12 @@ extension TPMContext {
             Esys_CreatePrimary(esys, KC_ESYS_TR_RH_ENDORSEMENT, Self.password, Self.none, Self.none,
                                &inSensitive, &inPublic, &outsideInfo, &creationPCR, &primary, &outPublic, nil, nil, nil)
         }
-        defer { Esys_Free(outPublic); flush(TPMHandle(tr: primary, mustFlush: true)) }
-        return try Marshal.public(outPublic!.pointee)
+        defer { Esys_Free(outPublic) }
+        let handle = TPMHandle(tr: primary, mustFlush: true)
+        do { return (handle, try Marshal.public(outPublic!.pointee)) } catch {
+            flush(handle)
+            throw error
+        }
     }
 
     /// The public area (marshalled TPM2B_PUBLIC) of a loaded or persistent object.

@@ -21,7 +21,7 @@ struct Invocation {
     static let valued: Set<String> = ["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
                                       "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage", "--owner-auth-file",
                                       "--owner-auth-out", "--lockout-auth-out",
-                                      "--service", "--out", "--cost", "--pcr", "--version", "--ek-ca"]
+                                      "--service", "--out", "--cost", "--pcr", "--version", "--ek-ca", "--parent"]
     static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h",
                                         "--passphrase-stdin"]
 
@@ -125,9 +125,10 @@ let usage = """
     Provisioning and backup (docs/provisioning.md, docs/formats.md):
       identity [--out FILE]        the device's identity document (JSON): EK public keys and certificates,
                                    SRK public area and name, the keychain's NV indices, the boot state
-      seal-for IDENTITY SERVICE KEY [--accessible A] [--access-control none|passcode] [--label L] [--version N]
-                                   (no TPM needed) the value on stdin sealed to that device's TPM (its SRK):
-                                   a provisioning bundle on stdout
+      seal-for IDENTITY SERVICE KEY [--accessible A] [--access-control none|passcode] [--label L] [--version N] [--ek-ca CA.pem]
+                                   [--parent ek|srk]  (no TPM needed) the value on stdin sealed to that device's TPM
+                                   (its EK, or its SRK when it has none): a provisioning bundle on stdout; --ek-ca
+                                   refuses a device whose EK certificate does not verify against CA.pem
       import BUNDLE [--passcode-stdin]   TPM2_Import of a bundle sealed to this device; the item becomes an
                                    ordinary item of its service; never an older --version than installed
       backup --passphrase-stdin [--service S] [--out FILE] [--cost interactive|moderate|sensitive] [--passcode-stdin]

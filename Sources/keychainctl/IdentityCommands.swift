@@ -24,10 +24,7 @@ extension Commands {
 extension Commands {
     func sealFor() async throws -> Exit {
         let args = try arguments(3, "IDENTITY SERVICE KEY (the value on stdin)")
-        if inv.flags["--ek-ca"] != nil {
-            throw KeychainError(.unsupported, "--ek-ca is not implemented: bundles are sealed to the device's SRK, which the EK "
-                                + "certificate does not vouch for; check the identity's EK certificate with openssl before you trust it")
-        }
+        let ekCA = try inv.flags["--ek-ca"].map { (path: String) throws(KeychainError) in [UInt8](try readFile(path, limit: 1 << 20, what: "the EK CA file")) }
         let identity = try DeviceIdentity(json: try readFile(args[0], limit: 1 << 20, what: "the identity"))
         let accessible = try inv.flags["--accessible"].map { (t: String) throws(KeychainError) in try Accessible(parsing: t) } ?? .afterFirstUnlock
         let control = try inv.flags["--access-control"].map { (t: String) throws(KeychainError) in try AccessControl(parsing: t) } ?? AccessControl.none
@@ -39,7 +36,9 @@ extension Commands {
         if isatty(1) == 1 { throw KeychainError.invalidArgument("seal-for writes the bundle to stdout: redirect it (> BUNDLE)") }
         let bundle = try Provisioning.seal(try readStdin(limit: Keychain.maxValueLength), service: args[1], key: args[2],
                                            accessible: accessible, accessControl: control, label: inv.flags["--label"],
-                                           version: version, for: identity)
+                                           version: version, for: identity,
+                                           parent: try inv.flags["--parent"].map { (t: String) throws(KeychainError) in try Provisioning.Parent(parsing: t) },
+                                           ekCA: ekCA)
         (bundle.json() + Data("\n".utf8)).withUnsafeBytes { writeStdout($0) }
         return .ok
     }

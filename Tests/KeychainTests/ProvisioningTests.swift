@@ -65,9 +65,10 @@ struct ProvisioningTests {
 
         // On A: refused, and A has no item.
         #expect(errorCode(try cli(a, ["--json", "import", bundle])) == "INVALID_ARGUMENT")
-        // With the target rewritten to A's SRK, the TPM itself refuses the import (the seed is B's).
+        // With the target rewritten to A's EK, the TPM itself refuses the import (the seed is B's EK's).
         var forged = try ProvisioningBundle(json: Data(made.stdout))
-        forged.target = try DeviceIdentity(json: Data(contentsOf: URL(fileURLWithPath: try identity(a)))).storageRootKey.name
+        #expect(forged.parent == "ek-rsa2048", "sealed to B's EK by default")
+        forged.target = try #require(try DeviceIdentity(json: Data(contentsOf: URL(fileURLWithPath: try identity(a)))).endorsementKeys.first?.name)
         let forgedPath = a.tpm.directory + "/forged.bundle"
         try forged.json().write(to: URL(fileURLWithPath: forgedPath))
         let refused = try cli(a, ["--json", "import", forgedPath])
@@ -137,7 +138,7 @@ struct ProvisioningTests {
         let idB = try identity(b)
         let dir = b.tpm.directory
         func parts(_ name: String, _ args: [String]) throws -> ProvisioningBundle {
-            let bundle = try ProvisioningBundle(json: Data(try sealFor(idB, ["svc", name] + args, "secret-\(name)", in: dir).stdout))
+            let bundle = try ProvisioningBundle(json: Data(try sealFor(idB, ["svc", name, "--parent", "srk"] + args, "secret-\(name)", in: dir).stdout))
             try Data(base64Encoded: bundle.publicArea)!.write(to: URL(fileURLWithPath: "\(dir)/\(name).pub"))
             try Data(base64Encoded: bundle.duplicate)!.write(to: URL(fileURLWithPath: "\(dir)/\(name).dup"))
             try Data(base64Encoded: bundle.encryptedSeed)!.write(to: URL(fileURLWithPath: "\(dir)/\(name).seed"))
@@ -236,9 +237,83 @@ struct ProvisioningTests {
     @Test func sealForRefusesWhatItCannotGive() throws {
         let b = try Device()
         let idB = try identity(b)
-        for args in [["--access-control", "biometryAny"], ["--accessible", "whenPasscodeSetThisDeviceOnly"], ["--ek-ca", "/dev/null"]] {
+        for args in [["--access-control", "biometryAny"], ["--accessible", "whenPasscodeSetThisDeviceOnly"]] {
             let out = try sealFor(idB, ["svc", "k"] + args, "v", in: b.tpm.directory)
             #expect(out.status == 3 && out.stderr.contains("UNSUPPORTED"), "\(args): \(out.stderr)")
         }
+        // No certificate on this TPM: --ek-ca seals nothing.
+        let noCertificate = try sealFor(idB, ["svc", "k", "--ek-ca", "/dev/null"], "v", in: b.tpm.directory)
+        #expect(noCertificate.status == 3 && noCertificate.stdout.isEmpty && noCertificate.stderr.contains("AUTHENTICATION_FAILED"))
+    }
+
+    /// `--ek-ca`: a device whose EK certificate (swtpm_setup --create-ek-cert, swtpm-localca) verifies
+    /// against the CA gets a bundle sealed to that EK, which imports; another CA, or an identity whose
+    /// EK is not the certified one, gets nothing.
+    @Test func ekCAVerifiesTheChainAndThatTheCertificateIsTheEKs() throws {
+        let a = try Device(), b = try Device()
+        try IdentityTests.manufacture(b.tpm)
+        let dir = b.tpm.directory
+        let ca = dir + "/fleet-ca.pem"
+        try (try Data(contentsOf: URL(fileURLWithPath: dir + "/ca/swtpm-localca-rootca-cert.pem"))
+             + Data(contentsOf: URL(fileURLWithPath: dir + "/ca/issuercert.pem"))).write(to: URL(fileURLWithPath: ca))
+        let idB = try identity(b)
+        let good = try sealFor(idB, ["svc", "k", "--ek-ca", ca], "certified", in: dir)
+        #expect(good.status == 0, "\(good.stderr)")
+        try Data(good.stdout).write(to: URL(fileURLWithPath: dir + "/good.bundle"))
+        #expect(try cli(b, ["import", dir + "/good.bundle"]).status == 0)
+        #expect(String(decoding: try cli(b, ["get", "svc", "k"]).stdout, as: UTF8.self) == "certified")
+
+        // Another CA.
+        let other = dir + "/other-ca.pem"
+        #expect(try run("/usr/bin/openssl", ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", dir + "/other.key",
+                                             "-out", other, "-subj", "/CN=Not the TPM maker", "-days", "1"]).status == 0)
+        let refused = try sealFor(idB, ["svc", "k", "--ek-ca", other], "x", in: dir)
+        #expect(refused.status == 3 && refused.stdout.isEmpty && refused.stderr.contains("AUTHENTICATION_FAILED"), "\(refused.stderr)")
+        // B's certificate in front of A's EK: the chain verifies, the key is not the certified one.
+        var swapped = try DeviceIdentity(json: Data(contentsOf: URL(fileURLWithPath: idB)))
+        let ekA = try #require(try DeviceIdentity(json: Data(contentsOf: URL(fileURLWithPath: try identity(a)))).endorsementKeys.first)
+        swapped.endorsementKeys[0].publicArea = ekA.publicArea
+        swapped.endorsementKeys[0].name = ekA.name
+        try swapped.json().write(to: URL(fileURLWithPath: dir + "/swapped.json"))
+        let forged = try sealFor(dir + "/swapped.json", ["svc", "k", "--ek-ca", ca], "x", in: dir)
+        #expect(forged.status == 3 && forged.stdout.isEmpty && forged.stderr.contains("another key"), "\(forged.stderr)")
+    }
+
+    /// The EK parent with tpm2-tools alone: tpm2_createek, PolicySecret(endorsement) for the EK's
+    /// authorization, tpm2_import and tpm2_load of the bundle's parts, tpm2_unseal of an `always` item.
+    @Test func anEKBundleImportsWithTpm2Tools() throws {
+        let b = try Device()
+        let dir = b.tpm.directory
+        let bundle = try ProvisioningBundle(json: Data(try sealFor(try identity(b), ["svc", "k", "--accessible", "always"], "via-ek", in: dir).stdout))
+        #expect(bundle.parent == "ek-rsa2048")
+        try Data(base64Encoded: bundle.publicArea)!.write(to: URL(fileURLWithPath: "\(dir)/o.pub"))
+        try Data(base64Encoded: bundle.duplicate)!.write(to: URL(fileURLWithPath: "\(dir)/o.dup"))
+        try Data(base64Encoded: bundle.encryptedSeed)!.write(to: URL(fileURLWithPath: "\(dir)/o.seed"))
+        func tool(_ name: String, _ args: [String]) throws -> Int32 {
+            let out = try run("/usr/bin/" + name, args, environment: b.env)
+            if out.status != 0 { Issue.record("\(name): \(out.stderr)") }
+            return out.status
+        }
+        func endorsementSession() throws {
+            #expect(try tool("tpm2_startauthsession", ["--policy-session", "-S", "\(dir)/s.ctx"]) == 0)
+            #expect(try tool("tpm2_policysecret", ["-S", "\(dir)/s.ctx", "-c", "e"]) == 0)
+        }
+        #expect(try tool("tpm2_createek", ["-c", "\(dir)/ek.ctx", "-G", "rsa"]) == 0)
+        try endorsementSession()
+        #expect(try tool("tpm2_import", ["-C", "\(dir)/ek.ctx", "-P", "session:\(dir)/s.ctx", "-u", "\(dir)/o.pub", "-i", "\(dir)/o.dup",
+                                         "-s", "\(dir)/o.seed", "-r", "\(dir)/o.priv"]) == 0)
+        _ = try run("/usr/bin/tpm2_flushcontext", ["-t"], environment: b.env)
+        _ = try run("/usr/bin/tpm2_flushcontext", ["-s"], environment: b.env)
+        try endorsementSession()
+        #expect(try tool("tpm2_load", ["-C", "\(dir)/ek.ctx", "-P", "session:\(dir)/s.ctx", "-u", "\(dir)/o.pub", "-r", "\(dir)/o.priv",
+                                       "-c", "\(dir)/o.ctx"]) == 0)
+        #expect(try tool("tpm2_unseal", ["-c", "\(dir)/o.ctx", "-o", "\(dir)/k.bin"]) == 0)
+        _ = try run("/usr/bin/tpm2_flushcontext", ["-t"], environment: b.env)
+        _ = try run("/usr/bin/tpm2_flushcontext", ["-s"], environment: b.env)
+        let k = [UInt8](try Data(contentsOf: URL(fileURLWithPath: "\(dir)/k.bin")))
+        let opened = try Sodium.open([UInt8](Data(base64Encoded: bundle.ciphertext)!), key: SecureBytes(copying: k),
+                                     nonce: [UInt8](Data(base64Encoded: bundle.nonce)!),
+                                     associatedData: bundle.associatedData(objectName: Duplication.name(ofPublic: [UInt8](Data(base64Encoded: bundle.publicArea)!))))
+        #expect(opened == SecureBytes(copying: Array("via-ek".utf8)))
     }
 }

@@ -16,7 +16,9 @@ public struct ProvisioningBundle: Sendable, Hashable, Codable {
 
     public var format: String
     public var version: Int
-    /// The SRK name (hex) of the device it is sealed to.
+    /// What the object is duplicated to: `ek-rsa2048` (the EK, template L-1) or `srk` (the keychain's SRK).
+    public var parent: String
+    /// That parent's TPM name (hex), from the device's identity.
     public var target: String
     public var service: String
     public var key: String
@@ -56,10 +58,11 @@ public struct ProvisioningBundle: Sendable, Hashable, Codable {
         self = decoded
     }
 
-    init(format: String, version: Int, target: String, service: String, key: String, label: String?, accessible: Accessible,
+    init(format: String, version: Int, parent: String, target: String, service: String, key: String, label: String?, accessible: Accessible,
          accessControl: AccessControl, itemVersion: UInt64, pcrs: [Int]?, publicArea: String,
          duplicate: String, encryptedSeed: String, nonce: String, ciphertext: String) {
-        (self.format, self.version, self.target, self.service, self.key, self.label) = (format, version, target, service, key, label)
+        (self.format, self.version, self.parent, self.target) = (format, version, parent, target)
+        (self.service, self.key, self.label) = (service, key, label)
         (self.accessible, self.accessControl, self.itemVersion, self.pcrs) = (accessible, accessControl, itemVersion, pcrs)
         (self.publicArea, self.duplicate, self.encryptedSeed, self.nonce, self.ciphertext) = (publicArea, duplicate, encryptedSeed, nonce, ciphertext)
     }
@@ -68,7 +71,7 @@ public struct ProvisioningBundle: Sendable, Hashable, Codable {
     func associatedData(objectName: [UInt8]) -> [UInt8] {
         var ad = Array("keychain-linux bundle v1".utf8)
         func field(_ bytes: some Collection<UInt8>) { ad += UInt32(bytes.count).bigEndianBytes; ad += bytes }
-        field(target.utf8); field(service.utf8); field(key.utf8)
+        field(parent.utf8); field(target.utf8); field(service.utf8); field(key.utf8)
         if let label { ad.append(1); field(label.utf8) } else { ad.append(0) }
         field(accessible.rawValue.utf8); field(accessControl.rawValue.utf8)
         ad += itemVersion.bigEndianBytes
@@ -103,9 +106,25 @@ public enum Provisioning {
     /// Seals `value` for the device of `identity`; needs no TPM.
     /// - Throws: `UNSUPPORTED` for a biometric access control or `whenPasscodeSetThisDeviceOnly`;
     ///   `DATA_CORRUPTED` for an identity whose SRK is not an ECC P-256 storage key.
+    /// What a bundle is duplicated to.
+    public enum Parent: String, Sendable, CaseIterable {
+        /// The endorsement key (RSA 2048, template L-1), which an EK certificate can vouch for.
+        case endorsementKey = "ek"
+        /// The keychain's storage root key (ECC P-256 at 0x81000001).
+        case storageRootKey = "srk"
+
+        public init(parsing text: String) throws(KeychainError) {
+            guard let parent = Parent(rawValue: text) else { throw KeychainError.invalidArgument("Invalid parent '\(text)': expected ek or srk") }
+            self = parent
+        }
+    }
+
+    /// To the EK (RSA 2048) when the identity has one, else to the SRK (`parent` chooses). With `ekCA`
+    /// (PEM, the TPM maker's CA), the EK certificate must verify against it and certify that EK, or
+    /// nothing is sealed.
     public static func seal(_ value: SecureBytes, service: String, key: String, accessible: Accessible = .afterFirstUnlock,
                             accessControl: AccessControl = .none, label: String? = nil, version: UInt64 = 0,
-                            for identity: DeviceIdentity) throws(KeychainError) -> ProvisioningBundle {
+                            for identity: DeviceIdentity, parent chosen: Parent? = nil, ekCA: [UInt8]? = nil) throws(KeychainError) -> ProvisioningBundle {
         try ProvisioningBundle.check(accessible, accessControl)
         _ = try KeychainOptions(service: service).validated()
         guard !key.isEmpty, key.utf8.count <= 1024 else { throw KeychainError.invalidArgument("Invalid key: expected 1 to 1024 bytes") }
@@ -118,13 +137,34 @@ public enum Provisioning {
         let thisDeviceOnly = accessible.isThisDeviceOnly
         let policy = ProvisioningBundle.policy(accessible: accessible, accessControl: accessControl, stateName: stateName,
                                                pcrs: thisDeviceOnly ? identity.bootState.pcrs : nil, bootApprovalName: approvalName)
+        var parent = (kind: "srk", name: identity.storageRootKey.name, publicArea: [UInt8](srk))
+        let rsaEK = identity.endorsementKeys.first(where: { $0.type == TPMContext.EndorsementKeyType.rsa2048.rawValue })
+        if chosen == .endorsementKey && rsaEK == nil {
+            throw KeychainError.invalidArgument("The identity has no RSA 2048 endorsement key: seal to its SRK (--parent srk)")
+        }
+        if chosen == .storageRootKey && ekCA != nil {
+            throw KeychainError.invalidArgument("--ek-ca vouches for the EK: it cannot be used with --parent srk")
+        }
+        if chosen != .storageRootKey, let ek = rsaEK, let area = Data(base64Encoded: ek.publicArea) {
+            parent = ("ek-rsa2048", ek.name, [UInt8](area))
+            if let ekCA {
+                guard let certificate = ek.certificate.flatMap({ Data(base64Encoded: $0) }) else {
+                    throw KeychainError(.authenticationFailed, "The identity has no EK certificate to check against the CA: nothing was sealed")
+                }
+                do { try EndorsementCertificate.verify(der: [UInt8](certificate), caPEM: ekCA, rsaModulus: Array(area.suffix(256))) } catch {
+                    throw KeychainError(.authenticationFailed, "This device's EK is not vouched for by the CA (\(error)): nothing was sealed")
+                }
+            }
+        } else if ekCA != nil {
+            throw KeychainError(.authenticationFailed, "The identity has no RSA endorsement key to check against the CA: nothing was sealed")
+        }
         let k = SecureBytes(random: Sodium.xchachaKeyLength)
         let blob: Duplication.Blob
-        do { blob = try Duplication.blob(k, policy: policy.digest, parentPublic: Array(srk)) } catch {
-            throw KeychainError(.dataCorrupted, "Cannot seal to this identity's SRK: \(error)")
+        do { blob = try Duplication.blob(k, policy: policy.digest, parentPublic: parent.publicArea) } catch {
+            throw KeychainError(.dataCorrupted, "Cannot seal to this identity's \(parent.kind): \(error)")
         }
         var bundle = ProvisioningBundle(
-            format: ProvisioningBundle.formatName, version: ProvisioningBundle.currentVersion, target: identity.storageRootKey.name,
+            format: ProvisioningBundle.formatName, version: ProvisioningBundle.currentVersion, parent: parent.kind, target: parent.name,
             service: service, key: key, label: label, accessible: accessible, accessControl: accessControl, itemVersion: version,
             pcrs: thisDeviceOnly ? identity.bootState.pcrs : nil,
             publicArea: Data(blob.publicArea).base64EncodedString(), duplicate: Data(blob.duplicate).base64EncodedString(),
@@ -175,6 +215,9 @@ extension Engine {
 
     func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes?, readerDirectory: String?) async throws(KeychainError) -> ImportOutcome {
         try ProvisioningBundle.check(bundle.accessible, bundle.accessControl)
+        guard ["srk", "ek-rsa2048"].contains(bundle.parent) else {
+            throw KeychainError(.dataCorrupted, "This bundle names an unknown parent '\(bundle.parent)'")
+        }
         let protection = try ItemProtection(accessible: bundle.accessible, accessControl: bundle.accessControl)
         guard let publicArea = Data(base64Encoded: bundle.publicArea).map(Array.init),
               let duplicate = Data(base64Encoded: bundle.duplicate).map(Array.init),
@@ -206,14 +249,22 @@ extension Engine {
         }
         let k: SecureBytes = try withKeyring { keyring throws(KeychainError) -> SecureBytes in
             let context = keyring.context
-            let srkName: [UInt8], stateName: [UInt8]
+            let stateName = keyring.stateName
+            // The parent: the EK (a transient primary, flushed on every path) or the SRK.
+            var ek: TPMHandle?
+            defer { context.flush(ek) }
+            let parentName: [UInt8]
             do throws(TPMError) {
-                srkName = try context.name(of: keyring.srk)
-                stateName = keyring.stateName
-            } catch { throw keyring.diagnose(error, doing: "read the SRK's name") }
-            guard hex(srkName) == bundle.target else {
-                throw KeychainError(.invalidArgument, "This bundle is sealed to another device's TPM (SRK \(bundle.target.prefix(16))…), "
-                                    + "not this one (SRK \(hex(srkName).prefix(16))…): seal it for this device's identity")
+                if bundle.parent == "ek-rsa2048" {
+                    ek = try context.endorsementKey(.rsa2048)
+                    parentName = try context.name(of: ek!)
+                } else {
+                    parentName = try context.name(of: keyring.srk)
+                }
+            } catch { throw keyring.diagnose(error, doing: "make the endorsement key") }
+            guard hex(parentName) == bundle.target else {
+                throw KeychainError(.invalidArgument, "This bundle is sealed to another device's TPM (\(bundle.parent) \(bundle.target.prefix(16))…), "
+                                    + "not this one (\(hex(parentName).prefix(16))…): seal it for this device's identity")
             }
             var approvalName = BootApprovalLayout.name
             if let pcrs = bundle.pcrs {
@@ -228,20 +279,28 @@ extension Engine {
                                                    pcrs: bundle.pcrs, bootApprovalName: approvalName)
             let privateArea: [UInt8]
             do throws(TPMError) {
-                privateArea = try context.importDuplicate(publicArea: publicArea, duplicate: duplicate, encryptedSeed: seed, parent: keyring.srk)
+                if let ek {
+                    privateArea = try context.importDuplicate(publicArea: publicArea, duplicate: duplicate, encryptedSeed: seed, endorsementKey: ek)
+                } else {
+                    privateArea = try context.importDuplicate(publicArea: publicArea, duplicate: duplicate, encryptedSeed: seed, parent: keyring.srk)
+                }
             } catch {
                 throw KeychainError(.dataCorrupted, "The TPM refused this bundle: it was changed, or sealed to another TPM",
                                     underlying: .tpm(error))
             }
             let blob = TPMContext.SealedBlob(publicArea: publicArea, privateArea: privateArea)
             let authorization: TPMKeyring.Authorization = passcode.map { .passcode($0, window: 0) } ?? .none
+            var load: ((TPMContext) throws(TPMError) -> TPMHandle)?
+            if let ek {
+                load = { (context: TPMContext) throws(TPMError) -> TPMHandle in try context.load(blob, endorsementKey: ek) }
+            }
             do throws(KeychainError) {
-                return try keyring.unseal(blob, policy: policy, authorization: authorization)
+                return try keyring.unseal(blob, policy: policy, authorization: authorization, load: load)
             } catch where error.code == .interactionNotAllowed {
                 // Without a passcode the device counts as unlocked (as for any item).
                 guard try !keyring.passcodeIsSet() else { throw error }
                 try keyring.unlock(passcode: nil)
-                return try keyring.unseal(blob, policy: policy, authorization: authorization)
+                return try keyring.unseal(blob, policy: policy, authorization: authorization, load: load)
             }
         }
         let objectName = Duplication.name(ofPublic: publicArea)

@@ -296,7 +296,9 @@ final class TPMKeyring {
     /// The ticket the last `unseal` obtained, if its authorization asked for one.
     private(set) var issuedTicket: StoredTicket?
 
-    func unseal(_ blob: TPMContext.SealedBlob, policy: SealPolicy, authorization: Authorization = .none) throws(KeychainError) -> SecureBytes {
+    /// - Parameter load: loads the object under another parent than the SRK (an imported bundle under the EK).
+    func unseal(_ blob: TPMContext.SealedBlob, policy: SealPolicy, authorization: Authorization = .none,
+                load: ((TPMContext) throws(TPMError) -> TPMHandle)? = nil) throws(KeychainError) -> SecureBytes {
         do {
             guard try TPMContext.authPolicy(ofPublic: blob.publicArea) == policy.digest else {
                 throw KeychainError(.dataCorrupted, "A wrapping key's stored policy does not match its sealed object")
@@ -316,7 +318,7 @@ final class TPMKeyring {
         do {
             session = try context.startSession(policy.digest.isEmpty ? .hmac : .policy, saltKey: srk, encryptResponse: true)
             step = "Load"
-            object = try context.load(blob, parent: srk)
+            if let load { object = try load(context) } else { object = try context.load(blob, parent: srk) }
             try context.run(steps, on: session!, nvIndex: { index throws(TPMError) in
                 switch index {
                 case DeviceLockLayout.epochIndex: epochNV
