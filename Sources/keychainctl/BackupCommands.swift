@@ -6,8 +6,9 @@ import SecureMemory
 extension Commands {
     func backup() async throws -> Exit {
         _ = try arguments(0, "no arguments (--service S, --out FILE, --cost C)")
-        guard inv.switches.contains("--passphrase-stdin") else {
-            throw KeychainError.invalidArgument("backup needs --passphrase-stdin: the passphrase on the first line of stdin")
+        let sealedTo = inv.flags["--to"]
+        guard inv.switches.contains("--passphrase-stdin") != (sealedTo != nil) else {
+            throw KeychainError.invalidArgument("backup needs --passphrase-stdin (the passphrase on the first line of stdin) or --to IDENTITY, not both")
         }
         let out = inv.flags["--out"]
         if out == nil, isatty(1) == 1 {
@@ -15,24 +16,37 @@ extension Commands {
         }
         let cost = try inv.flags["--cost"].map { (text: String) throws(KeychainError) in try BackupCost(parsing: text) } ?? .moderate
         let passcodeOnStdin = inv.switches.contains("--passcode-stdin")
-        let lines = try readLines(passcodeOnStdin ? 2 : 1)
-        guard let passphrase = lines.first, passphrase.count > 0 else {
+        let expected = (sealedTo == nil ? 1 : 0) + (passcodeOnStdin ? 1 : 0)
+        let lines = expected == 0 ? [] : try readLines(expected)
+        let passphrase = sealedTo == nil ? lines.first : nil
+        if sealedTo == nil, (passphrase?.count ?? 0) == 0 {
             throw KeychainError.invalidArgument("No passphrase on stdin: give it on the first line")
         }
         var configuration = configuration
         if passcodeOnStdin {
-            guard lines.count == 2 else { throw KeychainError.invalidArgument("--passcode-stdin: give the device passcode on the second line of stdin") }
-            configuration.authenticator = ScriptedAuthenticator([.passcode(lines[1])], attemptsPerRead: 1)
+            guard lines.count == expected else { throw KeychainError.invalidArgument("--passcode-stdin: give the device passcode on its line of stdin") }
+            configuration.authenticator = ScriptedAuthenticator([.passcode(lines[expected - 1])], attemptsPerRead: 1)
         } else if isatty(0) == 1 && isatty(2) == 1 {
             configuration.authenticator = TerminalAuthenticator()
         } else {
             configuration.authenticator = nil
         }
         let device = KeychainDevice(configuration: configuration)
-        let report = if let out {
-            try await device.backup(toFile: out, passphrase: passphrase, service: inv.flags["--service"], cost: cost)
+        let service = inv.flags["--service"]
+        let report: BackupReport
+        if let sealedTo {
+            let identity = try DeviceIdentity(json: try readFile(sealedTo, limit: 1 << 20, what: "the identity"))
+            let ekCA = try inv.flags["--ek-ca"].map { (path: String) throws(KeychainError) in [UInt8](try readFile(path, limit: 1 << 20, what: "the EK CA file")) }
+            let parent = try inv.flags["--parent"].map { (t: String) throws(KeychainError) in try Provisioning.Parent(parsing: t) }
+            report = if let out {
+                try await device.backup(toFile: out, sealedTo: identity, parent: parent, ekCA: ekCA, service: service)
+            } else {
+                try await device.backup(to: 1, sealedTo: identity, parent: parent, ekCA: ekCA, service: service)
+            }
+        } else if let out {
+            report = try await device.backup(toFile: out, passphrase: passphrase!, service: service, cost: cost)
         } else {
-            try await device.backup(to: 1, passphrase: passphrase, service: inv.flags["--service"], cost: cost)
+            report = try await device.backup(to: 1, passphrase: passphrase!, service: service, cost: cost)
         }
         // With the file on stdout, the report goes to stderr.
         var text: String
@@ -52,11 +66,13 @@ extension Commands {
 
     func restore() async throws -> Exit {
         let args = try arguments(1, "FILE")
-        guard inv.switches.contains("--passphrase-stdin") else {
-            throw KeychainError.invalidArgument("restore needs --passphrase-stdin: the passphrase on the first line of stdin")
-        }
-        guard let passphrase = try readLines(1).first, passphrase.count > 0 else {
-            throw KeychainError.invalidArgument("No passphrase on stdin: give it on the first line")
+        // Without --passphrase-stdin: a backup sealed to this device's TPM (backup --to).
+        var passphrase: SecureBytes?
+        if inv.switches.contains("--passphrase-stdin") {
+            guard let line = try readLines(1).first, line.count > 0 else {
+                throw KeychainError.invalidArgument("No passphrase on stdin: give it on the first line")
+            }
+            passphrase = line
         }
         let report = try await device.restore(fromFile: args[0], passphrase: passphrase)
         output(report) { report in

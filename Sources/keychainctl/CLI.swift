@@ -21,7 +21,7 @@ struct Invocation {
     static let valued: Set<String> = ["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
                                       "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage", "--owner-auth-file",
                                       "--owner-auth-out", "--lockout-auth-out",
-                                      "--service", "--out", "--cost", "--pcr", "--version", "--ek-ca", "--parent"]
+                                      "--service", "--out", "--cost", "--pcr", "--version", "--ek-ca", "--parent", "--to"]
     static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h",
                                         "--passphrase-stdin"]
 
@@ -131,13 +131,16 @@ let usage = """
                                    refuses a device whose EK certificate does not verify against CA.pem
       import BUNDLE [--passcode-stdin]   TPM2_Import of a bundle sealed to this device; the item becomes an
                                    ordinary item of its service; never an older --version than installed
-      backup --passphrase-stdin [--service S] [--out FILE] [--cost interactive|moderate|sensitive] [--passcode-stdin]
+      backup (--passphrase-stdin | --to IDENTITY [--ek-ca CA.pem] [--parent ek|srk]) [--service S] [--out FILE]
+             [--cost interactive|moderate|sensitive] [--passcode-stdin]
                                    every item of a migratable level (whenUnlocked, afterFirstUnlock, always),
                                    never ThisDeviceOnly, biometric or token items, encrypted under the
                                    passphrase (first line of stdin; the passcode on the second with
                                    --passcode-stdin, asked once); the file on stdout, or --out FILE
-      restore FILE --passphrase-stdin   items come back with their protection, label and dates; an item
-                                   that exists or whose protection this device cannot give is skipped
+                                   With --to the backup's key is sealed to that device's TPM (no passphrase).
+      restore FILE [--passphrase-stdin]   items come back with their protection, label and dates; an item
+                                   that exists or whose protection this device cannot give is skipped; a
+                                   backup made --to this device needs no passphrase
 
     The fingerprint reader (simulated; its own directory, --reader DIR or KEYCHAIN_READER, 'none' for no reader):
       reader enroll NAME | reader remove NAME   the device passcode on stdin when one is set

@@ -54,7 +54,7 @@ extension Commands {
         return .ok
     }
 
-    private func readFile(_ path: String, limit: Int, what: String) throws(KeychainError) -> Data {
+    func readFile(_ path: String, limit: Int, what: String) throws(KeychainError) -> Data {
         guard let handle = FileHandle(forReadingAtPath: path) else {
             throw KeychainError(.invalidArgument, "Cannot read \(what) at \(path)", underlying: .errno(errno))
         }

@@ -137,6 +137,43 @@ struct BackupTests {
         #expect(try text(b, ["ls", "svc"]) == "k0\nk1\nk2\n")
     }
 
+    /// `backup --to B`: no passphrase; the key is sealed to B's TPM (its EK), so B restores it and A
+    /// cannot; B restores it only unlocked; a changed header is DATA_CORRUPTED.
+    @Test func aBackupSealedToBRestoresOnBAndNotOnA() throws {
+        let a = try Device(), b = try Device()
+        for n in 0..<3 { #expect(try cli(a, ["set", "svc", "k\(n)", "--accessible", "whenUnlocked"], "value \(n)").status == 0) }
+        #expect(try cli(a, ["set", "svc", "tdo", "--accessible", "alwaysThisDeviceOnly"], "stays").status == 0)
+        let identity = b.tpm.directory + "/b.identity"
+        #expect(try cli(b, ["identity", "--out", identity]).status == 0)
+        #expect(try cli(b, ["passcode", "set"], "1357\n").status == 0)
+        let file = a.tpm.directory + "/to-b.kcb"
+        let made = try cli(a, ["--json", "backup", "--to", identity, "--out", file])
+        #expect(made.status == 0, "\(made.stderr)")
+        #expect(try JSONDecoder().decode(BackupReport.self, from: Data(made.stdout)).backedUp.count == 3)
+
+        // On A: its TPM cannot open the key.
+        let onA = try cli(a, ["--json", "restore", file])
+        #expect(errorCode(onA) == "INVALID_ARGUMENT" && String(decoding: onA.stdout, as: UTF8.self).contains("another device"))
+        // B locked: the key's policy (whenUnlocked) refuses.
+        #expect(try cli(b, ["lock"]).status == 0)
+        #expect(errorCode(try cli(b, ["--json", "restore", file])) == "INTERACTION_NOT_ALLOWED")
+        #expect(try cli(b, ["ls", "svc"]).stdout.isEmpty)
+        // A changed sealed key in the header: refused, nothing restored.
+        var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: file)))
+        let changed = b.tpm.directory + "/changed.kcb"
+        bytes[200] ^= 0x01
+        try Data(bytes).write(to: URL(fileURLWithPath: changed))
+        #expect(try cli(b, ["unlock"], "1357\n").status == 0)
+        #expect(["DATA_CORRUPTED"].contains(errorCode(try cli(b, ["--json", "restore", changed]))))
+        #expect(try cli(b, ["ls", "svc"]).stdout.isEmpty)
+        // Unlocked B, no passphrase: every migratable item.
+        let restored = try cli(b, ["--json", "restore", file])
+        #expect(restored.status == 0, "\(restored.stderr)")
+        #expect(try JSONDecoder().decode(RestoreReport.self, from: Data(restored.stdout)).restored.count == 3)
+        #expect(try text(b, ["get", "svc", "k2"]) == "value 2")
+        #expect(try cli(b, ["has", "svc", "tdo"]).status == 1)
+    }
+
     /// `whenUnlocked` items need the device unlocked: a locked device writes no byte of a backup.
     @Test func aLockedDeviceWritesNoBackupOfWhenUnlockedItems() throws {
         let a = try Device()

@@ -76,13 +76,33 @@ extension KeychainDevice {
     public func backup(to fd: Int32, passphrase: SecureBytes, service: String? = nil,
                        cost: BackupCost = .moderate) async throws(KeychainError) -> BackupReport {
         guard passphrase.count > 0 else { throw KeychainError.invalidArgument("The backup passphrase is empty") }
+        return try await backup(to: fd, service: service) { () throws(KeychainError) in
+            try BackupWriter(fd: fd, passphrase: passphrase, opsLimit: cost.limits.ops, memLimit: cost.limits.mem)
+        }
+    }
+
+    /// A backup with no passphrase: its master key is sealed to the TPM of `identity`'s device by the
+    /// machinery of `seal-for` (a provisioning bundle, `whenUnlocked`, in the file's header), so it
+    /// restores on that device only. `parent` and `ekCA` as for `Provisioning.seal`.
+    public func backup(to fd: Int32, sealedTo identity: DeviceIdentity, parent: Provisioning.Parent? = nil, ekCA: [UInt8]? = nil,
+                       service: String? = nil) async throws(KeychainError) -> BackupReport {
+        let master = SecureBytes(random: 32)
+        let bundle = try Provisioning.seal(master, service: "keychain-backup", key: "master", accessible: .whenUnlocked,
+                                           for: identity, parent: parent, ekCA: ekCA)
+        return try await backup(to: fd, service: service) { () throws(KeychainError) in
+            try BackupWriter(fd: fd, master: master, header: BackupFile.Header(sealedKey: [UInt8](bundle.json()), check: [], streamHeader: []))
+        }
+    }
+
+    private func backup(to fd: Int32, service: String?, writer makeWriter: () throws(KeychainError) -> BackupWriter)
+        async throws(KeychainError) -> BackupReport {
         let engine = try engine
         let plan = try await engine.backupPlan(service: service)
         if plan.needsUnlocked, try await engine.status().lockState != .unlocked {
             throw KeychainError(.interactionNotAllowed, "Some items to back up are 'whenUnlocked' and the device is locked: "
                                 + "unlock it first (keychainctl unlock); nothing was written")
         }
-        let writer = try BackupWriter(fd: fd, passphrase: passphrase, opsLimit: cost.limits.ops, memLimit: cost.limits.mem)
+        let writer = try makeWriter()
         let authenticator = configuration.authenticator.map { OnceAuthenticator($0) }
         var backedUp: [BackupEntry] = []
         for entry in plan.take {
@@ -102,11 +122,25 @@ extension KeychainDevice {
     /// complete: a failed backup leaves no file).
     public func backup(toFile path: String, passphrase: SecureBytes, service: String? = nil,
                        cost: BackupCost = .moderate) async throws(KeychainError) -> BackupReport {
+        try await backup(toFile: path) { fd throws(KeychainError) in
+            try await backup(to: fd, passphrase: passphrase, service: service, cost: cost)
+        }
+    }
+
+    public func backup(toFile path: String, sealedTo identity: DeviceIdentity, parent: Provisioning.Parent? = nil,
+                       ekCA: [UInt8]? = nil, service: String? = nil) async throws(KeychainError) -> BackupReport {
+        try await backup(toFile: path) { fd throws(KeychainError) in
+            try await backup(to: fd, sealedTo: identity, parent: parent, ekCA: ekCA, service: service)
+        }
+    }
+
+    private func backup(toFile path: String, _ body: (Int32) async throws(KeychainError) -> BackupReport)
+        async throws(KeychainError) -> BackupReport {
         let temporary = path + ".partial-\(getpid())"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw KeychainError(.storageError, "Cannot create \(temporary)", underlying: .errno(errno)) }
         do throws(KeychainError) {
-            let report = try await backup(to: fd, passphrase: passphrase, service: service, cost: cost)
+            let report = try await body(fd)
             guard fsync(fd) == 0, close(fd) == 0 else { throw KeychainError(.storageError, "Cannot write \(temporary)", underlying: .errno(errno)) }
             // Never over an existing file: link fails when `path` exists.
             guard link(temporary, path) == 0 else {
@@ -126,11 +160,27 @@ extension KeychainDevice {
     /// as it was (a passcode item without a passcode) or that exists already is skipped and reported.
     /// - Throws: `AUTHENTICATION_FAILED` for a wrong passphrase; `DATA_CORRUPTED` for a changed,
     ///   reordered or truncated file (nothing is restored).
-    public func restore(fromFile path: String, passphrase: SecureBytes) async throws(KeychainError) -> RestoreReport {
+    /// A backup sealed to this device (`backup --to`) needs no passphrase: the TPM unseals its key
+    /// (the device unlocked); on another device it is `INVALID_ARGUMENT`.
+    public func restore(fromFile path: String, passphrase: SecureBytes?) async throws(KeychainError) -> RestoreReport {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw KeychainError(.invalidArgument, "Cannot read \(path)", underlying: .errno(errno)) }
         defer { close(fd) }
-        let reader = try BackupReader(fd: fd, passphrase: passphrase)
+        let (header, headerBytes) = try BackupReader.header(fd)
+        let master: SecureBytes
+        if let sealed = header.sealedKey {
+            do {
+                master = try await engine.openBundle(try ProvisioningBundle(json: Data(sealed)), passcode: nil)
+            } catch where error.code == .invalidArgument {
+                throw KeychainError(.invalidArgument, "This backup is sealed to another device's TPM: restore it there (\(error.message))")
+            }
+        } else {
+            guard let passphrase else {
+                throw KeychainError.invalidArgument("This backup is encrypted under a passphrase: give it (--passphrase-stdin)")
+            }
+            master = try BackupFile.master(passphrase: passphrase, salt: header.salt, opsLimit: header.opsLimit, memLimit: header.memLimit)
+        }
+        let reader = try BackupReader(fd: fd, header: header, headerBytes: headerBytes, master: master)
         // Pass 1: authenticate every chunk and check every item; nothing is written.
         while let item = try reader.next() { try Self.check(item) }
         try reader.rewind()

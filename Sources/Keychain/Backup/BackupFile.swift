@@ -29,6 +29,8 @@ enum BackupFile {
     static let magic = Array("KCBACKUP".utf8)
     static let version: UInt16 = 1
     static let kindPassphrase: UInt8 = 1
+    /// The master key sealed to one device's TPM as a provisioning bundle (`backup --to IDENTITY`).
+    static let kindSealed: UInt8 = 2
     /// libsodium's `crypto_pwhash_ALG_ARGON2ID13`.
     static let argon2id13: UInt8 = 2
     static let headerLength = 96
@@ -43,27 +45,51 @@ enum BackupFile {
     enum ChunkType: UInt8 { case start = 1, item = 2, end = 3 }
 
     struct Header {
-        var opsLimit: UInt64
-        var memLimit: UInt64
-        var salt: [UInt8]
+        var opsLimit: UInt64 = 0
+        var memLimit: UInt64 = 0
+        var salt: [UInt8] = []
+        /// Kind 2: the provisioning bundle (JSON) that carries the master key.
+        var sealedKey: [UInt8]?
         var check: [UInt8]
         var streamHeader: [UInt8]
 
         var bytes: [UInt8] {
+            if let sealedKey {
+                return magic + version.bigEndianBytes + [kindSealed, 0] + UInt32(sealedKey.count).bigEndianBytes + sealedKey
+                    + check + streamHeader
+            }
             var out = magic + version.bigEndianBytes + [kindPassphrase, argon2id13]
             out += UInt32(opsLimit).bigEndianBytes + memLimit.bigEndianBytes + salt + check + streamHeader
             return out
         }
 
+        static let maxSealedKey = 1 << 16
+
+        /// How many bytes the header has, from its first 16 (kind 2 carries the bundle's length).
+        static func length(prefix bytes: [UInt8]) throws(KeychainError) -> Int {
+            guard bytes.count == 16, Array(bytes[0..<8]) == magic else {
+                throw KeychainError(.dataCorrupted, "This is not a keychain backup (no KCBACKUP header)")
+            }
+            guard bytes[10] == kindSealed else { return headerLength }
+            let n = Int(bytes[12..<16].reduce(UInt32(0)) { $0 << 8 | UInt32($1) })
+            guard n <= maxSealedKey else { throw KeychainError(.dataCorrupted, "This backup's sealed key is \(n) bytes long") }
+            return 16 + n + checkLength + Sodium.secretStreamHeaderLength
+        }
+
         static func parse(_ bytes: [UInt8]) throws(KeychainError) -> Header {
-            guard bytes.count == headerLength, Array(bytes[0..<8]) == magic else {
+            guard bytes.count >= 16, Array(bytes[0..<8]) == magic else {
                 throw KeychainError(.dataCorrupted, "This is not a keychain backup (no KCBACKUP header)")
             }
             let version = UInt16(bytes[8]) << 8 | UInt16(bytes[9])
             guard version == BackupFile.version else {
                 throw KeychainError(.unsupported, "This backup is in format \(version); this keychainctl reads format \(BackupFile.version): restore it with a newer one")
             }
-            guard bytes[10] == kindPassphrase, bytes[11] == argon2id13 else {
+            if bytes[10] == kindSealed, bytes[11] == 0, bytes.count == (try length(prefix: Array(bytes.prefix(16)))) {
+                let end = bytes.count - checkLength - Sodium.secretStreamHeaderLength
+                return Header(sealedKey: Array(bytes[16..<end]), check: Array(bytes[end..<(end + checkLength)]),
+                              streamHeader: Array(bytes.suffix(Sodium.secretStreamHeaderLength)))
+            }
+            guard bytes[10] == kindPassphrase, bytes[11] == argon2id13, bytes.count == headerLength else {
                 throw KeychainError(.unsupported, "This backup is protected in a way this keychainctl does not read (kind \(bytes[10]), KDF \(bytes[11]))")
             }
             let ops = UInt64(bytes[12..<16].reduce(UInt32(0)) { $0 << 8 | UInt32($1) })
@@ -78,15 +104,17 @@ enum BackupFile {
         }
     }
 
-    /// The stream key and the key check from the passphrase.
-    static func keys(passphrase: SecureBytes, salt: [UInt8], opsLimit: UInt64, memLimit: UInt64)
-        throws(KeychainError) -> (stream: SecureBytes, check: [UInt8]) {
-        let master: SecureBytes
+    /// The master key from the passphrase (Argon2id).
+    static func master(passphrase: SecureBytes, salt: [UInt8], opsLimit: UInt64, memLimit: UInt64) throws(KeychainError) -> SecureBytes {
         do {
-            master = try Sodium.argon2id(passphrase: passphrase, salt: salt, opsLimit: opsLimit, memLimit: memLimit)
+            return try Sodium.argon2id(passphrase: passphrase, salt: salt, opsLimit: opsLimit, memLimit: memLimit)
         } catch {
             throw KeychainError(.internal, "Argon2id failed: \(error) (memlimit \(memLimit) bytes)")
         }
+    }
+
+    /// The stream key and the key check from the master key.
+    static func keys(master: SecureBytes) -> (stream: SecureBytes, check: [UInt8]) {
         let stream = Sodium.blake2b(key: master, message: Array("keychain-linux backup stream v1".utf8))
         let check = Sodium.blake2b(key: master, message: Array("keychain-linux backup check v1".utf8))
         return (stream, check.withUnsafeBytes { Array($0) })
@@ -186,15 +214,24 @@ final class BackupWriter {
     private let stream: SecretStreamPush
     private(set) var count: UInt64 = 0
 
-    init(fd: Int32, passphrase: SecureBytes, opsLimit: UInt64, memLimit: UInt64) throws(KeychainError) {
-        self.fd = fd
+    convenience init(fd: Int32, passphrase: SecureBytes, opsLimit: UInt64, memLimit: UInt64) throws(KeychainError) {
         let salt = Sodium.randomBytes(Sodium.argon2idSaltLength)
-        let keys = try BackupFile.keys(passphrase: passphrase, salt: salt, opsLimit: opsLimit, memLimit: memLimit)
+        let master = try BackupFile.master(passphrase: passphrase, salt: salt, opsLimit: opsLimit, memLimit: memLimit)
+        try self.init(fd: fd, master: master, header: BackupFile.Header(opsLimit: opsLimit, memLimit: memLimit, salt: salt,
+                                                                         check: [], streamHeader: []))
+    }
+
+    /// `header`'s check and stream header are filled in here.
+    init(fd: Int32, master: SecureBytes, header template: BackupFile.Header) throws(KeychainError) {
+        self.fd = fd
+        let keys = BackupFile.keys(master: master)
         stream = SecretStreamPush(key: keys.stream)
-        let header = BackupFile.Header(opsLimit: opsLimit, memLimit: memLimit, salt: salt, check: keys.check,
-                                       streamHeader: stream.header).bytes
-        try write(header)
-        try chunk(BackupFile.startBody(created: Engine.now()), associatedData: header, final: false)
+        var header = template
+        header.check = keys.check
+        header.streamHeader = stream.header
+        let bytes = header.bytes
+        try write(bytes)
+        try chunk(BackupFile.startBody(created: Engine.now()), associatedData: bytes, final: false)
     }
 
     func append(_ item: BackupItem) throws(KeychainError) {
@@ -233,14 +270,31 @@ final class BackupReader {
 
     /// Reads the header and derives the key (Argon2id: the costly step, done once per file).
     /// - Throws: `AUTHENTICATION_FAILED` for a wrong passphrase; `DATA_CORRUPTED` for a file that is not a backup.
-    init(fd: Int32, passphrase: SecureBytes) throws(KeychainError) {
+    convenience init(fd: Int32, passphrase: SecureBytes) throws(KeychainError) {
+        let (header, bytes) = try Self.header(fd)
+        guard header.sealedKey == nil else {
+            throw KeychainError.invalidArgument("This backup is sealed to a device's TPM, not to a passphrase: restore it on that device without --passphrase-stdin")
+        }
+        let master = try BackupFile.master(passphrase: passphrase, salt: header.salt, opsLimit: header.opsLimit, memLimit: header.memLimit)
+        try self.init(fd: fd, header: header, headerBytes: bytes, master: master)
+    }
+
+    /// The header, read from the start of `fd`.
+    static func header(_ fd: Int32) throws(KeychainError) -> (BackupFile.Header, [UInt8]) {
+        let prefix = try read(fd, 16, what: "header")
+        let bytes = prefix + (try read(fd, try BackupFile.Header.length(prefix: prefix) - 16, what: "header"))
+        return (try BackupFile.Header.parse(bytes), bytes)
+    }
+
+    /// - Throws: `AUTHENTICATION_FAILED` (passphrase) or `DATA_CORRUPTED` (sealed key) when `master` is not the file's.
+    init(fd: Int32, header: BackupFile.Header, headerBytes bytes: [UInt8], master: SecureBytes) throws(KeychainError) {
         self.fd = fd
-        let bytes = try Self.read(fd, BackupFile.headerLength, what: "header")
-        header = try BackupFile.Header.parse(bytes)
+        self.header = header
         headerBytes = bytes
-        let keys = try BackupFile.keys(passphrase: passphrase, salt: header.salt, opsLimit: header.opsLimit, memLimit: header.memLimit)
+        let keys = BackupFile.keys(master: master)
         guard Sodium.constantTimeEqual(keys.check, header.check) else {
-            throw KeychainError(.authenticationFailed, "Wrong passphrase for this backup")
+            throw header.sealedKey == nil ? KeychainError(.authenticationFailed, "Wrong passphrase for this backup")
+                : KeychainError(.dataCorrupted, "This backup's key check does not match the key its device unsealed: the file was changed")
         }
         key = keys.stream
         do { stream = try SecretStreamPull(key: key, header: header.streamHeader) } catch {
@@ -250,7 +304,7 @@ final class BackupReader {
 
     /// Starts again at the first chunk (a second pass: the first one only verified).
     func rewind() throws(KeychainError) {
-        guard lseek(fd, off_t(BackupFile.headerLength), SEEK_SET) >= 0 else {
+        guard lseek(fd, off_t(headerBytes.count), SEEK_SET) >= 0 else {
             throw KeychainError(.storageError, "Cannot read the backup a second time: restore reads a file, not a pipe", underlying: .errno(errno))
         }
         do { stream = try SecretStreamPull(key: key, header: header.streamHeader) } catch {

@@ -215,19 +215,9 @@ extension Engine {
 
     func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes?, readerDirectory: String?) async throws(KeychainError) -> ImportOutcome {
         try ProvisioningBundle.check(bundle.accessible, bundle.accessControl)
-        guard ["srk", "ek-rsa2048"].contains(bundle.parent) else {
-            throw KeychainError(.dataCorrupted, "This bundle names an unknown parent '\(bundle.parent)'")
-        }
         let protection = try ItemProtection(accessible: bundle.accessible, accessControl: bundle.accessControl)
-        guard let publicArea = Data(base64Encoded: bundle.publicArea).map(Array.init),
-              let duplicate = Data(base64Encoded: bundle.duplicate).map(Array.init),
-              let seed = Data(base64Encoded: bundle.encryptedSeed).map(Array.init),
-              let nonce = Data(base64Encoded: bundle.nonce).map(Array.init), nonce.count == Sodium.xchachaNonceLength,
-              let ciphertext = Data(base64Encoded: bundle.ciphertext).map(Array.init),
-              publicArea.count > 6, bundle.pcrs.map({ !$0.isEmpty && $0.allSatisfy { (0..<24).contains($0) } }) ?? true else {
-            throw KeychainError(.dataCorrupted, "This bundle's fields are not well-formed")
-        }
-        let digest = sha256(publicArea, duplicate, seed, nonce, ciphertext)
+        let parts = try bundle.parts()
+        let digest = sha256(parts.publicArea, parts.duplicate, parts.seed, parts.nonce, parts.ciphertext)
         let store = try store()
         let metaName = Self.provisionedMeta(service: bundle.service, key: bundle.key)
         let installed: (version: UInt64, digest: [UInt8])?
@@ -247,6 +237,25 @@ extension Engine {
                 if try has(service: bundle.service, key: bundle.key) { return .alreadyInstalled }
             }
         }
+        let value = try openBundle(bundle, passcode: passcode)
+        // The version first: a crash before the item is written leaves a record whose item is missing,
+        // and the same bundle imports again.
+        do { try store.write { tx in try tx.setMeta(metaName, bundle.itemVersion.bigEndianBytes + digest) } } catch let error as StoreError {
+            throw KeychainError(store: error)
+        } catch { throw KeychainError(.internal, "\(error)") }
+        try set(value, service: bundle.service, key: bundle.key, protection: protection, label: bundle.label,
+                backend: TPMBackend(readerDirectory: readerDirectory), tag: protection.storageTag)
+        return .imported
+    }
+
+    /// A bundle's value: TPM2_Import under its parent, K unsealed under the item's policy, the value
+    /// opened with K. Stores nothing.
+    func openBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes?) throws(KeychainError) -> SecureBytes {
+        try ProvisioningBundle.check(bundle.accessible, bundle.accessControl)
+        guard ["srk", "ek-rsa2048"].contains(bundle.parent) else {
+            throw KeychainError(.dataCorrupted, "This bundle names an unknown parent '\(bundle.parent)'")
+        }
+        let (publicArea, duplicate, seed, nonce, ciphertext) = try bundle.parts()
         let k: SecureBytes = try withKeyring { keyring throws(KeychainError) -> SecureBytes in
             let context = keyring.context
             let stateName = keyring.stateName
@@ -303,18 +312,23 @@ extension Engine {
                 return try keyring.unseal(blob, policy: policy, authorization: authorization, load: load)
             }
         }
-        let objectName = Duplication.name(ofPublic: publicArea)
-        let value: SecureBytes
-        do { value = try Sodium.open(ciphertext, key: k, nonce: nonce, associatedData: bundle.associatedData(objectName: objectName)) } catch {
+        do { return try Sodium.open(ciphertext, key: k, nonce: nonce, associatedData: bundle.associatedData(objectName: Duplication.name(ofPublic: publicArea))) } catch {
             throw KeychainError(.dataCorrupted, "This bundle's value failed authentication: a field was changed")
         }
-        // The version first: a crash before the item is written leaves a record whose item is missing,
-        // and the same bundle imports again.
-        do { try store.write { tx in try tx.setMeta(metaName, bundle.itemVersion.bigEndianBytes + digest) } } catch let error as StoreError {
-            throw KeychainError(store: error)
-        } catch { throw KeychainError(.internal, "\(error)") }
-        try set(value, service: bundle.service, key: bundle.key, protection: protection, label: bundle.label,
-                backend: TPMBackend(readerDirectory: readerDirectory), tag: protection.storageTag)
-        return .imported
+    }
+}
+
+extension ProvisioningBundle {
+    /// The binary fields, decoded and checked for shape.
+    func parts() throws(KeychainError) -> (publicArea: [UInt8], duplicate: [UInt8], seed: [UInt8], nonce: [UInt8], ciphertext: [UInt8]) {
+        guard let publicArea = Data(base64Encoded: publicArea).map(Array.init),
+              let duplicate = Data(base64Encoded: duplicate).map(Array.init),
+              let seed = Data(base64Encoded: encryptedSeed).map(Array.init),
+              let nonce = Data(base64Encoded: nonce).map(Array.init), nonce.count == Sodium.xchachaNonceLength,
+              let ciphertext = Data(base64Encoded: ciphertext).map(Array.init),
+              publicArea.count > 6, pcrs.map({ !$0.isEmpty && $0.allSatisfy { (0..<24).contains($0) } }) ?? true else {
+            throw KeychainError(.dataCorrupted, "This bundle's fields are not well-formed")
+        }
+        return (publicArea, duplicate, seed, nonce, ciphertext)
     }
 }
