@@ -9,7 +9,7 @@ import TPM2
 /// same store directory shares it. It runs on its own serial queue, so the blocking SQLite and TPM
 /// calls never block Swift's shared pool, and TPM commands are serialised.
 actor Engine {
-    private let executor: SerialThreadExecutor
+    nonisolated let executor: SerialThreadExecutor
     nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
 
     let configuration: KeychainConfiguration
@@ -47,7 +47,22 @@ actor Engine {
         self.executor = SerialThreadExecutor(name: "keychain.engine")
     }
 
-    private static let engines = Mutex<[String: Engine]>([:])
+    /// Ends the engine's thread: its last storage went (the map holds engines weakly).
+    deinit { executor.stop() }
+
+    private final class Weak: Sendable {
+        weak let engine: Engine?
+        init(_ engine: Engine) { self.engine = engine }
+    }
+    /// Engines live while a storage or device holds them: a process that opens many stores, one
+    /// after the other, does not keep a thread and the secrets of each.
+    private static let engines = Mutex<[String: Weak]>([:])
+    /// The engines of the default storage (`keychain`, made at each use): they live for the process.
+    private static let kept = Mutex<[ObjectIdentifier: Engine]>([:])
+
+    static func keepForProcess(_ engine: Engine) {
+        kept.withLock { $0[ObjectIdentifier(engine)] = engine }
+    }
 
     /// The engine of a store directory in this process (made on first use; touches nothing yet), and
     /// the refusal of a configuration whose engine-wide settings differ from the engine's: one store
@@ -55,9 +70,10 @@ actor Engine {
     static func shared(for configuration: KeychainConfiguration) -> (engine: Engine, refusal: KeychainError?) {
         let key = URL(fileURLWithPath: configuration.storeDirectory).standardizedFileURL.path
         return engines.withLock { engines in
-            if let engine = engines[key] { return (engine, engine.configuration.refusal(sharing: configuration)) }
+            if let engine = engines[key]?.engine { return (engine, engine.configuration.refusal(sharing: configuration)) }
+            engines = engines.filter { $0.value.engine != nil }
             let engine = Engine(configuration: configuration)
-            engines[key] = engine
+            engines[key] = Weak(engine)
             return (engine, nil)
         }
     }
@@ -104,7 +120,7 @@ actor Engine {
 
     /// Closes the store of every engine of this process.
     static func closeAll() async {
-        for engine in engines.withLock({ Array($0.values) }) { await engine.close() }
+        for engine in engines.withLock({ $0.values.compactMap(\.engine) }) { await engine.close() }
     }
 
     func lockGeneration(_ store: Store) throws(KeychainError) -> UInt64 {

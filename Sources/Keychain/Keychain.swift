@@ -133,7 +133,13 @@ public func createKeychain(_ options: KeychainOptions = .init(),
 /// program's name), `afterFirstUnlock`, no access control. Made at each use from
 /// `KeychainConfiguration.default` (cheap), so a test's `taskDefault` redirects it too.
 public var keychain: Keychain {
-    do { return try Keychain() } catch { fatalError("default options are valid: \(error)") }
+    do {
+        let storage = try Keychain()
+        Engine.keepForProcess(storage.engine)  // made at each use: its caches must outlive the value
+        return storage
+    } catch {
+        fatalError("default options are valid: \(error)")
+    }
 }
 
 /// What `getItemInfo` returns.

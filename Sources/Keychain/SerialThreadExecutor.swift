@@ -7,11 +7,29 @@ import Synchronization
 package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @unchecked Sendable {
     private let condition = NSCondition()
     private var jobs: [UnownedJob] = []
+    private var stopping = false
+    private var ended = false
 
+    /// Whether the thread has ended (after `stop()`).
+    package var hasEnded: Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        return ended
+    }
+
+    /// The thread holds the executor until `stop()` lets it end.
     package init(name: String) {
-        let thread = Thread { [unowned self] in self.run() }
+        let thread = Thread { self.run() }
         thread.name = name
         thread.start()
+    }
+
+    /// Ends the thread once the jobs already enqueued have run (its owner is gone: none can come).
+    package func stop() {
+        condition.lock()
+        stopping = true
+        condition.signal()
+        condition.unlock()
     }
 
     package func enqueue(_ job: consuming ExecutorJob) {
@@ -25,7 +43,12 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
     private func run() {
         while true {
             condition.lock()
-            while jobs.isEmpty { condition.wait() }
+            while jobs.isEmpty && !stopping { condition.wait() }
+            if jobs.isEmpty {
+                ended = true
+                condition.unlock()
+                return
+            }
             let batch = jobs
             jobs.removeAll(keepingCapacity: true)
             condition.unlock()

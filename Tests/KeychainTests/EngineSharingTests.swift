@@ -3,8 +3,9 @@ import Foundation
 import SecureMemory
 import Testing
 
-/// One store has one engine per process: a configuration that would need another TPM, owner
-/// authorization, PCR selection, passcode limit or timeout is refused, not silently given the first's.
+/// One store has one engine per process: while it lives (while a storage or device of the store
+/// does), a configuration that would need another TPM, owner authorization, PCR selection,
+/// passcode limit or timeout is refused, not silently given the first's.
 @Suite struct EngineSharingTests {
     private func base(_ directory: String) -> KeychainConfiguration {
         KeychainConfiguration(storeDirectory: directory, tpm: .tcti("swtpm:host=127.0.0.1,port=1"))
@@ -13,7 +14,8 @@ import Testing
     @Test(arguments: ["tpm", "ownerAuthorization", "pcrSelection", "passcodeRetryLimit", "tpmTimeout"])
     func aSecondConfigurationWithAnotherEngineSettingIsRefused(setting: String) async throws {
         let directory = NSTemporaryDirectory() + "engine-sharing-\(UUID().uuidString)"
-        _ = try Keychain(configuration: base(directory))
+        let first = try Keychain(configuration: base(directory))
+        defer { withExtendedLifetime(first) {} }
         var other = base(directory + "/.")  // the same store, spelled differently
         switch setting {
         case "tpm": other.tpm = .embedded
