@@ -220,9 +220,12 @@ extension Engine {
         let digest = sha256(parts.publicArea, parts.duplicate, parts.seed, parts.nonce, parts.ciphertext)
         let store = try store()
         let metaName = Self.provisionedMeta(service: bundle.service, key: bundle.key)
-        let installed: (version: UInt64, digest: [UInt8])?
+        // version (8) + digest (32), and a 41st byte while the item's write is pending.
+        let installed: (version: UInt64, digest: [UInt8], pending: Bool)?
         do {
-            installed = try store.meta(metaName).flatMap { $0.count == 40 ? (UInt64(bigEndianBytes: Array($0.prefix(8)))!, Array($0.suffix(32))) : nil }
+            installed = try store.meta(metaName).flatMap {
+                $0.count == 40 || $0.count == 41 ? (UInt64(bigEndianBytes: Array($0.prefix(8)))!, Array($0[8..<40]), $0.count == 41) : nil
+            }
         } catch { throw KeychainError(store: error) }
         if let installed {
             guard bundle.itemVersion >= installed.version else {
@@ -234,17 +237,21 @@ extension Engine {
                     throw KeychainError(.invalidArgument, "Another bundle of version \(bundle.itemVersion) of '\(bundle.key)' is installed: "
                                         + "give each new bundle a higher --version")
                 }
-                if try has(service: bundle.service, key: bundle.key) { return .alreadyInstalled }
+                // A pending mark: the write was cut short, and the item there may be the older version's.
+                if !installed.pending, try has(service: bundle.service, key: bundle.key) { return .alreadyInstalled }
             }
         }
         let value = try openBundle(bundle, passcode: passcode)
-        // The version first: a crash before the item is written leaves a record whose item is missing,
-        // and the same bundle imports again.
-        do { try store.write { tx in try tx.setMeta(metaName, bundle.itemVersion.bigEndianBytes + digest) } } catch let error as StoreError {
-            throw KeychainError(store: error)
-        } catch { throw KeychainError(.internal, "\(error)") }
+        // The version first, marked pending (no rollback even if the write below is cut short); the same
+        // bundle imports again until the mark is cleared, after the item is written.
+        func record(pending: Bool) throws(KeychainError) {
+            do { try store.write { tx in try tx.setMeta(metaName, bundle.itemVersion.bigEndianBytes + digest + (pending ? [1] : [])) } }
+            catch let error as StoreError { throw KeychainError(store: error) } catch { throw KeychainError(.internal, "\(error)") }
+        }
+        try record(pending: true)
         try set(value, service: bundle.service, key: bundle.key, protection: protection, label: bundle.label,
                 backend: TPMBackend(readerDirectory: readerDirectory), tag: protection.storageTag)
+        try record(pending: false)
         return .imported
     }
 
