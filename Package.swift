@@ -21,7 +21,8 @@ let package = Package(
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CP11Kit", pkgConfig: "p11-kit-1", providers: [.apt(["libp11-kit-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
-        // OpenSSL's libcrypto: P-256 ECDH and AES-CFB for TPM2 duplication blobs (seal-for, no TPM needed).
+        // OpenSSL's libcrypto: P-256 ECDH and AES-CFB for TPM2 duplication blobs (seal-for, no TPM needed);
+        // ECDSA P-256 PEM keys and offline signing of boot policies (docs/boot-state.md).
         .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         // glibc's spawn and pipe calls that Swift's Glibc module leaves out.
         .systemLibrary(name: "CSpawn"),
@@ -35,7 +36,7 @@ let package = Package(
         // PKCS#11 tokens through p11-kit: one module, one logged-in session, wrap/unwrap on the token.
         .target(name: "PKCS11", dependencies: ["CP11Kit", "SecureMemory"]),
         // The public API.
-        .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn"]),
+        .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn", "COpenSSL"]),
 
         .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2"]),
         // BiometricsVault: biometric sign-in as a state machine over the public Keychain API.

@@ -3,7 +3,7 @@
 # the tools its tests and benchmark use. Idempotent; needs root (or sudo).
 set -euo pipefail
 packages=(
-  libtss2-dev libsodium-dev libsqlite3-dev libssl-dev pkg-config   # linked: tpm2-tss (esys, tctildr, rc, mu), libsodium, sqlite3, libcrypto
+  libtss2-dev libsodium-dev libsqlite3-dev libssl-dev pkg-config   # linked: tpm2-tss (esys, tctildr, rc, mu), libsodium, sqlite3, libcrypto (seal-for, boot-policy signing)
   swtpm swtpm-tools                                      # the embedded and test software TPM
   tpm2-tools tpm2-abrmd libtss2-tcti-tabrmd0 dbus        # tests: the tpm2-tools reference, the resource manager
   python3                                                # store tests: a second SQLite process

@@ -18,6 +18,11 @@ public struct BootStateStatus: Sendable, Hashable, Codable {
     public var matches: Bool
     /// The PCRs whose current value differs from `approved`.
     public var differing: [Int]
+    /// `local` (approved with the passcode or owner authorization) or `vendor` (signed policies).
+    public var mode: String = "local"
+    /// Vendor mode: the generations of the installed signed policies, and those revoked among them.
+    public var installedGenerations: [Int]?
+    public var revokedGenerations: [Int]?
 }
 
 extension KeychainDevice {
@@ -37,7 +42,69 @@ extension KeychainDevice {
     }
 }
 
+extension KeychainDevice {
+    /// Makes this store's `ThisDeviceOnly` keys accept any boot policy signed by the vendor's key (a PEM
+    /// P-256 public key): keys sealed from now on need an installed signed policy, not a local approval.
+    /// Needs the owner authorization once per TPM (the generation index).
+    public func useBootPolicyKey(publicKeyPEM: [UInt8]) async throws(KeychainError) {
+        try await engine.useBootPolicyKey(publicKeyPEM)
+    }
+
+    /// Installs a policy made by `signBootPolicy` (its signature is checked by the TPM, its ticket kept).
+    public func installBootPolicy(_ policy: [UInt8]) async throws(KeychainError) -> BootStateStatus {
+        try await engine.installBootPolicy(policy)
+    }
+
+    /// Revokes every signed policy of a generation below `generation`, for good (passcode, nil when none is set).
+    public func revokeBootPolicies(before generation: Int, passcode: SecureBytes?) async throws(KeychainError) {
+        try await engine.revokeBootPolicies(before: generation, passcode: passcode, owner: false)
+    }
+
+    /// As `revokeBootPolicies(before:passcode:)`, authorized by the configuration's owner authorization.
+    public func revokeBootPoliciesAsOwner(before generation: Int) async throws(KeychainError) {
+        try await engine.revokeBootPolicies(before: generation, passcode: nil, owner: true)
+    }
+
+    /// Signs a boot policy offline (no TPM, no store): the PCR values a release leaves and its generation
+    /// (0–63), with the vendor's PEM P-256 private key. Returns the policy file (JSON).
+    public static func signBootPolicy(pcrs: [Int: [UInt8]], generation: Int, privateKeyPEM: SecureBytes) throws(KeychainError) -> [UInt8] {
+        guard !pcrs.isEmpty, pcrs.keys.allSatisfy({ (0...15).contains($0) }), pcrs.values.allSatisfy({ $0.count == 32 }) else {
+            throw .invalidArgument("A boot policy needs PCRs 0–15 with SHA-256 values (64 hex digits): --pcr N=HEX")
+        }
+        let policy = try SignedBootPolicy.sign(BootState(values: pcrs), generation: generation, privatePEM: privateKeyPEM)
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return Array((try? encoder.encode(policy)) ?? Data())
+    }
+}
+
 extension Engine {
+    func useBootPolicyKey(_ pem: [UInt8]) throws(KeychainError) {
+        let (x, y) = try VendorKey.publicPoint(pem: pem)
+        let keyPublic: [UInt8]
+        do { keyPublic = try TPMContext.eccVerificationPublic(x: x, y: y) } catch {
+            throw KeychainError(.invalidArgument, "The boot-policy key cannot be encoded for the TPM", underlying: .tpm(error))
+        }
+        try withKeyring { keyring throws(KeychainError) in try keyring.configureVendorKey(keyPublic) }
+    }
+
+    func installBootPolicy(_ bytes: [UInt8]) throws(KeychainError) -> BootStateStatus {
+        guard let policy = try? JSONDecoder().decode(SignedBootPolicy.self, from: Data(bytes)) else {
+            throw .invalidArgument("The boot policy file is not one keychainctl boot-state sign wrote")
+        }
+        let status = try withKeyring { keyring throws(KeychainError) in
+            try keyring.installBootPolicy(policy)
+            return try Self.bootState(keyring, selection: configuration.pcrSelection)
+        }
+        dropUnsealedThisDeviceOnly()
+        return status
+    }
+
+    func revokeBootPolicies(before generation: Int, passcode: SecureBytes?, owner: Bool) throws(KeychainError) {
+        try withKeyring { keyring throws(KeychainError) in try keyring.revokeBootPolicies(before: generation, passcode: passcode, owner: owner) }
+        dropUnsealedThisDeviceOnly()
+    }
+
     func bootState() throws(KeychainError) -> BootStateStatus {
         try configuration.checkPCRSelection()
         return try withKeyring { keyring throws(KeychainError) in try Self.bootState(keyring, selection: configuration.pcrSelection) }
@@ -51,6 +118,20 @@ extension Engine {
             approvedPolicy = try keyring.approvedBootPolicy()
         } catch {
             throw keyring.diagnose(error, doing: "read the boot state")
+        }
+        if keyring.vendorKeyPublic() != nil {
+            let installed = keyring.installedBootPolicies()
+            let bits: UInt64
+            do { bits = UInt64(bigEndianBytes: try keyring.context.readNV(try keyring.generationIndex(), size: 8)) ?? .max } catch {
+                throw keyring.diagnose(error, doing: "read the boot-policy generations")
+            }
+            let revoked = installed.map(\.policy.generation).filter { bits & (UInt64(1) << UInt64($0)) != 0 }
+            let match = installed.first { $0.policy.state == current }
+            return BootStateStatus(pcrs: current.values.keys.sorted(), approved: match?.policy.state?.hexValues,
+                                   approvalIndexWritten: !installed.isEmpty, current: current.hexValues,
+                                   matches: match.map { !revoked.contains($0.policy.generation) } ?? false,
+                                   differing: match == nil ? current.values.keys.sorted() : [], mode: "vendor",
+                                   installedGenerations: installed.map(\.policy.generation).sorted(), revokedGenerations: revoked.sorted())
         }
         let recorded = keyring.recordedApproval().flatMap { approvedPolicy == BootApprovalLayout.approvedPolicy($0) ? $0 : nil }
         let differing = current.values.keys.sorted().filter { recorded?.values[$0] != current.values[$0] }

@@ -30,6 +30,12 @@ enum StoreMeta {
     static let bootApprovalTR = "tpm.boot-approval.tr"
     /// The PCR values (BootState) this store approved last; the index holds only their policy digest.
     static let bootApproved = "tpm.boot-approved"
+    /// Vendor-signed boot states: the vendor's public key (marshalled TPM2B_PUBLIC); present makes the store vendor-signed.
+    static let bootVendorKey = "tpm.boot-vendor.key"
+    /// The installed signed boot policies with their TPM tickets (InstalledBootPolicy list, JSON).
+    static let bootVendorPolicies = "tpm.boot-vendor.policies"
+    /// The generation bit-field index's serialized ESAPI resource.
+    static let bootGenerationTR = "tpm.boot-generation.tr"
 
     // MARK: Engine
     /// How many times the device was locked (UInt64, big endian): a `whenUnlocked` key cached

@@ -36,6 +36,8 @@ public struct PCRSelection: Sendable, Hashable, Codable {
 public enum NVComparison: UInt16, Sendable, Hashable, Codable {
     case equal = 0x0000
     case unsignedGreaterOrEqual = 0x0007
+    /// Every bit set in the operand is clear in the index (a bit field's revoked generations).
+    case bitClear = 0x000B
 }
 
 /// One assertion of a policy, as data: it extends an offline digest and can be run on a session.
@@ -59,6 +61,9 @@ public enum PolicyStep: Sendable, Hashable {
     /// `index` (named `name`) holds; then the digest restarts from this step alone. `approving` are the
     /// steps a session runs first: they are not part of this step's digest (the index holds theirs).
     indirect case authorizeNV(index: UInt32, name: [UInt8], approving: [PolicyStep])
+    /// PolicyAuthorize (Part 3, 23.16): a policy signed by the key with this name for `policyRef`. The
+    /// approved policy, its steps and the signature's ticket are the caller's (`run`'s `other`).
+    case authorize(keyName: [UInt8], policyRef: [UInt8])
 
     public func extend(_ digest: [UInt8]) -> [UInt8] {
         switch self {
@@ -80,6 +85,8 @@ public enum PolicyStep: Sendable, Hashable {
             return sha256(digest, CommandCode.policyAuthValue.bigEndianBytes)
         case .or(let branches):
             return sha256([UInt8](repeating: 0, count: 32), CommandCode.policyOR.bigEndianBytes, branches.flatMap { $0 })
+        case .authorize(let keyName, let policyRef):
+            return PolicyStep.authorizeDigest(keyName: keyName, policyRef: policyRef)
         case .authorizeNV(_, let name, _):
             return sha256([UInt8](repeating: 0, count: 32), CommandCode.policyAuthorizeNV.bigEndianBytes, name)
         }
@@ -99,6 +106,7 @@ public enum CommandCode {
     public static let nvWrite: UInt32 = 0x137
     public static let nvChangeAuth: UInt32 = 0x13B
     public static let nvIncrement: UInt32 = 0x134
+    public static let nvSetBits: UInt32 = 0x135
     public static let unseal: UInt32 = 0x15E
     public static let startAuthSession: UInt32 = 0x176
     static let policyNV: UInt32 = 0x149
@@ -145,6 +153,7 @@ public enum NVAttributes {
     public static let policyWrite: UInt32 = 0x0000_0008
     public static let typePINFail: UInt32 = 0x0000_0080
     public static let typeCounter: UInt32 = 0x0000_0010
+    public static let typeBits: UInt32 = 0x0000_0020
     public static let ownerRead: UInt32 = 0x0002_0000
     public static let authRead: UInt32 = 0x0004_0000
     public static let noDA: UInt32 = 0x0200_0000

@@ -30,7 +30,7 @@ extension TPMContext {
             case .authValue: try policyAuthValue(session)
             case .or(let branches): try policyOR(session, branches)
             case .authorizeNV(let index, _, _): try policyAuthorizeNV(session, index: try nvIndex(index))
-            case .secret, .signed: try other(step)
+            case .secret, .signed, .authorize: try other(step)
             }
         }
     }

@@ -21,7 +21,7 @@ struct Invocation {
     static let valued: Set<String> = ["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
                                       "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage", "--owner-auth-file",
                                       "--owner-auth-out", "--lockout-auth-out",
-                                      "--service", "--out", "--cost", "--pcr", "--version", "--ek-ca", "--parent", "--to"]
+                                      "--service", "--out", "--cost", "--pcr", "--version", "--ek-ca", "--parent", "--to", "--key", "--generation", "--boot-policy-key"]
     static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h",
                                         "--passphrase-stdin"]
 
@@ -100,6 +100,11 @@ let usage = """
       lock
       tpm reboot                   restart the embedded software TPM (a TPM reset)
       boot-state                   the PCRs ThisDeviceOnly items are bound to: approved and current values
+      boot-state sign --key VENDOR.pem --pcr N=HEX… [--generation G]   (offline, no TPM) a signed boot
+                                   policy for those values on stdout (JSON), generation G 0–63 (default 0)
+      boot-state install POLICY    install a signed policy (the TPM checks its signature)
+      boot-state revoke-before N   revoke signed policies of generations below N, for good (passcode on
+                                   stdin, or --owner-auth-file)
       boot-state approve [--pcr N=HEX]… [--owner-auth-file FILE|-]
                                    approve the current boot state (after an update you trust), or with
                                    --pcr the values an update will leave (before its reboot); revokes the

@@ -36,7 +36,15 @@ struct Commands {
             let ownership = Ownership(ownerAuthorizationFile: inv.flags["--owner-auth-out"],
                                       lockoutAuthorizationFile: inv.flags["--lockout-auth-out"],
                                       allowEmpty: inv.switches.contains("--allow-empty-owner-auth"))
-            let status = try await device.initialize(takingOwnership: ownership)
+            var status = try await device.initialize(takingOwnership: ownership)
+            if let key = inv.flags["--boot-policy-key"] {
+                // Vendor-signed boot states (docs/boot-state.md): after provisioning, before any item.
+                guard let pem = FileManager.default.contents(atPath: key) else {
+                    throw KeychainError.invalidArgument("Cannot read the boot-policy key \(key)")
+                }
+                try await device.useBootPolicyKey(publicKeyPEM: Array(pem))
+                status = try await device.status()
+            }
             output(status) {
                 "initialized: \($0.tpm) (\($0.securityLevel.rawValue)), passcode \($0.passcodeSet ? "set" : "not set")\n"
                     + authorizationLines($0)

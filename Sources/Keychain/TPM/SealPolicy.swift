@@ -14,6 +14,8 @@ struct SealPolicy: Codable, Equatable {
     var pcrDigest: [UInt8]?
     /// Approved keys: the boot-state approval index's name (`PolicyAuthorizeNV`, BootApprovalLayout).
     var bootApprovalName: [UInt8]?
+    /// Vendor-signed keys: the name of the vendor's boot-policy key (`PolicyAuthorize`, VendorBootLayout).
+    var bootVendorKeyName: [UInt8]?
     /// `whenPasscodeSet`: the passcode epoch the key belongs to.
     var passcodeEpoch: UInt64?
     /// Name of the state index (depends on the TPM's lock approval key).
@@ -70,7 +72,7 @@ struct SealPolicy: Codable, Equatable {
     var fixedToThisTPM: Bool { pcrs != nil }
 
     /// Sealed to literal PCR values by a version before boot-state approval: re-sealed when next opened.
-    var isLiteralBootBinding: Bool { pcrs != nil && pcrDigest != nil && bootApprovalName == nil }
+    var isLiteralBootBinding: Bool { pcrs != nil && pcrDigest != nil && bootApprovalName == nil && bootVendorKeyName == nil }
 
     func step(for branch: Branch) -> PolicyStep {
         switch branch {
@@ -85,7 +87,10 @@ struct SealPolicy: Codable, Equatable {
     /// The assertions every reader of the key makes first, in order: PCRs, passcode epoch, lock state.
     var steps: [PolicyStep] {
         var steps: [PolicyStep] = []
-        if let pcrs, let bootApprovalName {
+        if pcrs != nil, let bootVendorKeyName {
+            // First: PolicyAuthorize restarts the digest from itself (the signed PCR and generation steps run before it).
+            steps.append(.authorize(keyName: bootVendorKeyName, policyRef: VendorBootLayout.policyRef))
+        } else if let pcrs, let bootApprovalName {
             // First: PolicyAuthorizeNV restarts the digest from itself.
             steps.append(.authorizeNV(index: BootApprovalLayout.index, name: bootApprovalName,
                                       approving: [.pcr(selection: PCRSelection(pcrs), digest: [])]))

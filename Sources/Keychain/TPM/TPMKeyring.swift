@@ -195,7 +195,10 @@ final class TPMKeyring {
             if accessible.isThisDeviceOnly {
                 let selection = PCRSelection(pcrs).indices
                 policy.pcrs = selection
-                if let name = try ensureBootApproval(selection: selection, initial: recordedBootState(selection)) {
+                if let vendorKey = vendorKeyPublic() {
+                    try checkVendorBootState(selection: selection)
+                    policy.bootVendorKeyName = try TPMContext.name(ofPublic: vendorKey)
+                } else if let name = try ensureBootApproval(selection: selection, initial: recordedBootState(selection)) {
                     try checkApprovedBootState(selection: selection)
                     policy.bootApprovalName = name
                 } else {
@@ -326,12 +329,16 @@ final class TPMKeyring {
                 default: try bootApprovalIndex()
                 }
             }, willRun: { policyStep in
+                if case .authorize = policyStep { return }
                 switch policyStep {
                 case .pcr: step = "PolicyPCR"
                 case .authorizeNV: step = "PolicyAuthorizeNV"
                 case .nv(let index, _, _, _, _): step = index == DeviceLockLayout.epochIndex ? "PolicyNV(epoch)" : "PolicyNV(state)"
                 default: step = "policy"
                 }
+            }, other: { policyStep throws(TPMError) in
+                guard case .authorize(let keyName, _) = policyStep else { return }
+                try runVendorSteps(session!, policy: policy, keyName: keyName, step: &step)
             })
             if !policy.branches.isEmpty {
                 try authorize(session!, policy: policy, authorization: authorization, step: &step)
@@ -428,6 +435,13 @@ final class TPMKeyring {
                                  "The device state changed: PCRs this ThisDeviceOnly item is bound to no longer hold "
                                  + "the values it was sealed to. The item is kept; it opens again if they return",
                                  underlying: .tpm(error))
+        case "PolicyAuthorize(choice)":
+            return vendorStateError("no installed boot policy was signed for the current PCR values", reading: true, underlying: error)
+        case "PolicyNV(generation)" where code.is(.policy):
+            return vendorStateError("the installed boot policy's generation was revoked (boot-state revoke-before)", reading: true,
+                                    underlying: error)
+        case "PolicyAuthorize" where code.is(.value) || code.is(.policyFail):
+            return vendorStateError("the PCRs do not hold the values of the installed signed policy", reading: true, underlying: error)
         case "PolicyAuthorizeNV" where code.is(.value):
             return unapprovedBootState(current: try? BootState.read(context, policy.pcrs ?? []), reading: true, underlying: error)
         case "PolicyAuthorizeNV" where code.is(.nvUninitialized) || code.is(.handle):
