@@ -21,6 +21,8 @@ struct BenchOptions {
     /// Set in the child process that measures one token scheme (`--token-scheme`, not for users):
     /// SoftHSM2 reads its mechanism restriction once per process.
     var tokenScheme: TokenScheme?
+    /// `--provisioning`: only the seal-for, import and backup figures (ProvisioningBench.swift).
+    var provisioning = false
 
     static let usage = """
         usage: keychain-bench [--quick] [--warm N] [--cold N] [--writes N] [--first-writes N] [--runs N]
@@ -29,6 +31,7 @@ struct BenchOptions {
           --cold N (50)    cold reads; reads per access-control row; authValidity first and ticket reads
           --writes N (200) overwrites per level and on the token; --first-writes N (5) new services
           --runs N (20)    runs of each process reference
+          --provisioning   only seal-for throughput, import TPM commands, backup/restore of --writes×5 items
         """
 
     /// The sample counts as arguments, for a child process.
@@ -45,6 +48,10 @@ struct BenchOptions {
             if flag == "--help" || flag == "-h" { throw UsageError(message: nil) }
             if flag == "--quick" {
                 (warm, cold, writes, firstWrites, runs) = (2_000, 10, 20, 2, 5)
+                continue
+            }
+            if flag == "--provisioning" {
+                provisioning = true
                 continue
             }
             if flag == "--token-scheme" {

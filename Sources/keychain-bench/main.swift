@@ -28,6 +28,15 @@ func runBench(_ options: BenchOptions) async -> Int32 {
 
 do {
     let options = try BenchOptions(CommandLine.arguments.dropFirst())
+    if options.provisioning {
+        do {
+            print(try await provisioningBench(items: options.writes * 5, seals: options.warm / 10, imports: options.cold / 5))
+            exit(0)
+        } catch {
+            FileHandle.standardError.write(Data("keychain-bench: \(error)\n".utf8))
+            exit(1)
+        }
+    }
     exit(await runBench(options))
 } catch {
     guard let message = error.message else { print(BenchOptions.usage); exit(0) }
