@@ -7,31 +7,8 @@ import Testing
 /// `keychainctl backup` and `restore` across two devices: two software TPMs, A and B, each with its
 /// own store, as two machines would be.
 @Suite("backup and restore")
-struct BackupTests {
-    var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
-
-    struct Device {
-        let tpm: SoftwareTPM
-        let store: String
-        init() throws {
-            tpm = try SoftwareTPM()
-            store = tpm.directory + "/store"
-        }
-    }
-
-    @discardableResult
-    func cli(_ d: Device, _ args: [String], _ input: String = "") throws -> (status: Int32, stdout: [UInt8], stderr: String) {
-        try run(ctl, ["--store", d.store, "--tcti", d.tpm.tcti] + args, input: Array(input.utf8))
-    }
-
-    func text(_ d: Device, _ args: [String], _ input: String = "") throws -> String {
-        String(decoding: try cli(d, args, input).stdout, as: UTF8.self)
-    }
-
-    func errorCode(_ result: (status: Int32, stdout: [UInt8], stderr: String)) -> String? {
-        let body = try? JSONSerialization.jsonObject(with: Data(result.stdout)) as? [String: [String: Any]]
-        return body?["error"]?["code"] as? String
-    }
+struct BackupTests: TwoDeviceTest {
+    typealias Device = CLIDevice
 
     /// Every level and access control on A; the backup holds exactly the migratable ones, the passcode
     /// asked once for two passcode items; B gets them back with label, protection and dates, and a

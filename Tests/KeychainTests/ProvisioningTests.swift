@@ -8,28 +8,8 @@ import TPM2
 
 /// `seal-for` on a machine without a TPM, `import` on the device: two software TPMs, A and B.
 @Suite("provisioning bundles")
-struct ProvisioningTests {
-    var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
-
-    struct Device {
-        let tpm: SoftwareTPM
-        let store: String
-        init() throws {
-            tpm = try SoftwareTPM()
-            store = tpm.directory + "/store"
-        }
-        var env: [String: String] { ["TPM2TOOLS_TCTI": tpm.tcti] }
-    }
-
-    @discardableResult
-    func cli(_ d: Device, _ args: [String], _ input: String = "") throws -> (status: Int32, stdout: [UInt8], stderr: String) {
-        try run(ctl, ["--store", d.store, "--tcti", d.tpm.tcti] + args, input: Array(input.utf8))
-    }
-
-    func errorCode(_ result: (status: Int32, stdout: [UInt8], stderr: String)) -> String? {
-        let body = try? JSONSerialization.jsonObject(with: Data(result.stdout)) as? [String: [String: Any]]
-        return body?["error"]?["code"] as? String
-    }
+struct ProvisioningTests: TwoDeviceTest {
+    typealias Device = CLIDevice
 
     /// seal-for as a server runs it: no TPM in the environment, a store directory that must stay untouched.
     func sealFor(_ identity: String, _ args: [String], _ value: String, in dir: String) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
