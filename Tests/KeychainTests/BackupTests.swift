@@ -151,6 +151,19 @@ struct BackupTests: TwoDeviceTest {
         #expect(try cli(b, ["has", "svc", "tdo"]).status == 1)
     }
 
+    /// A token's items stay on the token: a backup leaves them out and says so.
+    @Test func aBackupLeavesTheTokensItemsOut() throws {
+        let t = try TokenBackendTests.Token()
+        #expect(try t.cli(["set", "svc", "on-token", "--key-storage", "strongbox"], input: Array("token value".utf8)).status == 0)
+        #expect(try t.cli(["set", "svc", "on-tpm"], input: Array("tpm value".utf8)).status == 0)
+        let made = try t.cli(["--json", "backup", "--passphrase-stdin", "--cost", "interactive", "--out", t.tpm.directory + "/b.kcb"],
+                             input: Array("pass\n".utf8))
+        #expect(made.status == 0, "\(made.stderr)")
+        let report = try JSONDecoder().decode(BackupReport.self, from: Data(made.stdout))
+        #expect(report.backedUp.map(\.key) == ["on-tpm"])
+        #expect(report.skipped.map { "\($0.key):\($0.reason.rawValue)" } == ["on-token:token"])
+    }
+
     /// `whenUnlocked` items need the device unlocked: a locked device writes no byte of a backup.
     @Test func aLockedDeviceWritesNoBackupOfWhenUnlockedItems() throws {
         let a = try Device()

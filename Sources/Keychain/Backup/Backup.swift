@@ -260,12 +260,12 @@ extension Engine {
         let store = try store()
         var plan = BackupPlan()
         do {
-            for svc in try service.map({ [$0, $0 + TokenSession.tagSuffix] }) ?? store.services() {
+            for svc in try service.map({ [$0] }) ?? store.services() {
                 for key in try store.keys(service: svc) {
                     guard let record = try store.item(service: svc, key: key) else { continue }
+                    // A token item (one namespace with the TPM items): its tag ends in "@strongbox".
                     if record.protection.hasSuffix(TokenSession.tagSuffix) {
-                        let shown = svc.hasSuffix(TokenSession.tagSuffix) ? String(svc.dropLast(TokenSession.tagSuffix.count)) : svc
-                        plan.skipped.append(.init(service: shown, key: key, reason: .token))
+                        plan.skipped.append(.init(service: svc, key: key, reason: .token))
                         continue
                     }
                     guard let protection = ItemProtection(storageTag: record.protection) else {
