@@ -82,6 +82,9 @@ final class TokenSession {
         tag.hasSuffix(tagSuffix) ? String(tag.dropLast(tagSuffix.count)) : tag
     }
 
+    /// A service as messages name it: without the token namespace's internal suffix.
+    static func shown(_ service: String) -> String { protectionTag(service) }
+
     /// Whether a stored protection tag is a token item behind the token's user PIN.
     static func usesPasscode(_ tag: String) -> Bool {
         tag.hasSuffix(tagSuffix) && ItemProtection(storageTag: String(tag.dropLast(tagSuffix.count)))?.accessControl == .passcode
@@ -144,12 +147,12 @@ final class TokenSession {
         let identity = Self.keyIdentity(service: service)
         let found: WrappingKey?
         do { found = try token.wrappingKey(label: identity.label, id: identity.id, create: create) } catch {
-            throw Self.map(error, doing: "find the wrapping key of service '\(service)'")
+            throw Self.map(error, doing: "find the wrapping key of service '\(Self.shown(service))'")
         }
         guard let handle = found else {
             throw create
-                ? KeychainError(.hardwareUnavailable, "The token did not create the wrapping key of service '\(service)'")
-                : KeychainError(.dataCorrupted, "The token has no wrapping key for service '\(service)': it was removed or this is another token")
+                ? KeychainError(.hardwareUnavailable, "The token did not create the wrapping key of service '\(Self.shown(service))'")
+                : KeychainError(.dataCorrupted, "The token has no wrapping key for service '\(Self.shown(service))': it was removed or this is another token")
         }
         handles[service] = handle
         return handle
@@ -159,7 +162,7 @@ final class TokenSession {
         handles[service] = nil
         opened = opened.filter { $0.key.service != service }
         do { try token.destroyKeys(label: Self.keyIdentity(service: service).label) } catch {
-            throw Self.map(error, doing: "remove the wrapping key of service '\(service)'")
+            throw Self.map(error, doing: "remove the wrapping key of service '\(Self.shown(service))'")
         }
     }
 
