@@ -9,6 +9,8 @@ let package = Package(
         .library(name: "Keychain", targets: ["Keychain"]),
         .executable(name: "keychainctl", targets: ["keychainctl"]),
         .executable(name: "keychain-bench", targets: ["keychain-bench"]),
+        // The keychain service: one store and TPM per device, callers told apart by SO_PEERCRED.
+        .executable(name: "keychaind", targets: ["keychaind"]),
         // For our users' own test suites: a private software TPM per test or suite.
         .library(name: "KeychainTestSupport", targets: ["KeychainTestSupport"]),
         .library(name: "BiometricsVault", targets: ["BiometricsVault"]),
@@ -35,8 +37,11 @@ let package = Package(
         .target(name: "KeychainStore", dependencies: ["CSQLite"]),
         // PKCS#11 tokens through p11-kit: one module, one logged-in session, wrap/unwrap on the token.
         .target(name: "PKCS11", dependencies: ["CP11Kit", "SecureMemory"]),
+        // keychaind's protocol: framing and messages, no Foundation (a small client links it alone).
+        .target(name: "KeychainWire"),
         // The public API.
-        .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn", "COpenSSL"]),
+        .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn", "COpenSSL",
+                                                 "KeychainWire"]),
 
         .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2"]),
         // BiometricsVault: biometric sign-in as a state machine over the public Keychain API.
@@ -45,6 +50,7 @@ let package = Package(
         .target(name: "SignInFlow", dependencies: ["Keychain"]),
 
         .executableTarget(name: "keychainctl", dependencies: ["Keychain", "SignInFlow"]),
+        .executableTarget(name: "keychaind", dependencies: ["Keychain"]),
         .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport"]),
 
         .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory"]),
@@ -55,7 +61,7 @@ let package = Package(
         .testTarget(name: "DocSnippetTests", dependencies: ["Keychain", "KeychainTestSupport", "BiometricsVault", "SignInFlow"]),
         .testTarget(name: "SignInFlowTests", dependencies: ["SignInFlow", "Keychain", "KeychainTestSupport", "SecureMemory"]),
         .testTarget(name: "KeychainStoreTests", dependencies: ["KeychainStore"]),
-        .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport"]),
+        .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport", "KeychainWire"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -45,6 +45,17 @@ public struct KeychainConfiguration: Sendable {
     /// The PKCS#11 token of `keyStorage: 'strongbox'` storages, an RFC 7512 URI with
     /// `module-path=` or `module-name=` and `pin-source=` (`KEYCHAIN_PKCS11_URI`).
     public var pkcs11URI: String?
+    /// keychaind's socket (`KEYCHAIN_SOCKET`): when set, every call goes through the daemon, which
+    /// owns the store and the TPM; the store, TPM and reader settings here are then unused. The same
+    /// API, codes and messages; prompts still come to this configuration's `authenticator`.
+    public var daemonSocket: String?
+
+    /// A configuration that reaches the keychain through keychaind at `socket`.
+    public static func daemon(socket: String, authenticator: (any Authenticator)? = nil) -> KeychainConfiguration {
+        var configuration = KeychainConfiguration(storeDirectory: "", tpm: .embedded, authenticator: authenticator)
+        configuration.daemonSocket = socket
+        return configuration
+    }
 
     public init(storeDirectory: String, tpm: TPMSource, pcrSelection: [Int] = [7],
                 passcodeRetryLimit: UInt32 = 10, ownerAuthorization: SecureBytes? = nil,
@@ -85,8 +96,18 @@ public struct KeychainConfiguration: Sendable {
     /// `KEYCHAIN_STORE` or `~/.local/share/keychain`; `KEYCHAIN_TCTI`, `TPM2TCTI`, `/dev/tpmrm0`,
     /// and the embedded software TPM when there is none of them. The reader is `KEYCHAIN_READER`
     /// (`none` for a device without one), or `<store>.reader`.
+    /// With `KEYCHAIN_SOCKET` set, keychaind at that socket (`daemon(socket:)`).
     public static var `default`: KeychainConfiguration {
         if let taskDefault { return taskDefault }
+        if let socket = ProcessInfo.processInfo.environment["KEYCHAIN_SOCKET"], !socket.isEmpty { return .daemon(socket: socket) }
+        return direct
+    }
+
+    /// keychaind's socket in the units of `dist/systemd/`.
+    public static let systemSocket = "/run/keychain/keychaind.sock"
+
+    /// The environment's store and TPM in this process, as `default` without `KEYCHAIN_SOCKET`.
+    public static var direct: KeychainConfiguration {
         let env = ProcessInfo.processInfo.environment
         let store = env["KEYCHAIN_STORE"].flatMap { $0.isEmpty ? nil : $0 }
             ?? (env["HOME"] ?? NSHomeDirectory()) + "/.local/share/keychain"

@@ -1,4 +1,5 @@
 import Foundation
+import KeychainWire
 /// `SecureBytes` is part of the API (passcodes, values): `import Keychain` brings it.
 @_exported import SecureMemory
 
@@ -12,17 +13,48 @@ public struct Keychain: Sendable {
     /// The service its items belong to (the options' service, or the configuration's application identifier).
     public let service: String
     public let configuration: KeychainConfiguration
-    let engine: Engine
+    /// This process's engine of the store; nil through keychaind (`configuration.daemonSocket`).
+    private let local: Engine?
+    private let remote: DaemonClient?
+    /// Before every service name in the store: keychaind's per-uid or per-group part ("" in-process).
+    let namespace: String
 
     /// - Throws: `INVALID_ARGUMENT` with the seed's message for options that break a rule.
     public init(options: KeychainOptions = .init(), configuration: KeychainConfiguration = .default) throws(KeychainError) {
+        try self.init(options: options, configuration: configuration, namespace: "")
+    }
+
+    init(options: KeychainOptions, configuration: KeychainConfiguration, namespace: String) throws(KeychainError) {
         self.options = try options.validated()
         self.service = options.service ?? configuration.applicationIdentifier
         if options.service == nil { _ = try KeychainOptions(service: service).validated() }  // a bad KEYCHAIN_APP_ID
         self.configuration = configuration
+        self.namespace = namespace
+        if let socket = configuration.daemonSocket {
+            (local, remote) = (nil, DaemonClient(socketPath: socket))
+            return
+        }
         let shared = Engine.shared(for: configuration)
         if let refusal = shared.refusal { throw refusal }
-        self.engine = shared.engine
+        (local, remote) = (shared.engine, nil)
+    }
+
+    /// Every in-process path checks `remote` first.
+    var engine: Engine { local! }
+
+    /// The service's name in the store: keychaind puts its caller's namespace before it.
+    var storeService: String { namespace + service }
+
+    /// One call through keychaind: the options (with the service resolved here), the key, the rest.
+    private func daemon(_ op: DaemonOp, key: String? = nil, authenticator: (any Authenticator)? = nil,
+                        _ build: (inout WireMessage) -> Void = { _ in }) async throws(KeychainError) -> WireMessage {
+        var resolved = options
+        resolved.service = service
+        return try await remote!.call(op, { message in
+            message.add(Tag.options, WireJSON.encode(resolved))
+            message.add(Tag.key, key)
+            build(&message)
+        }, authenticator: authenticator)
     }
 
     /// The largest value `setItem` stores, in bytes (16 MiB); read input in a bounded way up to it.
@@ -38,6 +70,13 @@ public struct Keychain: Sendable {
     }
 
     public func setItem(_ key: String, _ value: SecureBytes, options call: SetItemOptions? = nil) async throws(KeychainError) {
+        if remote != nil {
+            _ = try await daemon(.setItem, key: key) { message in
+                message.add(Tag.value, value.withUnsafeBytes { Array($0) })
+                call?.add(to: &message)
+            }
+            return
+        }
         let protection = try options.resolved(for: call)
         if options.android.keyStorage == .strongbox {
             guard let uri = configuration.pkcs11URI else {
@@ -46,7 +85,7 @@ public struct Keychain: Sendable {
             }
             switch protection.accessControl {
             case .none, .passcode:
-                try await engine.set(value, service: service, key: key, protection: protection, label: call?.label,
+                try await engine.set(value, service: storeService, key: key, protection: protection, label: call?.label,
                                      backend: TokenBackend(uri: uri), tag: protection.storageTag + TokenSession.tagSuffix)
             default:
                 // The token has no fingerprint reader: refuse rather than store with less protection.
@@ -54,14 +93,14 @@ public struct Keychain: Sendable {
             }
             return
         }
-        try await engine.set(value, service: service, key: key, protection: protection, label: call?.label,
+        try await engine.set(value, service: storeService, key: key, protection: protection, label: call?.label,
                              backend: TPMBackend(readerDirectory: configuration.readerDirectory), tag: protection.storageTag)
     }
 
     /// The value as UTF-8 text, or nil when there is none.
     /// - Throws: `INVALID_ARGUMENT` when the stored bytes are not UTF-8 (read them with `getData`).
     public func getItem(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> String? {
-        guard let bytes = try await engine.get(service: service, key: key, context: readContext(call)) else { return nil }
+        guard let bytes = try await getSecureBytes(key, options: call) else { return nil }
         guard let text = bytes.withUnsafeBytes({ String(validating: $0.bindMemory(to: UInt8.self), as: UTF8.self) }) else {
             throw KeychainError.invalidArgument("Item '\(key)' holds bytes that are not UTF-8 text: read it with getData")
         }
@@ -70,13 +109,22 @@ public struct Keychain: Sendable {
 
     /// The value's bytes, or nil when there is none.
     public func getData(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> Data? {
-        guard let bytes = try await engine.get(service: service, key: key, context: readContext(call)) else { return nil }
+        guard let bytes = try await getSecureBytes(key, options: call) else { return nil }
         return bytes.withUnsafeBytes { Data($0) }
     }
 
     /// The value in locked memory, wiped when released: for keys and tokens that should not linger.
     public func getSecureBytes(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> SecureBytes? {
-        try await engine.get(service: service, key: key, context: readContext(call))
+        if remote != nil {
+            let authenticator = configuration.authenticator
+            var reply = try await daemon(.getItem, key: key, authenticator: authenticator) { message in
+                message.add(Tag.prompt, call?.prompt.map { WireJSON.encode($0) })
+                message.add(Tag.attempts, authenticator.map { UInt64(max(1, $0.attemptsPerRead)) })
+            }
+            defer { reply.wipe() }
+            return reply.bytes(Tag.resultBytes).map { SecureBytes(copying: $0) }
+        }
+        return try await engine.get(service: storeService, key: key, context: readContext(call))
     }
 
     /// The prompt is the storage's, then the call's, field by field (seed: createKeychain).
@@ -88,6 +136,10 @@ public struct Keychain: Sendable {
 
     /// Whether this storage's device can protect an item with `value` now; never prompts, never writes.
     public func canUseAccessControl(_ value: AccessControl) async -> AccessControlCheck {
+        if remote != nil {
+            let reply = try? await daemon(.storageCanUse) { $0.add(Tag.accessControl, value.rawValue) }
+            return (try? reply?.result(AccessControlCheck.self)) ?? .init(available: false, reason: .unsupported)
+        }
         if options.android.keyStorage == .strongbox {
             // The token's user PIN is the passcode; the token has no biometrics.
             guard let uri = configuration.pkcs11URI else { return .init(available: false, reason: .unsupported) }
@@ -99,27 +151,35 @@ public struct Keychain: Sendable {
 
     /// Whether an item exists; never prompts and never touches the TPM.
     public func hasItem(_ key: String) async throws(KeychainError) -> Bool {
-        try await engine.has(service: service, key: key)
+        if remote != nil { return try await daemon(.hasItem, key: key).resultBool() }
+        return try await engine.has(service: storeService, key: key)
     }
 
     /// Removes an item; removing an absent one is not an error.
     public func removeItem(_ key: String) async throws(KeychainError) {
-        try await engine.remove(service: service, key: key)
+        if remote != nil { _ = try await daemon(.removeItem, key: key); return }
+        try await engine.remove(service: storeService, key: key)
     }
 
     /// Removes every item of this storage's service and its wrapping keys; never prompts.
     public func clear() async throws(KeychainError) {
-        try await engine.clear(service: service, pkcs11URI: configuration.pkcs11URI)
+        if remote != nil { _ = try await daemon(.clear); return }
+        try await engine.clear(service: storeService, pkcs11URI: configuration.pkcs11URI)
     }
 
     /// The keys of this storage's items, sorted; never prompts and never touches the TPM.
     public func getAllKeys() async throws(KeychainError) -> [String] {
-        try await engine.keys(service: service)
+        if remote != nil { return try await daemon(.allKeys).result([String].self) }
+        return try await engine.keys(service: storeService)
     }
 
     /// What is known of an item without reading its value: protection, label, dates, security level.
     public func getItemInfo(_ key: String) async throws(KeychainError) -> ItemInfo? {
-        try await engine.info(service: service, key: key)
+        if remote != nil {
+            let reply = try await daemon(.itemInfo, key: key)
+            return reply.bytes(Tag.resultJSON) == nil ? nil : try reply.result(ItemInfo.self)
+        }
+        return try await engine.info(service: storeService, key: key)
     }
 }
 
@@ -184,20 +244,33 @@ public struct DeviceStatus: Sendable, Hashable, Codable {
 
 /// The device: its passcode and lock, shared by every storage of a store.
 public struct KeychainDevice: Sendable {
-    private let sharedEngine: Engine
+    /// This process's engine of the store; nil through keychaind (`configuration.daemonSocket`).
+    private let local: Engine?
+    private let remote: DaemonClient?
     /// Why this configuration cannot use the store's engine; thrown by the first call that can throw.
     private let refusal: KeychainError?
     let configuration: KeychainConfiguration
     public init(configuration: KeychainConfiguration = .default) {
-        (sharedEngine, refusal) = Engine.shared(for: configuration)
+        if let socket = configuration.daemonSocket {
+            (local, remote, refusal) = (nil, DaemonClient(socketPath: socket), nil)
+        } else {
+            let shared = Engine.shared(for: configuration)
+            (local, remote, refusal) = (shared.engine, nil, shared.refusal)
+        }
         self.configuration = configuration
     }
 
+    /// Every in-process path checks `remote` first.
     var engine: Engine {
         get throws(KeychainError) {
             if let refusal { throw refusal }
-            return sharedEngine
+            return local!
         }
+    }
+    private var sharedEngine: Engine { local! }
+
+    private func daemon(_ op: DaemonOp, _ build: (inout WireMessage) -> Void = { _ in }) async throws(KeychainError) -> WireMessage {
+        try await remote!.call(op, build)
     }
 
     /// Asks the owner for the device passcode (the authenticator, passcode only) and proves it to the
@@ -210,7 +283,7 @@ public struct KeychainDevice: Sendable {
                                     unnamedFailure: "wrong passcode") { answer throws(KeychainError) -> PromptOutcome<Void> in
             guard case .passcode(let pin) = answer else { return .failed("enter the passcode") }
             do throws(KeychainError) {
-                try await engine.unlock(passcode: pin, readerDirectory: configuration.readerDirectory)
+                try await unlock(passcode: pin)
                 return .opened(())
             } catch where error.code == .authenticationFailed {
                 return .failed("wrong passcode")
@@ -222,26 +295,43 @@ public struct KeychainDevice: Sendable {
 
     /// Enrolls a finger on the simulated reader; needs the device passcode when one is set.
     public func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) {
+        if remote != nil {
+            _ = try await daemon(.enrollFinger) { $0.add(Tag.finger, name); $0.add(Tag.passcode, passcode?.wireBytes) }
+            return
+        }
         try await engine.enroll(name, passcode: passcode, readerDirectory: try readerDirectory())
     }
     /// Removes a finger; needs the device passcode when one is set. CurrentSet items are invalidated.
     @discardableResult
     public func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool {
-        try await engine.removeFinger(name, passcode: passcode, readerDirectory: try readerDirectory())
+        if remote != nil {
+            return try await daemon(.removeFinger) { $0.add(Tag.finger, name); $0.add(Tag.passcode, passcode?.wireBytes) }.resultBool()
+        }
+        return try await engine.removeFinger(name, passcode: passcode, readerDirectory: try readerDirectory())
     }
     /// Deletes the fingerprint reader (its fingers and its TPM key); needs the device passcode when
     /// one is set. - Returns: false when there was no reader.
     @discardableResult
     public func deleteReader(passcode: SecureBytes?) async throws(KeychainError) -> Bool {
-        try await engine.deleteReader(passcode: passcode, readerDirectory: try readerDirectory())
+        if remote != nil { return try await daemon(.deleteReader) { $0.add(Tag.passcode, passcode?.wireBytes) }.resultBool() }
+        return try await engine.deleteReader(passcode: passcode, readerDirectory: try readerDirectory())
     }
     public func enrolledFingers() async throws(KeychainError) -> [String] {
-        try FingerprintReader(directory: try readerDirectory()).enrolled
+        if remote != nil { return try await daemon(.enrolledFingers).result([String].self) }
+        return try FingerprintReader(directory: try readerDirectory()).enrolled
     }
     /// The biometric sensors present: a fingerprint reader when one is configured.
-    public func biometryTypes() -> [BiometryType] { configuration.readerDirectory == nil ? [] : [.fingerprint] }
+    /// Through keychaind, the daemon's reader (asked with a blocking call; [] when it does not answer).
+    public func biometryTypes() -> [BiometryType] {
+        if let remote { return remote.callBlocking(.biometryTypes).flatMap { try? $0.result([BiometryType].self) } ?? [] }
+        return configuration.readerDirectory == nil ? [] : [.fingerprint]
+    }
     public func canUseAccessControl(_ value: AccessControl) async -> AccessControlCheck {
-        await sharedEngine.canUse(value, readerDirectory: configuration.readerDirectory)
+        if remote != nil {
+            let reply = try? await daemon(.deviceCanUse) { $0.add(Tag.accessControl, value.rawValue) }
+            return (try? reply?.result(AccessControlCheck.self)) ?? .init(available: false, reason: .unsupported)
+        }
+        return await sharedEngine.canUse(value, readerDirectory: configuration.readerDirectory)
     }
 
     private func readerDirectory() throws(KeychainError) -> String {
@@ -258,7 +348,10 @@ public struct KeychainDevice: Sendable {
     /// Provisions the TPM (SRK, device-lock indices) and the store when needed, and reports the state.
     /// It never changes the TPM's hierarchy authorizations: `status().warnings` says when they are empty.
     @discardableResult
-    public func initialize() async throws(KeychainError) -> DeviceStatus { try await engine.initialize() }
+    public func initialize() async throws(KeychainError) -> DeviceStatus {
+        if remote != nil { return try await daemon(.initialize).result(DeviceStatus.self) }
+        return try await engine.initialize()
+    }
 
     /// Provisions as `initialize()`, then takes ownership of the TPM as a provisioning tool does: each
     /// empty owner or lockout authorization with a file in `ownership` is set to 32 random bytes,
@@ -267,45 +360,81 @@ public struct KeychainDevice: Sendable {
     /// its first start without asking (its files are in `<store>/swtpm/`).
     @discardableResult
     public func initialize(takingOwnership ownership: Ownership) async throws(KeychainError) -> DeviceStatus {
+        if remote != nil {
+            // The authorization files are the TPM owner's, on the daemon's side: provision there.
+            throw KeychainError(.unsupported, "Taking TPM ownership is not done through the keychain service: run "
+                                + "'keychainctl --direct --store <the service's store> init …' as the service's user")
+        }
         _ = try await engine.initialize()
         try await engine.takeOwnership(ownership)
         return try await engine.status()
     }
-    public func status() async throws(KeychainError) -> DeviceStatus { try await engine.status() }
+    public func status() async throws(KeychainError) -> DeviceStatus {
+        if remote != nil { return try await daemon(.status).result(DeviceStatus.self) }
+        return try await engine.status()
+    }
     /// Resets this library's count of wrong token PINs (SoftHSM2-like tokens keep none themselves).
-    public func resetTokenPINTries() async throws(KeychainError) { try await engine.resetTokenPINTries() }
+    public func resetTokenPINTries() async throws(KeychainError) {
+        if remote != nil { _ = try await daemon(.resetTokenPINTries); return }
+        try await engine.resetTokenPINTries()
+    }
 
     /// The configured PKCS#11 token: label, manufacturer, model, PIN state flags.
     public func tokenStatus() async throws(KeychainError) -> TokenStatus? {
+        if remote != nil {
+            let reply = try await daemon(.tokenStatus)
+            return reply.bytes(Tag.resultJSON) == nil ? nil : try reply.result(TokenStatus.self)
+        }
         guard let uri = configuration.pkcs11URI else { return nil }
         return try await engine.tokenStatus(uri: uri)
     }
 
     /// Unlocks with the passcode, checked by the TPM (wrong ones count toward its limit).
     public func unlock(passcode: SecureBytes?) async throws(KeychainError) {
+        if remote != nil { _ = try await daemon(.unlock) { $0.add(Tag.passcode, passcode?.wireBytes) }; return }
         try await engine.unlock(passcode: passcode, readerDirectory: configuration.readerDirectory)
     }
     /// Locks: `whenUnlocked*` items become `INTERACTION_NOT_ALLOWED` until the next unlock.
-    public func lock() async throws(KeychainError) { try await engine.lock() }
+    public func lock() async throws(KeychainError) {
+        if remote != nil { _ = try await daemon(.lock); return }
+        try await engine.lock()
+    }
     public func setPasscode(_ passcode: SecureBytes) async throws(KeychainError) {
         try checkPasscode(passcode)
+        if remote != nil { _ = try await daemon(.setPasscode) { $0.add(Tag.newPasscode, passcode.wireBytes) }; return }
         try await engine.setPasscode(old: nil, new: passcode)
     }
     public func changePasscode(from old: SecureBytes, to new: SecureBytes) async throws(KeychainError) {
         try checkPasscode(new)
+        if remote != nil {
+            _ = try await daemon(.changePasscode) { $0.add(Tag.passcode, old.wireBytes); $0.add(Tag.newPasscode, new.wireBytes) }
+            return
+        }
         try await engine.setPasscode(old: old, new: new)
     }
     /// Removes the passcode; `whenPasscodeSetThisDeviceOnly` items are destroyed, as on iOS.
     public func removePasscode(current: SecureBytes) async throws(KeychainError) {
+        if remote != nil { _ = try await daemon(.removePasscode) { $0.add(Tag.passcode, current.wireBytes) }; return }
         try await engine.setPasscode(old: current, new: nil)
     }
     /// Resets the TPM's count of wrong passcodes (needs the owner authorization of the configuration).
-    public func resetPasscodeTries() async throws(KeychainError) { try await engine.resetPasscodeTries() }
+    public func resetPasscodeTries() async throws(KeychainError) {
+        if remote != nil { _ = try await daemon(.resetPasscodeTries); return }
+        try await engine.resetPasscodeTries()
+    }
 
-    /// TPM commands this process sent since the last call (for benchmarks).
-    public func takeTPMCommandCount() async -> Int { await sharedEngine.drainCommandCount() }
-    /// Forgets unsealed keys held in memory, as a new process would start (for benchmarks and tests).
-    public func dropCaches() async { await sharedEngine.dropCaches() }
+    /// TPM commands this process sent since the last call (for benchmarks); through keychaind, the
+    /// daemon's (all its callers').
+    public func takeTPMCommandCount() async -> Int {
+        if remote != nil { return (try? await daemon(.takeTPMCommandCount).uint(Tag.resultNumber)).flatMap { $0 }.map(Int.init) ?? 0 }
+        return await sharedEngine.drainCommandCount()
+    }
+    /// Forgets unsealed keys held in memory, as a new process would start (for benchmarks and tests);
+    /// through keychaind, the daemon's (root or `admin` only).
+    public func dropCaches() async {
+        if remote != nil { _ = try? await daemon(.dropCaches); return }
+        await sharedEngine.dropCaches()
+    }
 
     private func checkPasscode(_ passcode: SecureBytes) throws(KeychainError) {
         // The PIN index's authValue holds at most one SHA-256 digest: 32 bytes.
@@ -313,4 +442,9 @@ public struct KeychainDevice: Sendable {
             throw KeychainError.invalidArgument("Invalid passcode: expected 4 to 32 bytes, got \(passcode.count)")
         }
     }
+}
+
+extension SecureBytes {
+    /// The bytes for a request field (the message is wiped once sent).
+    var wireBytes: [UInt8] { withUnsafeBytes { Array($0) } }
 }

@@ -12,7 +12,8 @@ package enum Processes {
     /// SIGTERM, and a child would inherit that and survive a plain `kill`.
     /// posix_spawn, not Foundation's `Process`, which needs a run loop that an actor's thread lacks.
     package static func spawn(_ path: String, _ argv: [String], environment: [String: String]? = nil,
-                              stdin: Int32? = nil, stdout: Int32? = nil, stderr: Int32? = nil) -> Int32? {
+                              stdin: Int32? = nil, stdout: Int32? = nil, stderr: Int32? = nil,
+                              passing fd3: Int32? = nil) -> Int32? {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
@@ -23,7 +24,9 @@ package enum Processes {
                 posix_spawn_file_actions_addopen(&actions, Int32(target), "/dev/null", target == 0 ? O_RDONLY : O_WRONLY, 0)
             }
         }
-        posix_spawn_file_actions_addclosefrom_np(&actions, 3)
+        // `passing`: one more descriptor, as fd 3 (systemd's socket activation passes a socket so).
+        if let fd3 { posix_spawn_file_actions_adddup2(&actions, fd3, 3) }
+        posix_spawn_file_actions_addclosefrom_np(&actions, fd3 == nil ? 3 : 4)
 
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)

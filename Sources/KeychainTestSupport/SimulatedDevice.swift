@@ -1,3 +1,4 @@
+import Foundation
 import Keychain
 
 /// A device for tests: a private software TPM, the simulated fingerprint reader (`tpm.directory/reader`)
@@ -20,21 +21,45 @@ public struct SimulatedDevice: Sendable {
     public let device: KeychainDevice
     /// The passcode it was made with (nil for none), used by `unlock()` and `enrollFinger(_:)`.
     public let passcode: SecureBytes?
+    /// keychaind serving this device's store when it was made `throughDaemon`; `configuration` reaches
+    /// the keychain through it (prompts still come to `answers`).
+    public let daemon: KeychainDaemon?
+
+    /// `KEYCHAIN_TEST_THROUGH_DAEMON=1` in the environment: devices are made `throughDaemon` unless
+    /// told otherwise, so one suite runs in-process and, run again with it, through keychaind.
+    public static var throughDaemonByDefault: Bool {
+        ProcessInfo.processInfo.environment["KEYCHAIN_TEST_THROUGH_DAEMON"] == "1"
+    }
 
     /// - Parameters:
     ///   - passcode: set as the device passcode (and used to enroll the fingers); nil for none.
     ///   - fingers: enrolled on the reader.
     ///   - reader: false for a device without a fingerprint reader.
-    public init(passcode: SecureBytes? = nil, fingers: [String] = [], reader: Bool = true) async throws {
+    ///   - throughDaemon: serve the store with keychaind (`daemon`) and call it through its socket.
+    public init(passcode: SecureBytes? = nil, fingers: [String] = [], reader: Bool = true,
+                throughDaemon: Bool = SimulatedDevice.throughDaemonByDefault) async throws {
         tpm = try SoftwareTPM()
         self.passcode = passcode
         var configuration = tpm.configuration()
         configuration.readerDirectory = reader ? tpm.directory + "/reader" : nil
         configuration.authenticator = answers
+        if throughDaemon {
+            let daemon = try KeychainDaemon(tpm: tpm, reader: configuration.readerDirectory)
+            self.daemon = daemon
+            configuration = daemon.configuration(authenticator: answers)
+        } else {
+            daemon = nil
+        }
         self.configuration = configuration
         device = KeychainDevice(configuration: configuration)
         if let passcode { try await device.setPasscode(passcode) }
         for finger in fingers where reader { try await device.enrollFinger(finger, passcode: passcode) }
+    }
+
+    /// The name `service` has in the store's tables: keychaind keeps each uid's items apart
+    /// (`uid:N/service`), for tests that look at the stored records.
+    public func storeService(_ service: String) -> String {
+        daemon == nil ? service : KeychainDaemon.storeService(service)
     }
 
     /// Locks the device: `whenUnlocked…` items fail with `INTERACTION_NOT_ALLOWED` until `unlock()`.
@@ -56,6 +81,7 @@ public struct SimulatedDevice: Sendable {
     /// `createKeychain()`, `keychainctl`) at this device's TPM, store and reader. A child has no
     /// `answers`: reads that prompt fail there with `INTERACTION_NOT_ALLOWED`.
     public var environment: [String: String] {
+        if let daemon { return daemon.environment }
         var environment = tpm.environment
         environment["KEYCHAIN_READER"] = configuration.readerDirectory ?? "none"
         return environment

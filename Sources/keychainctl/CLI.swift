@@ -18,12 +18,13 @@ struct Invocation {
     /// Options given more than once (`--pcr 0=HEX --pcr 7=HEX`), every value in order.
     var repeated: [String: [String]] = [:]
 
-    static let valued: Set<String> = ["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
+    static let valued = Set<String>(["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
                                       "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage", "--owner-auth-file",
                                       "--owner-auth-out", "--lockout-auth-out",
                                       "--service", "--out", "--cost", "--pcr", "--version", "--ek-ca", "--parent", "--to", "--key", "--generation", "--boot-policy-key"]
+        + ["--access-group"])
     static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h",
-                                        "--passphrase-stdin"]
+                                        "--passphrase-stdin", "--direct"]
 
     init(_ args: [String]) throws(UsageError) {
         var i = 0
@@ -58,7 +59,17 @@ struct Invocation {
     }
 
     func configuration() throws(KeychainError) -> KeychainConfiguration {
-        var configuration = KeychainConfiguration.default
+        // Through keychaind when its socket is named (KEYCHAIN_SOCKET) or, without KEYCHAIN_STORE, the
+        // system's socket exists; --direct, --store or --tcti use a store in this process.
+        let direct = switches.contains("--direct") || store != nil || tcti != nil
+        if !direct {
+            let env = ProcessInfo.processInfo.environment
+            if let socket = env["KEYCHAIN_SOCKET"], !socket.isEmpty { return .daemon(socket: socket) }
+            if (env["KEYCHAIN_STORE"] ?? "").isEmpty, FileManager.default.fileExists(atPath: KeychainConfiguration.systemSocket) {
+                return .daemon(socket: KeychainConfiguration.systemSocket)
+            }
+        }
+        var configuration = KeychainConfiguration.direct
         if let store, (ProcessInfo.processInfo.environment["KEYCHAIN_READER"] ?? "").isEmpty {
             configuration.readerDirectory = store + ".reader"
         }
@@ -80,7 +91,10 @@ struct Invocation {
 }
 
 let usage = """
-    usage: keychainctl [--store DIR] [--tcti CONF] [--json] COMMAND …
+    usage: keychainctl [--store DIR] [--tcti CONF] [--direct] [--json] COMMAND …
+
+    Through keychaind when KEYCHAIN_SOCKET names its socket, or when /run/keychain/keychaind.sock exists
+    and KEYCHAIN_STORE is not set; --direct (or --store, --tcti) uses a store in this process instead.
 
     Device:
       init [--owner-auth-file FILE|-] [--owner-auth-out FILE] [--lockout-auth-out FILE] [--allow-empty-owner-auth]
@@ -114,6 +128,8 @@ let usage = """
 
     Items (the value of `set` is read from stdin to EOF, bytes kept exactly):
       set SERVICE KEY [--accessible A] [--access-control C] [--label L] [--auth-validity N] [--synchronizable]
+    Item commands take --access-group NAME: through keychaind, the items the access group NAME shares
+    (groups.d/NAME.conf), for its members only (ACCESS_DENIED otherwise).
     Item commands take --key-storage tee|strongbox: strongbox is the PKCS#11 token of --pkcs11-uri
     (KEYCHAIN_PKCS11_URI); its items are kept apart from the TPM storage of the same service.
       get SERVICE KEY [--auth-validity N]   the value on stdout, exactly as stored; a passed prompt
@@ -156,7 +172,7 @@ let usage = """
       --touch FINGER | --touch cancel | --touch fallback | --touch interrupt, or --passcode-stdin
       demo                         the sign-in flow, step by step, on a fresh embedded software TPM
 
-    Environment: KEYCHAIN_STORE (store directory), KEYCHAIN_TCTI then TPM2TCTI (the TPM), KEYCHAIN_READER
+    Environment: KEYCHAIN_SOCKET (keychaind's socket), KEYCHAIN_STORE (store directory), KEYCHAIN_TCTI then TPM2TCTI (the TPM), KEYCHAIN_READER
     (the reader's directory, or none), KEYCHAIN_PKCS11_URI (the token), KEYCHAIN_APP_ID (the default service).
     Without either and without /dev/tpmrm0, a software TPM kept in the store directory is used.
     """

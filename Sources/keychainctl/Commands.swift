@@ -12,6 +12,7 @@ struct Commands {
         var options = options
         options.service = service
         if let k = inv.flags["--key-storage"] { options.android.keyStorage = try KeyStorage(parsing: k) }
+        if let group = inv.flags["--access-group"] { options.accessGroup = group }
         var configuration = configuration
         if inv.command.first == "get" {
             configuration.authenticator = try scriptedAuthenticator(inv)
@@ -36,7 +37,9 @@ struct Commands {
             let ownership = Ownership(ownerAuthorizationFile: inv.flags["--owner-auth-out"],
                                       lockoutAuthorizationFile: inv.flags["--lockout-auth-out"],
                                       allowEmpty: inv.switches.contains("--allow-empty-owner-auth"))
-            var status = try await device.initialize(takingOwnership: ownership)
+            // Through keychaind the service's own provisioning took ownership (it holds the files).
+            var status = configuration.daemonSocket != nil ? try await device.initialize()
+                : try await device.initialize(takingOwnership: ownership)
             if let key = inv.flags["--boot-policy-key"] {
                 // Vendor-signed boot states (docs/boot-state.md): after provisioning, before any item.
                 guard let pem = FileManager.default.contents(atPath: key) else {
@@ -260,8 +263,8 @@ struct KeychainCtl {
                 exit(0)
             }
             let configuration = try inv.configuration()
-            if case .embedded = configuration.tpm, inv.command.first != "demo", inv.command.first != "biometry-types",
-               inv.command.first != "seal-for" {
+            if configuration.daemonSocket == nil, case .embedded = configuration.tpm, inv.command.first != "demo",
+               inv.command.first != "biometry-types", inv.command.first != "seal-for" {
                 FileHandle.standardError.write(Data("keychainctl: no TPM device or --tcti: using the embedded software TPM in \(escaped(configuration.storeDirectory))/swtpm (security level: software)\n".utf8))
             }
             code = try await Commands(inv: inv, configuration: configuration).run()

@@ -17,6 +17,7 @@ struct AccessControlTests {
         var answers: ScriptedAuthenticator { simulated.answers }
         var configuration: KeychainConfiguration { simulated.configuration }
         var device: KeychainDevice { simulated.device }
+        func storeService(_ service: String) -> String { simulated.storeService(service) }
 
         init(reader: Bool = true, passcode: Bool = true, fingers: [String] = ["thumb"]) async throws {
             simulated = try await SimulatedDevice(passcode: passcode ? bytes(AccessControlTests.pin) : nil,
@@ -178,7 +179,7 @@ struct AccessControlTests {
         d.answers.push(.finger("thumb"))
         #expect(try await any.getItem("k") == "any")
         let store = try Store(directory: d.configuration.storeDirectory)
-        #expect(try store.wrappingKeys(service: "svc.biometryCurrentSet").isEmpty, "its wrapping key went with it")
+        #expect(try store.wrappingKeys(service: d.storeService("svc.biometryCurrentSet")).isEmpty, "its wrapping key went with it")
     }
 
     @Test func anyOrPasscodeItemsSurviveRemovingEveryFinger() async throws {
@@ -298,7 +299,7 @@ struct AccessControlTests {
         let store = try d.storage(.biometryCurrentSet, accessible: .always)
         try await store.setItem("k", "v")
         let raw = try Store(directory: d.configuration.storeDirectory)
-        let record = try #require(try raw.wrappingKeys(service: "svc.biometryCurrentSet").first)
+        let record = try #require(try raw.wrappingKeys(service: d.storeService("svc.biometryCurrentSet")).first)
         let policy = try #require(SealPolicy.decode(record.policy))
         let binding = try #require(policy.biometry)
         let reader = try FingerprintReader(directory: d.configuration.readerDirectory!)
@@ -347,7 +348,7 @@ struct AccessControlTests {
         let store = try d.storage(.passcode, accessible: .always)
         try await store.setItem("k", "v")
         let raw = try Store(directory: d.configuration.storeDirectory)
-        let record = try #require(try raw.wrappingKeys(service: "svc.passcode").first)
+        let record = try #require(try raw.wrappingKeys(service: d.storeService("svc.passcode")).first)
         let context = try TPMContext(device: d.tpm.device)
         let srk = try context.resource(forPersistent: 0x8100_0001)
         let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)

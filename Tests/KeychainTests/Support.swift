@@ -6,15 +6,24 @@ import Synchronization
 import Testing
 import TPM2
 
-/// One private swtpm and a fresh store on it, per test.
+/// One private swtpm and a fresh store on it, per test; with `KEYCHAIN_TEST_THROUGH_DAEMON=1`, the
+/// store is keychaind's and every call goes through its socket (`ContractThroughDaemonTests`).
 struct Fixture {
     let tpm: SoftwareTPM
+    let daemon: KeychainDaemon?
     let configuration: KeychainConfiguration
     let device: KeychainDevice
 
-    init(pcrSelection: [Int] = [7]) throws {
+    init(pcrSelection: [Int] = [7], throughDaemon: Bool = SimulatedDevice.throughDaemonByDefault) throws {
         tpm = try SoftwareTPM()
-        configuration = tpm.configuration(pcrSelection: pcrSelection)
+        if throughDaemon {
+            let daemon = try KeychainDaemon(tpm: tpm, arguments: ["--pcrs", pcrSelection.map(String.init).joined(separator: ",")])
+            self.daemon = daemon
+            configuration = daemon.configuration()
+        } else {
+            daemon = nil
+            configuration = tpm.configuration(pcrSelection: pcrSelection)
+        }
         device = KeychainDevice(configuration: configuration)
     }
 

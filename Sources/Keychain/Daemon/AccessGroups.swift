@@ -1,0 +1,123 @@
+import Foundation
+
+/// Who is on the other end of a daemon connection, as the kernel saw it at `connect` (`SO_PEERCRED`,
+/// `SO_PEERGROUPS`): nothing the client sends changes it.
+package struct Peer: Sendable, Hashable {
+    package var pid: Int32
+    package var uid: UInt32
+    package var gid: UInt32
+    /// The supplementary groups at connect time.
+    package var groups: [UInt32]
+
+    package init(pid: Int32, uid: UInt32, gid: UInt32, groups: [UInt32]) {
+        self.pid = pid; self.uid = uid; self.gid = gid; self.groups = groups
+    }
+
+    /// The credentials of a connected Unix socket's peer, or nil when the kernel gives none.
+    package init?(socket fd: Int32) {
+        // struct ucred { pid_t pid; uid_t uid; gid_t gid; } (Glibc shows it only with _GNU_SOURCE).
+        var credentials = (pid: Int32(0), uid: UInt32(0), gid: UInt32(0))
+        var length = socklen_t(12)
+        guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0, length == 12 else { return nil }
+        var groups = [gid_t](repeating: 0, count: 256)
+        var groupsLength = socklen_t(groups.count * MemoryLayout<gid_t>.size)
+        // SO_PEERGROUPS (Linux 4.13); without it only the primary group counts.
+        let peerGroups: Int32 = 59
+        if getsockopt(fd, SOL_SOCKET, peerGroups, &groups, &groupsLength) == 0 {
+            groups = Array(groups.prefix(Int(groupsLength) / MemoryLayout<gid_t>.size))
+        } else {
+            groups = []
+        }
+        self.init(pid: credentials.pid, uid: credentials.uid, gid: credentials.gid, groups: groups)
+    }
+}
+
+/// The administrator's access groups: `DIR/NAME.conf`, each a named set of uids and gids. A storage
+/// with `accessGroup: NAME` sees the group's shared items only for a member; the group `admin` also
+/// names who may make device-wide changes besides root. Read at each use, so an edit takes effect
+/// at the next call without a restart.
+///
+/// A file counts only when it is a regular file owned by root (or the daemon's user) and writable by
+/// no one else: a group another user could edit would let them in.
+package struct AccessGroups: Sendable {
+    package let directory: String?
+    package static let adminGroup = "admin"
+
+    package init(directory: String?) { self.directory = directory }
+
+    /// Root, or a member of `admin`.
+    package func isAdmin(_ peer: Peer) -> Bool {
+        peer.uid == 0 || (try? isMember(peer, of: Self.adminGroup)) == true
+    }
+
+    /// `INVALID_ARGUMENT` for a name no group file can have.
+    package static func check(name: String) throws(KeychainError) {
+        let allowed = name.utf8.allSatisfy { byte in
+            (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5a) || (byte >= 0x61 && byte <= 0x7a)
+                || byte == 0x2d || byte == 0x5f || byte == 0x2e
+        }
+        guard allowed, !name.isEmpty, name.utf8.count <= 64, name.first != "." else {
+            throw .invalidArgument("Invalid accessGroup '\(name)': expected 1 to 64 letters, digits, '.', '-' or '_', not starting with '.'")
+        }
+    }
+
+    package func isMember(_ peer: Peer, of name: String) throws(KeychainError) -> Bool {
+        try Self.check(name: name)
+        guard let directory, let members = Self.members(path: "\(directory)/\(name).conf") else { return false }
+        return members.uids.contains(peer.uid) || members.gids.contains(peer.gid)
+            || peer.groups.contains { members.gids.contains($0) }
+    }
+
+    /// The group's uids and gids, or nil when the file is absent, untrusted or unreadable (logged).
+    static func members(path: String) -> (uids: Set<UInt32>, gids: Set<UInt32>)? {
+        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else {
+            if errno != ENOENT { log("keychaind: ignoring \(path): cannot open it (errno \(errno))") }
+            return nil
+        }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG, info.st_size <= 65536 else {
+            log("keychaind: ignoring \(path): not a regular file of at most 64 KiB")
+            return nil
+        }
+        guard info.st_uid == 0 || info.st_uid == geteuid(), info.st_mode & 0o022 == 0 else {
+            log("keychaind: ignoring \(path): it must be owned by root and writable by no one else (chmod 644)")
+            return nil
+        }
+        var bytes = [UInt8](repeating: 0, count: Int(info.st_size))
+        let count = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        guard count == bytes.count, let text = String(validating: bytes, as: UTF8.self) else {
+            log("keychaind: ignoring \(path): unreadable or not UTF-8")
+            return nil
+        }
+        var uids = Set<UInt32>(), gids = Set<UInt32>()
+        for (number, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            let line = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
+            let words = line.split(whereSeparator: { $0 == " " || $0 == "\t" })
+            if words.isEmpty { continue }
+            let value = words.count == 2 ? String(words[1]) : ""
+            switch (words.count == 2 ? String(words[0]) : "") {
+            case "uid" where UInt32(value) != nil: uids.insert(UInt32(value)!)
+            case "gid" where UInt32(value) != nil: gids.insert(UInt32(value)!)
+            case "user" where getpwnam(value) != nil: uids.insert(getpwnam(value)!.pointee.pw_uid)
+            case "group" where getgrnam(value) != nil: gids.insert(getgrnam(value)!.pointee.gr_gid)
+            default:
+                // A group that says more than it can be read as is not used at all.
+                log("keychaind: ignoring \(path): line \(number + 1) is not 'uid N', 'gid N', 'user NAME' or 'group NAME'")
+                return nil
+            }
+        }
+        return (uids, gids)
+    }
+
+    static func log(_ text: String) {
+        FileHandle.standardError.write(Data((text + "\n").utf8))
+    }
+}
+
+extension KeychainError.Code {
+    /// Linux, keychaind: the caller's Unix identity may not do this (not a member of the storage's
+    /// access group; a device-wide change by someone neither root nor in the `admin` group).
+    public static let accessDenied = KeychainError.Code(rawValue: "ACCESS_DENIED")
+}

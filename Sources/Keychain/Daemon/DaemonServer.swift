@@ -1,0 +1,300 @@
+import Foundation
+import KeychainWire
+import SecureMemory
+import Synchronization
+
+/// keychaind's service: owns the store and the TPM connection (through this process's engine) and
+/// serves the keychain API on a listening Unix socket, one thread per connection.
+///
+/// Each caller's items are its uid's (`uid:N/` before every service name in the store); a storage
+/// with an access group uses the group's (`group:NAME/`) when the caller is a member. The uid is the
+/// kernel's (`SO_PEERCRED`), never a field of the request.
+package final class DaemonServer: Sendable {
+    package struct Limits: Sendable {
+        /// Open connections at once; more are closed at accept.
+        package var maxConnections = 4096
+        /// Seconds a connection may wait between requests.
+        package var idleTimeout = 600
+        /// Seconds a started frame may stall (reading) or a reply may wait for the client to read.
+        package var stallTimeout = 10
+        /// Seconds a prompt waits for the client's authenticator (a person answers it).
+        package var promptTimeout = 300
+        package init() {}
+    }
+
+    let configuration: KeychainConfiguration
+    let groups: AccessGroups
+    let limits: Limits
+    private let open = Mutex(0)
+
+    /// - Parameter configuration: the daemon's store, TPM and reader; its authenticator is ignored
+    ///   (each call brings the caller's).
+    package init(configuration: KeychainConfiguration, groups: AccessGroups, limits: Limits = .init()) {
+        var configuration = configuration
+        configuration.authenticator = nil
+        self.configuration = configuration
+        self.groups = groups
+        self.limits = limits
+    }
+
+    /// Accepts connections on `listener` forever.
+    package func serve(listener: Int32) -> Never {
+        while true {
+            let fd = accept(listener, nil, nil)
+            if fd < 0 {
+                let code = errno
+                if code == EMFILE || code == ENFILE || code == ENOMEM {
+                    // Out of descriptors: let connections end rather than spin.
+                    AccessGroups.log("keychaind: accept: errno \(code); waiting")
+                    usleep(50_000)
+                }
+                continue
+            }
+            // Keychaind starts no programs, but the embedded TPM's swtpm must not inherit a client.
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+            let admitted = open.withLock { count in
+                guard count < limits.maxConnections else { return false }
+                count += 1
+                return true
+            }
+            guard admitted else { close(fd); continue }
+            let thread = Thread { [self] in
+                serve(connection: fd)
+                close(fd)
+                open.withLock { $0 -= 1 }
+            }
+            thread.stackSize = 512 * 1024
+            thread.start()
+        }
+    }
+
+    /// One client: requests in order until it closes, goes idle too long or breaks the protocol.
+    func serve(connection fd: Int32) {
+        guard let peer = Peer(socket: fd) else { return }
+        var sendTimeout = timeval(tv_sec: limits.stallTimeout, tv_usec: 0)
+        _ = setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &sendTimeout, socklen_t(MemoryLayout<timeval>.size))
+        while true {
+            var request: WireMessage
+            do {
+                request = try WireSocket.receive(fd, idle: limits.idleTimeout, stall: limits.stallTimeout)
+            } catch {
+                switch error.kind {
+                case .malformed, .version, .badLength:
+                    // Say why once, then drop the connection: its stream may be out of step.
+                    try? WireSocket.send(fd, KeychainError(wire: error).wireMessage)
+                default: break
+                }
+                return
+            }
+            let reply = respond(to: request, from: peer, on: fd)
+            request.wipe()
+            guard var reply else { return }
+            defer { reply.wipe() }
+            do { try WireSocket.send(fd, reply) } catch { return }
+        }
+    }
+
+    /// Runs the call as a task and does its prompts' I/O on this connection's thread meanwhile; nil
+    /// when the connection broke during a prompt.
+    private func respond(to request: WireMessage, from peer: Peer, on fd: Int32) -> WireMessage? {
+        let mailbox = Mailbox()
+        let call = UncheckedBox(request)
+        Task { [self] in mailbox.post(.done(await handle(call.value, peer: peer, mailbox: mailbox))) }
+        var broken = false
+        while true {
+            switch mailbox.next() {
+            case .prompt(var prompt, let continuation):
+                defer { prompt.wipe() }
+                guard !broken else { continuation.resume(returning: nil); continue }
+                do {
+                    try WireSocket.send(fd, prompt)
+                    let answer = try WireSocket.receive(fd, idle: limits.promptTimeout, stall: limits.stallTimeout)
+                    guard answer.kind == DaemonReply.answer else { throw WireError(.malformed, "expected an answer") }
+                    continuation.resume(returning: answer)
+                } catch {
+                    broken = true
+                    continuation.resume(returning: nil)
+                }
+            case .done(let reply):
+                return broken ? nil : reply
+            }
+        }
+    }
+
+    func handle(_ request: WireMessage, peer: Peer, mailbox: Mailbox) async -> WireMessage {
+        do throws(KeychainError) {
+            guard let op = DaemonOp(rawValue: request.kind) else {
+                throw KeychainError(.invalidArgument, "The keychain service does not know request \(request.kind): update the client or the service")
+            }
+            if op.needsAdmin && !groups.isAdmin(peer) {
+                throw KeychainError(.accessDenied, "Only root or a member of the access group '\(AccessGroups.adminGroup)' may change the "
+                                    + "device (passcode, fingers, initialize); uid \(peer.uid) is neither")
+            }
+            var configuration = configuration
+            if let attempts = try wire({ () throws(WireError) in try request.uint(Tag.attempts) }) {
+                configuration.authenticator = RemoteAuthenticator(mailbox: mailbox, attemptsPerRead: Int(min(attempts, 10)))
+            }
+            var reply = WireMessage(kind: DaemonReply.ok)
+            if op.rawValue < DaemonOp.enrollFinger.rawValue {
+                try await storageCall(op, request, peer: peer, configuration: configuration, reply: &reply)
+            } else {
+                try await deviceCall(op, request, configuration: configuration, reply: &reply)
+            }
+            return reply
+        } catch {
+            return error.wireMessage
+        }
+    }
+
+    private func storageCall(_ op: DaemonOp, _ request: WireMessage, peer: Peer, configuration: KeychainConfiguration,
+                             reply: inout WireMessage) async throws(KeychainError) {
+        guard let options = try wire({ () throws(WireError) in try WireJSON.decode(KeychainOptions.self, request.bytes(Tag.options)) }),
+              options.service != nil else {
+            throw KeychainError(.invalidArgument, "The keychain service got a storage call without its options")
+        }
+        let namespace: String
+        if let group = options.accessGroup {
+            guard try groups.isMember(peer, of: group) else {
+                throw KeychainError(.accessDenied, "uid \(peer.uid) is not a member of the access group '\(group)' (or there is no such "
+                                    + "group): ask the administrator to add it to groups.d/\(group).conf")
+            }
+            namespace = "group:\(group)/"
+        } else {
+            namespace = "uid:\(peer.uid)/"
+        }
+        let storage = try Keychain(options: options, configuration: configuration, namespace: namespace)
+        let key = try wire { () throws(WireError) in try request.string(Tag.key) } ?? ""
+        switch op {
+        case .setItem:
+            var bytes = request.bytes(Tag.value) ?? []
+            defer { bytes.wipe() }
+            let call = try wire { () throws(WireError) in try SetItemOptions(wire: request) }
+            try await storage.setItem(key, SecureBytes(copying: bytes), options: call)
+        case .getItem:
+            let prompt = try wire { () throws(WireError) in try WireJSON.decode(Prompt.self, request.bytes(Tag.prompt)) }
+            if let value = try await storage.getSecureBytes(key, options: prompt.map { GetItemOptions(prompt: $0) }) {
+                reply.add(Tag.resultBytes, value.withUnsafeBytes { Array($0) })
+            }
+        case .hasItem: reply.add(Tag.resultBool, try await storage.hasItem(key))
+        case .removeItem: try await storage.removeItem(key)
+        case .clear: try await storage.clear()
+        case .allKeys: reply.add(Tag.resultJSON, WireJSON.encode(try await storage.getAllKeys()))
+        case .itemInfo:
+            if var info = try await storage.getItemInfo(key) {
+                if info.service.hasPrefix(namespace) { info.service.removeFirst(namespace.count) }
+                reply.add(Tag.resultJSON, WireJSON.encode(info))
+            }
+        case .storageCanUse:
+            reply.add(Tag.resultJSON, WireJSON.encode(await storage.canUseAccessControl(try accessControl(request))))
+        default: throw KeychainError(.internal, "not a storage call: \(op)")
+        }
+    }
+
+    private func deviceCall(_ op: DaemonOp, _ request: WireMessage, configuration: KeychainConfiguration,
+                            reply: inout WireMessage) async throws(KeychainError) {
+        let device = KeychainDevice(configuration: configuration)
+        let passcode = request.bytes(Tag.passcode).map { bytes in
+            var bytes = bytes
+            defer { bytes.wipe() }
+            return SecureBytes(copying: bytes)
+        }
+        let newPasscode = request.bytes(Tag.newPasscode).map { bytes in
+            var bytes = bytes
+            defer { bytes.wipe() }
+            return SecureBytes(copying: bytes)
+        }
+        let finger = try wire { () throws(WireError) in try request.string(Tag.finger) } ?? ""
+        switch op {
+        case .enrollFinger: try await device.enrollFinger(finger, passcode: passcode)
+        case .removeFinger: reply.add(Tag.resultBool, try await device.removeFinger(finger, passcode: passcode))
+        case .deleteReader: reply.add(Tag.resultBool, try await device.deleteReader(passcode: passcode))
+        case .enrolledFingers: reply.add(Tag.resultJSON, WireJSON.encode(try await device.enrolledFingers()))
+        case .biometryTypes: reply.add(Tag.resultJSON, WireJSON.encode(device.biometryTypes()))
+        case .deviceCanUse: reply.add(Tag.resultJSON, WireJSON.encode(await device.canUseAccessControl(try accessControl(request))))
+        case .initialize: reply.add(Tag.resultJSON, WireJSON.encode(try await device.initialize()))
+        case .status: reply.add(Tag.resultJSON, WireJSON.encode(try await device.status()))
+        case .resetTokenPINTries: try await device.resetTokenPINTries()
+        case .tokenStatus:
+            if let status = try await device.tokenStatus() { reply.add(Tag.resultJSON, WireJSON.encode(status)) }
+        case .unlock: try await device.unlock(passcode: passcode)
+        case .lock: try await device.lock()
+        case .setPasscode: try await device.setPasscode(newPasscode ?? SecureBytes(copying: []))
+        case .changePasscode: try await device.changePasscode(from: passcode ?? SecureBytes(copying: []), to: newPasscode ?? SecureBytes(copying: []))
+        case .removePasscode: try await device.removePasscode(current: passcode ?? SecureBytes(copying: []))
+        case .resetPasscodeTries: try await device.resetPasscodeTries()
+        case .takeTPMCommandCount: reply.add(Tag.resultNumber, UInt64(await device.takeTPMCommandCount()))
+        case .dropCaches: await device.dropCaches()
+        default: throw KeychainError(.internal, "not a device call: \(op)")
+        }
+    }
+
+    private func accessControl(_ request: WireMessage) throws(KeychainError) -> AccessControl {
+        let raw = try wire { () throws(WireError) in try request.string(Tag.accessControl) } ?? ""
+        guard let value = AccessControl(rawValue: raw) else { throw .invalidArgument("Invalid accessControl '\(raw)'") }
+        return value
+    }
+
+    private func wire<T>(_ body: () throws(WireError) -> T) throws(KeychainError) -> T {
+        do { return try body() } catch { throw KeychainError(wire: error) }
+    }
+}
+
+/// The caller's authenticator, across the socket: the daemon never prompts, it asks the client.
+final class RemoteAuthenticator: Authenticator {
+    let mailbox: Mailbox
+    let attemptsPerRead: Int
+    init(mailbox: Mailbox, attemptsPerRead: Int) {
+        self.mailbox = mailbox
+        self.attemptsPerRead = attemptsPerRead
+    }
+
+    func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer {
+        var prompt = WireMessage(kind: DaemonReply.prompt)
+        prompt.add(Tag.promptJSON, WireJSON.encode(request.prompt))
+        prompt.add(Tag.methods, WireJSON.encode(request.methods))
+        // The caller named its service without the daemon's namespace.
+        prompt.add(Tag.service, String(request.service.drop { $0 != "/" }.dropFirst()))
+        prompt.add(Tag.promptKey, request.key)
+        prompt.add(Tag.attempt, UInt64(request.attempt))
+        prompt.add(Tag.previousFailure, request.previousFailure)
+        guard var answer = await mailbox.ask(prompt) else { return .interrupted }
+        defer { answer.wipe() }
+        switch try? answer.uint(Tag.answerKind) {
+        case 0: return (try? answer.string(Tag.answerFinger)).flatMap { $0 }.map { .finger($0) } ?? .interrupted
+        case 1: return answer.bytes(Tag.answerPasscode).map { .passcode(SecureBytes(copying: $0)) } ?? .interrupted
+        case 2: return .cancel
+        case 3: return .fallback
+        default: return .interrupted
+        }
+    }
+}
+
+/// Between a call's task and its connection's thread: prompts to send, then the reply.
+final class Mailbox: @unchecked Sendable {
+    enum Event {
+        case prompt(WireMessage, CheckedContinuation<WireMessage?, Never>)
+        case done(WireMessage)
+    }
+    private let condition = NSCondition()
+    private var events: [Event] = []
+
+    func post(_ event: Event) {
+        condition.lock()
+        events.append(event)
+        condition.signal()
+        condition.unlock()
+    }
+
+    func next() -> Event {
+        condition.lock()
+        defer { condition.unlock() }
+        while events.isEmpty { condition.wait() }
+        return events.removeFirst()
+    }
+
+    func ask(_ prompt: WireMessage) async -> WireMessage? {
+        await withCheckedContinuation { post(.prompt(prompt, $0)) }
+    }
+}
+
+struct UncheckedBox<T>: @unchecked Sendable { let value: T; init(_ value: T) { self.value = value } }

@@ -1,0 +1,226 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The keychaind protocol, version 1: what travels on the daemon's Unix socket.
+///
+/// A frame is a 4-byte big-endian length, then that many bytes of message (at most `maxMessage`).
+/// A message is `[version][kind]`, then fields `[tag][4-byte big-endian length][bytes]` with tags
+/// strictly increasing, so one message has exactly one encoding and a decoder never guesses.
+/// No Foundation here: a small client links this module alone.
+public enum Wire {
+    public static let version: UInt8 = 1
+    /// The largest message: a 16 MiB value plus room for the options and key.
+    public static let maxMessage = 16 * 1024 * 1024 + 64 * 1024
+}
+
+public struct WireError: Error, Equatable, Sendable, CustomStringConvertible {
+    public enum Kind: Sendable, Equatable {
+        /// The peer closed before the first byte of a frame.
+        case closed
+        /// The peer closed or failed mid-frame.
+        case truncated
+        /// Nothing (or not all of a frame) arrived within the timeout.
+        case timedOut
+        /// A frame longer than `Wire.maxMessage`, or of length 0.
+        case badLength
+        /// A message that does not decode.
+        case malformed
+        /// Another protocol version.
+        case version
+        case io(Int32)
+    }
+    public let kind: Kind
+    public let detail: String
+    public init(_ kind: Kind, _ detail: String) { self.kind = kind; self.detail = detail }
+    public var description: String { detail }
+    /// Equal by kind: the detail is for people.
+    public static func == (lhs: WireError, rhs: WireError) -> Bool { lhs.kind == rhs.kind }
+}
+
+/// One decoded message: its kind and its fields by tag.
+public struct WireMessage: Sendable {
+    public var kind: UInt8
+    public private(set) var fields: [(tag: UInt8, bytes: [UInt8])] = []
+
+    public init(kind: UInt8) { self.kind = kind }
+
+    /// Appends a field; tags must be added in increasing order.
+    public mutating func add(_ tag: UInt8, _ bytes: [UInt8]) {
+        precondition(fields.last.map { $0.tag < tag } ?? true, "fields in increasing tag order")
+        fields.append((tag, bytes))
+    }
+    public mutating func add(_ tag: UInt8, _ bytes: [UInt8]?) { if let bytes { add(tag, bytes) } }
+    public mutating func add(_ tag: UInt8, _ text: String?) { if let text { add(tag, Array(text.utf8)) } }
+    public mutating func add(_ tag: UInt8, _ value: UInt64?) {
+        if let value { add(tag, (0..<8).map { UInt8(truncatingIfNeeded: value >> (56 - 8 * $0)) }) }
+    }
+    public mutating func add(_ tag: UInt8, _ value: Bool?) { if let value { add(tag, [value ? 1 : 0]) } }
+
+    public func bytes(_ tag: UInt8) -> [UInt8]? { fields.first { $0.tag == tag }?.bytes }
+
+    public func string(_ tag: UInt8) throws(WireError) -> String? {
+        guard let bytes = bytes(tag) else { return nil }
+        guard let text = String(validating: bytes, as: UTF8.self) else {
+            throw WireError(.malformed, "field \(tag) is not UTF-8")
+        }
+        return text
+    }
+    public func uint(_ tag: UInt8) throws(WireError) -> UInt64? {
+        guard let bytes = bytes(tag) else { return nil }
+        guard bytes.count == 8 else { throw WireError(.malformed, "field \(tag) is not an 8-byte integer") }
+        return bytes.reduce(0) { $0 << 8 | UInt64($1) }
+    }
+    public func bool(_ tag: UInt8) throws(WireError) -> Bool? {
+        guard let bytes = bytes(tag) else { return nil }
+        guard bytes.count == 1, bytes[0] <= 1 else { throw WireError(.malformed, "field \(tag) is not a boolean") }
+        return bytes[0] == 1
+    }
+
+    /// The message's bytes (without the frame's length).
+    public func encoded() -> [UInt8] {
+        var out: [UInt8] = [Wire.version, kind]
+        out.reserveCapacity(2 + fields.reduce(0) { $0 + 5 + $1.bytes.count })
+        for (tag, bytes) in fields {
+            out.append(tag)
+            appendLength(&out, bytes.count)
+            out += bytes
+        }
+        return out
+    }
+
+    /// Decodes a message; anything else is `malformed` or `version`, never a crash.
+    public static func decode(_ data: [UInt8]) throws(WireError) -> WireMessage {
+        guard data.count >= 2 else { throw WireError(.malformed, "message shorter than its header") }
+        guard data[0] == Wire.version else {
+            throw WireError(.version, "protocol version \(data[0]), this side speaks \(Wire.version)")
+        }
+        var message = WireMessage(kind: data[1])
+        var at = 2
+        while at < data.count {
+            guard data.count - at >= 5 else { throw WireError(.malformed, "field header cut at byte \(at)") }
+            let tag = data[at]
+            let length = Int(data[at + 1]) << 24 | Int(data[at + 2]) << 16 | Int(data[at + 3]) << 8 | Int(data[at + 4])
+            at += 5
+            guard length <= data.count - at else { throw WireError(.malformed, "field \(tag) runs past the message") }
+            if let last = message.fields.last, last.tag >= tag {
+                throw WireError(.malformed, "field \(tag) out of order or repeated")
+            }
+            message.fields.append((tag, Array(data[at..<(at + length)])))
+            at += length
+        }
+        return message
+    }
+
+    /// Overwrites every field's bytes (secrets travel in fields) before the message is released.
+    public mutating func wipe() {
+        for index in fields.indices { fields[index].bytes.wipe() }
+    }
+}
+
+extension Array where Element == UInt8 {
+    /// Zeroes the bytes in place (a best effort for buffers that held a secret).
+    public mutating func wipe() {
+        withUnsafeMutableBytes { raw in
+            guard let base = raw.baseAddress else { return }
+            _ = memset(base, 0, raw.count)
+        }
+    }
+}
+
+private func appendLength(_ out: inout [UInt8], _ length: Int) {
+    out += [UInt8(truncatingIfNeeded: length >> 24), UInt8(truncatingIfNeeded: length >> 16),
+            UInt8(truncatingIfNeeded: length >> 8), UInt8(truncatingIfNeeded: length)]
+}
+
+/// Frames on a connected stream socket (blocking; the socket's SO_RCVTIMEO bounds each wait).
+public enum WireSocket {
+    /// Writes one frame: length, then the message.
+    public static func send(_ fd: Int32, _ message: WireMessage) throws(WireError) {
+        var frame = message.encoded()
+        defer { frame.wipe() }
+        var header: [UInt8] = []
+        appendLength(&header, frame.count)
+        try writeAll(fd, header)
+        try writeAll(fd, frame)
+    }
+
+    /// Reads one frame and decodes it. `idle` bounds the wait for its first byte, `stall` every
+    /// later wait (seconds; 0 for none), so a peer that starts a frame and stops is cut off.
+    public static func receive(_ fd: Int32, idle: Int, stall: Int, max: Int = Wire.maxMessage) throws(WireError) -> WireMessage {
+        setTimeout(fd, idle)
+        var header = [UInt8](repeating: 0, count: 4)
+        let first = try readAll(fd, &header, 0..<1, started: false)
+        _ = first
+        setTimeout(fd, stall)
+        _ = try readAll(fd, &header, 1..<4, started: true)
+        let length = Int(header[0]) << 24 | Int(header[1]) << 16 | Int(header[2]) << 8 | Int(header[3])
+        guard length >= 2, length <= max else {
+            throw WireError(.badLength, "frame of \(length) bytes (2 to \(max) allowed)")
+        }
+        var body = [UInt8](repeating: 0, count: length)
+        defer { body.wipe() }
+        _ = try readAll(fd, &body, 0..<length, started: true)
+        return try WireMessage.decode(body)
+    }
+
+    public static func setTimeout(_ fd: Int32, _ seconds: Int) {
+        var value = timeval(tv_sec: seconds, tv_usec: 0)
+        _ = setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &value, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    private static func readAll(_ fd: Int32, _ buffer: inout [UInt8], _ range: Range<Int>, started: Bool) throws(WireError) -> Int {
+        var at = range.lowerBound
+        while at < range.upperBound {
+            let n = buffer.withUnsafeMutableBytes { raw in read(fd, raw.baseAddress! + at, range.upperBound - at) }
+            if n > 0 { at += n; continue }
+            if n == 0 {
+                throw at == 0 && !started ? WireError(.closed, "the peer closed the connection")
+                    : WireError(.truncated, "the peer closed the connection mid-message")
+            }
+            let code = errno
+            if code == EINTR { continue }
+            if code == EAGAIN || code == EWOULDBLOCK { throw WireError(.timedOut, "no message within the timeout") }
+            throw WireError(.io(code), "read failed: errno \(code)")
+        }
+        return at
+    }
+
+    private static func writeAll(_ fd: Int32, _ bytes: [UInt8]) throws(WireError) {
+        var at = 0
+        while at < bytes.count {
+            // MSG_NOSIGNAL: a peer gone mid-write is EPIPE here, not a SIGPIPE that ends the process.
+            let n = bytes.withUnsafeBytes { raw in Glibc.send(fd, raw.baseAddress! + at, bytes.count - at, Int32(MSG_NOSIGNAL)) }
+            if n > 0 { at += n; continue }
+            let code = errno
+            if n < 0 && code == EINTR { continue }
+            if n < 0 && (code == EAGAIN || code == EWOULDBLOCK) { throw WireError(.timedOut, "the peer stopped reading") }
+            throw WireError(.io(code), "write failed: errno \(code)")
+        }
+    }
+
+    /// A connected Unix stream socket to `path`, close-on-exec, or the errno of the failure.
+    public static func connect(path: String) -> Result<Int32, WireError> {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { return .failure(WireError(.io(errno), "socket: errno \(errno)")) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            close(fd)
+            return .failure(WireError(.io(ENAMETOOLONG), "socket path longer than 107 bytes"))
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            for (i, b) in bytes.enumerated() { raw[i] = b }
+        }
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard result == 0 else {
+            let code = errno
+            close(fd)
+            return .failure(WireError(.io(code), "connect: errno \(code)"))
+        }
+        return .success(fd)
+    }
+}

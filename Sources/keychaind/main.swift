@@ -1,0 +1,105 @@
+import Foundation
+import Keychain
+
+/// keychaind: serves the keychain API on a Unix socket (docs/daemon.md).
+let usage = """
+    usage: keychaind --socket PATH --store DIR [--tcti CONF] [--groups DIR] [--reader DIR|none]
+                     [--max-connections N] [--idle-timeout SECONDS] [--stall-timeout SECONDS]
+                     [--pcrs 7,…]
+      Under systemd socket activation (LISTEN_FDS=1, LISTEN_PID=this process) the socket is fd 3 and
+      --socket is not needed. Access groups are DIR/NAME.conf (lines: uid N, gid N, user NAME, group NAME);
+      the group 'admin' may change the device besides root.
+    """
+
+func fail(_ message: String, status: Int32 = 2) -> Never {
+    FileHandle.standardError.write(Data("keychaind: \(message)\n".utf8))
+    exit(status)
+}
+
+var flags: [String: String] = [:]
+var arguments = CommandLine.arguments.dropFirst()
+while let arg = arguments.popFirst() {
+    if arg == "--help" || arg == "-h" { print(usage); exit(0) }
+    guard ["--socket", "--store", "--tcti", "--groups", "--reader", "--max-connections", "--idle-timeout",
+           "--stall-timeout", "--pcrs"].contains(arg) else {
+        fail("unknown argument \(arg)\n\(usage)")
+    }
+    guard let value = arguments.popFirst() else { fail("\(arg) needs a value") }
+    flags[arg] = value
+}
+guard let store = flags["--store"] else { fail("--store DIR is required\n\(usage)") }
+
+let environment = ProcessInfo.processInfo.environment
+let tpm: KeychainConfiguration.TPMSource = if let tcti = flags["--tcti"] ?? environment["KEYCHAIN_TCTI"] ?? environment["TPM2TCTI"] {
+    .tcti(tcti)
+} else if FileManager.default.fileExists(atPath: "/dev/tpmrm0") {
+    .tcti("device:/dev/tpmrm0")
+} else {
+    .embedded
+}
+var configuration = KeychainConfiguration(storeDirectory: store, tpm: tpm)
+configuration.readerDirectory = switch flags["--reader"] {
+case "none": nil
+case let path?: path
+case nil: store + ".reader"
+}
+if let pcrs = flags["--pcrs"] {
+    let indices = pcrs.split(separator: ",").compactMap { Int($0) }
+    configuration.pcrSelection = indices
+    do { try configuration.checkPCRSelection() } catch { fail("\(error)") }
+}
+configuration.pkcs11URI = environment["KEYCHAIN_PKCS11_URI"].flatMap { $0.isEmpty ? nil : $0 }
+
+var limits = DaemonServer.Limits()
+if let value = flags["--max-connections"] {
+    guard let number = Int(value), number > 0 else { fail("--max-connections needs a positive number") }
+    limits.maxConnections = number
+}
+if let value = flags["--stall-timeout"] {
+    guard let number = Int(value), number > 0 else { fail("--stall-timeout needs a positive number of seconds") }
+    limits.stallTimeout = number
+}
+if let value = flags["--idle-timeout"] {
+    guard let number = Int(value), number > 0 else { fail("--idle-timeout needs a positive number of seconds") }
+    limits.idleTimeout = number
+}
+
+// A thousand idle connections need a thousand descriptors: take the hard limit.
+var files = rlimit()
+if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &files) == 0 && files.rlim_cur < files.rlim_max {
+    files.rlim_cur = files.rlim_max
+    setrlimit(Int32(RLIMIT_NOFILE.rawValue), &files)
+}
+signal(SIGPIPE, SIG_IGN)
+
+let listener: Int32
+if let fds = environment["LISTEN_FDS"], let pid = environment["LISTEN_PID"], Int32(pid) == getpid() {
+    // systemd socket activation (sd_listen_fds without libsystemd): the first passed fd is 3.
+    guard fds == "1" else { fail("expected exactly one socket from systemd (LISTEN_FDS=\(fds))") }
+    listener = 3
+    _ = fcntl(listener, F_SETFD, FD_CLOEXEC)
+    unsetenv("LISTEN_FDS"); unsetenv("LISTEN_PID"); unsetenv("LISTEN_FDNAMES")
+} else if let path = flags["--socket"] {
+    do { listener = try listenUnix(path: path) } catch { fail("\(error)", status: 3) }
+} else {
+    fail("--socket PATH is required without socket activation\n\(usage)")
+}
+
+let server = DaemonServer(configuration: configuration, groups: AccessGroups(directory: flags["--groups"]), limits: limits)
+
+// SIGTERM: fold the store's write-ahead log into keychain.db, then end (a SIGKILL loses nothing committed).
+for sig in [SIGTERM, SIGINT] {
+    signal(sig, SIG_IGN)
+    let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+    source.setEventHandler {
+        Task {
+            await KeychainDevice.closeStores()
+            exit(0)
+        }
+    }
+    source.resume()
+    signalSources.append(source)
+}
+// One line on stdout once the socket listens: a supervisor or a test waits for it, not for time.
+FileHandle.standardOutput.write(Data("keychaind: ready (store \(store))\n".utf8))
+server.serve(listener: listener)

@@ -1,0 +1,272 @@
+import Foundation
+import Keychain
+import KeychainTestSupport
+import KeychainWire
+import SecureMemory
+import Testing
+
+/// keychaind with other Unix users: each runs the built `keychainctl` under `setpriv` (we run as
+/// root), so the daemon sees a real other uid through SO_PEERCRED.
+@Suite("keychaind: users, access groups, the device")
+struct DaemonUserTests {
+    static let nobody: UInt32 = 65534
+    static let other: UInt32 = 65533
+
+    let tpm: SoftwareTPM
+    let daemon: KeychainDaemon
+
+    init() throws {
+        tpm = try SoftwareTPM()
+        daemon = try KeychainDaemon(tpm: tpm, reader: tpm.directory + "/reader")
+    }
+
+    /// keychainctl through the daemon, as root or as `uid` (with `gid`, and supplementary `groups`).
+    func ctl(_ args: [String], input: String = "", uid: UInt32? = nil, gid: UInt32? = nil,
+             groups: [UInt32] = []) throws -> (status: Int32, out: String, err: String) {
+        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
+        let result = if let uid {
+            try run("/usr/bin/setpriv", ["--reuid=\(uid)", "--regid=\(gid ?? uid)",
+                                         groups.isEmpty ? "--clear-groups" : "--groups=" + groups.map(String.init).joined(separator: ",")]
+                    + [keychainctl] + args, input: Array(input.utf8), environment: daemon.environment)
+        } else {
+            try run(keychainctl, args, input: Array(input.utf8), environment: daemon.environment)
+        }
+        return (result.status, String(decoding: result.stdout, as: UTF8.self), result.stderr)
+    }
+
+    @Test func oneUidsItemsAreInvisibleToAnother() throws {
+        #expect(try ctl(["set", "mail", "token"], input: "root's").status == 0)
+        // The other user's view of the same service and key: nothing, and its own writes stay its own.
+        #expect(try ctl(["get", "mail", "token"], uid: Self.nobody).status == 1)
+        #expect(try ctl(["has", "mail", "token"], uid: Self.nobody).status == 1)
+        #expect(try ctl(["ls", "mail"], uid: Self.nobody).out.isEmpty)
+        #expect(try ctl(["rm", "mail", "token"], uid: Self.nobody).status == 1, "nobody has no such item to remove")
+        #expect(try ctl(["clear", "mail"], uid: Self.nobody).status == 0)
+        #expect(try ctl(["set", "mail", "token"], input: "nobody's", uid: Self.nobody).status == 0)
+        #expect(try ctl(["get", "mail", "token"], uid: Self.nobody).out == "nobody's")
+        #expect(try ctl(["get", "mail", "token"]).out == "root's")
+        #expect(try ctl(["info", "mail", "token"], uid: Self.nobody).out.contains("service: mail"))
+    }
+
+    /// The uid is the kernel's: a request that names another uid, in any field, still reads the
+    /// caller's own items (the test sends it as `nobody` with python3, byte by byte).
+    @Test func aUidInTheRequestIsNotBelieved() throws {
+        #expect(try ctl(["set", "mail", "token"], input: "root's").status == 0)
+        let script = """
+            import socket, struct, sys
+            def field(tag, data): return bytes([tag]) + struct.pack('>I', len(data)) + data
+            # getItem (2): options, key, then fields a forged client might add: a uid of 0 under every other tag.
+            body = bytes([1, 2]) + field(1, b'{"service":"mail"}') + field(2, b'token')
+            body += b''.join(field(tag, struct.pack('>Q', 0)) for tag in range(60, 256))
+            s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(struct.pack('>I', len(body)) + body)
+            head = s.recv(4, socket.MSG_WAITALL); reply = s.recv(struct.unpack('>I', head)[0], socket.MSG_WAITALL)
+            sys.stdout.write(reply.hex())
+            """
+        let result = try run("/usr/bin/setpriv", ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups",
+                                                  "/usr/bin/python3", "-c", script, daemon.socket])
+        let reply = String(decoding: result.stdout, as: UTF8.self)
+        #expect(result.status == 0, "\(result.stderr)")
+        // An ok reply (0x80) with no value: nobody has no item there.
+        #expect(reply == "0180", "reply \(reply)")
+        #expect(!reply.contains(Array("root's".utf8).map { String(format: "%02x", $0) }.joined()))
+    }
+
+    @Test func anAccessGroupIsSharedByItsMembersAndNoOneElse() throws {
+        try daemon.setGroup("team", ["uid \(Self.nobody)", "gid 4242", "# comments and blank lines are fine", ""])
+        // A member by uid writes, a member by primary gid and one by a supplementary gid read.
+        #expect(try ctl(["set", "--access-group", "team", "vpn", "psk"], input: "shared", uid: Self.nobody).status == 0)
+        #expect(try ctl(["get", "--access-group", "team", "vpn", "psk"], uid: Self.other, gid: 4242).out == "shared")
+        #expect(try ctl(["get", "--access-group", "team", "vpn", "psk"], uid: Self.other, gid: Self.other, groups: [4242]).out == "shared")
+        // Not a member: refused with the group's own code, even for root (root is not in every group).
+        let outsider = try ctl(["get", "--access-group", "team", "vpn", "psk"], uid: Self.other)
+        #expect(outsider.status == 3 && outsider.err.contains("ACCESS_DENIED"), "\(outsider.err)")
+        #expect(try ctl(["get", "--access-group", "team", "vpn", "psk"]).err.contains("ACCESS_DENIED"))
+        #expect(try ctl(["set", "--access-group", "team", "vpn", "psk"], input: "x", uid: Self.other).err.contains("ACCESS_DENIED"))
+        #expect(try ctl(["ls", "--access-group", "team", "vpn"], uid: Self.other).err.contains("ACCESS_DENIED"))
+        // The group's items are not the member's own.
+        #expect(try ctl(["get", "vpn", "psk"], uid: Self.nobody).status == 1)
+        // No such group: refused the same way.
+        #expect(try ctl(["get", "--access-group", "nosuch", "vpn", "psk"], uid: Self.nobody).err.contains("ACCESS_DENIED"))
+    }
+
+    /// A group file another user could edit would let them in: it is not used at all.
+    @Test func aGroupFileOthersCanWriteIsIgnored() throws {
+        try daemon.setGroup("team", ["uid \(Self.nobody)"], mode: 0o666)
+        let result = try ctl(["set", "--access-group", "team", "vpn", "psk"], input: "x", uid: Self.nobody)
+        #expect(result.err.contains("ACCESS_DENIED"), "\(result.err)")
+    }
+
+    @Test func onlyRootOrTheAdminGroupChangeTheDevice() throws {
+        for (args, input) in [(["passcode", "set"], "2468\n"), (["reader", "enroll", "thumb"], ""), (["init"], ""),
+                              (["passcode", "reset-tries"], "")] {
+            let result = try ctl(args, input: input, uid: Self.nobody)
+            #expect(result.status == 3 && result.err.contains("ACCESS_DENIED"), "\(args): \(result.err)")
+        }
+        #expect(try ctl(["passcode", "set"], input: "2468\n").status == 0)
+        #expect(try ctl(["passcode", "change"], input: "2468\n1357\n", uid: Self.nobody).err.contains("ACCESS_DENIED"))
+        #expect(try ctl(["passcode", "remove"], input: "2468\n", uid: Self.nobody).err.contains("ACCESS_DENIED"))
+        // Anyone may lock, and unlock with the passcode.
+        #expect(try ctl(["lock"], uid: Self.nobody).status == 0)
+        #expect(try ctl(["unlock"], input: "0000\n", uid: Self.nobody).err.contains("AUTHENTICATION_FAILED"))
+        #expect(try ctl(["unlock"], input: "2468\n", uid: Self.nobody).status == 0)
+        // A member of `admin` may change it.
+        try daemon.setGroup("admin", ["uid \(Self.other)"])
+        #expect(try ctl(["passcode", "change"], input: "2468\n1357\n", uid: Self.other).status == 0)
+        #expect(try ctl(["reader", "enroll", "thumb"], input: "1357\n", uid: Self.other).status == 0)
+        #expect(try ctl(["reader", "enroll", "index"], input: "1357\n", uid: Self.nobody).err.contains("ACCESS_DENIED"))
+    }
+}
+
+/// keychaind against clients that misbehave and against its own death.
+@Suite("keychaind: faults")
+struct DaemonFaultTests {
+    let tpm: SoftwareTPM
+    let daemon: KeychainDaemon
+
+    init() throws {
+        tpm = try SoftwareTPM()
+        daemon = try KeychainDaemon(tpm: tpm, arguments: ["--stall-timeout", "1"])
+    }
+
+    func raw() throws -> Int32 {
+        switch WireSocket.connect(path: daemon.socket) {
+        case .success(let fd): return fd
+        case .failure(let error): throw error
+        }
+    }
+
+    /// A well-behaved caller still served.
+    func served(_ storage: Keychain) async throws {
+        try await storage.setItem("probe", "ok")
+        #expect(try await storage.getItem("probe") == "ok")
+    }
+
+    @Test func garbageAnOversizedFrameAndAnotherVersionAreRefusedAndOthersServed() async throws {
+        let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
+        for junk: [UInt8] in [[0, 0, 0, 5, 9, 9, 9, 9, 9], [0xFF, 0xFF, 0xFF, 0xFF], [0, 0, 0, 4, 2, 1, 0, 0],
+                              [0, 0, 0, 7, 1, 2, 1, 0, 0, 0, 200]] {
+            let fd = try raw()
+            defer { close(fd) }
+            _ = junk.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            // A clear refusal, then the connection ends.
+            let reply = try WireSocket.receive(fd, idle: 30, stall: 30)
+            #expect(reply.kind == 0x81)
+            #expect(try reply.string(30) == "INVALID_ARGUMENT")
+            #expect(throws: WireError(.closed, "")) { try WireSocket.receive(fd, idle: 30, stall: 30) }
+            try await served(storage)
+        }
+    }
+
+    @Test func aClientThatStallsMidFrameIsCutOffAndOthersAreServed() async throws {
+        let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
+        let fd = try raw()
+        defer { close(fd) }
+        _ = [UInt8](arrayLiteral: 0, 0).withUnsafeBytes { send(fd, $0.baseAddress, 2, Int32(MSG_NOSIGNAL)) }
+        try await served(storage)
+        // --stall-timeout 1: the daemon closes it (we wait for the close, never for time).
+        #expect(throws: WireError(.closed, "")) { try WireSocket.receive(fd, idle: 60, stall: 60) }
+    }
+
+    @Test func aThousandIdleConnectionsDoNotKeepOthersOut() async throws {
+        var files = rlimit()
+        getrlimit(Int32(RLIMIT_NOFILE.rawValue), &files)
+        if files.rlim_cur < 4096 { files.rlim_cur = min(files.rlim_max, 4096); setrlimit(Int32(RLIMIT_NOFILE.rawValue), &files) }
+        var idle: [Int32] = []
+        defer { idle.forEach { close($0) } }
+        for _ in 0..<1000 { idle.append(try raw()) }
+        let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
+        try await served(storage)
+        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
+        #expect(try run(keychainctl, ["get", "svc", "probe"], environment: daemon.environment).stdout == Array("ok".utf8))
+    }
+
+    /// A client that goes away while the daemon waits for its prompt's answer: the read ends, no TPM
+    /// session is left (swtpm has three slots: four abandoned reads would exhaust them), others read.
+    @Test func clientsKilledMidRequestLeaveNothingBehind() async throws {
+        let answers = ScriptedAuthenticator()
+        let configuration = daemon.configuration(authenticator: answers)
+        try await KeychainDevice(configuration: configuration).setPasscode(bytes("2468"))
+        let storage = try createKeychain(.init(service: "svc", accessControl: .passcode), configuration: configuration)
+        try await storage.setItem("k", "v")
+        for _ in 0..<4 {
+            let fd = try raw()
+            var request = WireMessage(kind: 2)
+            request.add(1, Array(#"{"service":"svc","accessControl":"passcode"}"#.utf8))
+            request.add(2, "k")
+            request.add(10, UInt64(3))
+            try WireSocket.send(fd, request)
+            let prompt = try WireSocket.receive(fd, idle: 60, stall: 60)
+            #expect(prompt.kind == 0x82, "the daemon asks the client")
+            close(fd)
+        }
+        // Mid-write too: a 4 MiB value, cut after half of it.
+        let fd = try raw()
+        let header: [UInt8] = [0, 0x40, 0, 0x40]
+        _ = header.withUnsafeBytes { send(fd, $0.baseAddress, 4, Int32(MSG_NOSIGNAL)) }
+        let half = [UInt8](repeating: 7, count: 2 << 20)
+        _ = half.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+        close(fd)
+        answers.push(.passcode(bytes("2468")))
+        #expect(try await storage.getItem("k") == "v")
+        #expect(try await createKeychain(.init(service: "plain"), configuration: configuration).getItem("none") == nil)
+    }
+
+    /// The daemon killed after each TPM command of a write (the library's crash hook): the caller
+    /// gets a clear error, not a hang; the daemon started again on the same socket (as socket
+    /// activation does) finds the store whole: the item is there with its value or absent, never
+    /// half-written, and the earlier item reads.
+    @Test func aDaemonKilledMidWriteLeavesTheStoreWholeAndComesBackOnItsSocket() async throws {
+        let configuration = daemon.configuration()
+        let base = try createKeychain(.init(service: "base", accessible: .always), configuration: configuration)
+        try await base.setItem("k", "before")
+        var aborted = 0
+        for after in 1...40 {
+            daemon.kill()
+            try daemon.start(environment: ["KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS": "\(after)"])
+            let storage = try createKeychain(.init(service: "s\(after)", accessible: .whenUnlockedThisDeviceOnly),
+                                             configuration: configuration)
+            do {
+                try await storage.setItem("k", "value \(after)")
+                break  // the write needs fewer TPM commands than this: every cut point was tried
+            } catch {
+                #expect(error.code == .hardwareUnavailable, "\(error)")
+                #expect(error.message.contains("stopped during the call"), "\(error)")
+                aborted += 1
+            }
+            _ = daemon.waitForExit()
+            try daemon.start()
+            let value = try await storage.getItem("k")
+            #expect(value == nil || value == "value \(after)", "cut after \(after) commands: \(value ?? "nil")")
+            try await storage.setItem("k", "again")
+            #expect(try await storage.getItem("k") == "again")
+            #expect(try await base.getItem("k") == "before")
+        }
+        #expect(aborted > 0, "the write sent TPM commands, and the daemon was cut after each")
+    }
+
+    /// Socket activation: a caller that connects while no daemon runs waits in the socket's queue and
+    /// is served by the next one; with no socket at all the caller hears the service is not running.
+    @Test func aCallerWaitsForTheNextDaemonOnTheSameSocketAndHearsWhenThereIsNone() async throws {
+        let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
+        try await storage.setItem("k", "v")
+        daemon.kill()
+        let fd = try raw()
+        defer { close(fd) }
+        var request = WireMessage(kind: 2)
+        request.add(1, Array(#"{"service":"svc"}"#.utf8))
+        request.add(2, "k")
+        try WireSocket.send(fd, request)
+        try daemon.start()
+        let reply = try WireSocket.receive(fd, idle: 60, stall: 60)
+        #expect(reply.kind == 0x80 && reply.bytes(20) == Array("v".utf8))
+
+        let gone = try createKeychain(.init(service: "svc"), configuration: .daemon(socket: daemon.directory + "/none.sock"))
+        do {
+            _ = try await gone.getItem("k")
+            Issue.record("a read without a service succeeded")
+        } catch {
+            #expect(error.code == .hardwareUnavailable)
+            #expect(error.message.contains("not running"), "\(error)")
+        }
+    }
+}

@@ -1,0 +1,127 @@
+import Foundation
+import KeychainTestSupport
+import KeychainWire
+import Testing
+@testable import Keychain
+
+/// keychaind's wire format: round trips, and a decoder that refuses without crashing.
+@Suite("keychaind protocol")
+struct WireTests {
+    /// A fixed-seed generator, so a failure is found again.
+    struct SplitMix: RandomNumberGenerator {
+        var state: UInt64
+        mutating func next() -> UInt64 {
+            state &+= 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+    }
+
+    static func sample() -> WireMessage {
+        var message = WireMessage(kind: DaemonOp.setItem.rawValue)
+        message.add(Tag.options, WireJSON.encode(KeychainOptions(service: "svc", accessControl: .passcode)))
+        message.add(Tag.key, "k")
+        message.add(Tag.value, [0, 1, 2, 255])
+        message.add(Tag.accessible, "always")
+        message.add(Tag.authValidity, UInt64(5))
+        message.add(Tag.synchronizable, false)
+        return message
+    }
+
+    @Test func aMessageRoundTripsAndHasOneEncoding() throws {
+        let encoded = Self.sample().encoded()
+        let decoded = try WireMessage.decode(encoded)
+        #expect(decoded.kind == DaemonOp.setItem.rawValue)
+        #expect(decoded.encoded() == encoded)
+        #expect(try decoded.string(Tag.key) == "k")
+        #expect(try decoded.uint(Tag.authValidity) == 5)
+        let call = try #require(try SetItemOptions(wire: decoded))
+        #expect(call.accessible == .always && call.authValidity == 5 && call.synchronizable == false && call.accessControl == nil)
+    }
+
+    @Test func repeatedOrOutOfOrderFieldsAnotherVersionAndCutMessagesAreRefused() {
+        let good = Self.sample().encoded()
+        #expect(throws: WireError(.version, "")) { try WireMessage.decode([2] + good.dropFirst()) }
+        #expect(throws: WireError(.malformed, "")) { try WireMessage.decode([1]) }
+        for cut in 3..<good.count where !Self.endsAField(good, at: cut) {
+            #expect(throws: WireError(.malformed, "")) { try WireMessage.decode(Array(good.prefix(cut))) }
+        }
+        let twice: [UInt8] = [1, 2, 2, 0, 0, 0, 1, 65, 2, 0, 0, 0, 1, 66]
+        #expect(throws: WireError(.malformed, "")) { try WireMessage.decode(twice) }
+        let backwards: [UInt8] = [1, 2, 3, 0, 0, 0, 0, 2, 0, 0, 0, 0]
+        #expect(throws: WireError(.malformed, "")) { try WireMessage.decode(backwards) }
+        let huge: [UInt8] = [1, 2, 2, 0xFF, 0xFF, 0xFF, 0xFF, 0]
+        #expect(throws: WireError(.malformed, "")) { try WireMessage.decode(huge) }
+    }
+
+    static func endsAField(_ bytes: [UInt8], at cut: Int) -> Bool {
+        var at = 2
+        while at < cut {
+            guard bytes.count - at >= 5 else { return false }
+            let length = Int(bytes[at + 1]) << 24 | Int(bytes[at + 2]) << 16 | Int(bytes[at + 3]) << 8 | Int(bytes[at + 4])
+            at += 5 + length
+        }
+        return at == cut
+    }
+
+    /// 200,000 inputs: random bytes, and the valid message with bytes flipped, cut, repeated and
+    /// spliced. The decoder and the request's field readers never crash and never accept a message
+    /// whose encoding differs from its input (one encoding per message).
+    @Test func theDecoderSurvivesFuzzing() {
+        var random = SplitMix(state: 13)
+        let good = Self.sample().encoded()
+        var accepted = 0
+        for round in 0..<200_000 {
+            var input: [UInt8]
+            switch round % 4 {
+            case 0: input = (0..<Int.random(in: 0...64, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) }
+            case 1:
+                input = good
+                for _ in 0..<Int.random(in: 1...4, using: &random) {
+                    input[Int.random(in: 0..<input.count, using: &random)] = UInt8.random(in: 0...255, using: &random)
+                }
+            case 2: input = Array(good.prefix(Int.random(in: 0...good.count, using: &random)))
+            default:
+                let from = Int.random(in: 2..<good.count, using: &random)
+                input = Array(good.prefix(from)) + Array(good[Int.random(in: 2..<good.count, using: &random)...])
+            }
+            guard let message = try? WireMessage.decode(input) else { continue }
+            accepted += 1
+            #expect(message.encoded() == input)
+            _ = try? SetItemOptions(wire: message)
+            _ = try? WireJSON.decode(KeychainOptions.self, message.bytes(Tag.options))
+            _ = try? KeychainError(decoding: message)
+            for tag in message.fields.map(\.tag) { _ = try? message.string(tag); _ = try? message.uint(tag); _ = try? message.bool(tag) }
+        }
+        #expect(accepted > 1000, "mutations that stay valid reach the field readers")
+    }
+
+    /// The fuzzed requests, sent to a running daemon: it answers or drops each one, and then serves a
+    /// well-formed call.
+    @Test func aDaemonSurvivesFuzzedRequests() async throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm)
+        let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
+        try await storage.setItem("k", "v")
+        var random = SplitMix(state: 31)
+        let good = Self.sample().encoded()
+        for _ in 0..<300 {
+            var input = good
+            for _ in 0..<Int.random(in: 1...3, using: &random) {
+                input[Int.random(in: 0..<input.count, using: &random)] = UInt8.random(in: 0...255, using: &random)
+            }
+            input[0] = 1
+            guard case .success(let fd) = WireSocket.connect(path: daemon.socket) else { Issue.record("connect"); return }
+            defer { close(fd) }
+            let frame = [UInt8(input.count >> 24 & 0xFF), UInt8(input.count >> 16 & 0xFF), UInt8(input.count >> 8 & 0xFF),
+                         UInt8(input.count & 0xFF)] + input
+            _ = frame.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            if let reply = try? WireSocket.receive(fd, idle: 60, stall: 60) {
+                #expect(reply.kind == DaemonReply.ok || reply.kind == DaemonReply.error)
+            }
+        }
+        #expect(try await storage.getItem("k") == "v")
+    }
+}
