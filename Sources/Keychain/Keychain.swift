@@ -260,11 +260,16 @@ public struct KeychainDevice: Sendable {
         self.configuration = configuration
     }
 
-    /// Every in-process path checks `remote` first.
+    /// The store's engine in this process; through keychaind, calls it does not serve (backup and
+    /// restore of the whole store) are refused rather than run on a store this process does not own.
     var engine: Engine {
         get throws(KeychainError) {
             if let refusal { throw refusal }
-            return local!
+            guard let local else {
+                throw KeychainError(.unsupported, "The keychain service does not serve this call: run it where the store is, as "
+                                    + "the service's user (keychainctl --direct --store <the service's store> …)")
+            }
+            return local
         }
     }
     private var sharedEngine: Engine { local! }
