@@ -32,6 +32,14 @@ func README_0() async throws {
 // README.md, block 2
 func README_1() async throws {
 
+    let shared = try createKeychain(.init(service: "vpn", accessGroup: "team"),   // groups.d/team.conf
+                                    configuration: .daemon(socket: "/run/keychain/keychaind.sock"))
+    try await shared.setItem("psk", "…")   // ACCESS_DENIED unless this uid or one of its groups is in team
+}
+
+// README.md, block 3
+func README_2() async throws {
+
     let d = try await SimulatedDevice(passcode: SecureBytes(copying: Array("2468".utf8)), fingers: ["thumb"])
     try await d.asDefault {
         try await keychain.setItem("accessToken", "at-1")   // in d's TPM and store

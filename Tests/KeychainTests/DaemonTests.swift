@@ -270,3 +270,45 @@ struct DaemonFaultTests {
         }
     }
 }
+
+/// dist/systemd: the units systemd itself accepts, with the hardening the service relies on.
+@Suite("keychaind: systemd units")
+struct SystemdUnitTests {
+    static var units: URL {
+        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("dist/systemd")
+    }
+
+    @Test func theServiceRunsHardenedAsItsOwnUserInTheTSSGroup() throws {
+        let service = try String(contentsOf: Self.units.appendingPathComponent("keychaind.service"), encoding: .utf8)
+        for line in ["User=keychaind", "SupplementaryGroups=tss", "ProtectSystem=strict", "PrivateNetwork=yes", "DevicePolicy=closed",
+                     "DeviceAllow=/dev/tpmrm0 rw", "NoNewPrivileges=yes", "StateDirectory=keychain", "CapabilityBoundingSet=",
+                     "RestrictAddressFamilies=AF_UNIX"] {
+            #expect(service.split(separator: "\n").contains(Substring(line)), "keychaind.service lacks \(line)")
+        }
+        let socket = try String(contentsOf: Self.units.appendingPathComponent("keychaind.socket"), encoding: .utf8)
+        #expect(socket.contains("ListenStream=\(KeychainConfiguration.systemSocket)"))
+    }
+
+    @Test func systemdAnalyzeVerifiesTheUnits() throws {
+        guard let analyze = Processes.findExecutable("systemd-analyze") else {
+            print("SystemdUnitTests: systemd-analyze is not installed; the units were not verified")
+            return
+        }
+        // The service names the installed binary: verify a copy that names the built one.
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("keychaind-units-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let built = buildDirectory.appendingPathComponent("keychaind").path
+        let service = try String(contentsOf: Self.units.appendingPathComponent("keychaind.service"), encoding: .utf8)
+            .replacingOccurrences(of: "/usr/local/bin/keychaind", with: built)
+        try service.write(to: directory.appendingPathComponent("keychaind.service"), atomically: true, encoding: .utf8)
+        try FileManager.default.copyItem(at: Self.units.appendingPathComponent("keychaind.socket"),
+                                         to: directory.appendingPathComponent("keychaind.socket"))
+        let result = try run(analyze, ["verify", directory.appendingPathComponent("keychaind.socket").path,
+                                       directory.appendingPathComponent("keychaind.service").path])
+        #expect(result.status == 0, "\(result.stderr)")
+        // An unknown or misspelt setting is only a warning to systemd: none is allowed here.
+        #expect(!result.stderr.contains("keychaind."), "\(result.stderr)")
+    }
+}
