@@ -3,8 +3,10 @@ import TPM2
 /// The device-lock layout of Sources/Keychain/TPM/DeviceLock.swift, restated with TPM2 values
 /// (`DeviceLockLayout` is internal to Keychain), plus the inputs the tpm2-tools vectors were made from.
 ///
-/// - Important: if DeviceLock.swift changes an index, attribute or policy, change it here and
-///   regenerate the vectors (commands in PolicyKnownAnswerTests.swift).
+/// These vectors pin the offline calculator; the library's own layout is pinned against the same
+/// vectors by `DeviceLockKnownAnswerTests` (KeychainTests), with no restated copy.
+/// - Important: if DeviceLock.swift changes an index, attribute or policy, regenerate the vectors
+///   (commands in PolicyKnownAnswerTests.swift) for both.
 enum DeviceLockFixture {
     /// The PCR 7 value the PCR vectors assume: 32 bytes of 0x07 (file `pcr7.bin`).
     static let pcr7Value = [UInt8](repeating: 0x07, count: 32)

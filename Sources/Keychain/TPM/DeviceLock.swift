@@ -26,38 +26,65 @@ enum DeviceLockLayout {
     static let unlocked: [UInt8] = [1]
     static let locked: [UInt8] = [0]
 
+    // Each policy below is a list of steps: its digest is computed from the list, and the session that
+    // satisfies it runs the same list (`TPMContext.run`), so the two cannot drift apart.
+
+    /// The PIN index's ADMIN policy: whoever knows the passcode may change it (NV_ChangeAuth).
+    static let changeAuthSteps: [PolicyStep] = [.commandCode(CommandCode.nvChangeAuth), .authValue]
+
     /// The passcode can be changed by whoever knows it (ADMIN role: PolicyCommandCode + PolicyAuthValue).
     static let pinPublic = NVPublic(
         index: pinIndex,
         attributes: NVAttributes.typePINFail | NVAttributes.ownerWrite | NVAttributes.authRead | NVAttributes.noDA,
-        authPolicy: PolicyDigest.compute([.commandCode(CommandCode.nvChangeAuth), .authValue]),
+        authPolicy: PolicyDigest.compute(changeAuthSteps),
         size: 8)
 
     static var pinName: [UInt8] { pinPublic.name(written: true) }
 
+    /// "Whoever knows the passcode may run `command` on this index": PolicySecret on the PIN index, then the command.
+    static func passcodeSteps(_ command: UInt32) -> [PolicyStep] {
+        [.secret(index: pinIndex, name: pinPublic.name(written: true), policyRef: []), .commandCode(command)]
+    }
+
+    static func passcodePolicy(_ command: UInt32) -> [UInt8] { PolicyDigest.compute(passcodeSteps(command)) }
+
     /// Branch 1 of the state index's write policy: the passcode was proven, write anything.
-    static let unlockBranch = PolicyDigest.compute([
-        .secret(index: pinIndex, name: pinPublic.name(written: true), policyRef: []),
-        .commandCode(CommandCode.nvWrite),
-    ])
+    static let unlockBranch = passcodePolicy(CommandCode.nvWrite)
+
+    /// Branch 2: the once-approved policy (signed by the approval key for `lockPolicyRef`).
+    static func lockBranch(approvalKeyName: [UInt8]) -> [UInt8] {
+        PolicyDigest.compute([.authorize(keyName: approvalKeyName, policyRef: lockPolicyRef)])
+    }
+
+    static func stateBranches(approvalKeyName: [UInt8]) -> PolicyStep {
+        .or([unlockBranch, lockBranch(approvalKeyName: approvalKeyName)])
+    }
 
     static func statePublic(approvalKeyName: [UInt8]) -> NVPublic {
-        let lockBranch = PolicyStep.authorizeDigest(keyName: approvalKeyName, policyRef: lockPolicyRef)
-        return NVPublic(
+        NVPublic(
             index: stateIndex,
             attributes: NVAttributes.policyWrite | NVAttributes.authRead | NVAttributes.noDA | NVAttributes.clearSTClear,
-            authPolicy: PolicyDigest.compute([.or([unlockBranch, lockBranch])]),
+            authPolicy: PolicyDigest.compute([stateBranches(approvalKeyName: approvalKeyName)]),
             size: 1)
     }
 
-    /// The policy the approval key signs: exactly "NV_Write(state, state, [0], 0)".
-    static func lockPolicy(state: NVPublic) -> [UInt8] {
-        PolicyDigest.compute([.cpHash(state.writeCpHash(data: locked, offset: 0, written: true))])
+    /// Writing "unlocked": the unlock branch, then PolicyOR.
+    static func unlockSteps(approvalKeyName: [UInt8]) -> [PolicyStep] {
+        passcodeSteps(CommandCode.nvWrite) + [stateBranches(approvalKeyName: approvalKeyName)]
     }
 
-    /// "Whoever knows the passcode may run `command` on this index."
-    static func passcodePolicy(_ command: UInt32) -> [UInt8] {
-        PolicyDigest.compute([.secret(index: pinIndex, name: pinPublic.name(written: true), policyRef: []), .commandCode(command)])
+    /// The policy the approval key signs: exactly "NV_Write(state, state, [0], 0)".
+    static func lockApproved(state: NVPublic) -> [PolicyStep] {
+        [.cpHash(state.writeCpHash(data: locked, offset: 0, written: true))]
+    }
+
+    static func lockPolicy(state: NVPublic) -> [UInt8] { PolicyDigest.compute(lockApproved(state: state)) }
+
+    /// Writing "locked": the approved cpHash, PolicyAuthorize (the signature: the caller's), then PolicyOR.
+    static func lockSteps(approvalKeyName: [UInt8]) -> [PolicyStep] {
+        let state = statePublic(approvalKeyName: approvalKeyName)
+        return lockApproved(state: state) + [.authorize(keyName: approvalKeyName, policyRef: lockPolicyRef),
+                                             stateBranches(approvalKeyName: approvalKeyName)]
     }
 
     static let epochPublic = NVPublic(

@@ -158,8 +158,7 @@ extension TPMKeyring {
         try context.setAuth(pin, old)
         defer { try? context.setAuth(pin, nil) }
         try context.withSession(.policy, saltKey: srk, decryptCommand: true) { policy throws(TPMError) in
-            try context.policyCommandCode(policy, CommandCode.nvChangeAuth)
-            try context.policyAuthValue(policy)
+            try context.run(DeviceLockLayout.changeAuthSteps, on: policy, nvIndex: Self.noIndex)
             try context.changeNVAuth(pin, to: new, session: policy)
         }
     }

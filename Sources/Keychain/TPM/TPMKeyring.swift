@@ -174,11 +174,16 @@ final class TPMKeyring {
         defer { try? context.setAuth(pin, nil) }
         try context.withSession(.hmac, saltKey: srk) { auth throws(TPMError) in
             try context.withSession(.policy, saltKey: nil) { policy throws(TPMError) in
-                try context.policySecret(policy, entity: pin, authSession: auth)
-                try context.policyCommandCode(policy, command)
+                try context.run(DeviceLockLayout.passcodeSteps(command), on: policy, nvIndex: Self.noIndex,
+                                other: { _ throws(TPMError) in try context.policySecret(policy, entity: pin, authSession: auth) })
                 try body(policy)
             }
         }
+    }
+
+    /// The device-lock policies name no NV index in a step.
+    static func noIndex(_ index: UInt32) throws(TPMError) -> TPMHandle {
+        throw TPMError(command: "policy step on NV index 0x\(String(index, radix: 16))", code: .handle)
     }
 
     var stateName: [UInt8] { DeviceLockLayout.statePublic(approvalKeyName: descriptor.approval.keyName).name(written: true) }
@@ -543,12 +548,11 @@ final class TPMKeyring {
             let state = try context.resource(forPersistent: DeviceLockLayout.stateIndex)  // reads the public area now
             try context.setAuth(pin, passcode)
             defer { try? context.setAuth(pin, nil) }
-            let lockBranch = PolicyStep.authorizeDigest(keyName: descriptor.approval.keyName, policyRef: DeviceLockLayout.lockPolicyRef)
             try context.withSession(.hmac, saltKey: srk) { auth throws(TPMError) in
                 try context.withSession(.policy, saltKey: nil) { policy throws(TPMError) in
-                    try context.policySecret(policy, entity: pin, authSession: auth)
-                    try context.policyCommandCode(policy, CommandCode.nvWrite)
-                    try context.policyOR(policy, [DeviceLockLayout.unlockBranch, lockBranch])
+                    try context.run(DeviceLockLayout.unlockSteps(approvalKeyName: descriptor.approval.keyName), on: policy,
+                                    nvIndex: Self.noIndex,
+                                    other: { _ throws(TPMError) in try context.policySecret(policy, entity: pin, authSession: auth) })
                     try context.writeNV(state, data: DeviceLockLayout.unlocked, authHandle: state, session: policy)
                 }
             }
@@ -566,13 +570,13 @@ final class TPMKeyring {
             }
             let statePublic = DeviceLockLayout.statePublic(approvalKeyName: descriptor.approval.keyName)
             let approval = descriptor.approval
-            let lockBranch = PolicyStep.authorizeDigest(keyName: approval.keyName, policyRef: DeviceLockLayout.lockPolicyRef)
             try context.withSession(.policy, saltKey: nil) { policy throws(TPMError) in
-                try context.policyCpHash(policy, statePublic.writeCpHash(data: DeviceLockLayout.locked, offset: 0, written: true))
-                try context.policyAuthorize(policy, approvedPolicy: DeviceLockLayout.lockPolicy(state: statePublic),
-                                            policyRef: DeviceLockLayout.lockPolicyRef, keyPublic: approval.keyPublic,
-                                            keyName: approval.keyName, signature: approval.signatures[0])
-                try context.policyOR(policy, [DeviceLockLayout.unlockBranch, lockBranch])
+                try context.run(DeviceLockLayout.lockSteps(approvalKeyName: approval.keyName), on: policy, nvIndex: Self.noIndex,
+                                other: { _ throws(TPMError) in
+                    try context.policyAuthorize(policy, approvedPolicy: DeviceLockLayout.lockPolicy(state: statePublic),
+                                                policyRef: DeviceLockLayout.lockPolicyRef, keyPublic: approval.keyPublic,
+                                                keyName: approval.keyName, signature: approval.signatures[0])
+                })
                 try context.writeNV(state, data: DeviceLockLayout.locked, authHandle: state, session: policy)
             }
         } catch {
