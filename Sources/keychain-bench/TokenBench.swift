@@ -65,9 +65,10 @@ struct TokenResult: Codable {
     var firstUse = Samples()
     /// First writes of further services: each generates its AES key on the token.
     var firstWrite = Samples()
-    /// Reads after `dropCaches()`. The engine keeps no token secret, only the logged-in session,
-    /// which stays open for the process: "cold" is the first read of a fresh engine state, not of a
-    /// new process (keychainctl below is that).
+    /// Reads after `dropCaches()`: the token opens its part of the key and, at the default level
+    /// (`afterFirstUnlock`, split with the TPM), the TPM unseals its part. The logged-in session
+    /// stays open for the process: "cold" is the first read of a fresh engine state, not of a new
+    /// process (keychainctl below is that).
     var coldGet = Samples()
     var warmGet = Samples()
     var set = Samples()
