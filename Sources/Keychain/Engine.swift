@@ -334,7 +334,7 @@ actor Engine {
         try checkKey(key)
         let store = try store()
         guard let record = try read({ try store.item(service: service, key: key) }) else { return nil }
-        guard let protection = ItemProtection(storageTag: TokenSession.protectionTag(record.protection)) else {
+        guard let protection = ItemProtection(storageTag: TokenSession.withoutTokenSuffix(record.protection)) else {
             throw corrupted(record, "its protection is not one this library writes")
         }
         // The first format's token items have no wrapping key: their own data key is on the token.

@@ -89,6 +89,12 @@ struct TokenBackendTests {
         #expect(try t.cli(["get", "svc", "k", "--key-storage", "strongbox"]).status != 0)
         #expect(try t.cli(["set", "svc", "k2", "--key-storage", "strongbox"], input: [1]).status == 0)
         #expect(try t.objects().contains("keychain:svc"))
+        // No message names an internal service, not even the token's when its key is gone.
+        #expect(try run("/usr/bin/pkcs11-tool", ["--module", Self.module, "--login", "--pin", "1234", "--delete-object",
+                                                 "--type", "secrkey", "--label", "keychain:svc@strongbox"], environment: t.env).status == 0)
+        let keyGone = try t.cli(["--json", "get", "svc", "k2"])
+        #expect(t.errorCode(keyGone) == "DATA_CORRUPTED" && t.errorMessage(keyGone).contains("'svc'")
+                && !t.errorMessage(keyGone).contains("@"), "\(t.errorMessage(keyGone))")
         #expect(try t.cli(["clear", "svc"]).status == 0)
         #expect(!(try t.objects()).contains("keychain:svc"))
         #expect(try t.cli(["ls", "svc", "--key-storage", "strongbox"]).stdout.isEmpty)

@@ -76,14 +76,14 @@ final class TokenSession {
         }
     }
 
-    /// A token item's tag names its key apart from a TPM key of the same protection; this is the
-    /// protection part alone.
-    static func protectionTag(_ tag: String) -> String {
+    /// A token item's tag names its key apart from a TPM key of the same protection: this is the
+    /// protection part alone (also the service of a token namespace, `shown`).
+    static func withoutTokenSuffix(_ tag: String) -> String {
         tag.hasSuffix(tagSuffix) ? String(tag.dropLast(tagSuffix.count)) : tag
     }
 
     /// A service as messages name it: without the token namespace's internal suffix.
-    static func shown(_ service: String) -> String { protectionTag(service) }
+    static func shown(_ service: String) -> String { withoutTokenSuffix(service) }
 
     /// Whether a stored protection tag is a token item behind the token's user PIN.
     static func usesPasscode(_ tag: String) -> Bool {
