@@ -133,7 +133,7 @@ extension Engine {
                                    differing: match == nil ? current.values.keys.sorted() : [], mode: "vendor",
                                    installedGenerations: installed.map(\.policy.generation).sorted(), revokedGenerations: revoked.sorted())
         }
-        let recorded = keyring.recordedApproval().flatMap { approvedPolicy == BootApprovalLayout.approvedPolicy($0) ? $0 : nil }
+        let recorded = keyring.recordedApproval(matching: approvedPolicy)
         let differing = current.values.keys.sorted().filter { recorded?.values[$0] != current.values[$0] }
         return BootStateStatus(pcrs: current.values.keys.sorted(), approved: recorded.map(\.hexValues),
                                approvalIndexWritten: approvedPolicy != nil, current: current.hexValues,

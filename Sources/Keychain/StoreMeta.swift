@@ -30,6 +30,8 @@ enum StoreMeta {
     static let bootApprovalTR = "tpm.boot-approval.tr"
     /// The PCR values (BootState) this store approved last; the index holds only their policy digest.
     static let bootApproved = "tpm.boot-approved"
+    /// The values an approval is writing to the index (BootState), until the store records them as approved.
+    static let bootApprovedPending = "tpm.boot-approved.pending"
     /// Vendor-signed boot states: the vendor's public key (marshalled TPM2B_PUBLIC); present makes the store vendor-signed.
     static let bootVendorKey = "tpm.boot-vendor.key"
     /// The installed signed boot policies with their TPM tickets (InstalledBootPolicy list, JSON).

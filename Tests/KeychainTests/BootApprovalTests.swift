@@ -219,6 +219,31 @@ struct BootApprovalTests {
         #expect(await f.device.takeTPMCommandCount() == 0, "a warm read")
     }
 
+    /// `boot-state approve` killed after each of its TPM commands: the TPM holds the old state or the new
+    /// one, the item opens exactly in the state the TPM holds, and `boot-state` knows the values either way.
+    @Test func anApprovalKilledAfterEachTPMCommandLeavesTheOldStateOrTheNew() async throws {
+        let f = try Fixture()
+        #expect(try cli(f, ["set", "tdo", "k", "--accessible", "alwaysThisDeviceOnly"], "v").status == 0)
+        let old = hex(try TPMContext(device: f.tpm.device).readPCRs(PCRSelection([7]))[0])
+        let new = hex(try predictedPCR7(f))
+        var kills = 0
+        for n in 1...40 {
+            let killed = try cli(f, ["boot-state", "approve", "--pcr", "7=" + new], "\n", abortAfter: n)
+            #expect(killed.status == 134 || killed.status == 0, "kill \(n): \(killed.stderr)")
+            let status = try cli(f, ["boot-state"]).stdout
+            let approvedNew = status.contains("pcr 7 approved: " + new)
+            #expect(approvedNew || status.contains("pcr 7 approved: " + old), "kill \(n): \(status)")
+            // In the old state (now), the item opens exactly when the old state is still approved.
+            let read = try cli(f, ["get", "tdo", "k"])
+            #expect((read.status == 0) == !approvedNew, "kill \(n): approved new \(approvedNew), read \(read.stderr)")
+            if killed.status == 0 { #expect(approvedNew); break }
+            kills += 1
+            // Back to the old state for the next round (owner: the test TPM's is empty).
+            if approvedNew { #expect(try cli(f, ["--owner-auth-file", "/dev/null", "boot-state", "approve"]).status == 0) }
+        }
+        #expect(kills >= 3)
+    }
+
     // MARK: Bypass with tpm2-tools
 
     /// Nobody without the passcode or the owner authorization writes the approval index: not with the

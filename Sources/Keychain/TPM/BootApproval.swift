@@ -64,9 +64,12 @@ extension TPMKeyring {
         }
     }
 
-    /// The values this store approved last (the index holds only their digest).
-    func recordedApproval() -> BootState? {
-        (try? store.meta(StoreMeta.bootApproved)).flatMap { $0 }.flatMap(BootState.init(decoding:))
+    /// The values this store approved that the index holds (it holds only their digest): the last
+    /// approval, or one being written when a process was killed between its NV_Write and the store.
+    func recordedApproval(matching approvedPolicy: [UInt8]?) -> BootState? {
+        [StoreMeta.bootApproved, StoreMeta.bootApprovedPending]
+            .compactMap { (try? store.meta($0)).flatMap { $0 }.flatMap(BootState.init(decoding:)) }
+            .first { BootApprovalLayout.approvedPolicy($0) == approvedPolicy }
     }
 
     /// Makes sure the approval index exists and holds a state, for a store that seals `ThisDeviceOnly`
@@ -141,7 +144,7 @@ extension TPMKeyring {
         var which = "the PCRs this keychain is bound to"
         if let current {
             let approvedPolicy = (try? approvedBootPolicy()) ?? nil
-            if let approved = recordedApproval(), approvedPolicy == BootApprovalLayout.approvedPolicy(approved) {
+            if let approved = recordedApproval(matching: approvedPolicy) {
                 let differing = current.values.keys.sorted().filter { approved.values[$0] != current.values[$0] }
                 if !differing.isEmpty {
                     which = differing.map { "PCR \($0) (approved \(hex(approved.values[$0])), now \(hex(current.values[$0])))" }
@@ -170,6 +173,8 @@ extension TPMKeyring {
                                 + "(keychainctl --owner-auth-file FILE boot-state approve)")
         }
         let data = BootApprovalLayout.contents(BootApprovalLayout.approvedPolicy(state))
+        // Recorded before the TPM write, so a kill after it leaves the values known (crash-safe display).
+        try writeMeta { tx in try tx.setMeta(StoreMeta.bootApprovedPending, state.encoded()) }
         do {
             let index = try context.resource(forPersistent: BootApprovalLayout.index)
             if owner {
@@ -186,7 +191,14 @@ extension TPMKeyring {
             }
             throw passcodeError(error, doing: "approve the boot state")
         }
-        do { try store.write { tx in try tx.setMeta(StoreMeta.bootApproved, state.encoded()) } } catch let error as StoreError {
+        try writeMeta { tx in
+            try tx.setMeta(StoreMeta.bootApproved, state.encoded())
+            _ = try tx.deleteMeta(StoreMeta.bootApprovedPending)
+        }
+    }
+
+    private func writeMeta(_ body: (Transaction) throws -> Void) throws(KeychainError) {
+        do { try store.write(body) } catch let error as StoreError {
             throw KeychainError(store: error)
         } catch {
             throw KeychainError(.internal, "\(error)")
