@@ -23,6 +23,8 @@ struct BenchOptions {
     var tokenScheme: TokenScheme?
     /// `--provisioning`: only the seal-for, import and backup figures (ProvisioningBench.swift).
     var provisioning = false
+    /// `--daemon`: only keychaind's figures (DaemonBench.swift): --runs processes, 16 clients × --cold×20 reads.
+    var daemon = false
 
     static let usage = """
         usage: keychain-bench [--quick] [--warm N] [--cold N] [--writes N] [--first-writes N] [--runs N]
@@ -32,6 +34,7 @@ struct BenchOptions {
           --writes N (200) overwrites per level and on the token; --first-writes N (5) new services
           --runs N (20)    runs of each process reference
           --provisioning   only seal-for throughput, import TPM commands, backup/restore of --writes×5 items
+          --daemon         only keychaind: keychainctl get through it vs tpm2-tools, 16 clients × --cold×20 reads
         """
 
     /// The sample counts as arguments, for a child process.
@@ -52,6 +55,10 @@ struct BenchOptions {
             }
             if flag == "--provisioning" {
                 provisioning = true
+                continue
+            }
+            if flag == "--daemon" {
+                daemon = true
                 continue
             }
             if flag == "--token-scheme" {

@@ -28,6 +28,15 @@ func runBench(_ options: BenchOptions) async -> Int32 {
 
 do {
     let options = try BenchOptions(CommandLine.arguments.dropFirst())
+    if options.daemon {
+        do {
+            print(try await daemonBench(runs: options.runs, clients: 16, readsPerClient: options.cold * 20))
+            exit(0)
+        } catch {
+            FileHandle.standardError.write(Data("keychain-bench: \(error)\n".utf8))
+            exit(1)
+        }
+    }
     if options.provisioning {
         do {
             print(try await provisioningBench(items: options.writes * 5, seals: options.warm / 10, imports: options.cold / 5))

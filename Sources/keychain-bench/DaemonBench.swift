@@ -1,0 +1,122 @@
+import Foundation
+import Keychain
+import KeychainTestSupport
+
+/// `keychain-bench --daemon`: keychaind on a private swtpm, against tpm2-tools' policy pipeline for
+/// the same kind of secret, one run side by side (docs/performance.md, "keychaind").
+func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> String {
+    let tpm = try SoftwareTPM()
+    let daemon = try KeychainDaemon(tpm: tpm)
+    let configuration = daemon.configuration()
+    let secret = String(repeating: "s", count: 32)
+    let storage = try createKeychain(.init(service: "bench"), configuration: configuration)
+    try await storage.setItem("k0", secret)
+    guard try await storage.getItem("k0") == secret else { throw BenchFailure("the daemon returned another value") }
+    let device = KeychainDevice(configuration: configuration)
+    let scratch = tpm.directory + "/daemon-bench"
+    try FileManager.default.createDirectory(atPath: scratch, withIntermediateDirectories: true)
+    let here = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
+        .deletingLastPathComponent()
+    let keychainctl = here.appendingPathComponent("keychainctl").path
+
+    // 1. The whole `keychainctl get` process through the daemon, and its start-up alone.
+    let shell = Subprocess(directory: scratch, extraEnvironment: daemon.environment)
+    var get = Samples(capacity: runs), help = Samples(capacity: runs), trueProcess = Samples(capacity: runs)
+    _ = await device.takeTPMCommandCount()
+    for run in 0...runs {
+        let result = try shell.check([keychainctl, "get", "bench", "k0"])
+        guard result.output == Array(secret.utf8) else { throw BenchFailure("keychainctl get returned another value") }
+        let start = try shell.check([keychainctl, "--help"])
+        let floor = try shell.check(["/bin/true"])
+        if run > 0 { get.record(result.nanoseconds); help.record(start.nanoseconds); trueProcess.record(floor.nanoseconds) }
+    }
+    get.tpmCommands = await device.takeTPMCommandCount()
+
+    // 2. tpm2-tools on the same TPM: a secret sealed to PCR 7 under the same SRK, read as a shell
+    // user would (load, policy session, PolicyPCR, unseal, flush: five processes).
+    let tools = try tpm2ToolsPolicyPipeline(tpm: tpm, secret: secret, runs: runs, scratch: scratch)
+
+    // 3. Concurrent clients in this process, each read a call of its own (a connection each).
+    _ = await device.takeTPMCommandCount()
+    let started = monotonicNanoseconds()
+    let perClient = await withTaskGroup(of: (Samples, Int).self) { group in
+        for _ in 0..<clients {
+            group.addTask {
+                var samples = Samples(capacity: readsPerClient)
+                var errors = 0
+                guard let mine = try? createKeychain(.init(service: "bench"), configuration: configuration) else {
+                    return (samples, readsPerClient)
+                }
+                for _ in 0..<readsPerClient {
+                    let start = monotonicNanoseconds()
+                    let value = try? await mine.getItem("k0")
+                    samples.record(monotonicNanoseconds() - start)
+                    if value != secret { errors += 1 }
+                }
+                return (samples, errors)
+            }
+        }
+        var all: [(Samples, Int)] = []
+        for await result in group { all.append(result) }
+        return all
+    }
+    let elapsed = monotonicNanoseconds() - started
+    var concurrent = Samples(capacity: clients * readsPerClient)
+    for (samples, _) in perClient { for ns in samples.nanoseconds { concurrent.record(ns) } }
+    let errors = perClient.reduce(0) { $0 + $1.1 }
+    concurrent.tpmCommands = await device.takeTPMCommandCount()
+    let aggregate = Double(concurrent.count) / (Double(elapsed) / 1e9)
+
+    var report = "## keychaind (keychain-bench --daemon)\n\n"
+    report += "One run: \(ProcessInfo.processInfo.activeProcessorCount) cores, swtpm on a Unix socket, a 32-byte secret, "
+        + "\(runs) process runs, \(clients) clients × \(readsPerClient) reads.\n\n"
+    report += "| what | p50 | p99 | TPM commands per op |\n|---|---|---|---|\n"
+    report += "| `keychainctl get` through keychaind (whole process) | \(Format.duration(get.p50)) | \(Format.duration(get.p99)) | \(Format.commands(get.commandsPerOp)) |\n"
+    if let tools {
+        report += "| tpm2-tools: load, startauthsession, policypcr, unseal, flushcontext (five processes) | \(Format.duration(tools.p50)) | \(Format.duration(tools.p99)) | — |\n"
+    }
+    report += "| `keychainctl --help` (process start-up, no call) | \(Format.duration(help.p50)) | \(Format.duration(help.p99)) | 0 |\n"
+    report += "| `/bin/true` (the spawn-and-reap floor) | \(Format.duration(trueProcess.p50)) | \(Format.duration(trueProcess.p99)) | 0 |\n"
+    report += "| one read of \(clients) concurrent clients (in one process, a connection per read) | \(Format.duration(concurrent.p50)) | \(Format.duration(concurrent.p99)) | \(Format.commands(concurrent.commandsPerOp)) |\n\n"
+    if let tools {
+        report += "`keychainctl get` through keychaind vs tpm2-tools: \(Format.ratio(Double(tools.p50) / Double(get.p50))) faster (p50).\n"
+    }
+    report += "\(clients) clients × \(readsPerClient) reads: \(Format.rate(aggregate)) reads/s aggregate, "
+        + "\(errors) errors, \(concurrent.tpmCommands) TPM commands in all.\n"
+    return report
+}
+
+/// `tpm2_create` with a PCR 7 policy under the persistent SRK, then `runs` reads (the first not kept).
+private func tpm2ToolsPolicyPipeline(tpm: SoftwareTPM, secret: String, runs: Int, scratch: String) throws -> Samples? {
+    let tools = ["tpm2_createpolicy", "tpm2_create", "tpm2_load", "tpm2_startauthsession", "tpm2_policypcr", "tpm2_unseal",
+                 "tpm2_flushcontext"]
+    guard tools.allSatisfy(Subprocess.isInstalled) else { return nil }
+    let directory = scratch + "/tpm2-tools"
+    try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+    let secretFile = directory + "/secret.bin"
+    guard FileManager.default.createFile(atPath: secretFile, contents: Data(secret.utf8), attributes: [.posixPermissions: 0o600]) else {
+        throw BenchFailure("cannot write \(secretFile)")
+    }
+    let shell = Subprocess(directory: directory, extraEnvironment: ["TPM2TOOLS_TCTI": tpm.tcti])
+    try shell.check(["tpm2_flushcontext", "-t"])
+    try shell.check(["tpm2_flushcontext", "-s"])
+    try shell.check(["tpm2_createpolicy", "--policy-pcr", "-l", "sha256:7", "-L", directory + "/pcr.policy", "-Q"])
+    try shell.check(["tpm2_create", "-C", "0x81000001", "-L", directory + "/pcr.policy", "-i", secretFile,
+                     "-u", directory + "/seal.pub", "-r", directory + "/seal.priv", "-Q"])
+    var samples = Samples(capacity: runs)
+    for run in 0...runs {
+        var total: UInt64 = 0
+        total += try shell.check(["tpm2_load", "-C", "0x81000001", "-u", directory + "/seal.pub", "-r", directory + "/seal.priv",
+                                  "-c", directory + "/seal.ctx", "-Q"]).nanoseconds
+        total += try shell.check(["tpm2_startauthsession", "--policy-session", "-S", directory + "/session.ctx"]).nanoseconds
+        total += try shell.check(["tpm2_policypcr", "-S", directory + "/session.ctx", "-l", "sha256:7", "-Q"]).nanoseconds
+        let unseal = try shell.check(["tpm2_unseal", "-c", directory + "/seal.ctx", "-p", "session:" + directory + "/session.ctx"])
+        guard unseal.output == Array(secret.utf8) else { throw BenchFailure("tpm2_unseal returned another value") }
+        total += unseal.nanoseconds
+        total += try shell.check(["tpm2_flushcontext", directory + "/session.ctx"]).nanoseconds
+        // The loaded object: the kernel's resource manager would flush it; swtpm has none (untimed).
+        try shell.check(["tpm2_flushcontext", "-t"])
+        if run > 0 { samples.record(total) }
+    }
+    return samples
+}
