@@ -11,6 +11,8 @@ let package = Package(
         .executable(name: "keychain-bench", targets: ["keychain-bench"]),
         // The keychain service: one store and TPM per device, callers told apart by SO_PEERCRED.
         .executable(name: "keychaind", targets: ["keychaind"]),
+        // keychainctl's item commands through keychaind, without Foundation: the fast client path.
+        .executable(name: "keychain-client", targets: ["keychain-client"]),
         // For our users' own test suites: a private software TPM per test or suite.
         .library(name: "KeychainTestSupport", targets: ["KeychainTestSupport"]),
         .library(name: "BiometricsVault", targets: ["BiometricsVault"]),
@@ -51,6 +53,8 @@ let package = Package(
 
         .executableTarget(name: "keychainctl", dependencies: ["Keychain", "SignInFlow"]),
         .executableTarget(name: "keychaind", dependencies: ["Keychain"]),
+        .executableTarget(name: "keychain-client", dependencies: ["KeychainWire"],
+                          linkerSettings: [.unsafeFlags(["-static-stdlib"])]),
         .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport"]),
 
         .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory"]),

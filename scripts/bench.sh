@@ -6,4 +6,6 @@
 set -eu
 cd "$(dirname "$0")/.."
 swift build -c release --product keychainctl ${SCRATCH:+--scratch-path "$SCRATCH"} >&2
+swift build -c release --product keychaind ${SCRATCH:+--scratch-path "$SCRATCH"} >&2
+swift build -c release --product keychain-client ${SCRATCH:+--scratch-path "$SCRATCH"} >&2
 exec swift run -c release ${SCRATCH:+--scratch-path "$SCRATCH"} keychain-bench "$@"

@@ -18,10 +18,13 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     let here = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
         .deletingLastPathComponent()
     let keychainctl = here.appendingPathComponent("keychainctl").path
+    let client = here.appendingPathComponent("keychain-client").path
+    let hasClient = FileManager.default.isExecutableFile(atPath: client)
 
     // 1. The whole `keychainctl get` process through the daemon, and its start-up alone.
     let shell = Subprocess(directory: scratch, extraEnvironment: daemon.environment)
     var get = Samples(capacity: runs), help = Samples(capacity: runs), trueProcess = Samples(capacity: runs)
+    var small = Samples(capacity: runs), smallUsage = Samples(capacity: runs)
     _ = await device.takeTPMCommandCount()
     for run in 0...runs {
         let result = try shell.check([keychainctl, "get", "bench", "k0"])
@@ -29,6 +32,12 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
         let start = try shell.check([keychainctl, "--help"])
         let floor = try shell.check(["/bin/true"])
         if run > 0 { get.record(result.nanoseconds); help.record(start.nanoseconds); trueProcess.record(floor.nanoseconds) }
+        if hasClient {
+            let fast = try shell.check([client, "get", "bench", "k0"])
+            guard fast.output == Array(secret.utf8) else { throw BenchFailure("keychain-client get returned another value") }
+            let usage = try shell.run([client])
+            if run > 0 { small.record(fast.nanoseconds); smallUsage.record(usage.nanoseconds) }
+        }
     }
     get.tpmCommands = await device.takeTPMCommandCount()
 
@@ -75,11 +84,18 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     if let tools {
         report += "| tpm2-tools: load, startauthsession, policypcr, unseal, flushcontext (five processes) | \(Format.duration(tools.p50)) | \(Format.duration(tools.p99)) | — |\n"
     }
+    if hasClient {
+        report += "| `keychain-client get` through keychaind (whole process, no Foundation) | \(Format.duration(small.p50)) | \(Format.duration(small.p99)) | 0 |\n"
+        report += "| `keychain-client` usage error (its start-up, no call) | \(Format.duration(smallUsage.p50)) | \(Format.duration(smallUsage.p99)) | 0 |\n"
+    }
     report += "| `keychainctl --help` (process start-up, no call) | \(Format.duration(help.p50)) | \(Format.duration(help.p99)) | 0 |\n"
     report += "| `/bin/true` (the spawn-and-reap floor) | \(Format.duration(trueProcess.p50)) | \(Format.duration(trueProcess.p99)) | 0 |\n"
     report += "| one read of \(clients) concurrent clients (in one process, a connection per read) | \(Format.duration(concurrent.p50)) | \(Format.duration(concurrent.p99)) | \(Format.commands(concurrent.commandsPerOp)) |\n\n"
     if let tools {
         report += "`keychainctl get` through keychaind vs tpm2-tools: \(Format.ratio(Double(tools.p50) / Double(get.p50))) faster (p50).\n"
+        if hasClient {
+            report += "`keychain-client get` through keychaind vs tpm2-tools: \(Format.ratio(Double(tools.p50) / Double(small.p50))) faster (p50).\n"
+        }
     }
     report += "\(clients) clients × \(readsPerClient) reads: \(Format.rate(aggregate)) reads/s aggregate, "
         + "\(errors) errors, \(concurrent.tpmCommands) TPM commands in all.\n"
