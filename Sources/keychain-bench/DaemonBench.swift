@@ -45,7 +45,7 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     // user would (load, policy session, PolicyPCR, unseal, flush: five processes).
     let tools = try tpm2ToolsPolicyPipeline(tpm: tpm, secret: secret, runs: runs, scratch: scratch)
 
-    // 3. Concurrent clients in this process, each read a call of its own (a connection each).
+    // 3. Concurrent clients in this process, each read a call of its own (connections are reused).
     _ = await device.takeTPMCommandCount()
     let started = monotonicNanoseconds()
     let perClient = await withTaskGroup(of: (Samples, Int).self) { group in
@@ -90,7 +90,7 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     }
     report += "| `keychainctl --help` (process start-up, no call) | \(Format.duration(help.p50)) | \(Format.duration(help.p99)) | 0 |\n"
     report += "| `/bin/true` (the spawn-and-reap floor) | \(Format.duration(trueProcess.p50)) | \(Format.duration(trueProcess.p99)) | 0 |\n"
-    report += "| one read of \(clients) concurrent clients (in one process, a connection per read) | \(Format.duration(concurrent.p50)) | \(Format.duration(concurrent.p99)) | \(Format.commands(concurrent.commandsPerOp)) |\n\n"
+    report += "| one read of \(clients) concurrent clients (in one process; a client keeps its connections between calls) | \(Format.duration(concurrent.p50)) | \(Format.duration(concurrent.p99)) | \(Format.commands(concurrent.commandsPerOp)) |\n\n"
     if let tools {
         report += "`keychainctl get` through keychaind vs tpm2-tools: \(Format.ratio(Double(tools.p50) / Double(get.p50))) faster (p50).\n"
         if hasClient {

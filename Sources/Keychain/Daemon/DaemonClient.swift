@@ -1,10 +1,17 @@
 import Foundation
 import KeychainWire
 import SecureMemory
+import Synchronization
 
-/// A caller's side of keychaind: one connection per call, the request, the daemon's prompts answered
-/// by this process's `Authenticator`, then the result or the library's error as the daemon threw it.
+/// A caller's side of keychaind: a connection per call at a time (kept for later calls of this
+/// process once the call is complete), the request, the daemon's prompts answered by this process's
+/// `Authenticator`, then the result or the library's error as the daemon threw it.
 struct DaemonClient: Sendable {
+    /// Connections whose last call completed, per socket: a later call reuses one instead of making
+    /// the daemon start a connection (a thread) per read.
+    private static let idle = Mutex<[String: [Int32]]>([:])
+    static let maxIdle = 16
+
     let socketPath: String
 
     /// How long a reply may take: the daemon's own TPM timeout bounds each of its commands, so this
@@ -18,8 +25,10 @@ struct DaemonClient: Sendable {
         var request = WireMessage(kind: op.rawValue)
         build(&request)
         defer { request.wipe() }
-        let fd = try await connect()
-        defer { close(fd) }
+        let fd = try await checkOut()
+        // Back to the pool only after a complete exchange; on any failure the stream may be out of step.
+        var complete = false
+        defer { if complete { checkIn(fd) } else { close(fd) } }
         let sent = request
         try await blocking { () throws(WireError) in try WireSocket.send(fd, sent) }
         while true {
@@ -28,10 +37,12 @@ struct DaemonClient: Sendable {
             }
             switch reply.kind {
             case DaemonReply.ok:
+                complete = true
                 return reply
             case DaemonReply.error:
                 let thrown: KeychainError
                 do { thrown = try KeychainError(decoding: reply) } catch { throw failure(error) }
+                complete = true
                 throw thrown
             case DaemonReply.prompt:
                 var answer = try await answer(reply, authenticator: authenticator)
@@ -77,6 +88,26 @@ struct DaemonClient: Sendable {
         case .interrupted: message.add(Tag.answerKind, UInt64(4))
         }
         return message
+    }
+
+    /// An idle connection the daemon has not closed (no EOF or data waiting), or a new one.
+    private func checkOut() async throws(KeychainError) -> Int32 {
+        while let fd = Self.idle.withLock({ $0[socketPath]?.popLast() }) {
+            // POLLIN | POLLRDHUP (0x2000, hidden by Glibc without _GNU_SOURCE).
+            var poll = pollfd(fd: fd, events: Int16(POLLIN) | 0x2000, revents: 0)
+            if Glibc.poll(&poll, 1, 0) == 0 { return fd }
+            close(fd)  // closed by the daemon (idle timeout, restart) while it waited here
+        }
+        return try await connect()
+    }
+
+    private func checkIn(_ fd: Int32) {
+        let kept = Self.idle.withLock { idle in
+            guard idle[socketPath, default: []].count < Self.maxIdle else { return false }
+            idle[socketPath, default: []].append(fd)
+            return true
+        }
+        if !kept { close(fd) }
     }
 
     private func connect() async throws(KeychainError) -> Int32 {
