@@ -9,7 +9,9 @@ import Synchronization
 struct DaemonClient: Sendable {
     /// Connections whose last call completed, per socket: a later call reuses one instead of making
     /// the daemon start a connection (a thread) per read.
-    private static let idle = Mutex<[String: [Int32]]>([:])
+    /// The daemon knows a connection by the credentials it had at connect: one is reused only by the
+    /// same effective uid and gid (a process that changed identity since gets a new connection).
+    private static let idle = Mutex<[String: [(fd: Int32, uid: uid_t, gid: gid_t)]]>([:])
     static let maxIdle = 16
 
     let socketPath: String
@@ -92,7 +94,9 @@ struct DaemonClient: Sendable {
 
     /// An idle connection the daemon has not closed (no EOF or data waiting), or a new one.
     private func checkOut() async throws(KeychainError) -> Int32 {
-        while let fd = Self.idle.withLock({ $0[socketPath]?.popLast() }) {
+        let (uid, gid) = (geteuid(), getegid())
+        while let (fd, owner, group) = Self.idle.withLock({ $0[socketPath]?.popLast() }) {
+            guard owner == uid, group == gid else { close(fd); continue }
             // POLLIN | POLLRDHUP (0x2000, hidden by Glibc without _GNU_SOURCE).
             var poll = pollfd(fd: fd, events: Int16(POLLIN) | 0x2000, revents: 0)
             if Glibc.poll(&poll, 1, 0) == 0 { return fd }
@@ -104,7 +108,7 @@ struct DaemonClient: Sendable {
     private func checkIn(_ fd: Int32) {
         let kept = Self.idle.withLock { idle in
             guard idle[socketPath, default: []].count < Self.maxIdle else { return false }
-            idle[socketPath, default: []].append(fd)
+            idle[socketPath, default: []].append((fd, geteuid(), getegid()))
             return true
         }
         if !kept { close(fd) }
