@@ -23,6 +23,9 @@ package final class DaemonServer: Sendable {
     }
 
     let configuration: KeychainConfiguration
+    /// Holds the store's engine (its thread, database and the keys it opened) for the daemon's life:
+    /// storages are made per request, and an engine ends with its last storage or device.
+    private let device: KeychainDevice
     let groups: AccessGroups
     let limits: Limits
     private let open = Mutex(0)
@@ -36,6 +39,7 @@ package final class DaemonServer: Sendable {
         var configuration = configuration
         configuration.authenticator = nil
         self.configuration = configuration
+        self.device = KeychainDevice(configuration: configuration)
         self.groups = groups
         self.limits = limits
         keeper = KeychainDevice(configuration: configuration)
