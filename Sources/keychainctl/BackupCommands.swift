@@ -67,14 +67,19 @@ extension Commands {
     func restore() async throws -> Exit {
         let args = try arguments(1, "FILE")
         // Without --passphrase-stdin: a backup sealed to this device's TPM (backup --to).
+        // --passcode-stdin: this device's passcode on the next line (a sealed backup with passcode items).
+        let withPassphrase = inv.switches.contains("--passphrase-stdin"), withPasscode = inv.switches.contains("--passcode-stdin")
+        let expected = (withPassphrase ? 1 : 0) + (withPasscode ? 1 : 0)
+        let lines = expected == 0 ? [] : try readLines(expected)
         var passphrase: SecureBytes?
-        if inv.switches.contains("--passphrase-stdin") {
-            guard let line = try readLines(1).first, line.count > 0 else {
+        if withPassphrase {
+            guard let line = lines.first, line.count > 0 else {
                 throw KeychainError.invalidArgument("No passphrase on stdin: give it on the first line")
             }
             passphrase = line
         }
-        let report = try await device.restore(fromFile: args[0], passphrase: passphrase)
+        guard lines.count == expected else { throw KeychainError.invalidArgument("--passcode-stdin: give the device passcode on its line of stdin") }
+        let report = try await device.restore(fromFile: args[0], passphrase: passphrase, passcode: withPasscode ? lines[expected - 1] : nil)
         output(report) { report in
             var lines = report.restored.map { "restored: \(escaped($0.service)) \(escaped($0.key))" }
             lines += report.skipped.map { "skipped: \(escaped($0.service)) \(escaped($0.key)) (\(Self.why($0.reason)))" }

@@ -159,9 +159,10 @@ let usage = """
                                    passphrase (first line of stdin; the passcode on the second with
                                    --passcode-stdin, asked once); the file on stdout, or --out FILE
                                    With --to the backup's key is sealed to that device's TPM (no passphrase).
-      restore FILE [--passphrase-stdin]   items come back with their protection, label and dates; an item
-                                   that exists or whose protection this device cannot give is skipped; a
-                                   backup made --to this device needs no passphrase
+      restore FILE [--passphrase-stdin] [--passcode-stdin]   items come back with their protection, label
+                                   and dates; an item that exists or whose protection this device cannot
+                                   give is skipped; a backup made --to this device needs no passphrase, and
+                                   this device's passcode (next line) when it holds passcode items
 
     The fingerprint reader (simulated; its own directory, --reader DIR or KEYCHAIN_READER, 'none' for no reader):
       reader enroll NAME | reader remove NAME   the device passcode on stdin when one is set

@@ -76,25 +76,28 @@ extension KeychainDevice {
     public func backup(to fd: Int32, passphrase: SecureBytes, service: String? = nil,
                        cost: BackupCost = .moderate) async throws(KeychainError) -> BackupReport {
         guard passphrase.count > 0 else { throw KeychainError.invalidArgument("The backup passphrase is empty") }
-        return try await backup(to: fd, service: service) { () throws(KeychainError) in
+        return try await backup(to: fd, service: service) { _ throws(KeychainError) in
             try BackupWriter(fd: fd, passphrase: passphrase, opsLimit: cost.limits.ops, memLimit: cost.limits.mem)
         }
     }
 
     /// A backup with no passphrase: its master key is sealed to the TPM of `identity`'s device by the
     /// machinery of `seal-for` (a provisioning bundle, `whenUnlocked`, in the file's header), so it
-    /// restores on that device only. `parent` and `ekCA` as for `Provisioning.seal`.
+    /// restores on that device only. `parent` and `ekCA` as for `Provisioning.seal`. When it holds a
+    /// passcode item the key is sealed under that device's passcode too: the file never opens with
+    /// less than the restored item will.
     public func backup(to fd: Int32, sealedTo identity: DeviceIdentity, parent: Provisioning.Parent? = nil, ekCA: [UInt8]? = nil,
                        service: String? = nil) async throws(KeychainError) -> BackupReport {
         let master = SecureBytes(random: 32)
-        let bundle = try Provisioning.seal(master, service: "keychain-backup", key: "master", accessible: .whenUnlocked,
-                                           for: identity, parent: parent, ekCA: ekCA)
-        return try await backup(to: fd, service: service) { () throws(KeychainError) in
-            try BackupWriter(fd: fd, master: master, header: BackupFile.Header(sealedKey: [UInt8](bundle.json()), check: [], streamHeader: []))
+        return try await backup(to: fd, service: service) { plan throws(KeychainError) in
+            let bundle = try Provisioning.seal(master, service: "keychain-backup", key: "master", accessible: .whenUnlocked,
+                                               accessControl: plan.needsPasscode ? .passcode : .none,
+                                               for: identity, parent: parent, ekCA: ekCA)
+            return try BackupWriter(fd: fd, master: master, header: BackupFile.Header(sealedKey: [UInt8](bundle.json()), check: [], streamHeader: []))
         }
     }
 
-    private func backup(to fd: Int32, service: String?, writer makeWriter: () throws(KeychainError) -> BackupWriter)
+    private func backup(to fd: Int32, service: String?, writer makeWriter: (Engine.BackupPlan) throws(KeychainError) -> BackupWriter)
         async throws(KeychainError) -> BackupReport {
         let engine = try engine
         let plan = try await engine.backupPlan(service: service)
@@ -102,7 +105,7 @@ extension KeychainDevice {
             throw KeychainError(.interactionNotAllowed, "Some items to back up are 'whenUnlocked' and the device is locked: "
                                 + "unlock it first (keychainctl unlock); nothing was written")
         }
-        let writer = try makeWriter()
+        let writer = try makeWriter(plan)
         let authenticator = configuration.authenticator.map { OnceAuthenticator($0) }
         var backedUp: [BackupEntry] = []
         for entry in plan.take {
@@ -162,15 +165,21 @@ extension KeychainDevice {
     ///   reordered or truncated file (nothing is restored).
     /// A backup sealed to this device (`backup --to`) needs no passphrase: the TPM unseals its key
     /// (the device unlocked); on another device it is `INVALID_ARGUMENT`.
-    public func restore(fromFile path: String, passphrase: SecureBytes?) async throws(KeychainError) -> RestoreReport {
+    /// A sealed backup holding passcode items needs this device's `passcode` as well.
+    public func restore(fromFile path: String, passphrase: SecureBytes?, passcode: SecureBytes? = nil) async throws(KeychainError) -> RestoreReport {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw KeychainError(.invalidArgument, "Cannot read \(path)", underlying: .errno(errno)) }
         defer { close(fd) }
         let (header, headerBytes) = try BackupReader.header(fd)
         let master: SecureBytes
         if let sealed = header.sealedKey {
-            do {
-                master = try await engine.openBundle(try ProvisioningBundle(json: Data(sealed)), passcode: nil)
+            do throws(KeychainError) {
+                let bundle = try ProvisioningBundle(json: Data(sealed))
+                if bundle.accessControl == .passcode, passcode == nil {
+                    throw KeychainError(.interactionNotAllowed, "This backup holds passcode items: its key opens with this device's "
+                                        + "passcode (--passcode-stdin); nothing was restored")
+                }
+                master = try await engine.openBundle(bundle, passcode: passcode)
             } catch where error.code == .invalidArgument {
                 throw KeychainError(.invalidArgument, "This backup is sealed to another device's TPM: restore it there (\(error.message))")
             }
@@ -252,6 +261,7 @@ extension Engine {
         var take: [BackupEntry] = []
         var skipped: [BackupSkip] = []
         var needsUnlocked = false
+        var needsPasscode = false
     }
 
     /// Which items a backup takes, from the store alone (no TPM): the migratable levels, without
@@ -278,6 +288,7 @@ extension Engine {
                     } else {
                         plan.take.append(.init(service: svc, key: key))
                         if protection.accessible == .whenUnlocked { plan.needsUnlocked = true }
+                        if protection.accessControl.allowsPasscode { plan.needsPasscode = true }
                     }
                 }
             }
