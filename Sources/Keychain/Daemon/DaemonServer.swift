@@ -170,6 +170,16 @@ package final class DaemonServer: Sendable {
         } else {
             namespace = "uid:\(peer.uid)/"
         }
+        do throws(KeychainError) {
+            try await storageCall(op, request, options: options, namespace: namespace, configuration: configuration, reply: &reply)
+        } catch {
+            // Messages name the caller's service, as in-process: never the daemon's namespace before it.
+            throw KeychainError(error.code, error.message.replacingOccurrences(of: namespace, with: ""), underlying: error.underlying)
+        }
+    }
+
+    private func storageCall(_ op: DaemonOp, _ request: WireMessage, options: KeychainOptions, namespace: String,
+                             configuration: KeychainConfiguration, reply: inout WireMessage) async throws(KeychainError) {
         let storage = try Keychain(options: options, configuration: configuration, namespace: namespace)
         let key = try wire { () throws(WireError) in try request.string(Tag.key) } ?? ""
         switch op {
