@@ -311,9 +311,14 @@ actor Engine {
     /// parts that they open are removed all the same).
     func clear(service: String, pkcs11URI: String? = nil) throws(KeychainError) {
         let store = try store()
-        if let pkcs11URI, try read({ try store.wrappingKeys(service: service).contains { $0.backend == .token }
-                                            || store.keys(service: service).contains { try store.item(service: service, key: $0)?.salt.isEmpty == true } }) {
-            try TokenBackend(uri: pkcs11URI).destroyKeys(service: service, engine: self)
+        if let pkcs11URI {
+            let known = try read({ try store.wrappingKeys(service: service).contains { $0.backend == .token }
+                                       || store.keys(service: service).contains { try store.item(service: service, key: $0)?.salt.isEmpty == true } })
+            // With no token key left in the store (its last item was replaced by a TPM write) the
+            // service's object may still be on the token: destroyed too, as far as the token is there.
+            do throws(KeychainError) { try TokenBackend(uri: pkcs11URI).destroyKeys(service: service, engine: self) } catch {
+                if known { throw error }
+            }
         }
         try writeStore(store) { tx in
             for key in try tx.keys(service: service) { _ = try tx.deleteMeta(StoreMeta.retired(service: service, key: key)) }
