@@ -96,8 +96,9 @@ struct DaemonUserTests {
     }
 
     @Test func anAccessGroupIsSharedByItsMembersAndNoOneElse() throws {
-        try daemon.setGroup("team", ["uid \(Self.nobody)", "gid 4242", "# comments and blank lines are fine", ""])
-        // A member by uid writes, a member by primary gid and one by a supplementary gid read.
+        let nobodyName = try #require(getpwuid(Self.nobody)).pointee.pw_name.map { String(cString: $0) } ?? "nobody"
+        try daemon.setGroup("team", ["user \(nobodyName)", "gid 4242", "# comments and blank lines are fine", ""])
+        // A member by user name writes, a member by primary gid and one by a supplementary gid read.
         #expect(try ctl(["set", "--access-group", "team", "vpn", "psk"], input: "shared", uid: Self.nobody).status == 0)
         #expect(try ctl(["get", "--access-group", "team", "vpn", "psk"], uid: Self.other, gid: 4242).out == "shared")
         #expect(try ctl(["get", "--access-group", "team", "vpn", "psk"], uid: Self.other, gid: Self.other, groups: [4242]).out == "shared")

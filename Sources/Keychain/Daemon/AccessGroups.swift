@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// Who is on the other end of a daemon connection, as the kernel saw it at `connect` (`SO_PEERCRED`,
 /// `SO_PEERGROUPS`): nothing the client sends changes it.
@@ -96,20 +97,25 @@ package struct AccessGroups: Sendable {
             let line = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
             let words = line.split(whereSeparator: { $0 == " " || $0 == "\t" })
             if words.isEmpty { continue }
-            let value = words.count == 2 ? String(words[1]) : ""
-            switch (words.count == 2 ? String(words[0]) : "") {
-            case "uid" where UInt32(value) != nil: uids.insert(UInt32(value)!)
-            case "gid" where UInt32(value) != nil: gids.insert(UInt32(value)!)
-            case "user" where getpwnam(value) != nil: uids.insert(getpwnam(value)!.pointee.pw_uid)
-            case "group" where getgrnam(value) != nil: gids.insert(getgrnam(value)!.pointee.gr_gid)
-            default:
+            let keyword = words.count == 2 ? String(words[0]) : "", value = words.count == 2 ? String(words[1]) : ""
+            let id: UInt32? = switch keyword {
+            case "uid", "gid": UInt32(value)
+            case "user": names.withLock { _ in getpwnam(value)?.pointee.pw_uid }
+            case "group": names.withLock { _ in getgrnam(value)?.pointee.gr_gid }
+            default: nil
+            }
+            guard let id else {
                 // A group that says more than it can be read as is not used at all.
-                log("keychaind: ignoring \(path): line \(number + 1) is not 'uid N', 'gid N', 'user NAME' or 'group NAME'")
+                log("keychaind: ignoring \(path): line \(number + 1) is not 'uid N', 'gid N', 'user NAME' or 'group NAME' (of a known name)")
                 return nil
             }
+            if keyword == "uid" || keyword == "user" { uids.insert(id) } else { gids.insert(id) }
         }
         return (uids, gids)
     }
+
+    /// getpwnam and getgrnam return static storage: one connection thread at a time.
+    private static let names = Mutex(())
 
     static func log(_ text: String) {
         FileHandle.standardError.write(Data((text + "\n").utf8))
