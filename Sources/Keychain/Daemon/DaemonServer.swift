@@ -106,8 +106,7 @@ package final class DaemonServer: Sendable {
     /// when the connection broke during a prompt.
     private func respond(to request: WireMessage, from peer: Peer, on fd: Int32) -> WireMessage? {
         let mailbox = Mailbox()
-        let call = UncheckedBox(request)
-        Task { [self] in mailbox.post(.done(await handle(call.value, peer: peer, mailbox: mailbox))) }
+        Task { [self] in mailbox.post(.done(await handle(request, peer: peer, mailbox: mailbox))) }
         var broken = false
         while true {
             switch mailbox.next() {
@@ -314,5 +313,3 @@ final class Mailbox: @unchecked Sendable {
         await withCheckedContinuation { post(.prompt(prompt, $0)) }
     }
 }
-
-struct UncheckedBox<T>: @unchecked Sendable { let value: T; init(_ value: T) { self.value = value } }
