@@ -29,9 +29,6 @@ package final class DaemonServer: Sendable {
     let groups: AccessGroups
     let limits: Limits
     private let open = Mutex(0)
-    /// Holds the store's engine for the daemon's life (the library keeps engines only while a storage
-    /// or device uses them): its unsealed keys are what makes every later read warm.
-    private let keeper: KeychainDevice
 
     /// - Parameter configuration: the daemon's store, TPM and reader; its authenticator is ignored
     ///   (each call brings the caller's).
@@ -42,7 +39,6 @@ package final class DaemonServer: Sendable {
         self.device = KeychainDevice(configuration: configuration)
         self.groups = groups
         self.limits = limits
-        keeper = KeychainDevice(configuration: configuration)
     }
 
     /// Accepts connections on `listener` forever.
