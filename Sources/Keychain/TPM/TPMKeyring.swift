@@ -98,11 +98,24 @@ final class TPMKeyring {
             let descriptor = try provisionDeviceLock(context: context, srk: srk, configuration: configuration)
             let state = try context.resource(forPersistent: DeviceLockLayout.stateIndex)
             let epoch = try context.resource(forPersistent: DeviceLockLayout.epochIndex)
+            let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
+            // Beside our descriptor, the other indices must be ours too (attributes and policies), never
+            // someone else's at our handles. The state index is unwritten after each TPM reset.
+            let statePublic = DeviceLockLayout.statePublic(approvalKeyName: descriptor.approval.keyName)
+            for (handle, index, names) in [(state, DeviceLockLayout.stateIndex, [statePublic.name(written: true), statePublic.name(written: false)]),
+                                           (epoch, DeviceLockLayout.epochIndex, [DeviceLockLayout.epochPublic.name(written: true)]),
+                                           (pin, DeviceLockLayout.pinIndex, [DeviceLockLayout.pinPublic.name(written: true)])]
+            where try !names.contains(context.name(of: handle)) {
+                throw KeychainError(.hardwareUnavailable,
+                                    "The TPM's NV index 0x0\(String(index, radix: 16)) is not the device-lock index this library "
+                                    + "defines (other attributes or policy): someone else's index at our handle; the owner must "
+                                    + "undefine it (tpm2_nvundefine) before this TPM can hold a keychain")
+            }
             let manufacturer = try context.property(TPMContext.propertyManufacturer).bigEndianBytes
             let srkTR = try context.serialize(srk)
             let stateTR = try context.serialize(state)
             let epochTR = try context.serialize(epoch)
-            let pinTR = try context.serialize(try context.resource(forPersistent: DeviceLockLayout.pinIndex))
+            let pinTR = try context.serialize(pin)
             let bootState = try BootState.read(context, configuration.pcrSelection.filter { (0...15).contains($0) })
             try store.write { tx in
                 try tx.setMeta(StoreMeta.bootState, bootState.encoded())
@@ -136,7 +149,10 @@ final class TPMKeyring {
     /// Defines the four device-lock indices if the descriptor is absent (a crash half-way is redone).
     private static func provisionDeviceLock(context: TPMContext, srk: TPMHandle,
                                             configuration: KeychainConfiguration) throws(TPMError) -> LockDescriptor {
-        if let descriptorNV = try? context.resource(forPersistent: DeviceLockLayout.descriptorIndex) {
+        // Only our descriptor (our attributes and write policy), once written, is read. One defined but
+        // never written (a provisioning killed before its NV_Write), or someone else's, is remade.
+        if let descriptorNV = try? context.resource(forPersistent: DeviceLockLayout.descriptorIndex),
+           try context.name(of: descriptorNV) == DeviceLockLayout.descriptorPublic.name(written: true) {
             let bytes = try context.readNV(descriptorNV, size: DeviceLockLayout.descriptorSize)
             if let descriptor = LockDescriptor(decoding: bytes) { return descriptor }
         }
