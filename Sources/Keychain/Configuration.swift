@@ -23,8 +23,9 @@ public struct KeychainConfiguration: Sendable {
             ?? ProcessInfo.processInfo.processName
     }
 
-    /// The directory of the SQLite store (created 0700).
-    public var storeDirectory: String
+    /// The directory of the SQLite store (created 0700), made absolute when set: the embedded TPM's
+    /// swtpm daemonizes into `/`, where a relative path names another place.
+    public var storeDirectory: String { didSet { storeDirectory = Self.absolute(storeDirectory) } }
     public var tpm: TPMSource
     /// PCRs a `ThisDeviceOnly` wrapping key is bound to: PCR 7 (Secure Boot state) by default, any of
     /// 0–15 (checked by `checkPCRSelection()` before a `ThisDeviceOnly` write or `initialize`).
@@ -62,7 +63,7 @@ public struct KeychainConfiguration: Sendable {
                 readerDirectory: String? = nil, authenticator: (any Authenticator)? = nil) {
         self.readerDirectory = readerDirectory
         self.authenticator = authenticator
-        self.storeDirectory = storeDirectory
+        self.storeDirectory = Self.absolute(storeDirectory)
         self.tpm = tpm
         self.pcrSelection = pcrSelection
         self.passcodeRetryLimit = passcodeRetryLimit
@@ -131,6 +132,11 @@ public struct KeychainConfiguration: Sendable {
 }
 
 extension KeychainConfiguration {
+    /// `path` against the current directory, once, at configuration time ("" stays: no store).
+    static func absolute(_ path: String) -> String {
+        path.isEmpty || path.hasPrefix("/") ? path : URL(fileURLWithPath: path).standardizedFileURL.path
+    }
+
     /// `INVALID_ARGUMENT` naming the first setting of `other` that one engine cannot honour next to
     /// this one; nil when they can share it. The application identifier, reader directory,
     /// authenticator and token URI are read per call and may differ.
