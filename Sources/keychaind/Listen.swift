@@ -1,7 +1,5 @@
 import Foundation
 
-nonisolated(unsafe) var signalSources: [any DispatchSourceSignal] = []
-
 struct ListenError: Error, CustomStringConvertible { let description: String }
 
 /// A listening Unix socket at `path`, readable and writable by everyone: who may do what is decided

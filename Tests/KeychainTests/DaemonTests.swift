@@ -289,6 +289,22 @@ struct DaemonFaultTests {
         #expect(aborted > 0, "the write sent TPM commands, and the daemon was cut after each")
     }
 
+    /// `systemctl stop` sends SIGTERM: the daemon ends by it (a watchdog's SIGKILL after 60 s would
+    /// show as another status, so the test cannot hang), and the next daemon finds the item.
+    @Test func sigtermEndsTheDaemonAndLosesNothing() async throws {
+        let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
+        try await storage.setItem("k", "v")
+        let pid = daemon.processIdentifier
+        let watchdog = DispatchWorkItem { kill(pid, SIGKILL) }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 60, execute: watchdog)
+        kill(pid, SIGTERM)
+        let status = daemon.waitForExit()
+        watchdog.cancel()
+        #expect(status == 128 + SIGTERM, "exit status \(String(describing: status))")
+        try daemon.start()
+        #expect(try await storage.getItem("k") == "v")
+    }
+
     /// Socket activation: a caller that connects while no daemon runs waits in the socket's queue and
     /// is served by the next one; with no socket at all the caller hears the service is not running.
     @Test func aCallerWaitsForTheNextDaemonOnTheSameSocketAndHearsWhenThereIsNone() async throws {
