@@ -189,6 +189,29 @@ struct ProvisioningTests: TwoDeviceTest {
         #expect(attributes & 0x12 == 0x12, "fixedTPM and fixedParent")
     }
 
+    /// A ThisDeviceOnly bundle over PCRs other than this keychain's is refused before the TPM is asked:
+    /// it must not be the one that sets up the TPM's single approval index for its own selection.
+    @Test func aBundleOverOtherPCRsIsRefusedAndTheStoresOwnWritesStillWork() throws {
+        let b = try Device()
+        let idB = try identity(b)
+        var document = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: idB))) as? [String: Any])
+        var bootState = try #require(document["bootState"] as? [String: Any])
+        bootState["pcrs"] = [0, 7]
+        document["bootState"] = bootState
+        let other = b.tpm.directory + "/identity-other-pcrs.json"
+        try JSONSerialization.data(withJSONObject: document).write(to: URL(fileURLWithPath: other))
+        let made = try sealFor(other, ["svc", "tdo", "--accessible", "afterFirstUnlockThisDeviceOnly"], "bound", in: b.tpm.directory)
+        #expect(made.status == 0, "\(made.stderr)")
+        let path = b.tpm.directory + "/other-pcrs.bundle"
+        try Data(made.stdout).write(to: URL(fileURLWithPath: path))
+        let imported = try cli(b, ["--json", "import", path])
+        #expect(errorCode(imported) == "INVALID_ARGUMENT", "\(imported.stdout) \(imported.stderr)")
+        #expect(String(decoding: imported.stdout, as: UTF8.self).contains("binds PCRs 0,7"))
+        #expect(try cli(b, ["has", "svc", "tdo"]).status == 1, "nothing was stored")
+        #expect(try cli(b, ["set", "svc", "own", "--accessible", "afterFirstUnlockThisDeviceOnly"], "mine").status == 0)
+        #expect(try text(b, ["get", "svc", "own"]) == "mine")
+    }
+
     /// An import killed after each of its TPM commands in turn leaves the item absent or whole, and
     /// the same bundle imports afterwards (KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS).
     @Test func anImportKilledAtEveryTPMCommandLeavesNoHalfItem() throws {

@@ -198,6 +198,7 @@ extension KeychainDevice {
         var report = RestoreReport(restored: [], skipped: [])
         do throws(KeychainError) {
             while let item = try reader.next() {
+                try Self.check(item)  // again: the file is read twice, and the second read is what is written
                 let entry = BackupEntry(service: item.service, key: item.key)
                 if try await engine.has(service: item.service, key: item.key) {
                     report.skipped.append(.init(service: item.service, key: item.key, reason: .exists))

@@ -284,6 +284,14 @@ extension Engine {
             }
             var approvalName = BootApprovalLayout.name
             if let pcrs = bundle.pcrs {
+                // The approval index is one per TPM and approves this keychain's selection: a bundle over other
+                // PCRs must not be the one that defines it (this keychain's own ThisDeviceOnly writes would fail).
+                let own = PCRSelection(configuration.pcrSelection.filter { (0...15).contains($0) }).indices
+                guard PCRSelection(pcrs).indices == own else {
+                    throw KeychainError(.invalidArgument, "This bundle binds PCRs \(pcrs.map(String.init).joined(separator: ",")); this "
+                                        + "keychain binds PCRs \(own.map(String.init).joined(separator: ",")): seal it again from this "
+                                        + "device's identity (keychainctl identity)")
+                }
                 // As for a ThisDeviceOnly write: the approval index exists and approves a state (today's if none).
                 guard let name = try keyring.ensureBootApproval(selection: pcrs, initial: keyring.recordedBootState(pcrs)) else {
                     throw KeychainError(.hardwareUnavailable, "A ThisDeviceOnly bundle needs the boot-state approval index, and "
