@@ -160,42 +160,34 @@ actor Engine {
     /// Another process may have made the same wrapping key meanwhile: theirs wins, ours is dropped.
     func storeEnvelope(_ value: SecureBytes, service: String, key: String, tag: String, candidate: WrappingKeyRecord,
                        staleKey: [UInt8]?, label: String?, store: Store, dates: ItemDates? = nil) throws(KeychainError) {
-        do {
-            try store.write { tx in
-                // Another process may have made this service's key meanwhile: theirs wins, ours is dropped.
-                var current = try tx.wrappingKey(service: service, protection: tag)
-                if current == nil || current?.publicKey == staleKey {
-                    // The items of the dead key stay with it, each to report KEY_INVALIDATED on its next read.
-                    if let stale = current, staleKey != nil { try Self.retire(stale, tx) }
-                    try tx.putWrappingKey(candidate)
-                    current = candidate
-                }
-                let writer = try self.writer(for: current!.publicKey)
-                let existing = try tx.item(service: service, key: key)
-                let now = Self.now()
-                var record = ItemRecord(service: service, key: key, protection: tag, label: label ?? existing?.label,
-                                        created: dates?.created ?? existing?.created ?? now, modified: dates?.modified ?? now,
-                                        writerPublic: writer.publicKey, salt: Sodium.randomBytes(ItemEnvelope.saltLength),
-                                        nonce: Sodium.randomBytes(Sodium.xchachaNonceLength), ciphertext: [])
-                let dataKey = ItemEnvelope.dataKey(shared: writer.shared, writerPublic: writer.publicKey,
-                                                   wrappingPublic: current!.publicKey, salt: record.salt)
-                record.ciphertext = value.withUnsafeBytes {
-                    Sodium.seal($0, key: dataKey, nonce: record.nonce, associatedData: ItemEnvelope.associatedData(record))
-                }
-                try tx.putItem(record)
-                try Self.releaseRetired(service: service, key: key, tx)
-                // The item may have been under another key (another protection or backend): that key
-                // goes when no item uses it any more.
-                if let old = existing?.protection, old != tag, try tx.itemCount(service: service, protection: old) == 0 {
-                    _ = try tx.deleteWrappingKey(service: service, protection: old)
-                }
+        try writeStore(store) { tx in
+            // Another process may have made this service's key meanwhile: theirs wins, ours is dropped.
+            var current = try tx.wrappingKey(service: service, protection: tag)
+            if current == nil || current?.publicKey == staleKey {
+                // The items of the dead key stay with it, each to report KEY_INVALIDATED on its next read.
+                if let stale = current, staleKey != nil { try Self.retire(stale, tx) }
+                try tx.putWrappingKey(candidate)
+                current = candidate
             }
-        } catch let error as KeychainError {
-            throw error
-        } catch let error as StoreError {
-            throw KeychainError(store: error)
-        } catch {
-            throw KeychainError(.internal, "\(error)")
+            let writer = try self.writer(for: current!.publicKey)
+            let existing = try tx.item(service: service, key: key)
+            let now = Self.now()
+            var record = ItemRecord(service: service, key: key, protection: tag, label: label ?? existing?.label,
+                                    created: dates?.created ?? existing?.created ?? now, modified: dates?.modified ?? now,
+                                    writerPublic: writer.publicKey, salt: Sodium.randomBytes(ItemEnvelope.saltLength),
+                                    nonce: Sodium.randomBytes(Sodium.xchachaNonceLength), ciphertext: [])
+            let dataKey = ItemEnvelope.dataKey(shared: writer.shared, writerPublic: writer.publicKey,
+                                               wrappingPublic: current!.publicKey, salt: record.salt)
+            record.ciphertext = value.withUnsafeBytes {
+                Sodium.seal($0, key: dataKey, nonce: record.nonce, associatedData: ItemEnvelope.associatedData(record))
+            }
+            try tx.putItem(record)
+            try Self.releaseRetired(service: service, key: key, tx)
+            // The item may have been under another key (another protection or backend): that key
+            // goes when no item uses it any more.
+            if let old = existing?.protection, old != tag, try tx.itemCount(service: service, protection: old) == 0 {
+                _ = try tx.deleteWrappingKey(service: service, protection: old)
+            }
         }
     }
 
@@ -389,6 +381,8 @@ actor Engine {
     func read<T>(_ body: () throws -> T) throws(KeychainError) -> T {
         do { return try body() } catch let error as StoreError {
             throw KeychainError(store: error)
+        } catch let error as KeychainError {
+            throw error
         } catch {
             throw KeychainError(.internal, "\(error)")
         }

@@ -82,15 +82,8 @@ extension TPMContext {
             Esys_VerifySignature(esys, key, Self.none, Self.none, Self.none, &digest, &sig, &ticket)
         }
         defer { Esys_Free(ticket) }
-        var approved = TPM2B_DIGEST()
-        approved.size = TPM2B.set(&approved.buffer, approvedPolicy)
-        var ref = TPM2B_NONCE()
-        ref.size = TPM2B.set(&ref.buffer, policyRef)
-        var name = TPM2B_NAME()
-        name.size = TPM2B.set(&name.name, keyName)
-        try call("PolicyAuthorize") {
-            Esys_PolicyAuthorize(esys, session.tr, Self.none, Self.none, Self.none, &approved, &ref, &name, ticket)
-        }
+        guard let ticket else { throw TPMError(command: "VerifySignature(approval)", code: .size) }
+        try policyAuthorize(session, approvedPolicy: approvedPolicy, policyRef: policyRef, keyName: keyName, verified: ticket)
     }
 }
 

@@ -61,22 +61,28 @@ extension TPMContext {
         return TPMHandle(tr: persistent, mustFlush: false)
     }
 
+    /// The ECC P-256 storage-parent parameters of the SRK and ECC EK templates (TCG EK profile):
+    /// AES-128-CFB, no scheme, no KDF, an empty 32-byte unique point.
+    static func setP256StorageParameters(_ area: inout TPMT_PUBLIC) {
+        area.type = UInt16(TPM2_ALG_ECC)
+        area.parameters.eccDetail.symmetric.algorithm = UInt16(TPM2_ALG_AES)
+        area.parameters.eccDetail.symmetric.keyBits.aes = 128
+        area.parameters.eccDetail.symmetric.mode.aes = UInt16(TPM2_ALG_CFB)
+        area.parameters.eccDetail.scheme.scheme = UInt16(TPM2_ALG_NULL)
+        area.parameters.eccDetail.curveID = UInt16(TPM2_ECC_NIST_P256)
+        area.parameters.eccDetail.kdf.scheme = UInt16(TPM2_ALG_NULL)
+        area.unique.ecc.x.size = 32
+        area.unique.ecc.y.size = 32
+    }
+
     /// A transient primary key with the SRK template in `hierarchy`; the caller flushes it.
     func createPrimary(_ hierarchy: ESYS_TR, label: String) throws(TPMError) -> TPMHandle {
         var inPublic = TPM2B_PUBLIC()
-        inPublic.publicArea.type = UInt16(TPM2_ALG_ECC)
         inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA256)
         inPublic.publicArea.objectAttributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT
             | TPMA_OBJECT_SENSITIVEDATAORIGIN | TPMA_OBJECT_USERWITHAUTH | TPMA_OBJECT_NODA
             | TPMA_OBJECT_RESTRICTED | TPMA_OBJECT_DECRYPT
-        inPublic.publicArea.parameters.eccDetail.symmetric.algorithm = UInt16(TPM2_ALG_AES)
-        inPublic.publicArea.parameters.eccDetail.symmetric.keyBits.aes = 128
-        inPublic.publicArea.parameters.eccDetail.symmetric.mode.aes = UInt16(TPM2_ALG_CFB)
-        inPublic.publicArea.parameters.eccDetail.scheme.scheme = UInt16(TPM2_ALG_NULL)
-        inPublic.publicArea.parameters.eccDetail.curveID = UInt16(TPM2_ECC_NIST_P256)
-        inPublic.publicArea.parameters.eccDetail.kdf.scheme = UInt16(TPM2_ALG_NULL)
-        inPublic.publicArea.unique.ecc.x.size = 32
-        inPublic.publicArea.unique.ecc.y.size = 32
+        Self.setP256StorageParameters(&inPublic.publicArea)
         var inSensitive = TPM2B_SENSITIVE_CREATE()
         var outsideInfo = TPM2B_DATA()
         var creationPCR = TPML_PCR_SELECTION()

@@ -46,15 +46,7 @@ extension TPMContext {
             inPublic.publicArea.parameters.rsaDetail.exponent = 0
             inPublic.publicArea.unique.rsa.size = 256
         case .eccP256:
-            inPublic.publicArea.type = UInt16(TPM2_ALG_ECC)
-            inPublic.publicArea.parameters.eccDetail.symmetric.algorithm = UInt16(TPM2_ALG_AES)
-            inPublic.publicArea.parameters.eccDetail.symmetric.keyBits.aes = 128
-            inPublic.publicArea.parameters.eccDetail.symmetric.mode.aes = UInt16(TPM2_ALG_CFB)
-            inPublic.publicArea.parameters.eccDetail.scheme.scheme = UInt16(TPM2_ALG_NULL)
-            inPublic.publicArea.parameters.eccDetail.curveID = UInt16(TPM2_ECC_NIST_P256)
-            inPublic.publicArea.parameters.eccDetail.kdf.scheme = UInt16(TPM2_ALG_NULL)
-            inPublic.publicArea.unique.ecc.x.size = 32
-            inPublic.publicArea.unique.ecc.y.size = 32
+            Self.setP256StorageParameters(&inPublic.publicArea)
         }
         var inSensitive = TPM2B_SENSITIVE_CREATE()
         var outsideInfo = TPM2B_DATA()

@@ -70,6 +70,12 @@ extension TPMContext {
         guard Tss2_MU_TPMT_TK_VERIFIED_Unmarshal(ticket, ticket.count, &offset, &tk) == 0 else {
             throw TPMError(command: "unmarshal TPMT_TK_VERIFIED", code: .size)
         }
+        try policyAuthorize(session, approvedPolicy: approvedPolicy, policyRef: policyRef, keyName: keyName, verified: &tk)
+    }
+
+    /// PolicyAuthorize itself, with a ticket from VerifySignature now or kept from an earlier one.
+    func policyAuthorize(_ session: TPMHandle, approvedPolicy: [UInt8], policyRef: [UInt8], keyName: [UInt8],
+                         verified: UnsafePointer<TPMT_TK_VERIFIED>) throws(TPMError) {
         var approved = TPM2B_DIGEST()
         approved.size = TPM2B.set(&approved.buffer, approvedPolicy)
         var ref = TPM2B_NONCE()
@@ -77,7 +83,7 @@ extension TPMContext {
         var name = TPM2B_NAME()
         name.size = TPM2B.set(&name.name, keyName)
         try call("PolicyAuthorize") {
-            Esys_PolicyAuthorize(esys, session.tr, Self.none, Self.none, Self.none, &approved, &ref, &name, &tk)
+            Esys_PolicyAuthorize(esys, session.tr, Self.none, Self.none, Self.none, &approved, &ref, &name, verified)
         }
     }
 

@@ -270,7 +270,7 @@ extension Engine {
     func backupPlan(service: String?) throws(KeychainError) -> BackupPlan {
         let store = try store()
         var plan = BackupPlan()
-        do {
+        try read {
             for svc in try service.map({ [$0] }) ?? store.services() {
                 for key in try store.keys(service: svc) {
                     guard let record = try store.item(service: svc, key: key) else { continue }
@@ -293,12 +293,6 @@ extension Engine {
                     }
                 }
             }
-        } catch let error as KeychainError {
-            throw error
-        } catch let error as StoreError {
-            throw KeychainError(store: error)
-        } catch {
-            throw KeychainError(.internal, "\(error)")
         }
         return plan
     }

@@ -177,24 +177,33 @@ extension TPMKeyring {
         try writeMeta { tx in try tx.setMeta(StoreMeta.bootApprovedPending, state.encoded()) }
         do {
             let index = try context.resource(forPersistent: BootApprovalLayout.index)
-            if owner {
-                try context.writeNV(index, data: data, authHandle: TPMContext.owner, session: nil)
-            } else {
-                try Self.withPasscode(passcode, command: CommandCode.nvWrite, context: context, srk: srk) { policy throws(TPMError) in
-                    try context.writeNV(index, data: data, authHandle: index, session: policy)
-                }
+            try authorizingIndex(index, command: CommandCode.nvWrite, owner: owner, passcode: passcode) { auth, session throws(TPMError) in
+                try context.writeNV(index, data: data, authHandle: auth, session: session)
             }
         } catch {
-            if owner, error.code.is(.badAuth) || error.code.is(.authFail) {
-                throw KeychainError(.authenticationFailed, "The TPM refused the owner authorization: nothing was approved",
-                                    underlying: .tpm(error))
-            }
+            if owner, let refused = Self.ownerRefused(error, nothing: "approved") { throw refused }
             throw passcodeError(error, doing: "approve the boot state")
         }
         try writeMeta { tx in
             try tx.setMeta(StoreMeta.bootApproved, state.encoded())
             _ = try tx.deleteMeta(StoreMeta.bootApprovedPending)
         }
+    }
+
+    /// Runs an owner-or-passcode write of one of the boot-state indices: with the owner authorization,
+    /// or with the index's passcode branch (PolicySecret on the PIN index, for `command`).
+    func authorizingIndex(_ index: TPMHandle, command: UInt32, owner: Bool, passcode: SecureBytes?,
+                          _ write: (_ authHandle: TPMHandle, _ session: TPMHandle?) throws(TPMError) -> Void) throws(TPMError) {
+        if owner { return try write(TPMContext.owner, nil) }
+        try Self.withPasscode(passcode, command: command, context: context, srk: srk) { policy throws(TPMError) in
+            try write(index, policy)
+        }
+    }
+
+    /// AUTHENTICATION_FAILED for an owner authorization the TPM refused; nil for any other error.
+    static func ownerRefused(_ error: TPMError, nothing what: String) -> KeychainError? {
+        guard error.code.is(.badAuth) || error.code.is(.authFail) else { return nil }
+        return KeychainError(.authenticationFailed, "The TPM refused the owner authorization: nothing was \(what)", underlying: .tpm(error))
     }
 
     private func writeMeta(_ body: (Transaction) throws -> Void) throws(KeychainError) {

@@ -169,17 +169,11 @@ extension TPMKeyring {
         let bits: UInt64 = generation > VendorBootLayout.maxGeneration ? .max : (UInt64(1) << UInt64(generation)) - 1
         do {
             let index = try context.resource(forPersistent: VendorBootLayout.generationIndex)
-            if owner {
-                try context.setBitsNV(index, bits: bits, authHandle: TPMContext.owner, session: nil)
-            } else {
-                try Self.withPasscode(passcode, command: CommandCode.nvSetBits, context: context, srk: srk) { policy throws(TPMError) in
-                    try context.setBitsNV(index, bits: bits, authHandle: index, session: policy)
-                }
+            try authorizingIndex(index, command: CommandCode.nvSetBits, owner: owner, passcode: passcode) { auth, session throws(TPMError) in
+                try context.setBitsNV(index, bits: bits, authHandle: auth, session: session)
             }
         } catch {
-            if owner, error.code.is(.badAuth) || error.code.is(.authFail) {
-                throw KeychainError(.authenticationFailed, "The TPM refused the owner authorization: nothing was revoked", underlying: .tpm(error))
-            }
+            if owner, let refused = Self.ownerRefused(error, nothing: "revoked") { throw refused }
             if error.code.is(.handle) {
                 throw KeychainError(.invalidArgument, "This TPM has no boot-policy generation index: set up vendor-signed boot states first "
                                     + "(keychainctl init --boot-policy-key VENDOR.pub)", underlying: .tpm(error))
