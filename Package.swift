@@ -7,12 +7,13 @@ let package = Package(
     platforms: [.macOS(.v13)],
     products: [
         .library(name: "Keychain", targets: ["Keychain"]),
+        // The command users run: a lean front (no Foundation) that does the simple item commands through
+        // keychaind itself and runs keychainctl-full, installed next to it, for everything else.
         .executable(name: "keychainctl", targets: ["keychainctl"]),
+        .executable(name: "keychainctl-full", targets: ["keychainctl-full"]),
         .executable(name: "keychain-bench", targets: ["keychain-bench"]),
         // The keychain service: one store and TPM per device, callers told apart by SO_PEERCRED.
         .executable(name: "keychaind", targets: ["keychaind"]),
-        // keychainctl's item commands through keychaind, without Foundation: the fast client path.
-        .executable(name: "keychain-client", targets: ["keychain-client"]),
         // For our users' own test suites: a private software TPM per test or suite.
         .library(name: "KeychainTestSupport", targets: ["KeychainTestSupport"]),
         .library(name: "BiometricsVault", targets: ["BiometricsVault"]),
@@ -51,10 +52,11 @@ let package = Package(
         // The seed's "sign in with Face ID" guide as code: where each token lives, the fallbacks.
         .target(name: "SignInFlow", dependencies: ["Keychain"]),
 
-        .executableTarget(name: "keychainctl", dependencies: ["Keychain", "SignInFlow"]),
-        .executableTarget(name: "keychaind", dependencies: ["Keychain"]),
-        .executableTarget(name: "keychain-client", dependencies: ["KeychainWire"],
+        .executableTarget(name: "keychainctl-full", dependencies: ["Keychain", "SignInFlow"]),
+        // Loads no Foundation, ICU, tpm2-tss, OpenSSL or SQLite: start-up is a static Swift runtime's.
+        .executableTarget(name: "keychainctl", dependencies: ["KeychainWire"],
                           linkerSettings: [.unsafeFlags(["-static-stdlib"])]),
+        .executableTarget(name: "keychaind", dependencies: ["Keychain"]),
         .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport"]),
 
         .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory"]),

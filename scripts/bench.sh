@@ -1,11 +1,12 @@
 #!/bin/sh
-# Builds keychainctl and keychain-bench (release) and runs the benchmark; arguments go to the bench.
-# `swift run keychain-bench` alone builds only the bench, and the keychainctl reference needs the CLI
-# next to it. Set SCRATCH to build somewhere other than .build. The report (Markdown) is the only
-# thing on stdout; build output and progress go to stderr.
+# Builds keychainctl (the front and keychainctl-full), keychaind and keychain-bench (release) and runs
+# the benchmark; arguments go to the bench. `swift run keychain-bench` alone builds only the bench,
+# and the keychainctl reference needs both keychainctl executables next to it. Set SCRATCH to build
+# somewhere other than .build. The report (Markdown) is the only thing on stdout; build output and
+# progress go to stderr.
 set -eu
 cd "$(dirname "$0")/.."
 swift build -c release --product keychainctl ${SCRATCH:+--scratch-path "$SCRATCH"} >&2
 swift build -c release --product keychaind ${SCRATCH:+--scratch-path "$SCRATCH"} >&2
-swift build -c release --product keychain-client ${SCRATCH:+--scratch-path "$SCRATCH"} >&2
+swift build -c release --product keychainctl-full ${SCRATCH:+--scratch-path "$SCRATCH"} >&2
 exec swift run -c release ${SCRATCH:+--scratch-path "$SCRATCH"} keychain-bench "$@"

@@ -3,5 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-debian.sh
+# keychainctl is a small front that runs keychainctl-full, beside it, for everything but item commands
+# through keychaind: build both.
 swift build -c release --product keychainctl
+swift build -c release --product keychainctl-full
 exec .build/release/keychainctl demo "$@"

@@ -17,26 +17,30 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     try FileManager.default.createDirectory(atPath: scratch, withIntermediateDirectories: true)
     let here = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
         .deletingLastPathComponent()
+    // keychainctl is the lean front; keychainctl-full the whole tool it runs for what it does not do.
     let keychainctl = here.appendingPathComponent("keychainctl").path
-    let client = here.appendingPathComponent("keychain-client").path
-    let hasClient = FileManager.default.isExecutableFile(atPath: client)
+    let full = here.appendingPathComponent("keychainctl-full").path
 
-    // 1. The whole `keychainctl get` process through the daemon, and its start-up alone.
+    // 1. The whole `keychainctl get` process through the daemon, the full tool's for comparison, and
+    // start-up alone: the front with no daemon to answer (its connect fails at once), `--help` (the
+    // front runs the full tool), /bin/true.
     let shell = Subprocess(directory: scratch, extraEnvironment: daemon.environment)
-    var get = Samples(capacity: runs), help = Samples(capacity: runs), trueProcess = Samples(capacity: runs)
-    var small = Samples(capacity: runs), smallUsage = Samples(capacity: runs)
+    let noDaemon = Subprocess(directory: scratch, extraEnvironment: ["KEYCHAIN_SOCKET": scratch + "/nothing.sock"])
+    var get = Samples(capacity: runs), fullGet = Samples(capacity: runs), help = Samples(capacity: runs)
+    var frontStart = Samples(capacity: runs), trueProcess = Samples(capacity: runs)
     _ = await device.takeTPMCommandCount()
     for run in 0...runs {
         let result = try shell.check([keychainctl, "get", "bench", "k0"])
         guard result.output == Array(secret.utf8) else { throw BenchFailure("keychainctl get returned another value") }
+        let whole = try shell.check([full, "get", "bench", "k0"])
+        guard whole.output == Array(secret.utf8) else { throw BenchFailure("keychainctl-full get returned another value") }
         let start = try shell.check([keychainctl, "--help"])
+        let refused = try noDaemon.run([keychainctl, "get", "bench", "k0"])
+        guard refused.status == 3 else { throw BenchFailure("keychainctl get without a daemon: exit \(refused.status), not 3") }
         let floor = try shell.check(["/bin/true"])
-        if run > 0 { get.record(result.nanoseconds); help.record(start.nanoseconds); trueProcess.record(floor.nanoseconds) }
-        if hasClient {
-            let fast = try shell.check([client, "get", "bench", "k0"])
-            guard fast.output == Array(secret.utf8) else { throw BenchFailure("keychain-client get returned another value") }
-            let usage = try shell.run([client])
-            if run > 0 { small.record(fast.nanoseconds); smallUsage.record(usage.nanoseconds) }
+        if run > 0 {
+            get.record(result.nanoseconds); fullGet.record(whole.nanoseconds); help.record(start.nanoseconds)
+            frontStart.record(refused.nanoseconds); trueProcess.record(floor.nanoseconds)
         }
     }
     get.tpmCommands = await device.takeTPMCommandCount()
@@ -80,22 +84,18 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     report += "One run: \(ProcessInfo.processInfo.activeProcessorCount) cores, swtpm on a Unix socket, a 32-byte secret, "
         + "\(runs) process runs, \(clients) clients × \(readsPerClient) reads.\n\n"
     report += "| what | p50 | p99 | TPM commands per op |\n|---|---|---|---|\n"
-    report += "| `keychainctl get` through keychaind (whole process) | \(Format.duration(get.p50)) | \(Format.duration(get.p99)) | \(Format.commands(get.commandsPerOp)) |\n"
+    report += "| `keychainctl get` through keychaind (whole process: the front, no Foundation) | \(Format.duration(get.p50)) | \(Format.duration(get.p99)) | \(Format.commands(get.commandsPerOp)) |\n"
     if let tools {
         report += "| tpm2-tools: load, startauthsession, policypcr, unseal, flushcontext (five processes) | \(Format.duration(tools.p50)) | \(Format.duration(tools.p99)) | — |\n"
     }
-    if hasClient {
-        report += "| `keychain-client get` through keychaind (whole process, no Foundation) | \(Format.duration(small.p50)) | \(Format.duration(small.p99)) | 0 |\n"
-        report += "| `keychain-client` usage error (its start-up, no call) | \(Format.duration(smallUsage.p50)) | \(Format.duration(smallUsage.p99)) | 0 |\n"
-    }
-    report += "| `keychainctl --help` (process start-up, no call) | \(Format.duration(help.p50)) | \(Format.duration(help.p99)) | 0 |\n"
+    report += "| `keychainctl-full get` through keychaind (the whole tool: Foundation, tpm2-tss, OpenSSL, SQLite) | \(Format.duration(fullGet.p50)) | \(Format.duration(fullGet.p99)) | 0 |\n"
+    report += "| `keychainctl get` with no daemon (the front's start-up and a refused connect) | \(Format.duration(frontStart.p50)) | \(Format.duration(frontStart.p99)) | 0 |\n"
+    report += "| `keychainctl --help` (the front, then the full tool's start-up) | \(Format.duration(help.p50)) | \(Format.duration(help.p99)) | 0 |\n"
     report += "| `/bin/true` (the spawn-and-reap floor) | \(Format.duration(trueProcess.p50)) | \(Format.duration(trueProcess.p99)) | 0 |\n"
     report += "| one read of \(clients) concurrent clients (in one process; a client keeps its connections between calls) | \(Format.duration(concurrent.p50)) | \(Format.duration(concurrent.p99)) | \(Format.commands(concurrent.commandsPerOp)) |\n\n"
     if let tools {
-        report += "`keychainctl get` through keychaind vs tpm2-tools: \(Format.ratio(Double(tools.p50) / Double(get.p50))) faster (p50).\n"
-        if hasClient {
-            report += "`keychain-client get` through keychaind vs tpm2-tools: \(Format.ratio(Double(tools.p50) / Double(small.p50))) faster (p50).\n"
-        }
+        report += "`keychainctl get` through keychaind vs tpm2-tools: \(Format.ratio(Double(tools.p50) / Double(get.p50))) faster (p50); "
+            + "`keychainctl-full get` \(Format.ratio(Double(tools.p50) / Double(fullGet.p50))).\n"
     }
     report += "\(clients) clients × \(readsPerClient) reads: \(Format.rate(aggregate)) reads/s aggregate, "
         + "\(errors) errors, \(concurrent.tpmCommands) TPM commands in all.\n"

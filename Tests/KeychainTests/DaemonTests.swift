@@ -34,30 +34,6 @@ struct DaemonUserTests {
         return (result.status, String(decoding: result.stdout, as: UTF8.self), result.stderr)
     }
 
-    /// keychain-client (no Foundation) gives keychainctl's outputs and exit codes through the daemon.
-    @Test func theSmallClientAgreesWithKeychainctl() throws {
-        let client = buildDirectory.appendingPathComponent("keychain-client").path
-        func small(_ args: [String], input: String = "", uid: UInt32 = 0) throws -> (status: Int32, out: String, err: String) {
-            let result = try run("/usr/bin/setpriv", ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", client] + args,
-                                 input: Array(input.utf8), environment: daemon.environment)
-            return (result.status, String(decoding: result.stdout, as: UTF8.self), result.stderr)
-        }
-        #expect(try small(["set", "mail", "token"], input: "v\u{0}1", uid: Self.nobody).status == 0)
-        #expect(try ctl(["get", "mail", "token"], uid: Self.nobody).out == "v\u{0}1")
-        #expect(try small(["get", "mail", "token"], uid: Self.nobody).out == "v\u{0}1")
-        #expect(try small(["get", "mail", "token"]).status == 1, "root does not see nobody's item")
-        #expect(try ctl(["set", "mail", "a\"b/é\n"], input: "x", uid: Self.nobody).status == 0)
-        #expect(try small(["ls", "mail"], uid: Self.nobody).out == "a\"b/é\n\ntoken\n")
-        #expect(try small(["has", "mail", "token"], uid: Self.nobody).status == 0)
-        #expect(try small(["has", "mail", "none"], uid: Self.nobody).status == 1)
-        #expect(try small(["rm", "mail", "token"], uid: Self.nobody).status == 0)
-        #expect(try ctl(["has", "mail", "token"], uid: Self.nobody).status == 1)
-        let bad = try small(["get", "mail", ""], uid: Self.nobody)
-        #expect(bad.status == 2 && bad.err.contains("INVALID_ARGUMENT: Invalid key"), "\(bad.err)")
-        let gone = try run(client, ["get", "mail", "token"], environment: ["KEYCHAIN_SOCKET": daemon.directory + "/none.sock"])
-        #expect(gone.status == 3 && gone.stderr.contains("HARDWARE_UNAVAILABLE: The keychain service is not running"))
-    }
-
     @Test func oneUidsItemsAreInvisibleToAnother() throws {
         #expect(try ctl(["set", "mail", "token"], input: "root's").status == 0)
         // The other user's view of the same service and key: nothing, and its own writes stay its own.

@@ -1,0 +1,472 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import KeychainWire
+
+// keychainctl, the command users run: a front that loads no Foundation, ICU, tpm2-tss, OpenSSL or
+// SQLite (docs/daemon.md, "keychainctl's two executables"). It does the simple item commands
+// through keychaind itself (get, has, rm, set, ls, with the options below) with the full tool's
+// outputs, messages and exit codes byte for byte, and runs keychainctl-full, installed next to it,
+// with the same arguments and environment for everything else: direct mode, device commands,
+// --json, help, any option it does not know, any input it is not sure of, and prompts.
+
+// MARK: Handing over
+
+/// Runs keychainctl-full from this executable's own directory (the kernel's /proc/self/exe: never
+/// argv[0], PATH or the working directory, which the caller chooses), in this process: same pid,
+/// arguments, environment and descriptors, and stdin untouched.
+func runFullTool() -> Never {
+    var link = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+    let n = readlink("/proc/self/exe", &link, Int(PATH_MAX))
+    guard n > 0, link[0] == CChar(UInt8(ascii: "/")) else {
+        fail("cannot find keychainctl-full: /proc/self/exe does not name this program (errno \(errno)); mount /proc", 3)
+    }
+    // The directory's bytes as they are (a path need not be UTF-8), then the full tool's name.
+    var path = Array(link[0..<n])
+    while let last = path.last, last != CChar(UInt8(ascii: "/")) { path.removeLast() }
+    path += Array("keychainctl-full".utf8CString)
+    execv(path, CommandLine.unsafeArgv)
+    let code = errno
+    let shown = String(decoding: path.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    fail("cannot run \(escaped(shown)) (errno \(code): \(String(cString: strerror(code)))): keychainctl-full is installed "
+         + "next to keychainctl and does every command but the item commands through keychaind", 3)
+}
+
+func fail(_ text: String, _ status: Int32) -> Never {
+    writeAll(2, Array("keychainctl: \(text)\n".utf8))
+    exit(status)
+}
+
+/// Writes everything it can; like the full tool, a closed stdout or stderr is not an error.
+func writeAll(_ fd: Int32, _ bytes: [UInt8]) {
+    var at = 0
+    while at < bytes.count {
+        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + at, bytes.count - at) }
+        if n > 0 { at += n } else if errno != EINTR { return }
+    }
+}
+
+// MARK: What the front does itself
+
+/// The arguments, or nil when one is not UTF-8 (the full tool refuses it with its message).
+func strictArguments() -> [String]? {
+    var args: [String] = []
+    for i in 1..<Int(CommandLine.argc) {
+        guard let raw = CommandLine.unsafeArgv[i], let arg = String(validatingCString: raw) else { return nil }
+        args.append(arg)
+    }
+    // The full tool checks these before any command: it reports one that is not UTF-8.
+    for name in ["KEYCHAIN_STORE", "KEYCHAIN_TCTI", "TPM2TCTI", "KEYCHAIN_READER", "KEYCHAIN_PKCS11_URI", "KEYCHAIN_APP_ID", "HOME",
+                 "KEYCHAIN_SOCKET"] {
+        if let raw = getenv(name), String(validatingCString: raw) == nil { return nil }
+    }
+    return args
+}
+
+/// keychaind's socket by keychainctl's rule (docs/daemon.md): KEYCHAIN_SOCKET when set, else the
+/// system's socket when it exists and KEYCHAIN_STORE is not set; nil for a store in the process.
+func daemonSocket() -> String? {
+    if let raw = getenv("KEYCHAIN_SOCKET"), raw.pointee != 0 { return String(cString: raw) }
+    if let raw = getenv("KEYCHAIN_STORE"), raw.pointee != 0 { return nil }
+    let system = "/run/keychain/keychaind.sock"
+    var info = stat()
+    guard stat(system, &info) == 0 else { return nil }
+    return system
+}
+
+/// The global options and the command, parsed by the full tool's grammar; nil where the full tool
+/// reports a usage error.
+struct Invocation {
+    var command: [String] = []
+    var flags: [String: String] = [:]
+    var switches: Set<String> = []
+
+    /// The full tool's options (Sources/keychainctl-full/CLI.swift): an option the front does not
+    /// know hands the command over, so these lists only need to cover the ones it handles.
+    static let valued: Set<String> = ["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
+                                      "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage", "--owner-auth-file",
+                                      "--owner-auth-out", "--lockout-auth-out", "--service", "--out", "--cost", "--pcr", "--version",
+                                      "--ek-ca", "--parent", "--to", "--key", "--generation", "--boot-policy-key", "--access-group"]
+    static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h",
+                                        "--passphrase-stdin", "--direct"]
+
+    init?(_ args: [String]) {
+        var i = 0
+        while i < args.count {
+            let arg = args[i]
+            if arg == "--" {
+                command += args[(i + 1)...]
+                break
+            } else if arg.hasPrefix("--"), let eq = arg.firstIndex(of: "=") {
+                let name = String(arg[..<eq])
+                guard Self.valued.contains(name) else { return nil }
+                flags[name] = String(arg[arg.index(after: eq)...])
+            } else if Self.valued.contains(arg) {
+                guard i + 1 < args.count else { return nil }
+                flags[arg] = args[i + 1]
+                i += 1
+            } else if Self.booleans.contains(arg) {
+                switches.insert(arg)
+            } else if arg.hasPrefix("--") {
+                return nil
+            } else {
+                command.append(arg)
+            }
+            i += 1
+        }
+    }
+}
+
+/// The request kinds of keychaind's protocol the front sends (Sources/Keychain/Daemon/DaemonProtocol.swift).
+enum Op: UInt8 { case setItem = 1, getItem = 2, hasItem = 3, removeItem = 4, allKeys = 6 }
+enum Reply { static let ok: UInt8 = 0x80, error: UInt8 = 0x81, prompt: UInt8 = 0x82, answer: UInt8 = 0x83 }
+enum Tag {
+    static let options: UInt8 = 1, key: UInt8 = 2, value: UInt8 = 3, accessible: UInt8 = 4, accessControl: UInt8 = 5,
+               label: UInt8 = 7, synchronizable: UInt8 = 8, attempts: UInt8 = 10
+    static let resultBytes: UInt8 = 20, resultBool: UInt8 = 21, resultJSON: UInt8 = 22
+    static let errorCode: UInt8 = 30, errorMessage: UInt8 = 31, causeKind: UInt8 = 32, causeNumber: UInt8 = 33, causeText: UInt8 = 34
+    static let answerKind: UInt8 = 50
+}
+
+/// The library's values of `--accessible` and `--access-control`: any other value goes to the full
+/// tool, which names the choices.
+let accessibleValues: Set<String> = ["whenUnlocked", "afterFirstUnlock", "always", "whenPasscodeSetThisDeviceOnly",
+                                     "whenUnlockedThisDeviceOnly", "afterFirstUnlockThisDeviceOnly", "alwaysThisDeviceOnly"]
+let accessControlValues: Set<String> = ["none", "biometryAny", "biometryCurrentSet", "biometryAnyOrPasscode",
+                                        "biometryCurrentSetOrPasscode", "passcode"]
+
+/// A command the front does itself, or nil to hand it over. Only inputs the full tool accepts as
+/// they are: anything it would refuse or treat specially is the full tool's to answer.
+struct FastCommand {
+    let op: Op
+    let service: String
+    let key: String?
+    let accessGroup: String?
+    let flags: [String: String]
+    let synchronizable: Bool
+    /// For `get`: how many questions the full tool's authenticator would allow (nil: it has none, and
+    /// keychaind answers INTERACTION_NOT_ALLOWED itself instead of asking).
+    let attempts: UInt64?
+
+    init?(_ inv: Invocation) {
+        guard let name = inv.command.first else { return nil }
+        var allowed: Set<String> = ["--access-group"], switches: Set<String> = []
+        let operands: Int
+        switch name {
+        case "get": (op, operands) = (.getItem, 2); allowed.insert("--touch")
+        case "has": (op, operands) = (.hasItem, 2)
+        case "rm": (op, operands) = (.removeItem, 2)
+        case "ls": (op, operands) = (.allKeys, 1)
+        case "set":
+            (op, operands) = (.setItem, 2)
+            allowed.formUnion(["--accessible", "--access-control", "--label"])
+            switches = ["--synchronizable"]
+        default: return nil
+        }
+        guard inv.command.count == operands + 1, inv.flags.keys.allSatisfy(allowed.contains),
+              inv.switches.isSubset(of: switches) else { return nil }
+        if let value = inv.flags["--accessible"], !accessibleValues.contains(value) { return nil }
+        if let value = inv.flags["--access-control"], !accessControlValues.contains(value) { return nil }
+        service = inv.command[1]
+        key = operands == 2 ? inv.command[2] : nil
+        accessGroup = inv.flags["--access-group"]
+        // The library's checks of a storage's options, which the full tool makes before connecting:
+        // a service of 1 to 256 characters (bytes here, a stricter rule), a non-empty group.
+        guard !service.isEmpty, service.utf8.count <= 256, accessGroup.map({ !$0.isEmpty }) ?? true else { return nil }
+        flags = inv.flags
+        synchronizable = inv.switches.contains("--synchronizable")
+        if op != .getItem {
+            attempts = nil
+        } else if inv.flags["--touch"] != nil {
+            attempts = 1  // one answer, one try
+        } else if isatty(0) == 1 && isatty(2) == 1 {
+            attempts = 3  // the terminal's authenticator
+        } else {
+            attempts = nil
+        }
+    }
+}
+
+/// The error as the full tool prints it (`keychainctl: CODE: message (cause: …)`), with its exit code:
+/// 2 for INVALID_ARGUMENT, 3 for any other.
+struct Failure: Error {
+    let code: String
+    let message: String
+    let cause: String?
+    init(_ code: String, _ message: String, cause: String? = nil) {
+        (self.code, self.message, self.cause) = (code, message, cause)
+    }
+    var description: String {
+        var text = message.isEmpty ? code : "\(code): \(message)"
+        if let cause { text += " (cause: \(cause))" }
+        return text
+    }
+    func report() -> Never { fail(escaped(description), code == "INVALID_ARGUMENT" ? 2 : 3) }
+}
+
+/// A failure of the exchange, in the full tool's words (DaemonClient).
+func failure(_ error: WireError, _ socket: String) -> Failure {
+    switch error.kind {
+    case .closed, .truncated:
+        Failure("HARDWARE_UNAVAILABLE", "The keychain service stopped during the call (\(socket)): the call may or may "
+                + "not have taken effect; check and retry", cause: error.detail)
+    case .timedOut:
+        Failure("HARDWARE_UNAVAILABLE", "The keychain service did not answer within 120 s (\(socket))", cause: error.detail)
+    default:
+        Failure("INTERNAL", "The keychain service's reply does not decode: \(error.detail)")
+    }
+}
+
+/// keychaind's error reply as the library decodes it (KeychainError(decoding:)), field by field in its order.
+func decodeError(_ reply: WireMessage) throws(WireError) -> Failure {
+    guard let code = try reply.string(Tag.errorCode) else { throw WireError(.malformed, "error without a code") }
+    let number = try reply.uint(Tag.causeNumber) ?? 0
+    let text = try reply.string(Tag.causeText) ?? ""
+    let cause: String? = switch try reply.uint(Tag.causeKind) {
+    case nil: nil
+    case 0: "TPM \(text) (\(upperHex(UInt64(UInt32(truncatingIfNeeded: number)))))"
+    case 1: "SQLite \(Int32(truncatingIfNeeded: Int64(bitPattern: number))): \(text)"
+    case 2: "errno \(Int32(truncatingIfNeeded: Int64(bitPattern: number)))"
+    case 3: "PKCS#11 \(text) (\(upperHex(number)))"
+    default: text
+    }
+    return Failure(code, try reply.string(Tag.errorMessage) ?? "", cause: cause)
+}
+
+/// `0x` and at least 8 upper-case hex digits, as TPM and PKCS#11 codes are written.
+func upperHex(_ value: UInt64) -> String {
+    let text = String(value, radix: 16, uppercase: true)
+    return "0x" + String(repeating: "0", count: max(0, 8 - text.count)) + text
+}
+
+/// Makes text safe for a terminal exactly as the full tool does (its `escaped`): control
+/// characters, bidirectional overrides and the backslash become escapes.
+func escaped(_ text: String) -> String {
+    var out = ""
+    for scalar in text.unicodeScalars {
+        switch scalar.value {
+        case 0x5C: out += "\\\\"
+        case 0x0A: out += "\\n"
+        case 0x0D: out += "\\r"
+        case 0x09: out += "\\t"
+        case 0x00..<0x20, 0x7F: out += "\\x" + lowerHex(scalar.value, digits: 2)
+        case 0x80..<0xA0, 0x202A...0x202E, 0x2066...0x2069: out += "\\u{" + lowerHex(scalar.value, digits: 4) + "}"
+        default: out.unicodeScalars.append(scalar)
+        }
+    }
+    return out
+}
+
+func lowerHex(_ value: UInt32, digits: Int) -> String {
+    let text = String(value, radix: 16)
+    return String(repeating: "0", count: max(0, digits - text.count)) + text
+}
+
+/// A JSON string literal (the options' service and access group).
+func jsonString(_ text: String) -> String {
+    var out = "\""
+    for scalar in text.unicodeScalars {
+        switch scalar {
+        case "\"": out += "\\\""
+        case "\\": out += "\\\\"
+        case _ where scalar.value < 0x20: out += "\\u00" + lowerHex(scalar.value, digits: 2)
+        default: out.unicodeScalars.append(scalar)
+        }
+    }
+    return out + "\""
+}
+
+/// A JSON array of strings as keychaind sends getAllKeys; nil for anything else (the full tool,
+/// with Foundation's decoder, then reads the reply and words the error).
+func jsonStrings(_ bytes: [UInt8]) -> [String]? {
+    guard let text = String(validating: bytes, as: UTF8.self) else { return nil }
+    var scalars = Array(text.unicodeScalars)[...]
+    func skipSpace() { while let c = scalars.first, c == " " || c == "\n" || c == "\r" || c == "\t" { scalars.removeFirst() } }
+    func hex4() -> UInt32? {
+        guard scalars.count >= 4 else { return nil }
+        var value: UInt32 = 0
+        for _ in 0..<4 {
+            guard let digit = UInt32(String(scalars.removeFirst()), radix: 16) else { return nil }
+            value = value << 4 | digit
+        }
+        return value
+    }
+    func string() -> String? {
+        guard scalars.popFirst() == "\"" else { return nil }
+        var out = String.UnicodeScalarView()
+        while let c = scalars.popFirst() {
+            switch c {
+            case "\"": return String(out)
+            case "\\":
+                switch scalars.popFirst() {
+                case "\""?: out.append("\"")
+                case "\\"?: out.append("\\")
+                case "/"?: out.append("/")
+                case "b"?: out.append("\u{8}")
+                case "f"?: out.append("\u{c}")
+                case "n"?: out.append("\n")
+                case "r"?: out.append("\r")
+                case "t"?: out.append("\t")
+                case "u"?:
+                    guard var value = hex4() else { return nil }
+                    if (0xD800..<0xDC00).contains(value) {
+                        guard scalars.popFirst() == "\\", scalars.popFirst() == "u", let low = hex4(),
+                              (0xDC00..<0xE000).contains(low) else { return nil }
+                        value = 0x10000 + ((value - 0xD800) << 10) + (low - 0xDC00)
+                    }
+                    guard let scalar = Unicode.Scalar(value) else { return nil }
+                    out.append(scalar)
+                default: return nil
+                }
+            case _ where c.value < 0x20: return nil
+            default: out.append(c)
+            }
+        }
+        return nil
+    }
+    var result: [String] = []
+    skipSpace()
+    guard scalars.popFirst() == "[" else { return nil }
+    skipSpace()
+    if scalars.first == "]" {
+        scalars.removeFirst()
+    } else {
+        while true {
+            skipSpace()
+            guard let item = string() else { return nil }
+            result.append(item)
+            skipSpace()
+            let next = scalars.popFirst()
+            if next == "]" { break }
+            guard next == "," else { return nil }
+        }
+    }
+    skipSpace()
+    return scalars.isEmpty ? result : nil
+}
+
+/// Stdin to EOF, as the full tool reads a value: at most 16 MiB (INVALID_ARGUMENT beyond, the rest
+/// unread), a read error ends the input. One buffer, never grown (no stale copies), wiped after use.
+func readValue() -> [UInt8] {
+    let limit = 16 << 20
+    var length = 0
+    var value = [UInt8](unsafeUninitializedCapacity: limit + 1) { buffer, count in
+        while length <= limit {
+            let n = read(0, buffer.baseAddress! + length, limit + 1 - length)
+            if n > 0 { length += n } else if n == 0 || errno != EINTR { break }
+        }
+        count = length
+    }
+    guard length <= limit else {
+        value.wipe()
+        Failure("INVALID_ARGUMENT", "The input on stdin is longer than the \(limit) bytes allowed here").report()
+    }
+    return value
+}
+
+// MARK: The run
+
+func main() -> Never {
+    guard let args = strictArguments(), let inv = Invocation(args), let socket = daemonSocket(),
+          !inv.switches.contains("--direct"), inv.flags["--store"] == nil, inv.flags["--tcti"] == nil,
+          let fast = FastCommand(inv) else {
+        runFullTool()
+    }
+    var options = "{\"service\":\(jsonString(fast.service))"
+    if let group = fast.accessGroup { options += ",\"accessGroup\":\(jsonString(group))" }
+    options += "}"
+    func request(_ op: Op) -> WireMessage {
+        var message = WireMessage(kind: op.rawValue)
+        message.add(Tag.options, Array(options.utf8))
+        message.add(Tag.key, fast.key)
+        return message
+    }
+
+    // The full tool's order: its checks, then stdin (set), then the connection.
+    var first = request(fast.op == .removeItem ? .hasItem : fast.op)
+    switch fast.op {
+    case .setItem:
+        var value = readValue()
+        first.add(Tag.value, value)
+        value.wipe()
+        first.add(Tag.accessible, fast.flags["--accessible"])
+        first.add(Tag.accessControl, fast.flags["--access-control"])
+        first.add(Tag.label, fast.flags["--label"])
+        if fast.synchronizable { first.add(Tag.synchronizable, true) }
+    case .getItem:
+        first.add(Tag.attempts, fast.attempts)
+    default: break
+    }
+
+    let fd: Int32
+    switch WireSocket.connect(path: socket) {
+    case .success(let connected): fd = connected
+    case .failure(let error):
+        first.wipe()
+        let code: Int32 = if case .io(let value) = error.kind { value } else { 0 }
+        Failure("HARDWARE_UNAVAILABLE", "The keychain service is not running: nothing answers on \(socket) (start keychaind or its "
+                + "socket unit; keychainctl --direct uses a store without the service)", cause: "errno \(code)").report()
+    }
+
+    /// One exchange: the request, then the reply (an error reply reported as the full tool does).
+    func exchange(_ message: WireMessage) -> WireMessage {
+        do throws(WireError) {
+            try WireSocket.send(fd, message)
+            while true {
+                var reply = try WireSocket.receive(fd, idle: 120, stall: 10)
+                switch reply.kind {
+                case Reply.ok:
+                    return reply
+                case Reply.error:
+                    try decodeError(reply).report()
+                case Reply.prompt:
+                    reply.wipe()
+                    // The full tool has an authenticator: it asks the question. This request ends
+                    // unanswered (keychaind takes the closed connection for an interrupted prompt,
+                    // which changes nothing) and the full tool makes the read again; a get has read
+                    // no stdin.
+                    if fast.op == .getItem && fast.attempts != nil {
+                        close(fd)
+                        runFullTool()
+                    }
+                    // No authenticator: the full tool answers "interrupted", and so does the front.
+                    var answer = WireMessage(kind: Reply.answer)
+                    answer.add(Tag.answerKind, UInt64(4))
+                    try WireSocket.send(fd, answer)
+                default:
+                    Failure("INTERNAL", "The keychain service sent a reply of unknown kind \(reply.kind)").report()
+                }
+            }
+        } catch {
+            failure(error, socket).report()
+        }
+    }
+
+    var reply = exchange(first)
+    first.wipe()
+    switch fast.op {
+    case .getItem:
+        guard var value = reply.bytes(Tag.resultBytes) else {
+            fail("no item '\(escaped(fast.key!))' in service '\(escaped(fast.service))'", 1)
+        }
+        writeAll(1, value)
+        value.wipe()
+    case .hasItem, .removeItem:
+        guard let present = (try? reply.bool(Tag.resultBool)).flatMap({ $0 }) else {
+            Failure("INTERNAL", "The keychain service's reply has no boolean result").report()
+        }
+        if fast.op == .removeItem { _ = exchange(request(.removeItem)) }
+        exit(present ? 0 : 1)
+    case .allKeys:
+        guard let bytes = reply.bytes(Tag.resultJSON) else { Failure("INTERNAL", "The keychain service's reply has no result").report() }
+        // A reply this parser does not read: the full tool asks again and words it (a read changes nothing).
+        guard let keys = jsonStrings(bytes) else { close(fd); runFullTool() }
+        writeAll(1, Array(keys.map { escaped($0) + "\n" }.joined().utf8))
+    case .setItem:
+        break
+    }
+    reply.wipe()
+    exit(0)
+}
+
+main()

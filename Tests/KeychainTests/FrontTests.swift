@@ -1,0 +1,207 @@
+import Foundation
+import Keychain
+import KeychainTestSupport
+import Testing
+
+/// keychainctl's front (Sources/keychainctl, no Foundation) against the full tool (keychainctl-full)
+/// over one keychaind: every command the front does itself gives the same stdout, stderr and exit
+/// code, byte for byte, as a user other than root (SO_PEERCRED) and as root.
+@Suite("keychainctl's front")
+struct FrontTests {
+    static let nobody: UInt32 = 65534
+    let tpm: SoftwareTPM
+    let daemon: KeychainDaemon
+
+    init() throws {
+        tpm = try SoftwareTPM()
+        daemon = try KeychainDaemon(tpm: tpm, reader: tpm.directory + "/reader")
+    }
+
+    typealias Outcome = (status: Int32, out: [UInt8], err: String)
+
+    /// `tool` (keychainctl or keychainctl-full, from the build) as `uid`.
+    func invoke(_ tool: String, _ args: [String], input: [UInt8] = [], uid: UInt32 = Self.nobody,
+                environment: [String: String]? = nil) throws -> Outcome {
+        let path = buildDirectory.appendingPathComponent(tool).path
+        let result = try run("/usr/bin/setpriv", ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", path] + args,
+                             input: input, environment: environment ?? daemon.environment)
+        return (result.status, result.stdout, result.stderr)
+    }
+
+    /// Runs the front, then the full tool, with the same arguments, input and environment; `between`
+    /// puts the state back between the two (for writes). Returns the front's outcome.
+    @discardableResult
+    func same(_ args: [String], input: String = "", uid: UInt32 = Self.nobody, environment: [String: String]? = nil,
+              between: () throws -> Void = {}, sourceLocation: SourceLocation = #_sourceLocation) throws -> Outcome {
+        let front = try invoke("keychainctl", args, input: Array(input.utf8), uid: uid, environment: environment)
+        try between()
+        let full = try invoke("keychainctl-full", args, input: Array(input.utf8), uid: uid, environment: environment)
+        #expect(front.status == full.status, "\(args): exit \(front.status) vs \(full.status)", sourceLocation: sourceLocation)
+        #expect(front.out == full.out, "\(args): stdout \(front.out) vs \(full.out)", sourceLocation: sourceLocation)
+        #expect(front.err == full.err, "\(args): stderr\n\(front.err)\nvs\n\(full.err)", sourceLocation: sourceLocation)
+        return front
+    }
+
+    /// A passcode (biometric items need one) and the finger "thumb" on the daemon's reader.
+    func enrollThumb() throws {
+        #expect(try invoke("keychainctl", ["passcode", "set"], input: Array("2468\n".utf8), uid: 0).status == 0)
+        #expect(try invoke("keychainctl", ["reader", "enroll", "thumb"], input: Array("2468\n".utf8), uid: 0).status == 0)
+    }
+
+    @Test func everyItemCommandOfTheFrontMatchesTheFullTool() throws {
+        let set = { (key: String, value: String) throws in
+            #expect(try invoke("keychainctl-full", ["set", "mail", key], input: Array(value.utf8)).status == 0)
+        }
+        // set, over the same item twice (a replace), then both tools read what the front wrote.
+        #expect(try same(["set", "mail", "token"], input: "v\u{0}1\n").status == 0)
+        #expect(try same(["get", "mail", "token"]).out == Array("v\u{0}1\n".utf8))
+        try same(["set", "--label", "L", "--accessible", "always", "--synchronizable", "mail", "labelled"], input: "x")
+        try enrollThumb()
+        try same(["set", "mail", "guarded", "--access-control=biometryAny", "--accessible", "whenUnlocked"], input: "y")
+        // Keys a terminal would act on are escaped in messages and listings, as the full tool does.
+        for key in ["a\"b/é\n", "\u{1b}[31mred", "back\\slash", "\u{202e}rtl", "\u{85}c1", "tab\there"] { try set(key, "k") }
+        let listed = try same(["ls", "mail"])
+        #expect(String(decoding: listed.out, as: UTF8.self).contains("\\x1b[31mred\n"))
+        try same(["ls", "empty-service"])
+        try same(["has", "mail", "token"])
+        #expect(try same(["has", "mail", "none"]).status == 1)
+        let missing = try same(["get", "mail", "\u{1b}]0;title\u{7}", "--", ])
+        #expect(missing.status == 1 && missing.err.contains("\\x1b]0;title\\x07"))
+        try same(["get", "--", "mail", "--key-that-looks-like-an-option"])
+        // rm of a present item (put back between the two), of a missing one.
+        #expect(try same(["rm", "mail", "tab\there"], between: { try set("tab\there", "k") }).status == 0)
+        #expect(try same(["rm", "mail", "tab\there"]).status == 1)
+        // Errors of the daemon: INVALID_ARGUMENT (exit 2), an item behind a prompt with no one to ask.
+        #expect(try same(["get", "mail", ""]).status == 2)
+        #expect(try same(["set", "mail", ""], input: "x").status == 2)
+        #expect(try same(["set", "mail", String(repeating: "k", count: 5000)], input: "x").status == 2)
+        let prompt = try same(["get", "mail", "guarded"])
+        #expect(prompt.status == 3 && prompt.err.contains("INTERACTION_NOT_ALLOWED"), "\(prompt.err)")
+        // Root does not see nobody's items.
+        #expect(try same(["get", "mail", "token"], uid: 0).status == 1)
+    }
+
+    @Test func accessGroupsAndAMissingDaemonMatchTheFullTool() throws {
+        try daemon.setGroup("team", ["uid \(Self.nobody)"])
+        try same(["set", "--access-group", "team", "vpn", "psk"], input: "shared")
+        #expect(try same(["get", "--access-group", "team", "vpn", "psk"]).out == Array("shared".utf8))
+        try same(["ls", "--access-group=team", "vpn"])
+        for args in [["get", "--access-group", "team", "vpn", "psk"], ["set", "--access-group", "team", "vpn", "x"],
+                     ["has", "--access-group", "nosuch", "vpn", "psk"], ["rm", "--access-group", "team", "vpn", "psk"],
+                     ["ls", "--access-group", "team", "vpn"]] {
+            let denied = try same(args, uid: 0)
+            #expect(denied.status == 3 && denied.err.contains("ACCESS_DENIED"), "\(args): \(denied.err)")
+        }
+        // No daemon at KEYCHAIN_SOCKET: HARDWARE_UNAVAILABLE, for reads and for a write after its input.
+        let gone = ["KEYCHAIN_SOCKET": daemon.directory + "/none.sock"]
+        for args in [["get", "mail", "token"], ["has", "mail", "token"], ["rm", "mail", "token"], ["ls", "mail"], ["set", "mail", "k"]] {
+            let result = try same(args, input: "v", environment: gone)
+            #expect(result.status == 3 && result.err.contains("HARDWARE_UNAVAILABLE: The keychain service is not running"))
+        }
+        // A value over 16 MiB is refused before any connection, by both.
+        let huge = String(repeating: "v", count: (16 << 20) + 1)
+        #expect(try same(["set", "mail", "big"], input: huge, environment: gone).status == 2)
+    }
+
+    /// A read behind a prompt with an answer on the command line: the front hands it to the full
+    /// tool, which asks again and answers it (the value comes out once, right).
+    @Test func aPromptIsAnsweredByTheFullTool() throws {
+        try enrollThumb()
+        #expect(try invoke("keychainctl", ["set", "mail", "bio", "--access-control", "biometryAny"], input: Array("fp".utf8)).status == 0)
+        #expect(try same(["get", "mail", "bio", "--touch", "thumb"]).out == Array("fp".utf8))
+        let wrong = try same(["get", "mail", "bio", "--touch", "index"])
+        #expect(wrong.status == 3 && wrong.err.contains("AUTHENTICATION_FAILED"), "\(wrong.err)")
+        try same(["get", "mail", "bio", "--touch", "cancel"])
+    }
+
+    // MARK: Handing over, and where the full tool is found
+
+    /// A folder holding a copy of the front and, unless `withFullTool` is false, a stand-in
+    /// keychainctl-full that records its arguments, its stdin and one variable of its environment.
+    func frontAlone(withFullTool: Bool = true) throws -> String {
+        let folder = tpm.directory + "/front-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        try FileManager.default.copyItem(atPath: buildDirectory.appendingPathComponent("keychainctl").path, toPath: folder + "/keychainctl")
+        if withFullTool { try plantRecorder(folder + "/keychainctl-full", record: folder + "/ran") }
+        return folder
+    }
+
+    func plantRecorder(_ path: String, record: String) throws {
+        let script = "#!/bin/sh\nprintf '%s\\n' \"$0\" \"$@\" > '\(record).args'\ncat > '\(record).stdin'\n"
+            + "printf '%s' \"$PROBE\" > '\(record).env'\nexit 42\n"
+        try Data(script.utf8).write(to: URL(fileURLWithPath: path))
+        chmod(path, 0o755)
+    }
+
+    func recorded(_ record: String) -> (args: [String], stdin: String, env: String)? {
+        guard let args = try? String(contentsOfFile: record + ".args", encoding: .utf8) else { return nil }
+        return (args.split(separator: "\n", omittingEmptySubsequences: false).dropLast().map(String.init),
+                (try? String(contentsOfFile: record + ".stdin", encoding: .utf8)) ?? "", (try? String(contentsOfFile: record + ".env", encoding: .utf8)) ?? "")
+    }
+
+    @Test func whatTheFrontDoesNotDoGoesToTheFullToolUnchanged() throws {
+        let folder = try frontAlone()
+        let env = daemon.environment.merging(["PROBE": "kept"]) { $1 }
+        for args in [["status"], ["--json", "get", "mail", "token"], ["get", "mail", "token", "--auth-validity", "5"],
+                     ["get", "mail", "token", "--passcode-stdin"], ["--direct", "get", "mail", "token"], ["--help"],
+                     ["set", "mail", "k", "--accessible", "sometimes"], ["get", "mail"], ["ls", "mail", "--unknown"],
+                     ["set", "--key-storage", "strongbox", "mail", "k"], ["info", "mail", "k"], ["get", "", "k"],
+                     ["get", String(repeating: "s", count: 257), "k"], ["get", "--access-group=", "mail", "k"]] {
+            try? FileManager.default.removeItem(atPath: folder + "/ran.args")
+            let result = try run(folder + "/keychainctl", args, input: Array("stdin left alone\n".utf8), environment: env)
+            #expect(result.status == 42, "\(args): \(result.stderr)")
+            let seen = try #require(recorded(folder + "/ran"), "\(args)")
+            #expect(seen.args == [folder + "/keychainctl-full"] + args)
+            #expect(seen.stdin == "stdin left alone\n" && seen.env == "kept", "\(args)")
+        }
+        // A handled command in direct mode (no socket named, KEYCHAIN_STORE set) is the full tool's too.
+        try? FileManager.default.removeItem(atPath: folder + "/ran.args")
+        #expect(try run(folder + "/keychainctl", ["get", "mail", "token"], environment: ["KEYCHAIN_SOCKET": "", "KEYCHAIN_STORE": folder]).status == 42)
+        #expect(recorded(folder + "/ran") != nil)
+        // An argument that is not UTF-8 (the full tool names it): through python3, bytes as they are.
+        try? FileManager.default.removeItem(atPath: folder + "/ran.args")
+        let script = "import os,sys; os.execv(sys.argv[1], [sys.argv[1], 'get', b'\\xff'.decode('utf-8', 'surrogateescape'), 'k'])"
+        #expect(try run("/usr/bin/python3", ["-c", script, folder + "/keychainctl"], environment: env).status == 42)
+        #expect(FileManager.default.fileExists(atPath: folder + "/ran.args"))
+    }
+
+    /// A read that meets a prompt while the full tool could answer it (here --touch) is handed over
+    /// with its arguments and stdin; without an answer the front reports keychaind's error itself.
+    @Test func aReadThatMeetsAPromptIsHandedOver() throws {
+        try enrollThumb()
+        #expect(try invoke("keychainctl-full", ["set", "mail", "guarded", "--access-control", "biometryAny"], input: Array("y".utf8), uid: 0).status == 0)
+        let folder = try frontAlone()
+        let handed = try run(folder + "/keychainctl", ["get", "mail", "guarded", "--touch", "thumb"], input: Array("in".utf8),
+                             environment: daemon.environment)
+        #expect(handed.status == 42 && recorded(folder + "/ran")?.args == [folder + "/keychainctl-full", "get", "mail", "guarded", "--touch", "thumb"])
+        #expect(recorded(folder + "/ran")?.stdin == "in")
+        try FileManager.default.removeItem(atPath: folder + "/ran.args")
+        let refused = try run(folder + "/keychainctl", ["get", "mail", "guarded"], environment: daemon.environment)
+        #expect(refused.status == 3 && refused.stderr.contains("INTERACTION_NOT_ALLOWED") && recorded(folder + "/ran") == nil)
+        // A read the front answers itself never runs the full tool.
+        #expect(try invoke("keychainctl-full", ["set", "mail", "open"], input: Array("o".utf8), uid: 0).status == 0)
+        let served = try run(folder + "/keychainctl", ["get", "mail", "open", "--touch", "thumb"], environment: daemon.environment)
+        #expect(served.status == 0 && served.stdout == Array("o".utf8) && recorded(folder + "/ran") == nil)
+    }
+
+    /// The full tool is the one next to the front's own executable (/proc/self/exe): not one named by
+    /// argv[0], found on PATH or in the working directory, or next to a symbolic link to the front.
+    @Test func theFullToolIsOnlyTheOneBesideTheFrontItself() throws {
+        let folder = try frontAlone()
+        let attacker = tpm.directory + "/attacker-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: attacker, withIntermediateDirectories: true)
+        try plantRecorder(attacker + "/keychainctl-full", record: attacker + "/ran")
+        try FileManager.default.createSymbolicLink(atPath: attacker + "/keychainctl", withDestinationPath: folder + "/keychainctl")
+        // Through the link, with argv[0] naming the attacker's folder, PATH and the working directory its.
+        let script = "cd \"$1\" && PATH=\"$1\" exec -a \"$1/keychainctl\" \"$1/keychainctl\" status"
+        let result = try run("/bin/bash", ["-c", script, "bash", attacker])
+        #expect(result.status == 42, "\(result.stderr)")
+        #expect(recorded(attacker + "/ran") == nil, "the attacker's keychainctl-full ran")
+        #expect(recorded(folder + "/ran") != nil)
+        // Without a full tool beside it: a clear error, exit 3, nothing else run.
+        let alone = try frontAlone(withFullTool: false)
+        let missing = try run(alone + "/keychainctl", ["status"], environment: ["PATH": attacker])
+        #expect(missing.status == 3 && missing.stderr.contains("cannot run \(alone)/keychainctl-full (errno 2"), "\(missing.stderr)")
+        #expect(recorded(attacker + "/ran") == nil)
+    }
+}
