@@ -40,17 +40,18 @@ public struct SimulatedDevice: Sendable {
                 throughDaemon: Bool = SimulatedDevice.throughDaemonByDefault) async throws {
         tpm = try SoftwareTPM()
         self.passcode = passcode
-        var configuration = tpm.configuration()
-        configuration.readerDirectory = reader ? tpm.directory + "/reader" : nil
-        configuration.authenticator = answers
+        let readerDirectory = reader ? tpm.directory + "/reader" : nil
         if throughDaemon {
-            let daemon = try KeychainDaemon(tpm: tpm, reader: configuration.readerDirectory)
+            let daemon = try KeychainDaemon(tpm: tpm, reader: readerDirectory)
             self.daemon = daemon
             configuration = daemon.configuration(authenticator: answers)
         } else {
             daemon = nil
+            var configuration = tpm.configuration()
+            configuration.readerDirectory = readerDirectory
+            configuration.authenticator = answers
+            self.configuration = configuration
         }
-        self.configuration = configuration
         device = KeychainDevice(configuration: configuration)
         if let passcode { try await device.setPasscode(passcode) }
         for finger in fingers where reader { try await device.enrollFinger(finger, passcode: passcode) }

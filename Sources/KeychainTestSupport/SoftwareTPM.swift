@@ -46,13 +46,24 @@ public final class SoftwareTPM: @unchecked Sendable {
 
     /// A keychain configuration on this TPM with its store in `directory/store` (or `store`).
     public func configuration(store: String? = nil, pcrSelection: [Int] = [7]) -> KeychainConfiguration {
-        KeychainConfiguration(storeDirectory: store ?? directory + "/store", tpm: .tcti(tcti), pcrSelection: pcrSelection)
+        Self.noteInProcess("configuration()")
+        return KeychainConfiguration(storeDirectory: store ?? directory + "/store", tpm: .tcti(tcti), pcrSelection: pcrSelection)
     }
 
     /// The environment that points a child process's default configuration (`keychain`,
     /// `createKeychain()`, `keychainctl`) at this TPM and `directory/store`, with no fingerprint reader.
     public var environment: [String: String] {
-        ["KEYCHAIN_TCTI": tcti, "KEYCHAIN_STORE": directory + "/store", "KEYCHAIN_READER": "none"]
+        Self.noteInProcess("environment")
+        return ["KEYCHAIN_TCTI": tcti, "KEYCHAIN_STORE": directory + "/store", "KEYCHAIN_READER": "none"]
+    }
+
+    /// Said on stderr when a test of a run through keychaind (`KEYCHAIN_TEST_THROUGH_DAEMON=1`) reaches
+    /// the keychain in-process anyway, so the run can fail instead of passing without the daemon.
+    public static let inProcessNotice = "keychain tests: in-process use in a run through keychaind: SoftwareTPM."
+
+    private static func noteInProcess(_ door: String) {
+        guard SimulatedDevice.throughDaemonByDefault else { return }
+        FileHandle.standardError.write(Data((inProcessNotice + door + "\n").utf8))
     }
 
     /// A TPM reset: the process stops and starts again on the same state.

@@ -149,14 +149,13 @@ struct AccessibleLevelTests {
         #expect(try await f.device.status().lockState == .unlocked)
     }
 
+    /// With the default limit (keychaind has no setting for another, so the test is the same both ways).
     @Test func theTPMLimitsWrongPasscodes() async throws {
-        let tpm = try KeychainTestSupport.SoftwareTPM()
-        var configuration = tpm.configuration()
-        configuration.passcodeRetryLimit = 3
-        let device = KeychainDevice(configuration: configuration)
+        let f = try Fixture()
+        let device = f.device
         try await device.setPasscode(bytes(Self.passcode))
         try await device.lock()
-        for _ in 0..<3 {
+        for _ in 0..<KeychainConfiguration(storeDirectory: "/", tpm: .embedded).passcodeRetryLimit {
             #expect(await code { try await device.unlock(passcode: bytes("0000")) } == .authenticationFailed)
         }
         // The limit is reached: even the right passcode is refused until the owner resets the count.

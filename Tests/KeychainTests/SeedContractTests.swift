@@ -8,6 +8,10 @@ import TPM2
 
 /// Issue 10: the seed's authValidity as a property of the item, CurrentSet siblings after an
 /// enrollment change, and a locked device that fails before any prompt.
+///
+/// Run in-process and, with `KEYCHAIN_TEST_THROUGH_DAEMON=1` (`ContractThroughDaemonTests`), through
+/// keychaind: the store files the tests inspect are then the daemon's, its services `uid:N/…`
+/// (`d.storeService`), and "another store on the TPM" is a second daemon (`otherStore`).
 @Suite("Seed contract: item windows, CurrentSet siblings, lock before prompt")
 struct SeedContractTests {
     static let pin = AccessControlTests.pin
@@ -20,13 +24,35 @@ struct SeedContractTests {
     }
 
     func wrappingKey(_ d: Device, service: String = "svc") throws -> WrappingKeyRecord {
-        try #require(try Store(directory: d.configuration.storeDirectory).wrappingKeys(service: service).first)
+        try #require(try Store(directory: d.configuration.storeDirectory).wrappingKeys(service: d.storeService(service)).first)
+    }
+
+    func ticketName(_ d: Device, service: String = "svc") throws -> String {
+        StoreMeta.ticket(service: d.storeService(service), protection: try wrappingKey(d, service: service).protection)
     }
 
     func storedTicket(_ d: Device, service: String = "svc") throws -> TPMKeyring.StoredTicket? {
         let store = try Store(directory: d.configuration.storeDirectory)
-        let tag = try wrappingKey(d, service: service).protection
-        return try store.meta("ticket:\(service)/\(tag)").map { try JSONDecoder().decode(TPMKeyring.StoredTicket.self, from: Data($0)) }
+        return try store.meta(try ticketName(d, service: service)).map { try JSONDecoder().decode(TPMKeyring.StoredTicket.self, from: Data($0)) }
+    }
+
+    /// Another store on the same TPM (and reader, when given), with `d`'s answers: in-process, or a
+    /// second keychaind serving it when `d` is served by one. Keep `daemon` while it is used.
+    struct OtherStore {
+        let configuration: KeychainConfiguration
+        let daemon: KeychainDaemon?
+    }
+
+    func otherStore(_ d: Device, reader: String?) throws -> OtherStore {
+        let directory = d.tpm.directory + "/second"
+        if d.simulated.daemon != nil {
+            let daemon = try KeychainDaemon(tpm: d.tpm, store: directory, reader: reader)
+            return OtherStore(configuration: daemon.configuration(authenticator: d.answers), daemon: daemon)
+        }
+        var second = d.tpm.configuration(store: directory)
+        second.readerDirectory = reader
+        second.authenticator = d.answers
+        return OtherStore(configuration: second, daemon: nil)
     }
 
     // MARK: Item 1: the window is the item's
@@ -82,8 +108,8 @@ struct SeedContractTests {
         old.issued = Engine.now() - 10_000
         old.expires = old.issued! + 300_000
         let store = try Store(directory: d.configuration.storeDirectory)
-        let tag = try wrappingKey(d).protection
-        try store.write { try $0.setMeta("ticket:svc/\(tag)", Array(try JSONEncoder().encode(old))) }
+        let name = try ticketName(d)
+        try store.write { try $0.setMeta(name, Array(try JSONEncoder().encode(old))) }
         await d.device.dropCaches()
         d.answers.push(.cancel)
         #expect(await code { try await storage(d, .biometryAny, authValidity: 5).getItem("k") } == .userCanceled)
@@ -173,10 +199,8 @@ struct SeedContractTests {
     /// gets the reader's branch at its next read with the passcode.
     @Test func aKeyTheEnrollmentMissedGetsTheFingerAtItsNextPasscodeRead() async throws {
         let d = try await Device(fingers: [])
-        var second = d.tpm.configuration(store: d.tpm.directory + "/second")
-        second.readerDirectory = d.configuration.readerDirectory
-        second.authenticator = d.answers
-        let other = try createKeychain(.init(service: "svc", accessControl: .biometryAnyOrPasscode), configuration: second)
+        let second = try otherStore(d, reader: d.configuration.readerDirectory)
+        let other = try createKeychain(.init(service: "svc", accessControl: .biometryAnyOrPasscode), configuration: second.configuration)
         try await other.setItem("k", "v")
         try await d.device.enrollFinger("thumb", passcode: bytes(Self.pin))
         d.answers.push(.finger("thumb"), .finger("thumb"), .finger("thumb"))
@@ -190,13 +214,30 @@ struct SeedContractTests {
     /// `reader enroll` killed after each of its TPM commands in turn: the item written before never
     /// stops opening with the passcode, and whenever the finger is enrolled it opens the item too
     /// (after that passcode read, when the kill came before the key was sealed again).
+    /// In-process the killed process is keychainctl; through keychaind it is the daemon (keychainctl
+    /// is its client), started again on its socket after each kill.
     @Test func anEnrollmentKilledAtEveryTPMCommandNeverLosesTheItemAndTheFingerEndsUpOpeningIt() throws {
         let tpm = try SoftwareTPM()
         let dir = tpm.directory + "/store"
         let ctl = buildDirectory.appendingPathComponent("keychainctl").path
+        let daemon = SimulatedDevice.throughDaemonByDefault ? try KeychainDaemon(tpm: tpm, store: dir, reader: dir + ".reader") : nil
         func cli(_ args: [String], _ input: String = "", abortAfter: Int? = nil) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
-            try run(ctl, ["--store", dir, "--tcti", tpm.tcti] + args, input: Array(input.utf8),
-                    environment: abortAfter.map { ["KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS": "\($0)"] } ?? [:])
+            let abort = abortAfter.map { ["KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS": "\($0)"] } ?? [:]
+            guard let daemon else {
+                return try run(ctl, ["--store", dir, "--tcti", tpm.tcti] + args, input: Array(input.utf8), environment: abort)
+            }
+            guard abortAfter != nil else { return try run(ctl, args, input: Array(input.utf8), environment: daemon.environment) }
+            daemon.kill()
+            try daemon.start(environment: abort)
+            var result = try run(ctl, args, input: Array(input.utf8), environment: daemon.environment)
+            if result.status != 0 && result.stderr.contains("stopped during the call") {
+                // The daemon's abort, seen by its client as the service stopping mid-call.
+                result.status = daemon.waitForExit() ?? 0
+            } else {
+                daemon.kill()
+            }
+            try daemon.start()
+            return result
         }
         #expect(try cli(["passcode", "set"], Self.pin + "\n").status == 0)
         /// Whether the reader's file lists the finger (read directly: no process, no TPM).
@@ -206,6 +247,7 @@ struct SeedContractTests {
             return (state?["fingers"] as? [String: Any])?["thumb"] != nil
         }
         var service = ""
+        var killed = 0
         for n in 1...60 {
             if service.isEmpty {  // a new passcode-only item (no finger is enrolled)
                 service = "s\(n)"
@@ -213,6 +255,7 @@ struct SeedContractTests {
             }
             let enroll = try cli(["reader", "enroll", "thumb"], Self.pin + "\n", abortAfter: n)
             #expect(enroll.status == 134 || enroll.status == 0, "kill \(n): \(enroll.stderr)")
+            if enroll.status == 134 { killed += 1 }
             let byPasscode = try cli(["get", service, "k", "--passcode-stdin"], Self.pin + "\n")
             #expect(byPasscode.stdout == Array(service.utf8), "kill \(n): \(byPasscode.stderr)")
             if try enrolled() {
@@ -221,7 +264,10 @@ struct SeedContractTests {
                 #expect(try cli(["reader", "remove", "thumb"], Self.pin + "\n").status == 0)
                 service = ""
             }
-            if enroll.status == 0 { return }
+            if enroll.status == 0 {
+                #expect(n > 1 && killed == n - 1, "every earlier enrollment was killed by the hook")
+                return
+            }
             if n % 4 == 0 { #expect(try cli(["passcode", "reset-tries"]).status == 0) }
         }
         Issue.record("reader enroll never completed")
@@ -257,7 +303,7 @@ struct SeedContractTests {
         d.answers.push(.finger("ring"))
         #expect(try await store.getItem("d") == "new d")
         #expect(try await store.getAllKeys() == ["d"])
-        let keys = try Store(directory: d.configuration.storeDirectory).wrappingKeys(service: "svc")
+        let keys = try Store(directory: d.configuration.storeDirectory).wrappingKeys(service: d.storeService("svc"))
         #expect(keys.map(\.protection) == ["whenUnlocked/\(control.rawValue)"], "dead keys outlived their items")
     }
 
@@ -271,8 +317,8 @@ struct SeedContractTests {
         try await store.setItem("b", "new")
         try await store.removeItem("c")
         let raw = try Store(directory: d.configuration.storeDirectory)
-        #expect(try raw.wrappingKeys(service: "svc").count == 1)
-        for key in ["a", "b", "c"] { #expect(try raw.meta(StoreMeta.retired(service: "svc", key: key)) == nil) }
+        #expect(try raw.wrappingKeys(service: d.storeService("svc")).count == 1)
+        for key in ["a", "b", "c"] { #expect(try raw.meta(StoreMeta.retired(service: d.storeService("svc"), key: key)) == nil) }
         d.answers.push(.finger("index"), .finger("thumb"))
         #expect(try await store.getItem("b") == "new")
         #expect(try await store.getItem("a") == "new")
@@ -282,13 +328,12 @@ struct SeedContractTests {
     /// dead (the epoch moved), and a write there leaves the other items to report KEY_INVALIDATED.
     @Test func aWriteAfterThePasscodeEpochMovedLeavesTheOtherItemsToReportKeyInvalidated() async throws {
         let d = try await Device(fingers: [])
-        var second = d.tpm.configuration(store: d.tpm.directory + "/second")
-        second.readerDirectory = nil
-        let other = try createKeychain(.init(service: "svc", accessible: .whenPasscodeSetThisDeviceOnly), configuration: second)
+        let second = try otherStore(d, reader: nil)
+        let other = try createKeychain(.init(service: "svc", accessible: .whenPasscodeSetThisDeviceOnly), configuration: second.configuration)
         for key in ["a", "b"] { try await other.setItem(key, key) }
         try await d.device.removePasscode(current: bytes(Self.pin))
         try await d.device.setPasscode(bytes(Self.pin))
-        await KeychainDevice(configuration: second).dropCaches()
+        await KeychainDevice(configuration: second.configuration).dropCaches()
         try await other.setItem("a", "new")
         #expect(try await other.getAllKeys() == ["a", "b"])
         #expect(await code { try await other.getItem("b") } == .keyInvalidated)
