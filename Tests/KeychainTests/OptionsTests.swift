@@ -441,3 +441,38 @@ extension OptionsTests {
         }
     }
 }
+
+extension OptionsTests {
+    /// The options as a storage applies them on a real TPM: in-process, and through keychaind in the
+    /// run of `ContractThroughDaemonTests` (the daemon resolves the per-call options it is sent).
+    @Suite struct ThroughAStorageTests {
+        @Test func aPerCallOverrideIsTheStoredItemsProtection() async throws {
+            let f = try Fixture()
+            let storage = try createKeychain(.init(service: "o", accessible: .whenUnlockedThisDeviceOnly), configuration: f.configuration)
+            try await storage.setItem("k", "v", options: SetItemOptions(accessible: .afterFirstUnlock, label: "ivan"))
+            let info = try #require(try await storage.getItemInfo("k"))
+            #expect(info.service == "o" && info.key == "k")
+            #expect(info.accessible == .afterFirstUnlock && info.accessControl == AccessControl.none && info.label == "ivan")
+            try await storage.setItem("plain", "v")
+            #expect(try await storage.getItemInfo("plain")?.accessible == .whenUnlockedThisDeviceOnly)
+            #expect(try await storage.getItem("k") == "v")
+        }
+
+        @Test func anOverrideThatBreaksARuleIsRefusedWithTheSameMessageAndStoresNothing() async throws {
+            let f = try Fixture()
+            let options = KeychainOptions(service: "o", accessControl: .biometryAny, authValidity: 30)
+            let storage = try createKeychain(options, configuration: f.configuration)
+            let call = SetItemOptions(accessControl: .biometryCurrentSet)
+            let expected = try #require(message { _ = try options.validated().resolved(for: call) })
+            do {
+                try await storage.setItem("k", "v", options: call)
+                Issue.record("the override was accepted")
+            } catch {
+                #expect(error.code == .invalidArgument && error.message == expected, "\(error)")
+            }
+            let synchronized = try createKeychain(.init(service: "o", accessible: .afterFirstUnlockThisDeviceOnly), configuration: f.configuration)
+            #expect(await code { try await synchronized.setItem("k", "v", options: SetItemOptions(synchronizable: true)) } == .invalidArgument)
+            #expect(try await synchronized.getAllKeys().isEmpty)
+        }
+    }
+}
