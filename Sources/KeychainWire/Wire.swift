@@ -28,6 +28,9 @@ public struct WireError: Error, Equatable, Sendable, CustomStringConvertible {
         case malformed
         /// Another protocol version.
         case version
+        /// The socket's listener is a uid this process does not trust to serve the keychain
+        /// (`WireSocket.connect`): nothing was sent.
+        case untrustedPeer(UInt32)
         case io(Int32)
     }
     public let kind: Kind
@@ -199,7 +202,37 @@ public enum WireSocket {
         }
     }
 
-    /// A connected Unix stream socket to `path`, close-on-exec, or the errno of the failure.
+    /// The system user that dist/systemd runs keychaind as.
+    public static let serviceUser = "keychaind"
+    /// `serviceUser`'s uid, nil when there is no such user (looked up once: getpwnam_r, thread-safe).
+    public static let serviceUID: UInt32? = {
+        var entry = passwd()
+        var found: UnsafeMutablePointer<passwd>?
+        var buffer = [CChar](repeating: 0, count: 16384)
+        guard getpwnam_r(serviceUser, &entry, &buffer, buffer.count, &found) == 0, found != nil else { return nil }
+        return entry.pw_uid
+    }()
+
+    /// Who may serve the keychain to this process: root, this process's effective uid (its own
+    /// items are its own anyway) and `serviceUser`. Anyone else listening at the path would receive
+    /// the values written and the passcodes answered.
+    public static func isTrusted(uid: UInt32) -> Bool {
+        uid == 0 || uid == geteuid() || uid == serviceUID
+    }
+
+    /// The uid of the process that made the listening socket `fd` is connected to (SO_PEERCRED: the
+    /// kernel's record, which the listener cannot choose), or nil when the kernel gives none.
+    public static func peerUID(_ fd: Int32) -> UInt32? {
+        // struct ucred { pid_t pid; uid_t uid; gid_t gid; }
+        var credentials = (pid: Int32(0), uid: UInt32(0), gid: UInt32(0))
+        var length = socklen_t(12)
+        guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0, length == 12 else { return nil }
+        return credentials.uid
+    }
+
+    /// A connected Unix stream socket to `path`, close-on-exec, or the errno of the failure; a
+    /// listener whose uid `isTrusted` does not accept is refused (`untrustedPeer`) before anything is
+    /// sent, so a socket planted where KEYCHAIN_SOCKET points gets no secret.
     public static func connect(path: String) -> Result<Int32, WireError> {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { return .failure(WireError(.io(errno), "socket: errno \(errno)")) }
@@ -220,6 +253,15 @@ public enum WireSocket {
             let code = errno
             close(fd)
             return .failure(WireError(.io(code), "connect: errno \(code)"))
+        }
+        guard let peer = peerUID(fd), isTrusted(uid: peer) else {
+            let peer = peerUID(fd)
+            close(fd)
+            let service = serviceUID.map { "the user \(serviceUser) (uid \($0))" } ?? "the user \(serviceUser)"
+            return .failure(WireError(.untrustedPeer(peer ?? UInt32.max),
+                                      "The keychain service at \(path) is not trusted: its socket belongs to "
+                                      + (peer.map { "uid \($0)" } ?? "an unknown uid") + ", and only root, this user (uid \(geteuid())) or "
+                                      + "\(service) may serve the keychain; nothing was sent (point KEYCHAIN_SOCKET at keychaind's socket)"))
         }
         return .success(fd)
     }

@@ -403,6 +403,7 @@ func main() -> Never {
     case .success(let connected): fd = connected
     case .failure(let error):
         first.wipe()
+        if case .untrustedPeer = error.kind { Failure("HARDWARE_UNAVAILABLE", error.detail).report() }
         let code: Int32 = if case .io(let value) = error.kind { value } else { 0 }
         Failure("HARDWARE_UNAVAILABLE", "The keychain service is not running: nothing answers on \(socket) (start keychaind or its "
                 + "socket unit; keychainctl --direct uses a store without the service)", cause: "errno \(code)").report()

@@ -118,6 +118,7 @@ struct DaemonClient: Sendable {
         switch WireSocket.connect(path: socketPath) {
         case .success(let fd): return fd
         case .failure(let error):
+            if case .untrustedPeer = error.kind { throw KeychainError(.hardwareUnavailable, error.detail) }
             let code: Int32 = if case .io(let value) = error.kind { value } else { 0 }
             throw KeychainError(.hardwareUnavailable,
                                 "The keychain service is not running: nothing answers on \(socketPath) (start keychaind or its "
