@@ -5,7 +5,7 @@ import KeychainWire
 
 // keychainctl, the command users run: a front that loads no Foundation, ICU, tpm2-tss, OpenSSL or
 // SQLite (docs/daemon.md, "keychainctl's two executables"). It does the simple item commands
-// through keychaind itself (get, has, rm, set, ls, with the options below) with the full tool's
+// through keychaind itself (get, has, rm, set, ls, clear, with the options below) with the full tool's
 // outputs, messages and exit codes byte for byte, and runs keychainctl-full, installed next to it,
 // with the same arguments and environment for everything else: direct mode, device commands,
 // --json, help, any option it does not know, any input it is not sure of, and prompts.
@@ -118,7 +118,7 @@ struct Invocation {
 }
 
 /// The request kinds of keychaind's protocol the front sends (Sources/Keychain/Daemon/DaemonProtocol.swift).
-enum Op: UInt8 { case setItem = 1, getItem = 2, hasItem = 3, removeItem = 4, allKeys = 6 }
+enum Op: UInt8 { case setItem = 1, getItem = 2, hasItem = 3, removeItem = 4, clear = 5, allKeys = 6 }
 enum Reply { static let ok: UInt8 = 0x80, error: UInt8 = 0x81, prompt: UInt8 = 0x82, answer: UInt8 = 0x83 }
 enum Tag {
     static let options: UInt8 = 1, key: UInt8 = 2, value: UInt8 = 3, accessible: UInt8 = 4, accessControl: UInt8 = 5,
@@ -157,6 +157,7 @@ struct FastCommand {
         case "has": (op, operands) = (.hasItem, 2)
         case "rm": (op, operands) = (.removeItem, 2)
         case "ls": (op, operands) = (.allKeys, 1)
+        case "clear": (op, operands) = (.clear, 1)
         case "set":
             (op, operands) = (.setItem, 2)
             allowed.formUnion(["--accessible", "--access-control", "--label"])
@@ -463,7 +464,7 @@ func main() -> Never {
         // A reply this parser does not read: the full tool asks again and words it (a read changes nothing).
         guard let keys = jsonStrings(bytes) else { close(fd); runFullTool() }
         writeAll(1, Array(keys.map { escaped($0) + "\n" }.joined().utf8))
-    case .setItem:
+    case .setItem, .clear:
         break
     }
     reply.wipe()

@@ -71,6 +71,12 @@ struct FrontTests {
         // rm of a present item (put back between the two), of a missing one.
         #expect(try same(["rm", "mail", "tab\there"], between: { try set("tab\there", "k") }).status == 0)
         #expect(try same(["rm", "mail", "tab\there"]).status == 1)
+        // clear of a service with items (one put back between the two), of an empty one.
+        let refill = { () throws in _ = try invoke("keychainctl-full", ["set", "other", "k"], input: Array("v".utf8)) }
+        try refill()
+        #expect(try same(["clear", "other"], between: refill).status == 0)
+        try same(["clear", "other"])
+        #expect(try invoke("keychainctl-full", ["ls", "other"]).out.isEmpty)
         // Errors of the daemon: INVALID_ARGUMENT (exit 2), an item behind a prompt with no one to ask.
         #expect(try same(["get", "mail", ""]).status == 2)
         #expect(try same(["set", "mail", ""], input: "x").status == 2)
@@ -94,7 +100,8 @@ struct FrontTests {
         }
         // No daemon at KEYCHAIN_SOCKET: HARDWARE_UNAVAILABLE, for reads and for a write after its input.
         let gone = ["KEYCHAIN_SOCKET": daemon.directory + "/none.sock"]
-        for args in [["get", "mail", "token"], ["has", "mail", "token"], ["rm", "mail", "token"], ["ls", "mail"], ["set", "mail", "k"]] {
+        for args in [["get", "mail", "token"], ["has", "mail", "token"], ["rm", "mail", "token"], ["ls", "mail"], ["set", "mail", "k"],
+                     ["clear", "mail"]] {
             let result = try same(args, input: "v", environment: gone)
             #expect(result.status == 3 && result.err.contains("HARDWARE_UNAVAILABLE: The keychain service is not running"))
         }
@@ -121,7 +128,9 @@ struct FrontTests {
     func frontAlone(withFullTool: Bool = true) throws -> String {
         let folder = tpm.directory + "/front-" + UUID().uuidString.prefix(8)
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-        try FileManager.default.copyItem(atPath: buildDirectory.appendingPathComponent("keychainctl").path, toPath: folder + "/keychainctl")
+        // Written by a child: a descriptor open for writing in this process, inherited by a parallel
+        // test's fork, would make exec fail with ETXTBSY.
+        #expect(try run("/bin/cp", [buildDirectory.appendingPathComponent("keychainctl").path, folder + "/keychainctl"]).status == 0)
         if withFullTool { try plantRecorder(folder + "/keychainctl-full", record: folder + "/ran") }
         return folder
     }
@@ -129,8 +138,7 @@ struct FrontTests {
     func plantRecorder(_ path: String, record: String) throws {
         let script = "#!/bin/sh\nprintf '%s\\n' \"$0\" \"$@\" > '\(record).args'\ncat > '\(record).stdin'\n"
             + "printf '%s' \"$PROBE\" > '\(record).env'\nexit 42\n"
-        try Data(script.utf8).write(to: URL(fileURLWithPath: path))
-        chmod(path, 0o755)
+        #expect(try run("/bin/sh", ["-c", "cat > \"$1\" && chmod 755 \"$1\"", "sh", path], input: Array(script.utf8)).status == 0)
     }
 
     func recorded(_ record: String) -> (args: [String], stdin: String, env: String)? {
