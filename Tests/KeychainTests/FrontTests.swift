@@ -119,6 +119,20 @@ struct FrontTests {
         let wrong = try same(["get", "mail", "bio", "--touch", "index"])
         #expect(wrong.status == 3 && wrong.err.contains("AUTHENTICATION_FAILED"), "\(wrong.err)")
         try same(["get", "mail", "bio", "--touch", "cancel"])
+        // On a terminal (script(1) gives both a pty): the full tool's prompt, answered there, for a
+        // guarded item; an open item is the front's alone, with no prompt.
+        func onTerminal(_ tool: String, _ key: String) throws -> [UInt8] {
+            let path = buildDirectory.appendingPathComponent(tool).path
+            return try run("/usr/bin/setpriv", ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups", "/usr/bin/script",
+                                                "-qec", "'\(path)' get mail \(key)", "/dev/null"],
+                           input: Array("thumb\n".utf8), environment: daemon.environment).stdout
+        }
+        let asked = try onTerminal("keychainctl", "bio")
+        #expect(asked == (try onTerminal("keychainctl-full", "bio")))
+        #expect(String(decoding: asked, as: UTF8.self).contains("Authenticate to read 'bio'") && asked.suffix(2) == Array("fp".utf8))
+        #expect(try invoke("keychainctl", ["set", "mail", "open"], input: Array("o".utf8)).status == 0)
+        let open = String(decoding: try onTerminal("keychainctl", "open"), as: UTF8.self)
+        #expect(open.replacingOccurrences(of: "thumb\r\n", with: "") == "o", "\(open)")  // the terminal echoes the input it got
     }
 
     // MARK: Handing over, and where the full tool is found
