@@ -106,8 +106,8 @@ struct DaemonUserTests {
         #expect(try ctl(["passcode", "set"], input: "2468\n").status == 0)
         #expect(try ctl(["passcode", "change"], input: "2468\n1357\n", uid: Self.nobody).err.contains("ACCESS_DENIED"))
         #expect(try ctl(["passcode", "remove"], input: "2468\n", uid: Self.nobody).err.contains("ACCESS_DENIED"))
-        // Anyone may lock, and unlock with the passcode.
-        #expect(try ctl(["lock"], uid: Self.nobody).status == 0)
+        // Anyone may unlock with the passcode (locking is root's or admin's: below).
+        #expect(try ctl(["lock"]).status == 0)
         #expect(try ctl(["unlock"], input: "0000\n", uid: Self.nobody).err.contains("AUTHENTICATION_FAILED"))
         #expect(try ctl(["unlock"], input: "2468\n", uid: Self.nobody).status == 0)
         // A member of `admin` may change it.
@@ -115,6 +115,39 @@ struct DaemonUserTests {
         #expect(try ctl(["passcode", "change"], input: "2468\n1357\n", uid: Self.other).status == 0)
         #expect(try ctl(["reader", "enroll", "thumb"], input: "1357\n", uid: Self.other).status == 0)
         #expect(try ctl(["reader", "enroll", "index"], input: "1357\n", uid: Self.nobody).err.contains("ACCESS_DENIED"))
+    }
+
+    /// Locking locks the device for every user, and the fingers' names are the owner's: another user
+    /// can do neither (the device stays unlocked, no name is printed); it still unlocks with the
+    /// passcode and learns which biometry there is and what its items could use. Root and a member
+    /// of `admin` can lock and list.
+    @Test func onlyRootOrTheAdminGroupLockTheDeviceOrListTheFingers() async throws {
+        #expect(try ctl(["passcode", "set"], input: "2468\n").status == 0)
+        #expect(try ctl(["reader", "enroll", "thumb-of-alice"], input: "2468\n").status == 0)
+        let device = KeychainDevice(configuration: daemon.configuration())
+
+        let lock = try ctl(["lock"], uid: Self.nobody)
+        #expect(lock.status == 3 && lock.err.contains("ACCESS_DENIED: Only root or a member of the access group 'admin' may lock the device")
+                && lock.err.contains("uid \(Self.nobody) is neither"), "\(lock.err)")
+        #expect(try await device.status().lockState == .unlocked, "another user locked the device")
+        let list = try ctl(["reader", "list"], uid: Self.nobody)
+        #expect(list.status == 3 && list.err.contains("ACCESS_DENIED: Only root or a member of the access group 'admin' may list the "
+                                                      + "enrolled fingers' names"), "\(list.err)")
+        #expect(!list.out.contains("thumb-of-alice") && !list.err.contains("thumb-of-alice"))
+        // Still open to everyone: which biometry there is, what an item could use, unlock with the passcode.
+        let types = try ctl(["biometry-types"], uid: Self.nobody)
+        #expect(types.status == 0 && types.out.contains("fingerprint"), "\(types.err)")
+        #expect(try ctl(["can-use", "biometryAny"], uid: Self.nobody).status == 0)
+        #expect(try ctl(["lock"]).status == 0)
+        #expect(try ctl(["unlock"], input: "2468\n", uid: Self.nobody).status == 0)
+        #expect(try await device.status().lockState == .unlocked)
+
+        // Root and admin may.
+        #expect(try ctl(["reader", "list"]).out == "thumb-of-alice\n")
+        try daemon.setGroup("admin", ["uid \(Self.other)"])
+        #expect(try ctl(["reader", "list"], uid: Self.other).out == "thumb-of-alice\n")
+        #expect(try ctl(["lock"], uid: Self.other).status == 0)
+        #expect(try await device.status().lockState == .locked)
     }
 }
 

@@ -12,11 +12,12 @@ enum DaemonOp: UInt8, CaseIterable {
          initialize, status, resetTokenPINTries, tokenStatus, unlock, lock, setPasscode, changePasscode,
          removePasscode, resetPasscodeTries, takeTPMCommandCount, dropCaches
 
-    /// Device-wide changes: root or the `admin` access group only (docs/security.md).
+    /// Device-wide changes, locking the device for every user, and the fingers' names: root or the
+    /// `admin` access group only (docs/security.md).
     var needsAdmin: Bool {
         switch self {
         case .enrollFinger, .removeFinger, .deleteReader, .initialize, .resetTokenPINTries, .setPasscode,
-             .changePasscode, .removePasscode, .resetPasscodeTries, .dropCaches: true
+             .changePasscode, .removePasscode, .resetPasscodeTries, .dropCaches, .lock, .enrolledFingers: true
         default: false
         }
     }

@@ -130,8 +130,13 @@ package final class DaemonServer: Sendable {
                 throw KeychainError(.invalidArgument, "The keychain service does not know request \(request.kind): update the client or the service")
             }
             if op.needsAdmin && !groups.isAdmin(peer) {
-                throw KeychainError(.accessDenied, "Only root or a member of the access group '\(AccessGroups.adminGroup)' may change the "
-                                    + "device (passcode, fingers, initialize); uid \(peer.uid) is neither")
+                let what = switch op {
+                case .lock: "lock the device (it locks it for every user; unlocking needs only the passcode)"
+                case .enrolledFingers: "list the enrolled fingers' names (biometryTypes and canUseAccessControl answer everyone)"
+                default: "change the device (passcode, fingers, initialize)"
+                }
+                throw KeychainError(.accessDenied, "Only root or a member of the access group '\(AccessGroups.adminGroup)' may \(what); "
+                                    + "uid \(peer.uid) is neither")
             }
             var configuration = configuration
             if let attempts = try wire({ () throws(WireError) in try request.uint(Tag.attempts) }) {
