@@ -8,7 +8,8 @@ import KeychainWire
 // through keychaind itself (get, has, rm, set, ls, clear, with the options below) with the full tool's
 // outputs, messages and exit codes byte for byte, and runs keychainctl-full, installed next to it,
 // with the same arguments and environment for everything else: direct mode, device commands,
-// --json, help, any option it does not know, any input it is not sure of, and prompts.
+// help, any option it does not know, any input it is not sure of, and prompts. With --json it writes
+// what the full tool's JSONEncoder writes (sorted keys, its string escapes).
 
 // MARK: Handing over
 
@@ -144,13 +145,15 @@ struct FastCommand {
     let accessGroup: String?
     let flags: [String: String]
     let synchronizable: Bool
+    /// `--json`: results as JSON on stdout.
+    let json: Bool
     /// For `get`: how many questions the full tool's authenticator would allow (nil: it has none, and
     /// keychaind answers INTERACTION_NOT_ALLOWED itself instead of asking).
     let attempts: UInt64?
 
     init?(_ inv: Invocation) {
         guard let name = inv.command.first else { return nil }
-        var allowed: Set<String> = ["--access-group"], switches: Set<String> = []
+        var allowed: Set<String> = ["--access-group"], switches: Set<String> = ["--json"]
         let operands: Int
         switch name {
         case "get": (op, operands) = (.getItem, 2); allowed.insert("--touch")
@@ -161,7 +164,7 @@ struct FastCommand {
         case "set":
             (op, operands) = (.setItem, 2)
             allowed.formUnion(["--accessible", "--access-control", "--label"])
-            switches = ["--synchronizable"]
+            switches.insert("--synchronizable")
         default: return nil
         }
         guard inv.command.count == operands + 1, inv.flags.keys.allSatisfy(allowed.contains),
@@ -176,6 +179,7 @@ struct FastCommand {
         guard !service.isEmpty, service.utf8.count <= 256, accessGroup.map({ !$0.isEmpty }) ?? true else { return nil }
         flags = inv.flags
         synchronizable = inv.switches.contains("--synchronizable")
+        json = inv.switches.contains("--json")
         if op != .getItem {
             attempts = nil
         } else if inv.flags["--touch"] != nil {
@@ -202,7 +206,14 @@ struct Failure: Error {
         if let cause { text += " (cause: \(cause))" }
         return text
     }
-    func report() -> Never { fail(escaped(description), code == "INVALID_ARGUMENT" ? 2 : 3) }
+    func report() -> Never {
+        let status: Int32 = code == "INVALID_ARGUMENT" ? 2 : 3
+        // The full tool words an error as JSON on stdout when any argument is "--json" (even an operand).
+        guard CommandLine.arguments.contains("--json") else { fail(escaped(description), status) }
+        let fields = (cause.map { ["\"cause\":" + jsonEncoded($0)] } ?? []) + ["\"code\":" + jsonEncoded(code), "\"message\":" + jsonEncoded(message)]
+        writeAll(1, Array("{\"error\":{\(fields.joined(separator: ","))}}\n".utf8))
+        exit(status)
+    }
 }
 
 /// A failure of the exchange, in the full tool's words (DaemonClient).
@@ -261,6 +272,27 @@ func escaped(_ text: String) -> String {
 func lowerHex(_ value: UInt32, digits: Int) -> String {
     let text = String(value, radix: 16)
     return String(repeating: "0", count: max(0, digits - text.count)) + text
+}
+
+/// A string as Foundation's JSONEncoder writes it: `"`, `\\` and `/` escaped, \b \t \n \f \r, other
+/// control characters as \u00xx, everything else as it is.
+func jsonEncoded(_ text: String) -> String {
+    var out = "\""
+    for scalar in text.unicodeScalars {
+        switch scalar.value {
+        case 0x22: out += "\\\""
+        case 0x5C: out += "\\\\"
+        case 0x2F: out += "\\/"
+        case 0x08: out += "\\b"
+        case 0x09: out += "\\t"
+        case 0x0A: out += "\\n"
+        case 0x0C: out += "\\f"
+        case 0x0D: out += "\\r"
+        case 0x00..<0x20: out += "\\u00" + lowerHex(scalar.value, digits: 2)
+        default: out.unicodeScalars.append(scalar)
+        }
+    }
+    return out + "\""
 }
 
 /// A JSON string literal (the options' service and access group).
@@ -449,7 +481,10 @@ func main() -> Never {
     switch fast.op {
     case .getItem:
         guard var value = reply.bytes(Tag.resultBytes) else {
-            fail("no item '\(escaped(fast.key!))' in service '\(escaped(fast.service))'", 1)
+            guard fast.json else { fail("no item '\(escaped(fast.key!))' in service '\(escaped(fast.service))'", 1) }
+            let message = "No item '\(fast.key!)' in service '\(fast.service)'"
+            writeAll(1, Array("{\"error\":{\"code\":\"NOT_FOUND\",\"message\":\(jsonEncoded(message))}}\n".utf8))
+            exit(1)
         }
         writeAll(1, value)
         value.wipe()
@@ -458,14 +493,18 @@ func main() -> Never {
             Failure("INTERNAL", "The keychain service's reply has no boolean result").report()
         }
         if fast.op == .removeItem { _ = exchange(request(.removeItem)) }
+        if fast.json { writeAll(1, Array("{\"\(fast.op == .removeItem ? "removed" : "present")\":\(present)}\n".utf8)) }
         exit(present ? 0 : 1)
     case .allKeys:
         guard let bytes = reply.bytes(Tag.resultJSON) else { Failure("INTERNAL", "The keychain service's reply has no result").report() }
         // A reply this parser does not read: the full tool asks again and words it (a read changes nothing).
         guard let keys = jsonStrings(bytes) else { close(fd); runFullTool() }
-        writeAll(1, Array(keys.map { escaped($0) + "\n" }.joined().utf8))
-    case .setItem, .clear:
-        break
+        let text = fast.json ? "[" + keys.map(jsonEncoded).joined(separator: ",") + "]\n" : keys.map { escaped($0) + "\n" }.joined()
+        writeAll(1, Array(text.utf8))
+    case .setItem:
+        if fast.json { writeAll(1, Array("{\"stored\":true}\n".utf8)) }
+    case .clear:
+        if fast.json { writeAll(1, Array("{\"cleared\":true}\n".utf8)) }
     }
     reply.wipe()
     exit(0)

@@ -110,6 +110,33 @@ struct FrontTests {
         #expect(try same(["set", "mail", "big"], input: huge, environment: gone).status == 2)
     }
 
+    /// --json as the full tool writes it (Foundation's JSONEncoder, sorted keys): results, not found,
+    /// and errors, which go to stdout as JSON whenever an argument is "--json", even an operand.
+    @Test func jsonMatchesTheFullTool() throws {
+        let odd = ["a\"b/c\\d", "\u{1}\u{8}\u{9}\u{a}\u{c}\u{d}\u{1f}\u{7f}", "é😀\u{202e}\u{85}", "--json"]
+        for key in odd { #expect(try invoke("keychainctl-full", ["set", "mail", "--", key], input: Array("v".utf8)).status == 0) }
+        let refill = { () throws in _ = try invoke("keychainctl-full", ["set", "mail", "token"], input: Array("v".utf8)) }
+        #expect(try same(["set", "--json", "mail", "token"], input: "v").out == Array("{\"stored\":true}\n".utf8))
+        #expect(try same(["ls", "mail", "--json"]).out.first == UInt8(ascii: "["))
+        try same(["ls", "--json", "nothing-here"])
+        #expect(try same(["get", "--json", "mail", "token"]).out == Array("v".utf8))
+        for key in odd + ["missing"] {
+            try same(["get", "--json", "mail", "--", key + "x"])
+            try same(["has", "--json", "mail", "--", key])
+        }
+        // A key "--json" after "--": a value, not JSON (the full tool's switch is not set).
+        #expect(try same(["get", "mail", "--", "--json"]).out == Array("v".utf8))
+        try same(["rm", "--json", "mail", "token"], between: refill)
+        try same(["rm", "--json", "mail", "token"])
+        try same(["clear", "--json", "mail"], between: refill)
+        let invalid = try same(["get", "--json", "mail", ""])
+        #expect(invalid.status == 2 && invalid.err.isEmpty && String(decoding: invalid.out, as: UTF8.self).hasPrefix("{\"error\":{\"code\":\"INVALID_ARGUMENT\""))
+        let denied = try same(["has", "--access-group", "nosuch", "--", "mail", "--json"])
+        #expect(denied.status == 3 && String(decoding: denied.out, as: UTF8.self).contains("ACCESS_DENIED"))
+        let gone = try same(["ls", "--json", "mail"], environment: ["KEYCHAIN_SOCKET": daemon.directory + "/none.sock"])
+        #expect(String(decoding: gone.out, as: UTF8.self).hasPrefix("{\"error\":{\"cause\":\"errno 2\",\"code\":\"HARDWARE_UNAVAILABLE\""))
+    }
+
     /// A read behind a prompt with an answer on the command line: the front hands it to the full
     /// tool, which asks again and answers it (the value comes out once, right).
     @Test func aPromptIsAnsweredByTheFullTool() throws {
@@ -164,7 +191,7 @@ struct FrontTests {
     @Test func whatTheFrontDoesNotDoGoesToTheFullToolUnchanged() throws {
         let folder = try frontAlone()
         let env = daemon.environment.merging(["PROBE": "kept"]) { $1 }
-        for args in [["status"], ["--json", "get", "mail", "token"], ["get", "mail", "token", "--auth-validity", "5"],
+        for args in [["status"], ["--json", "can-use", "passcode"], ["get", "mail", "token", "--auth-validity", "5"],
                      ["get", "mail", "token", "--passcode-stdin"], ["--direct", "get", "mail", "token"], ["--help"],
                      ["set", "mail", "k", "--accessible", "sometimes"], ["get", "mail"], ["ls", "mail", "--unknown"],
                      ["set", "--key-storage", "strongbox", "mail", "k"], ["info", "mail", "k"], ["get", "", "k"],
