@@ -105,6 +105,14 @@ struct FrontTests {
             let result = try same(args, input: "v", environment: gone)
             #expect(result.status == 3 && result.err.contains("HARDWARE_UNAVAILABLE: The keychain service is not running"))
         }
+        // A listener that is not a uid trusted to serve the keychain (nobody's, for root): refused by
+        // both before anything is sent (WireSocket.connect's SO_PEERCRED check), in the same words.
+        let impostor = try ImpostorTests.Impostor()
+        for args in [["get", "mail", "token"], ["set", "mail", "k"], ["ls", "--json", "mail"]] {
+            let refused = try same(args, input: "v", uid: 0, environment: ["KEYCHAIN_SOCKET": impostor.socket])
+            #expect(refused.status == 3 && (refused.err + String(decoding: refused.out, as: UTF8.self)).contains("is not trusted"))
+        }
+        #expect(!(try impostor.finish()).contains("frame"))
         // A value over 16 MiB is refused before any connection, by both.
         let huge = String(repeating: "v", count: (16 << 20) + 1)
         #expect(try same(["set", "mail", "big"], input: huge, environment: gone).status == 2)
