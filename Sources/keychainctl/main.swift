@@ -419,9 +419,8 @@ func main() -> Never {
     var first = request(fast.op == .removeItem ? .hasItem : fast.op)
     switch fast.op {
     case .setItem:
-        var value = readValue()
-        first.add(Tag.value, value)
-        value.wipe()
+        // Moved into the request without another reference, so the request's wipe zeroes it in place.
+        first.add(Tag.value, readValue())
         first.add(Tag.accessible, fast.flags["--accessible"])
         first.add(Tag.accessControl, fast.flags["--access-control"])
         first.add(Tag.label, fast.flags["--label"])
