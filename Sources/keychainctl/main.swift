@@ -210,7 +210,8 @@ struct Failure: Error {
         let status: Int32 = code == "INVALID_ARGUMENT" ? 2 : 3
         // The full tool words an error as JSON on stdout when any argument is "--json" (even an operand).
         guard CommandLine.arguments.contains("--json") else { fail(escaped(description), status) }
-        let fields = (cause.map { ["\"cause\":" + jsonEncoded($0)] } ?? []) + ["\"code\":" + jsonEncoded(code), "\"message\":" + jsonEncoded(message)]
+        let fields = (cause.map { ["\"cause\":" + jsonEncoded($0)] } ?? [])
+            + ["\"code\":" + jsonEncoded(code), "\"message\":" + jsonEncoded(message)]
         writeAll(1, Array("{\"error\":{\(fields.joined(separator: ","))}}\n".utf8))
         exit(status)
     }
