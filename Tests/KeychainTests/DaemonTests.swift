@@ -149,6 +149,51 @@ struct DaemonUserTests {
         #expect(try ctl(["lock"], uid: Self.other).status == 0)
         #expect(try await device.status().lockState == .locked)
     }
+
+    /// Every device request kind of the protocol, sent as another user by a client we did not write
+    /// (python3 on the socket, each with a passcode, a new passcode and a finger): only the open ones
+    /// are answered, every other is ACCESS_DENIED. The TPM command count was open: another user could
+    /// read how many TPM commands everyone's calls cost (who reads protected items, and when) and
+    /// reset it under root's measurement.
+    @Test func aForeignClientAsAnotherUserReachesOnlyTheOpenDeviceCalls() throws {
+        #expect(try ctl(["passcode", "set"], input: "2468\n").status == 0)
+        let open: Set<Int> = [24 /* biometryTypes */, 25 /* canUse */, 27 /* status */, 29 /* tokenStatus */, 30 /* unlock */]
+        let script = """
+            import socket, struct, sys
+            def field(tag, value): return bytes([tag]) + struct.pack('>I', len(value)) + value
+            def read(s, n):
+                out = b''
+                while len(out) < n:
+                    chunk = s.recv(n - len(out))
+                    if not chunk: raise SystemExit('closed')
+                    out += chunk
+                return out
+            for kind in range(20, 40):
+                body = bytes([1, kind]) + field(5, b'passcode') + field(11, b'thumb') + field(12, b'0000') + field(13, b'1357')
+                s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(struct.pack('>I', len(body)) + body)
+                reply = read(s, struct.unpack('>I', read(s, 4))[0]); s.close()
+                code = b''
+                if reply[1] == 0x81 and reply[2] == 30: code = reply[7:7 + struct.unpack('>I', reply[3:7])[0]]
+                print(kind, reply[1], code.decode())
+            """
+        let result = try run("/usr/bin/setpriv", ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups",
+                                                  "/usr/bin/python3", "-c", script, daemon.socket])
+        let lines = String(decoding: result.stdout, as: UTF8.self).split(separator: "\n").map { $0.split(separator: " ") }
+        #expect(result.status == 0 && lines.count == 20, "\(result.stderr)")
+        for line in lines where line.count >= 2 {
+            let kind = Int(line[0]) ?? 0, code = line.count > 2 ? String(line[2]) : ""
+            if kind >= 38 {
+                #expect(code == "INVALID_ARGUMENT", "kind \(kind): \(line)")
+            } else if open.contains(kind) {
+                #expect(code != "ACCESS_DENIED", "kind \(kind) is open to everyone: \(line)")
+            } else {
+                #expect(code == "ACCESS_DENIED", "kind \(kind) answered another user: \(line)")
+            }
+        }
+        // Nothing changed: the passcode is root's, the device unlocked.
+        #expect(try ctl(["unlock"], input: "2468\n").status == 0)
+        #expect(try ctl(["status"]).out.contains("lock: unlocked"))
+    }
 }
 
 /// keychaind against clients that misbehave and against its own death.

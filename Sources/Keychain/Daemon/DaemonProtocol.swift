@@ -12,12 +12,13 @@ enum DaemonOp: UInt8, CaseIterable {
          initialize, status, resetTokenPINTries, tokenStatus, unlock, lock, setPasscode, changePasscode,
          removePasscode, resetPasscodeTries, takeTPMCommandCount, dropCaches
 
-    /// Device-wide changes, locking the device for every user, and the fingers' names: root or the
-    /// `admin` access group only (docs/security.md).
+    /// Device-wide changes, locking the device for every user, the fingers' names and the TPM command
+    /// count (every user's calls in it): root or the `admin` access group only (docs/security.md).
     var needsAdmin: Bool {
         switch self {
         case .enrollFinger, .removeFinger, .deleteReader, .initialize, .resetTokenPINTries, .setPasscode,
-             .changePasscode, .removePasscode, .resetPasscodeTries, .dropCaches, .lock, .enrolledFingers: true
+             .changePasscode, .removePasscode, .resetPasscodeTries, .dropCaches, .lock, .enrolledFingers,
+             .takeTPMCommandCount: true
         default: false
         }
     }

@@ -133,6 +133,7 @@ package final class DaemonServer: Sendable {
                 let what = switch op {
                 case .lock: "lock the device (it locks it for every user; unlocking needs only the passcode)"
                 case .enrolledFingers: "list the enrolled fingers' names (biometryTypes and canUseAccessControl answer everyone)"
+                case .takeTPMCommandCount: "read and reset the TPM command count (it counts every user's calls)"
                 default: "change the device (passcode, fingers, initialize)"
                 }
                 throw KeychainError(.accessDenied, "Only root or a member of the access group '\(AccessGroups.adminGroup)' may \(what); "
