@@ -52,7 +52,7 @@ func writeAll(_ fd: Int32, _ bytes: [UInt8]) {
 /// The arguments, or nil when one is not UTF-8 (the full tool refuses it with its message).
 func strictArguments() -> [String]? {
     var args: [String] = []
-    for i in 1..<Int(CommandLine.argc) {
+    for i in stride(from: 1, to: Int(CommandLine.argc), by: 1) {  // argc may be 0 (an empty argv)
         guard let raw = CommandLine.unsafeArgv[i], let arg = String(validatingCString: raw) else { return nil }
         args.append(arg)
     }
