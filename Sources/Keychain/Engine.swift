@@ -212,6 +212,12 @@ actor Engine {
         var authenticator: (any Authenticator)?
         var readerDirectory: String?
         var pkcs11URI: String?
+        /// False for an access group's items through keychaind: a window one member opened would let
+        /// every other member read without proving anything, so such reads ask each time.
+        var windowAllowed = true
+
+        /// The read's authValidity window in seconds for an item of `tag` (0: ask at every read).
+        func window(tag: String) -> Int { windowAllowed ? Engine.window(tag: tag, asked: authValidity) : 0 }
     }
 
     func get(service: String, key: String, context: ReadContext) async throws(KeychainError) -> SecureBytes? {

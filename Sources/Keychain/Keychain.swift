@@ -42,6 +42,9 @@ public struct Keychain: Sendable {
     /// Every in-process path checks `remote` first.
     var engine: Engine { local! }
 
+    /// keychaind's namespace of an access group's shared items (DaemonServer): `group:NAME/`.
+    static let groupNamespacePrefix = "group:"
+
     /// The service's name in the store: keychaind puts its caller's namespace before it.
     var storeService: String { namespace + service }
 
@@ -131,7 +134,7 @@ public struct Keychain: Sendable {
     func readContext(_ call: GetItemOptions?) -> Engine.ReadContext {
         .init(prompt: options.resolvedPrompt(for: call), authValidity: options.authValidity,
               authenticator: configuration.authenticator, readerDirectory: configuration.readerDirectory,
-              pkcs11URI: configuration.pkcs11URI)
+              pkcs11URI: configuration.pkcs11URI, windowAllowed: !namespace.hasPrefix(Self.groupNamespacePrefix))
     }
 
     /// Whether this storage's device can protect an item with `value` now; never prompts, never writes.

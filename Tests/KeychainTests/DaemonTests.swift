@@ -150,6 +150,28 @@ struct DaemonUserTests {
         #expect(try await device.status().lockState == .locked)
     }
 
+    /// A passcode item of an access group, read with the passcode by one member inside its
+    /// authValidity window: another member (who never gave the passcode) is asked, not served from
+    /// the first one's window. Each uid's own items keep their window.
+    @Test func oneMembersPromptOpensNoWindowForAnother() throws {
+        #expect(try ctl(["passcode", "set"], input: "2468\n").status == 0)
+        try daemon.setGroup("team", ["uid \(Self.nobody)", "uid \(Self.other)"])
+        let item = ["--access-group", "team", "shared", "k"]
+        #expect(try ctl(["set"] + item + ["--access-control", "passcode", "--auth-validity", "300"], input: "secret",
+                        uid: Self.other).status == 0)
+        let first = try ctl(["get"] + item + ["--passcode-stdin"], input: "2468\n", uid: Self.other)
+        #expect(first.status == 0 && first.out == "secret", "\(first.err)")
+        let other = try ctl(["get"] + item, uid: Self.nobody)
+        #expect(other.status == 3 && other.err.contains("INTERACTION_NOT_ALLOWED") && other.out.isEmpty,
+                "another member read without the passcode: \(other.out) \(other.err)")
+        #expect(try ctl(["get"] + item + ["--passcode-stdin"], input: "2468\n", uid: Self.nobody).out == "secret")
+        // A uid's own passcode item: its window holds across its processes.
+        #expect(try ctl(["set", "own", "k", "--access-control", "passcode", "--auth-validity", "300"], input: "mine",
+                        uid: Self.other).status == 0)
+        #expect(try ctl(["get", "own", "k", "--passcode-stdin"], input: "2468\n", uid: Self.other).out == "mine")
+        #expect(try ctl(["get", "own", "k"], uid: Self.other).out == "mine")
+    }
+
     /// Every device request kind of the protocol, sent as another user by a client we did not write
     /// (python3 on the socket, each with a passcode, a new passcode and a finger): only the open ones
     /// are answered, every other is ACCESS_DENIED. The TPM command count was open: another user could

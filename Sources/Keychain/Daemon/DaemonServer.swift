@@ -167,7 +167,7 @@ package final class DaemonServer: Sendable {
                 throw KeychainError(.accessDenied, "uid \(peer.uid) is not a member of the access group '\(group)' (or there is no such "
                                     + "group): ask the administrator to add it to groups.d/\(group).conf")
             }
-            namespace = "group:\(group)/"
+            namespace = Keychain.groupNamespacePrefix + group + "/"
         } else {
             namespace = "uid:\(peer.uid)/"
         }

@@ -94,7 +94,7 @@ extension Engine {
     func unsealedSecret(for wrapping: WrappingKeyRecord, record: ItemRecord, store: Store, context: ReadContext,
                         tokenPart: SecureBytes? = nil) async throws(KeychainError) -> SecureBytes {
         let id = WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
-        let window = Self.window(tag: record.protection, asked: context.authValidity)
+        let window = context.window(tag: record.protection)
         // The warm path: no policy decoding, one meta read for whenUnlocked keys only.
         if let cached = unsealed[id], cached.opened.map({ $0 + .seconds(window) > ContinuousClock.now }) ?? true {
             var current = true

@@ -119,7 +119,7 @@ struct TokenBackend: KeyBackend {
             return try await engine.unsealedSecret(for: wrapping, record: record, store: store, context: context, tokenPart: tokenPart)
         }
         let id = Engine.WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
-        let window = Engine.window(tag: record.protection, asked: context.authValidity)
+        let window = context.window(tag: record.protection)
         if let cached = engine.unsealed[id], let opened = cached.opened, opened + .seconds(window) > ContinuousClock.now,
            try cached.generation.map({ (g: UInt64) throws(KeychainError) in g == (try engine.lockGeneration(store)) }) ?? true {
             return cached.secret
@@ -196,7 +196,7 @@ extension Engine {
     func tokenPasscodeSecret(for wrapping: WrappingKeyRecord, record: ItemRecord, store: Store,
                              context: ReadContext) async throws(KeychainError) -> SecureBytes {
         let id = WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
-        let window = Self.window(tag: record.protection, asked: context.authValidity)
+        let window = context.window(tag: record.protection)
         if let cached = unsealed[id], cached.opened.map({ $0 + .seconds(window) > ContinuousClock.now }) ?? false { return cached.secret }
         let secret = try checked(try await tokenPasscodePart(for: wrapping, record: record, store: store, context: context), wrapping)
         if window > 0 { unsealed[id] = (secret, nil, .now) }
