@@ -26,9 +26,23 @@ func runFullTool() -> Never {
     var path = Array(link[0..<n])
     while let last = path.last, last != CChar(UInt8(ascii: "/")) { path.removeLast() }
     path += Array("keychainctl-full".utf8CString)
+    let shown = String(decoding: path.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    // The front may be run by root from a folder others can add files to (a sticky /tmp): the full
+    // tool must be a file only its owner can change, and that owner root or this user, as the front
+    // itself is. Not a symbolic link (it could name any program); a hard link to another user's file
+    // is what fs.protected_hardlinks refuses.
+    var info = stat()
+    if lstat(path, &info) == 0 {
+        let foreignGroupWrite = info.st_mode & 0o020 != 0 && info.st_gid != 0 && info.st_gid != getegid()
+        guard info.st_mode & S_IFMT == S_IFREG, info.st_uid == 0 || info.st_uid == geteuid(),
+              info.st_mode & 0o002 == 0, !foreignGroupWrite else {
+            fail("refusing to run \(escaped(shown)): it must be a regular file owned by root or uid \(geteuid()) that no one "
+                 + "else can write (it is uid \(info.st_uid)'s, mode \(String(info.st_mode, radix: 8))); install keychainctl-full "
+                 + "next to keychainctl as they come", 3)
+        }
+    }
     execv(path, CommandLine.unsafeArgv)
     let code = errno
-    let shown = String(decoding: path.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
     fail("cannot run \(escaped(shown)) (errno \(code): \(String(cString: strerror(code)))): keychainctl-full is installed "
          + "next to keychainctl and does every command but the item commands through keychaind", 3)
 }
@@ -60,8 +74,24 @@ func strictArguments() -> [String]? {
     for name in ["KEYCHAIN_STORE", "KEYCHAIN_TCTI", "TPM2TCTI", "KEYCHAIN_READER", "KEYCHAIN_PKCS11_URI", "KEYCHAIN_APP_ID", "HOME",
                  "KEYCHAIN_SOCKET"] {
         if let raw = getenv(name), String(validatingCString: raw) == nil { return nil }
+        if timesSet(name) > 1 { return nil }
     }
     return args
+}
+
+/// How many entries of the environment set `name`: execve takes any list, and where a name comes
+/// twice getenv reads the first and the full tool (Foundation) the last, so the front leaves it to
+/// the full tool.
+func timesSet(_ name: String) -> Int {
+    let prefix = Array((name + "=").utf8)
+    var count = 0
+    var entry = environ
+    while let text = entry.pointee {
+        if prefix.withUnsafeBufferPointer({ p in p.baseAddress!.withMemoryRebound(to: CChar.self, capacity: p.count) {
+            strncmp(text, $0, p.count) == 0 } }) { count += 1 }
+        entry += 1
+    }
+    return count
 }
 
 /// keychaind's socket by keychainctl's rule (docs/daemon.md): KEYCHAIN_SOCKET when set, else the

@@ -220,6 +220,21 @@ struct FrontTests {
         let script = "import os,sys; os.execv(sys.argv[1], [sys.argv[1], 'get', b'\\xff'.decode('utf-8', 'surrogateescape'), 'k'])"
         #expect(try run("/usr/bin/python3", ["-c", script, folder + "/keychainctl"], environment: env).status == 42)
         #expect(FileManager.default.fileExists(atPath: folder + "/ran.args"))
+        // KEYCHAIN_SOCKET twice in the environment (execve takes any list): getenv reads the first,
+        // the full tool the last; the front hands over rather than ask another daemon than it would.
+        try? FileManager.default.removeItem(atPath: folder + "/ran.args")
+        let twice = """
+            import ctypes, sys
+            libc = ctypes.CDLL(None)
+            path = sys.argv[1].encode()
+            argv = (ctypes.c_char_p * 5)(path, b'get', b'mail', b'token', None)
+            env = (ctypes.c_char_p * 4)(b'KEYCHAIN_SOCKET=/nonexistent/keychaind.sock', b'KEYCHAIN_SOCKET=' + sys.argv[2].encode(),
+                                        b'PROBE=kept', None)
+            libc.execve(path, argv, env)
+            """
+        let doubled = try run("/usr/bin/python3", ["-c", twice, folder + "/keychainctl", daemon.socket])
+        #expect(doubled.status == 42, "\(doubled.stderr)")
+        #expect(recorded(folder + "/ran")?.args == [folder + "/keychainctl-full", "get", "mail", "token"])
     }
 
     /// A read that meets a prompt while the full tool could answer it (here --touch) is handed over
@@ -260,5 +275,34 @@ struct FrontTests {
         let missing = try run(alone + "/keychainctl", ["status"], environment: ["PATH": attacker])
         #expect(missing.status == 3 && missing.stderr.contains("cannot run \(alone)/keychainctl-full (errno 2"), "\(missing.stderr)")
         #expect(recorded(attacker + "/ran") == nil)
+    }
+
+    /// Root runs the front from a folder everyone may add files to (sticky, like /tmp): another user
+    /// plants keychainctl-full beside it. The front refuses a full tool that is not root's or the
+    /// caller's, that others can write, or that is a symbolic link, and runs its own user's.
+    @Test func aFullToolAnotherUserPlantedIsNotRun() throws {
+        let folder = "/tmp/keychainctl-sticky-" + UUID().uuidString.prefix(8)
+        #expect(mkdir(folder, 0o755) == 0 && chmod(folder, 0o1777) == 0)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        #expect(try run("/bin/cp", [buildDirectory.appendingPathComponent("keychainctl").path, folder + "/keychainctl"]).status == 0)
+        let planted = folder + "/keychainctl-full"
+        let plant = "printf '#!/bin/sh\\ntouch \"$0.ran\"\\nexit 42\\n' > \"$1\" && chmod 755 \"$1\""
+        #expect(try run("/usr/bin/setpriv", ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups", "/bin/sh", "-c", plant,
+                                             "sh", planted]).status == 0)
+        let refused = try run(folder + "/keychainctl", ["status"])
+        #expect(refused.status == 3 && refused.stderr.contains("refusing to run \(planted)") && refused.stderr.contains("uid 65534's"),
+                "\(refused.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: planted + ".ran"), "root ran nobody's program")
+        // Nobody's own run of nobody's file is nobody's business: it runs.
+        #expect(try run("/usr/bin/setpriv", ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups", folder + "/keychainctl",
+                                             "status"]).status == 42)
+        #expect(unlink(planted + ".ran") == 0 && unlink(planted) == 0)
+        // Root's file that everyone can write, and a symbolic link: refused too.
+        try plantRecorder(planted, record: folder + "/ran")
+        #expect(chmod(planted, 0o777) == 0)
+        #expect(try run(folder + "/keychainctl", ["status"]).stderr.contains("refusing to run"))
+        #expect(unlink(planted) == 0 && symlink("/bin/true", planted) == 0)
+        #expect(try run(folder + "/keychainctl", ["status"]).stderr.contains("refusing to run"))
+        #expect(recorded(folder + "/ran") == nil)
     }
 }
