@@ -16,6 +16,8 @@ public struct Keychain: Sendable {
     /// This process's engine of the store; nil through keychaind (`configuration.daemonSocket`).
     private let local: Engine?
     private let remote: DaemonClient?
+    /// Through keychaind: the options as each call sends them (service resolved), encoded once.
+    private let wireOptions: [UInt8]
     /// Before every service name in the store: keychaind's per-uid or per-group part ("" in-process).
     let namespace: String
 
@@ -24,14 +26,22 @@ public struct Keychain: Sendable {
         try self.init(options: options, configuration: configuration, namespace: "")
     }
 
-    init(options: KeychainOptions, configuration: KeychainConfiguration, namespace: String) throws(KeychainError) {
+    /// - Parameter engine: keychaind's own engine (it holds it), spared the lookup by store path.
+    init(options: KeychainOptions, configuration: KeychainConfiguration, namespace: String, engine: Engine? = nil) throws(KeychainError) {
         self.options = try options.validated()
         self.service = options.service ?? configuration.applicationIdentifier
         if options.service == nil { _ = try KeychainOptions(service: service).validated() }  // a bad KEYCHAIN_APP_ID
         self.configuration = configuration
         self.namespace = namespace
         if let socket = configuration.daemonSocket {
-            (local, remote) = (nil, DaemonClient(socketPath: socket))
+            var resolved = self.options
+            resolved.service = service
+            (local, remote, wireOptions) = (nil, DaemonClient(socketPath: socket), WireJSON.encode(resolved))
+            return
+        }
+        wireOptions = []
+        if let engine {
+            (local, remote) = (engine, nil)
             return
         }
         let shared = Engine.shared(for: configuration)
@@ -51,10 +61,8 @@ public struct Keychain: Sendable {
     /// One call through keychaind: the options (with the service resolved here), the key, the rest.
     private func daemon(_ op: DaemonOp, key: String? = nil, authenticator: (any Authenticator)? = nil,
                         _ build: (inout WireMessage) -> Void = { _ in }) async throws(KeychainError) -> WireMessage {
-        var resolved = options
-        resolved.service = service
-        return try await remote!.call(op, { message in
-            message.add(Tag.options, WireJSON.encode(resolved))
+        try await remote!.call(op, { message in
+            message.add(Tag.options, wireOptions)
             message.add(Tag.key, key)
             build(&message)
         }, authenticator: authenticator)

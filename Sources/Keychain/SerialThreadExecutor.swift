@@ -4,9 +4,15 @@ import Synchronization
 /// A serial executor on its own thread: the engine's blocking SQLite and TPM calls run here, never
 /// on Swift's shared cooperative pool (Linux has no `DispatchSerialQueue` executor). Also a task
 /// executor, for tasks that must not wait for a pool thread (BiometricsVault's synchronous calls).
+///
+/// A dedicated thread of the caller's (keychaind's connection threads) may also run the jobs itself
+/// while no one else does (`drive`): one thread at a time runs jobs, whichever it is, so the executor
+/// stays serial, and a request needs no wake-up of the executor's thread and back.
 package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @unchecked Sendable {
     private let condition = NSCondition()
     private var jobs: [UnownedJob] = []
+    /// A thread (the executor's or a driver) is running jobs: only it takes more.
+    private var running = false
     private var stopping = false
     private var ended = false
 
@@ -36,16 +42,52 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
         let unowned = UnownedJob(job)
         condition.lock()
         jobs.append(unowned)
-        condition.signal()
+        // Whoever runs jobs now takes this one too; only an idle executor wakes its thread.
+        if !running { condition.signal() }
         condition.unlock()
+    }
+
+    /// Calls `start` (which enqueues work, e.g. makes a task that prefers this executor) and, when no
+    /// other thread is running jobs, runs them on the calling thread until none is left.
+    ///
+    /// - Important: only from a thread of the caller's own, never from Swift's shared pool: the jobs
+    ///   block (SQLite, TPM) as they would on the executor's thread.
+    package func drive(_ start: () -> Void) {
+        condition.lock()
+        guard !running else {
+            condition.unlock()
+            start()  // the running thread takes the new jobs
+            return
+        }
+        running = true
+        condition.unlock()
+        start()
+        runJobs()
     }
 
     private func run() {
         while true {
             condition.lock()
-            while jobs.isEmpty && !stopping { condition.wait() }
+            while running || (jobs.isEmpty && !stopping) { condition.wait() }
             if jobs.isEmpty {
                 ended = true
+                condition.unlock()
+                return
+            }
+            running = true
+            condition.unlock()
+            runJobs()
+        }
+    }
+
+    /// Runs jobs while there are any, then lets the next enqueue wake the executor's thread. The
+    /// caller set `running`.
+    private func runJobs() {
+        while true {
+            condition.lock()
+            if jobs.isEmpty {
+                running = false
+                if stopping { condition.signal() }  // the thread waits to end
                 condition.unlock()
                 return
             }

@@ -81,9 +81,18 @@ public struct WireMessage: Sendable {
     }
 
     /// The message's bytes (without the frame's length).
-    public func encoded() -> [UInt8] {
-        var out: [UInt8] = [Wire.version, kind]
-        out.reserveCapacity(2 + fields.reduce(0) { $0 + 5 + $1.bytes.count })
+    public func encoded() -> [UInt8] { serialized(framed: false) }
+
+    /// The frame: the message's length, then the message.
+    func framed() -> [UInt8] { serialized(framed: true) }
+
+    private func serialized(framed: Bool) -> [UInt8] {
+        let length = 2 + fields.reduce(0) { $0 + 5 + $1.bytes.count }
+        var out: [UInt8] = []
+        out.reserveCapacity((framed ? 4 : 0) + length)
+        if framed { appendLength(&out, length) }
+        out.append(Wire.version)
+        out.append(kind)
         for (tag, bytes) in fields {
             out.append(tag)
             appendLength(&out, bytes.count)
@@ -132,61 +141,63 @@ extension Array where Element == UInt8 {
 }
 
 private func appendLength(_ out: inout [UInt8], _ length: Int) {
-    out += [UInt8(truncatingIfNeeded: length >> 24), UInt8(truncatingIfNeeded: length >> 16),
-            UInt8(truncatingIfNeeded: length >> 8), UInt8(truncatingIfNeeded: length)]
+    for shift in stride(from: 24, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: length >> shift)) }
 }
 
-/// Frames on a connected stream socket (blocking; the socket's SO_RCVTIMEO bounds each wait).
+/// Frames on a connected stream socket (blocking; `poll` bounds each wait).
 public enum WireSocket {
-    /// Writes one frame: length, then the message.
+    /// Writes one frame, length and message in one `send` (one wake-up of the reader, not two).
     public static func send(_ fd: Int32, _ message: WireMessage) throws(WireError) {
-        var frame = message.encoded()
+        var frame = message.framed()
         defer { frame.wipe() }
-        var header: [UInt8] = []
-        appendLength(&header, frame.count)
-        try writeAll(fd, header)
         try writeAll(fd, frame)
     }
 
     /// Reads one frame and decodes it. `idle` bounds the wait for its first byte, `stall` every
     /// later wait (seconds; 0 for none), so a peer that starts a frame and stops is cut off.
     public static func receive(_ fd: Int32, idle: Int, stall: Int, max: Int = Wire.maxMessage) throws(WireError) -> WireMessage {
-        setTimeout(fd, idle)
         var header = [UInt8](repeating: 0, count: 4)
-        let first = try readAll(fd, &header, 0..<1, started: false)
-        _ = first
-        setTimeout(fd, stall)
-        _ = try readAll(fd, &header, 1..<4, started: true)
+        try readAll(fd, &header, first: idle, then: stall, started: false)
         let length = Int(header[0]) << 24 | Int(header[1]) << 16 | Int(header[2]) << 8 | Int(header[3])
         guard length >= 2, length <= max else {
             throw WireError(.badLength, "frame of \(length) bytes (2 to \(max) allowed)")
         }
         var body = [UInt8](repeating: 0, count: length)
         defer { body.wipe() }
-        _ = try readAll(fd, &body, 0..<length, started: true)
+        try readAll(fd, &body, first: stall, then: stall, started: true)
         return try WireMessage.decode(body)
     }
 
-    public static func setTimeout(_ fd: Int32, _ seconds: Int) {
-        var value = timeval(tv_sec: seconds, tv_usec: 0)
-        _ = setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &value, socklen_t(MemoryLayout<timeval>.size))
-    }
-
-    private static func readAll(_ fd: Int32, _ buffer: inout [UInt8], _ range: Range<Int>, started: Bool) throws(WireError) -> Int {
-        var at = range.lowerBound
-        while at < range.upperBound {
-            let n = buffer.withUnsafeMutableBytes { raw in read(fd, raw.baseAddress! + at, range.upperBound - at) }
-            if n > 0 { at += n; continue }
+    /// Fills `buffer`: waits (`poll`, at most `first` seconds, then `then` once bytes came) only when
+    /// nothing is ready, so a frame that is already there costs one `recv`.
+    private static func readAll(_ fd: Int32, _ buffer: inout [UInt8], first: Int, then: Int, started: Bool) throws(WireError) {
+        var at = 0
+        var ready = started
+        while at < buffer.count {
+            if !ready { try wait(fd, seconds: at == 0 ? first : then) }
+            let n = buffer.withUnsafeMutableBytes { raw in recv(fd, raw.baseAddress! + at, raw.count - at, Int32(MSG_DONTWAIT)) }
+            if n > 0 { at += n; ready = true; continue }
             if n == 0 {
                 throw at == 0 && !started ? WireError(.closed, "the peer closed the connection")
                     : WireError(.truncated, "the peer closed the connection mid-message")
             }
             let code = errno
             if code == EINTR { continue }
-            if code == EAGAIN || code == EWOULDBLOCK { throw WireError(.timedOut, "no message within the timeout") }
+            if code == EAGAIN || code == EWOULDBLOCK { ready = false; continue }
             throw WireError(.io(code), "read failed: errno \(code)")
         }
-        return at
+    }
+
+    /// Until `fd` is readable (or closed); `timedOut` after `seconds` (0: no limit).
+    private static func wait(_ fd: Int32, seconds: Int) throws(WireError) {
+        var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        while true {
+            let n = poll(&entry, 1, seconds > 0 ? Int32(clamping: seconds * 1000) : -1)
+            if n > 0 { return }  // readable, hung up or failed: the recv says which
+            if n == 0 { throw WireError(.timedOut, "no message within the timeout") }
+            let code = errno
+            if code != EINTR { throw WireError(.io(code), "poll failed: errno \(code)") }
+        }
     }
 
     private static func writeAll(_ fd: Int32, _ bytes: [UInt8]) throws(WireError) {

@@ -31,12 +31,8 @@ struct DaemonClient: Sendable {
         // Back to the pool only after a complete exchange; on any failure the stream may be out of step.
         var complete = false
         defer { if complete { checkIn(fd) } else { close(fd) } }
-        let sent = request
-        try await blocking { () throws(WireError) in try WireSocket.send(fd, sent) }
+        var reply = try await exchange(fd, request)
         while true {
-            var reply = try await blocking { () throws(WireError) in
-                try WireSocket.receive(fd, idle: Self.replyTimeout, stall: Self.stallTimeout)
-            }
             switch reply.kind {
             case DaemonReply.ok:
                 complete = true
@@ -50,8 +46,7 @@ struct DaemonClient: Sendable {
                 var answer = try await answer(reply, authenticator: authenticator)
                 defer { answer.wipe() }
                 reply.wipe()
-                let given = answer
-                try await blocking { () throws(WireError) in try WireSocket.send(fd, given) }
+                reply = try await exchange(fd, answer)
             default:
                 throw KeychainError(.internal, "The keychain service sent a reply of unknown kind \(reply.kind)")
             }
@@ -139,11 +134,15 @@ struct DaemonClient: Sendable {
         }
     }
 
-    /// Runs blocking socket I/O off Swift's shared pool.
-    private func blocking<T: Sendable>(_ body: @escaping @Sendable () throws(WireError) -> T) async throws(KeychainError) -> T {
-        let result: Result<T, WireError> = await withCheckedContinuation { continuation in
+    /// Sends `message` and waits for the daemon's next message, off Swift's shared pool: one hop to a
+    /// blocking thread and back per exchange.
+    private func exchange(_ fd: Int32, _ message: WireMessage) async throws(KeychainError) -> WireMessage {
+        let result: Result<WireMessage, WireError> = await withCheckedContinuation { continuation in
             DispatchQueue.global().async {
-                continuation.resume(returning: Result { () throws(WireError) in try body() })
+                continuation.resume(returning: Result { () throws(WireError) in
+                    try WireSocket.send(fd, message)
+                    return try WireSocket.receive(fd, idle: Self.replyTimeout, stall: Self.stallTimeout)
+                })
             }
         }
         switch result {

@@ -25,7 +25,7 @@ package final class DaemonServer: Sendable {
     let configuration: KeychainConfiguration
     /// Holds the store's engine (its thread, database and the keys it opened) for the daemon's life:
     /// storages are made per request, and an engine ends with its last storage or device.
-    private let device: KeychainDevice
+    private let engine: Engine
     let groups: AccessGroups
     let limits: Limits
     private let open = Mutex(0)
@@ -36,7 +36,7 @@ package final class DaemonServer: Sendable {
         var configuration = configuration
         configuration.authenticator = nil
         self.configuration = configuration
-        self.device = KeychainDevice(configuration: configuration)
+        self.engine = Engine.shared(for: configuration).engine
         self.groups = groups
         self.limits = limits
     }
@@ -75,6 +75,7 @@ package final class DaemonServer: Sendable {
     /// One client: requests in order until it closes, goes idle too long or breaks the protocol.
     func serve(connection fd: Int32) {
         guard let peer = Peer(socket: fd) else { return }
+        let connection = Connection()
         var sendTimeout = timeval(tv_sec: limits.stallTimeout, tv_usec: 0)
         _ = setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &sendTimeout, socklen_t(MemoryLayout<timeval>.size))
         while true {
@@ -90,7 +91,7 @@ package final class DaemonServer: Sendable {
                 }
                 return
             }
-            let reply = respond(to: request, from: peer, on: fd)
+            let reply = respond(to: request, from: peer, connection: connection, on: fd)
             request.wipe()
             guard var reply else { return }
             defer { reply.wipe() }
@@ -100,23 +101,31 @@ package final class DaemonServer: Sendable {
 
     /// Runs the call as a task and does its prompts' I/O on this connection's thread meanwhile; nil
     /// when the connection broke during a prompt.
-    private func respond(to request: WireMessage, from peer: Peer, on fd: Int32) -> WireMessage? {
+    ///
+    /// The task prefers the engine's executor, and this thread runs the engine's jobs itself while no
+    /// other thread does (`drive`): a warm read then wakes no other thread in the daemon, where a
+    /// task on the shared pool took three wake-ups (pool, engine, back to this thread).
+    private func respond(to request: WireMessage, from peer: Peer, connection: Connection, on fd: Int32) -> WireMessage? {
         let mailbox = Mailbox()
-        Task { [self] in mailbox.post(.done(await handle(request, peer: peer, mailbox: mailbox))) }
+        engine.executor.drive {
+            Task(executorPreference: engine.executor) { [self] in
+                mailbox.post(.done(await handle(request, peer: peer, connection: connection, mailbox: mailbox)))
+            }
+        }
         var broken = false
         while true {
             switch mailbox.next() {
             case .prompt(var prompt, let continuation):
                 defer { prompt.wipe() }
-                guard !broken else { continuation.resume(returning: nil); continue }
+                guard !broken else { engine.executor.drive { continuation.resume(returning: nil) }; continue }
                 do {
                     try WireSocket.send(fd, prompt)
                     let answer = try WireSocket.receive(fd, idle: limits.promptTimeout, stall: limits.stallTimeout)
                     guard answer.kind == DaemonReply.answer else { throw WireError(.malformed, "expected an answer") }
-                    continuation.resume(returning: answer)
+                    engine.executor.drive { continuation.resume(returning: answer) }
                 } catch {
                     broken = true
-                    continuation.resume(returning: nil)
+                    engine.executor.drive { continuation.resume(returning: nil) }
                 }
             case .done(let reply):
                 return broken ? nil : reply
@@ -124,7 +133,7 @@ package final class DaemonServer: Sendable {
         }
     }
 
-    func handle(_ request: WireMessage, peer: Peer, mailbox: Mailbox) async -> WireMessage {
+    func handle(_ request: WireMessage, peer: Peer, connection: Connection, mailbox: Mailbox) async -> WireMessage {
         do throws(KeychainError) {
             guard let op = DaemonOp(rawValue: request.kind) else {
                 throw KeychainError(.invalidArgument, "The keychain service does not know request \(request.kind): update the client or the service")
@@ -145,7 +154,7 @@ package final class DaemonServer: Sendable {
             }
             var reply = WireMessage(kind: DaemonReply.ok)
             if op.rawValue < DaemonOp.enrollFinger.rawValue {
-                try await storageCall(op, request, peer: peer, configuration: configuration, reply: &reply)
+                try await storageCall(op, request, peer: peer, connection: connection, configuration: configuration, reply: &reply)
             } else {
                 try await deviceCall(op, request, configuration: configuration, reply: &reply)
             }
@@ -155,10 +164,9 @@ package final class DaemonServer: Sendable {
         }
     }
 
-    private func storageCall(_ op: DaemonOp, _ request: WireMessage, peer: Peer, configuration: KeychainConfiguration,
-                             reply: inout WireMessage) async throws(KeychainError) {
-        guard let options = try wire({ () throws(WireError) in try WireJSON.decode(KeychainOptions.self, request.bytes(Tag.options)) }),
-              options.service != nil else {
+    private func storageCall(_ op: DaemonOp, _ request: WireMessage, peer: Peer, connection: Connection,
+                             configuration: KeychainConfiguration, reply: inout WireMessage) async throws(KeychainError) {
+        guard let options = try connection.options(request.bytes(Tag.options)), options.service != nil else {
             throw KeychainError(.invalidArgument, "The keychain service got a storage call without its options")
         }
         let namespace: String
@@ -181,7 +189,7 @@ package final class DaemonServer: Sendable {
 
     private func storageCall(_ op: DaemonOp, _ request: WireMessage, options: KeychainOptions, namespace: String,
                              configuration: KeychainConfiguration, reply: inout WireMessage) async throws(KeychainError) {
-        let storage = try Keychain(options: options, configuration: configuration, namespace: namespace)
+        let storage = try Keychain(options: options, configuration: configuration, namespace: namespace, engine: engine)
         let key = try wire { () throws(WireError) in try request.string(Tag.key) } ?? ""
         switch op {
         case .setItem:
@@ -255,6 +263,24 @@ package final class DaemonServer: Sendable {
 
     private func wire<T>(_ body: () throws(WireError) -> T) throws(KeychainError) -> T {
         do { return try body() } catch { throw KeychainError(wire: error) }
+    }
+}
+
+/// What one connection's requests share: they run one at a time (`serve(connection:)` waits for each
+/// reply), so a request's task is the only one that touches it.
+final class Connection: @unchecked Sendable {
+    /// The options of the last storage call and their decoding: a client sends the same bytes with
+    /// every call of a storage, and JSONDecoder cost more than the rest of a warm read. Only the
+    /// decoding is kept; every check (namespace, access group, lock state) runs for each request.
+    private var lastOptions: (bytes: [UInt8], options: KeychainOptions)?
+
+    func options(_ bytes: [UInt8]?) throws(KeychainError) -> KeychainOptions? {
+        guard let bytes else { return nil }
+        if let lastOptions, lastOptions.bytes == bytes { return lastOptions.options }
+        let options: KeychainOptions?
+        do { options = try WireJSON.decode(KeychainOptions.self, bytes) } catch { throw KeychainError(wire: error) }
+        lastOptions = options.map { (bytes, $0) }
+        return options
     }
 }
 

@@ -1,0 +1,71 @@
+import Foundation
+import KeychainTestSupport
+import KeychainWire
+import Testing
+@testable import Keychain
+
+/// Many calls on one keychaind connection: the daemon keeps the decoding of a connection's last
+/// options (a client sends the same bytes with every call of a storage), never a decision.
+@Suite("keychaind: one connection, many calls")
+struct DaemonConnectionTests {
+    let tpm: SoftwareTPM
+    let daemon: KeychainDaemon
+
+    init() throws {
+        tpm = try SoftwareTPM()
+        daemon = try KeychainDaemon(tpm: tpm)
+    }
+
+    /// getItem on `fd` with these options; the reply's value, or its error code.
+    func get(_ fd: Int32, _ options: KeychainOptions, _ key: String) throws -> (value: String?, error: String?) {
+        var request = WireMessage(kind: DaemonOp.getItem.rawValue)
+        request.add(Tag.options, WireJSON.encode(options))
+        request.add(Tag.key, key)
+        try WireSocket.send(fd, request)
+        let reply = try WireSocket.receive(fd, idle: 60, stall: 60)
+        if reply.kind == DaemonReply.error { return (nil, try reply.string(Tag.errorCode)) }
+        return (reply.bytes(Tag.resultBytes).map { String(decoding: $0, as: UTF8.self) }, nil)
+    }
+
+    func connect() throws -> Int32 {
+        switch WireSocket.connect(path: daemon.socket) {
+        case .success(let fd): return fd
+        case .failure(let error): throw error
+        }
+    }
+
+    @Test func eachCallReadsItsOwnOptionsService() async throws {
+        let configuration = daemon.configuration()
+        try await createKeychain(.init(service: "a"), configuration: configuration).setItem("k", "in a")
+        try await createKeychain(.init(service: "b"), configuration: configuration).setItem("k", "in b")
+        let fd = try connect()
+        defer { close(fd) }
+        for service in ["a", "a", "b", "a", "b", "b"] {
+            #expect(try get(fd, .init(service: service), "k").value == "in \(service)")
+        }
+        #expect(try get(fd, .init(service: "c"), "k") == (nil, nil))
+    }
+
+    /// The same options bytes again on the same connection: the access group is checked again (an
+    /// edit of groups.d takes effect at the next call), and so is the lock state.
+    @Test func theSameOptionsAgainAreCheckedAgain() async throws {
+        let configuration = daemon.configuration()
+        try daemon.setGroup("team", ["uid 0"])
+        let shared = KeychainOptions(service: "vpn", accessGroup: "team")
+        try await createKeychain(shared, configuration: configuration).setItem("psk", "shared")
+        let device = KeychainDevice(configuration: configuration)
+        try await device.setPasscode(SecureBytes(copying: Array("2468".utf8)))
+        let unlocked = KeychainOptions(service: "mail", accessible: .whenUnlocked)
+        try await createKeychain(unlocked, configuration: configuration).setItem("token", "t")
+
+        let fd = try connect()
+        defer { close(fd) }
+        #expect(try get(fd, shared, "psk").value == "shared")
+        try daemon.setGroup("team", ["uid 4242"])
+        #expect(try get(fd, shared, "psk").error == KeychainError.Code.accessDenied.rawValue)
+
+        #expect(try get(fd, unlocked, "token").value == "t")
+        try await device.lock()
+        #expect(try get(fd, unlocked, "token").error == KeychainError.Code.interactionNotAllowed.rawValue)
+    }
+}
