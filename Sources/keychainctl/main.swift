@@ -255,6 +255,9 @@ func failure(_ error: WireError, _ socket: String) -> Failure {
                 + "not have taken effect; check and retry", cause: error.detail)
     case .timedOut:
         Failure("HARDWARE_UNAVAILABLE", "The keychain service did not answer within 120 s (\(socket))", cause: error.detail)
+    case .io:
+        Failure("HARDWARE_UNAVAILABLE", "The keychain service closed the connection (\(socket)): it may be at its "
+                + "connection limit or stopping; the call may or may not have taken effect; check and retry", cause: error.detail)
     default:
         Failure("INTERNAL", "The keychain service's reply does not decode: \(error.detail)")
     }

@@ -129,6 +129,11 @@ struct DaemonClient: Sendable {
         case .timedOut:
             KeychainError(.hardwareUnavailable, "The keychain service did not answer within \(Self.replyTimeout) s (\(socketPath))",
                           underlying: .other(error.detail))
+        case .io:
+            // EPIPE or ECONNRESET: the daemon closed the connection (at its limits, or stopping).
+            KeychainError(.hardwareUnavailable, "The keychain service closed the connection (\(socketPath)): it may be at its "
+                          + "connection limit or stopping; the call may or may not have taken effect; check and retry",
+                          underlying: .other(error.detail))
         default:
             KeychainError(.internal, "The keychain service's reply does not decode: \(error.detail)")
         }

@@ -13,6 +13,9 @@ package final class DaemonServer: Sendable {
     package struct Limits: Sendable {
         /// Open connections at once; more are closed at accept.
         package var maxConnections = 4096
+        /// Open connections of one uid at once (a quarter of `maxConnections`): one user's idle
+        /// connections cannot take every slot and keep the others out.
+        package var maxConnectionsPerUser: Int { max(1, maxConnections / 4) }
         /// Seconds a connection may wait between requests.
         package var idleTimeout = 600
         /// Seconds a started frame may stall (reading) or a reply may wait for the client to read.
@@ -28,7 +31,8 @@ package final class DaemonServer: Sendable {
     private let engine: Engine
     let groups: AccessGroups
     let limits: Limits
-    private let open = Mutex(0)
+    /// Open connections, in all and per uid.
+    private let open = Mutex<(total: Int, byUser: [UInt32: Int])>((0, [:]))
 
     /// - Parameter configuration: the daemon's store, TPM and reader; its authenticator is ignored
     ///   (each call brings the caller's).
@@ -56,16 +60,22 @@ package final class DaemonServer: Sendable {
             }
             // Keychaind starts no programs, but the embedded TPM's swtpm must not inherit a client.
             _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+            let uid = WireSocket.peerUID(fd) ?? UInt32.max
             let admitted = open.withLock { count in
-                guard count < limits.maxConnections else { return false }
-                count += 1
+                guard count.total < limits.maxConnections, count.byUser[uid, default: 0] < limits.maxConnectionsPerUser else { return false }
+                count.total += 1
+                count.byUser[uid, default: 0] += 1
                 return true
             }
             guard admitted else { close(fd); continue }
             let thread = Thread { [self] in
                 serve(connection: fd)
                 close(fd)
-                open.withLock { $0 -= 1 }
+                open.withLock { count in
+                    count.total -= 1
+                    count.byUser[uid, default: 1] -= 1
+                    if count.byUser[uid] == 0 { count.byUser[uid] = nil }
+                }
             }
             thread.stackSize = 512 * 1024
             thread.start()
