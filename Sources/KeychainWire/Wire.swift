@@ -162,16 +162,27 @@ public enum WireSocket {
         guard length >= 2, length <= max else {
             throw WireError(.badLength, "frame of \(length) bytes (2 to \(max) allowed)")
         }
-        var body = [UInt8](repeating: 0, count: length)
+        // The buffer grows with the bytes that arrive, never ahead of them: a header alone announcing
+        // 16 MiB (4 bytes, then a stall) cost 16 MiB per connection, gigabytes for a few hundred.
+        var body = [UInt8](repeating: 0, count: Swift.min(length, 64 * 1024))
         defer { body.wipe() }
-        try readAll(fd, &body, first: stall, then: stall, started: true)
+        var filled = 0
+        while true {
+            try readAll(fd, &body, from: filled, first: stall, then: stall, started: true)
+            filled = body.count
+            if filled == length { break }
+            var bigger = [UInt8](repeating: 0, count: Swift.min(length, filled * 2))
+            bigger.withUnsafeMutableBytes { dest in body.withUnsafeBytes { dest.copyMemory(from: $0) } }
+            body.wipe()  // what arrived so far may be a secret: no stale copy
+            body = bigger
+        }
         return try WireMessage.decode(body)
     }
 
     /// Fills `buffer`: waits (`poll`, at most `first` seconds, then `then` once bytes came) only when
     /// nothing is ready, so a frame that is already there costs one `recv`.
-    private static func readAll(_ fd: Int32, _ buffer: inout [UInt8], first: Int, then: Int, started: Bool) throws(WireError) {
-        var at = 0
+    private static func readAll(_ fd: Int32, _ buffer: inout [UInt8], from: Int = 0, first: Int, then: Int, started: Bool) throws(WireError) {
+        var at = from
         var ready = started
         while at < buffer.count {
             if !ready { try wait(fd, seconds: at == 0 ? first : then) }

@@ -333,6 +333,41 @@ struct DaemonFaultTests {
         #expect(throws: WireError(.closed, "")) { try WireSocket.receive(fd, idle: 60, stall: 60) }
     }
 
+    /// A frame's 4-byte header announcing the largest message, then nothing: the daemon spends on it
+    /// only what arrived. It allocated the whole 16 MiB at the header, so a user's few hundred such
+    /// connections (4 bytes each) took gigabytes and the daemon's memory for everyone.
+    @Test func aHeaderAloneCostsTheDaemonNoMemoryAhead() async throws {
+        let tpm = try SoftwareTPM()
+        let patient = try KeychainDaemon(tpm: tpm, arguments: ["--stall-timeout", "60"])
+        func resident() -> Int {
+            let status = (try? String(contentsOfFile: "/proc/\(patient.processIdentifier)/status", encoding: .utf8)) ?? ""
+            let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+            return (Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0) * 1024
+        }
+        let storage = try createKeychain(.init(service: "svc"), configuration: patient.configuration())
+        try await storage.setItem("k", "v")
+        let before = resident()
+        var stalled: [Int32] = []
+        defer { stalled.forEach { close($0) } }
+        for _ in 0..<64 {
+            guard case .success(let fd) = WireSocket.connect(path: patient.socket) else { Issue.record("connect"); return }
+            let header: [UInt8] = [UInt8(Wire.maxMessage >> 24), UInt8(Wire.maxMessage >> 16 & 0xff), UInt8(Wire.maxMessage >> 8 & 0xff),
+                                   UInt8(Wire.maxMessage & 0xff)]
+            #expect(header.withUnsafeBytes { send(fd, $0.baseAddress, 4, Int32(MSG_NOSIGNAL)) } == 4)
+            stalled.append(fd)
+        }
+        // Others are served meanwhile; then the daemon's memory is watched for two seconds (a
+        // bounded look, not a timing: it stops early once past the old cost).
+        #expect(try await storage.getItem("k") == "v")
+        var peak = resident()
+        for _ in 0..<100 where peak - before < 512 << 20 {
+            usleep(20_000)
+            peak = max(peak, resident())
+        }
+        #expect(peak - before < 128 << 20, "64 headers cost the daemon \((peak - before) >> 20) MiB")
+        #expect(try await storage.getItem("k") == "v")
+    }
+
     @Test func aThousandIdleConnectionsDoNotKeepOthersOut() async throws {
         var files = rlimit()
         getrlimit(Int32(RLIMIT_NOFILE.rawValue), &files)
@@ -408,6 +443,44 @@ struct DaemonFaultTests {
             #expect(try await base.getItem("k") == "before")
         }
         #expect(aborted > 0, "the write sent TPM commands, and the daemon was cut after each")
+    }
+
+    /// The daemon killed after each TPM command of a passcode change: the next daemon on the socket
+    /// has the old passcode or the new one (exactly one opens the device) and the passcode item
+    /// still opens with it; the caller heard "stopped during the call", not a hang.
+    @Test func aDaemonKilledMidPasscodeChangeLeavesTheOldOrTheNew() async throws {
+        let answers = ScriptedAuthenticator()
+        let configuration = daemon.configuration(authenticator: answers)
+        let device = KeychainDevice(configuration: configuration)
+        try await device.setPasscode(bytes("2468"))
+        let storage = try createKeychain(.init(service: "pc", accessControl: .passcode), configuration: configuration)
+        try await storage.setItem("k", "v")
+        var aborted = 0
+        for after in 1...80 {
+            daemon.kill()
+            try daemon.start(environment: ["KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS": "\(after)"])
+            var completed = false
+            do {
+                try await device.changePasscode(from: bytes("2468"), to: bytes("1357"))
+                completed = true
+                daemon.kill()
+            } catch {
+                #expect(error.code == .hardwareUnavailable && error.message.contains("stopped during the call"), "\(error)")
+                aborted += 1
+                _ = daemon.waitForExit()
+            }
+            try daemon.start()
+            try await device.resetPasscodeTries()
+            let old = (try? await device.unlock(passcode: bytes("2468"))) != nil
+            let new = (try? await device.unlock(passcode: bytes("1357"))) != nil
+            #expect(old != new, "cut after \(after) commands: the old passcode opens \(old), the new one \(new)")
+            #expect(try await device.status().passcodeSet)
+            answers.push(.passcode(bytes(new ? "1357" : "2468")))
+            #expect(try await storage.getItem("k") == "v", "cut after \(after) commands")
+            if completed { break }
+            if new { try await device.changePasscode(from: bytes("1357"), to: bytes("2468")) }
+        }
+        #expect(aborted > 0, "the change sent TPM commands, and the daemon was cut after each")
     }
 
     /// `systemctl stop` sends SIGTERM: the daemon ends by it (a watchdog's SIGKILL after 60 s would
