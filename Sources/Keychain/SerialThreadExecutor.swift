@@ -48,11 +48,13 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
     }
 
     /// Calls `start` (which enqueues work, e.g. makes a task that prefers this executor) and, when no
-    /// other thread is running jobs, runs them on the calling thread until none is left.
+    /// other thread is running jobs, runs them on the calling thread until none is left or `done`
+    /// says the caller has its own work back (the rest go to the executor's thread: a driver does
+    /// not keep its own client waiting while it serves others).
     ///
     /// - Important: only from a thread of the caller's own, never from Swift's shared pool: the jobs
     ///   block (SQLite, TPM) as they would on the executor's thread.
-    package func drive(_ start: () -> Void) {
+    package func drive(_ start: () -> Void, until done: () -> Bool = { false }) {
         condition.lock()
         guard !running else {
             condition.unlock()
@@ -62,7 +64,7 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
         running = true
         condition.unlock()
         start()
-        runJobs()
+        runJobs(until: done)
     }
 
     private func run() {
@@ -76,25 +78,36 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
             }
             running = true
             condition.unlock()
-            runJobs()
+            runJobs(until: { false })
         }
     }
 
-    /// Runs jobs while there are any, then lets the next enqueue wake the executor's thread. The
-    /// caller set `running`.
-    private func runJobs() {
+    /// Runs jobs while there are any and `done` is false, then gives the executor back: jobs left go
+    /// to its thread, and the next enqueue wakes it. The caller set `running`.
+    private func runJobs(until done: () -> Bool) {
+        var batch: [UnownedJob] = []
+        var next = 0
         while true {
+            let stop = done()
             condition.lock()
-            if jobs.isEmpty {
-                running = false
-                if stopping { condition.signal() }  // the thread waits to end
-                condition.unlock()
-                return
+            if stop && next < batch.count {
+                jobs.insert(contentsOf: batch[next...], at: 0)
+                (batch, next) = ([], 0)
             }
-            let batch = jobs
-            jobs.removeAll(keepingCapacity: true)
+            if next == batch.count {
+                if jobs.isEmpty || stop {
+                    running = false
+                    if !jobs.isEmpty || stopping { condition.signal() }  // the thread takes them, or ends
+                    condition.unlock()
+                    return
+                }
+                (batch, next) = (jobs, 0)
+                jobs.removeAll(keepingCapacity: true)
+            }
             condition.unlock()
-            for job in batch { job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor()) }
+            let job = batch[next]
+            next += 1
+            job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor())
         }
     }
 }

@@ -29,6 +29,8 @@ struct SerialExecutorTests {
         /// The job's thread, as seen when `drive` returned.
         let ranOn = Mutex<pthread_t?>(nil)
         let seen = Mutex<pthread_t?>(nil)
+        /// The driver's own work is done.
+        let mine = Atomic(false)
     }
 
     /// With no other runner, `drive` runs the task's jobs on the calling thread before it returns.
@@ -51,6 +53,32 @@ struct SerialExecutorTests {
         }
         #expect(threads.seen.withLock { $0 } != nil, "the job ran before drive returned")
         #expect(threads.seen.withLock { $0 } == threads.caller.withLock { $0 })
+    }
+
+    /// A driver stops once its own work is back (`until`): the jobs its task enqueued meanwhile go to
+    /// the executor's thread, so a connection thread never keeps its client waiting to serve others.
+    @Test func aDriverHandsTheRestToTheExecutorsThreadWhenItsWorkIsDone() async {
+        let executor = SerialThreadExecutor(name: "test.handoff")
+        defer { executor.stop() }
+        let threads = Threads()
+        let finished = DispatchSemaphore(value: 0)
+        Thread {
+            threads.caller.withLock { $0 = pthread_self() }
+            executor.drive({
+                Task(executorPreference: executor) {
+                    Task(executorPreference: executor) {
+                        threads.ranOn.withLock { $0 = pthread_self() }
+                        finished.signal()
+                    }
+                    threads.mine.store(true, ordering: .sequentiallyConsistent)
+                }
+            }, until: { threads.mine.load(ordering: .sequentiallyConsistent) })
+        }.start()
+        await withCheckedContinuation { continuation in
+            DispatchQueue.global().async { finished.wait(); continuation.resume() }
+        }
+        #expect(threads.ranOn.withLock { $0 } != nil)
+        #expect(threads.ranOn.withLock { $0 } != threads.caller.withLock { $0 }, "the other job ran on the executor's thread")
     }
 
     final class TaskList: Sendable { let list = Mutex<[Task<Void, Never>]>([]) }

@@ -117,25 +117,25 @@ package final class DaemonServer: Sendable {
     /// task on the shared pool took three wake-ups (pool, engine, back to this thread).
     private func respond(to request: WireMessage, from peer: Peer, connection: Connection, on fd: Int32) -> WireMessage? {
         let mailbox = Mailbox()
-        engine.executor.drive {
+        engine.executor.drive({
             Task(executorPreference: engine.executor) { [self] in
                 mailbox.post(.done(await handle(request, peer: peer, connection: connection, mailbox: mailbox)))
             }
-        }
+        }, until: mailbox.hasEvent)
         var broken = false
         while true {
             switch mailbox.next() {
             case .prompt(var prompt, let continuation):
                 defer { prompt.wipe() }
-                guard !broken else { engine.executor.drive { continuation.resume(returning: nil) }; continue }
+                guard !broken else { engine.executor.drive({ continuation.resume(returning: nil) }, until: mailbox.hasEvent); continue }
                 do {
                     try WireSocket.send(fd, prompt)
                     let answer = try WireSocket.receive(fd, idle: limits.promptTimeout, stall: limits.stallTimeout)
                     guard answer.kind == DaemonReply.answer else { throw WireError(.malformed, "expected an answer") }
-                    engine.executor.drive { continuation.resume(returning: answer) }
+                    engine.executor.drive({ continuation.resume(returning: answer) }, until: mailbox.hasEvent)
                 } catch {
                     broken = true
-                    engine.executor.drive { continuation.resume(returning: nil) }
+                    engine.executor.drive({ continuation.resume(returning: nil) }, until: mailbox.hasEvent)
                 }
             case .done(let reply):
                 return broken ? nil : reply
@@ -338,6 +338,13 @@ final class Mailbox: @unchecked Sendable {
         events.append(event)
         condition.signal()
         condition.unlock()
+    }
+
+    /// Whether `next()` would return at once: the call's thread has its own work back.
+    func hasEvent() -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        return !events.isEmpty
     }
 
     func next() -> Event {
