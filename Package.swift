@@ -42,6 +42,8 @@ let package = Package(
         .target(name: "PKCS11", dependencies: ["CP11Kit", "SecureMemory"]),
         // keychaind's protocol: framing and messages, no Foundation (a small client links it alone).
         .target(name: "KeychainWire"),
+        // What keychainctl's front and keychainctl-full print alike (terminal-safe text, the option names).
+        .target(name: "KeychainCLIText"),
         // The public API.
         .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn", "COpenSSL",
                                                  "KeychainWire"]),
@@ -52,9 +54,9 @@ let package = Package(
         // The seed's "sign in with Face ID" guide as code: where each token lives, the fallbacks.
         .target(name: "SignInFlow", dependencies: ["Keychain"]),
 
-        .executableTarget(name: "keychainctl-full", dependencies: ["Keychain", "SignInFlow"]),
+        .executableTarget(name: "keychainctl-full", dependencies: ["Keychain", "SignInFlow", "KeychainCLIText"]),
         // Loads no Foundation, ICU, tpm2-tss, OpenSSL or SQLite: start-up is a static Swift runtime's.
-        .executableTarget(name: "keychainctl", dependencies: ["KeychainWire"],
+        .executableTarget(name: "keychainctl", dependencies: ["KeychainWire", "KeychainCLIText"],
                           linkerSettings: [.unsafeFlags(["-static-stdlib"])]),
         .executableTarget(name: "keychaind", dependencies: ["Keychain"]),
         .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport"]),

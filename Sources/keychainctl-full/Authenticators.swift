@@ -1,5 +1,6 @@
 import Foundation
 import Keychain
+import KeychainCLIText
 import SecureMemory
 
 /// Answers from the command line: `--touch FINGER|cancel|fallback|interrupt` or `--passcode-stdin`.

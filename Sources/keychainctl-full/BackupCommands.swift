@@ -1,5 +1,6 @@
 import Foundation
 import Keychain
+import KeychainCLIText
 import SecureMemory
 
 /// `backup` and `restore`: the passphrase (and for backup the passcode) come on stdin, never argv.

@@ -1,5 +1,6 @@
 import Foundation
 import Keychain
+import KeychainCLIText
 import SecureMemory
 
 /// Exit codes: 0 success (and "present" for `has`); 1 not found; 2 usage or INVALID_ARGUMENT; 3 any other error.
@@ -18,14 +19,6 @@ struct Invocation {
     /// Options given more than once (`--pcr 0=HEX --pcr 7=HEX`), every value in order.
     var repeated: [String: [String]] = [:]
 
-    static let valued = Set<String>(["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
-                                      "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage", "--owner-auth-file",
-                                      "--owner-auth-out", "--lockout-auth-out",
-                                      "--service", "--out", "--cost", "--pcr", "--version", "--ek-ca", "--parent", "--to", "--key", "--generation", "--boot-policy-key"]
-        + ["--access-group"])
-    static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h",
-                                        "--passphrase-stdin", "--direct"]
-
     init(_ args: [String]) throws(UsageError) {
         var i = 0
         while i < args.count {
@@ -36,15 +29,15 @@ struct Invocation {
                 break
             } else if arg.hasPrefix("--"), let eq = arg.firstIndex(of: "=") {
                 let name = String(arg[..<eq])
-                guard Self.valued.contains(name) else { throw UsageError(message: "unknown option \(name) (or it takes no value)") }
+                guard CLIOptions.valued.contains(name) else { throw UsageError(message: "unknown option \(name) (or it takes no value)") }
                 flags[name] = String(arg[arg.index(after: eq)...])
                 repeated[name, default: []].append(flags[name]!)
-            } else if Self.valued.contains(arg) {
+            } else if CLIOptions.valued.contains(arg) {
                 guard i + 1 < args.count else { throw UsageError(message: "\(arg) needs a value") }
                 flags[arg] = args[i + 1]
                 repeated[arg, default: []].append(args[i + 1])
                 i += 1
-            } else if Self.booleans.contains(arg) {
+            } else if CLIOptions.booleans.contains(arg) {
                 switches.insert(arg)
             } else if arg.hasPrefix("--") {
                 throw UsageError(message: "unknown option \(arg) (a key or service that starts with -- goes after --)")
@@ -195,29 +188,6 @@ func strictArguments() throws(KeychainError) -> [String] {
         }
     }
     return args
-}
-
-/// Makes text safe for a terminal: control characters (C0, DEL, C1), bidirectional overrides and
-/// the backslash are written as escapes, so a key cannot move the cursor, forge lines or recolour.
-func escaped(_ text: String) -> String {
-    var out = ""
-    for scalar in text.unicodeScalars {
-        switch scalar.value {
-        case 0x5C: out += "\\\\"
-        case 0x0A: out += "\\n"
-        case 0x0D: out += "\\r"
-        case 0x09: out += "\\t"
-        case 0x00..<0x20, 0x7F: out += "\\x" + hex(scalar.value, digits: 2)
-        case 0x80..<0xA0, 0x202A...0x202E, 0x2066...0x2069: out += "\\u{" + hex(scalar.value, digits: 4) + "}"
-        default: out.unicodeScalars.append(scalar)
-        }
-    }
-    return out
-}
-
-private func hex(_ value: UInt32, digits: Int) -> String {
-    let text = String(value, radix: 16)
-    return String(repeating: "0", count: max(0, digits - text.count)) + text
 }
 
 /// Reads stdin to EOF into locked memory: values and PINs never pass through a Swift String.

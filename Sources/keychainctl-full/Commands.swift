@@ -1,5 +1,6 @@
 import Foundation
 import Keychain
+import KeychainCLIText
 import SecureMemory
 
 struct Commands {

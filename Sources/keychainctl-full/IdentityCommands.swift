@@ -1,5 +1,6 @@
 import Foundation
 import Keychain
+import KeychainCLIText
 
 /// `identity [--out FILE]`: the device's identity document, for a fleet server to enroll.
 extension Commands {

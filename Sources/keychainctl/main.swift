@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import KeychainCLIText
 import KeychainWire
 
 // keychainctl, the command users run: a front that loads no Foundation, ICU, tpm2-tss, OpenSSL or
@@ -112,15 +113,6 @@ struct Invocation {
     var flags: [String: String] = [:]
     var switches: Set<String> = []
 
-    /// The full tool's options (Sources/keychainctl-full/CLI.swift): an option the front does not
-    /// know hands the command over, so these lists only need to cover the ones it handles.
-    static let valued: Set<String> = ["--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity",
-                                      "--pcrs", "--touch", "--reader", "--pkcs11-uri", "--key-storage", "--owner-auth-file",
-                                      "--owner-auth-out", "--lockout-auth-out", "--service", "--out", "--cost", "--pcr", "--version",
-                                      "--ek-ca", "--parent", "--to", "--key", "--generation", "--boot-policy-key", "--access-group"]
-    static let booleans: Set<String> = ["--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h",
-                                        "--passphrase-stdin", "--direct"]
-
     init?(_ args: [String]) {
         var i = 0
         while i < args.count {
@@ -130,13 +122,13 @@ struct Invocation {
                 break
             } else if arg.hasPrefix("--"), let eq = arg.firstIndex(of: "=") {
                 let name = String(arg[..<eq])
-                guard Self.valued.contains(name) else { return nil }
+                guard CLIOptions.valued.contains(name) else { return nil }
                 flags[name] = String(arg[arg.index(after: eq)...])
-            } else if Self.valued.contains(arg) {
+            } else if CLIOptions.valued.contains(arg) {
                 guard i + 1 < args.count else { return nil }
                 flags[arg] = args[i + 1]
                 i += 1
-            } else if Self.booleans.contains(arg) {
+            } else if CLIOptions.booleans.contains(arg) {
                 switches.insert(arg)
             } else if arg.hasPrefix("--") {
                 return nil
@@ -283,29 +275,6 @@ func decodeError(_ reply: WireMessage) throws(WireError) -> Failure {
 func upperHex(_ value: UInt64) -> String {
     let text = String(value, radix: 16, uppercase: true)
     return "0x" + String(repeating: "0", count: max(0, 8 - text.count)) + text
-}
-
-/// Makes text safe for a terminal exactly as the full tool does (its `escaped`): control
-/// characters, bidirectional overrides and the backslash become escapes.
-func escaped(_ text: String) -> String {
-    var out = ""
-    for scalar in text.unicodeScalars {
-        switch scalar.value {
-        case 0x5C: out += "\\\\"
-        case 0x0A: out += "\\n"
-        case 0x0D: out += "\\r"
-        case 0x09: out += "\\t"
-        case 0x00..<0x20, 0x7F: out += "\\x" + lowerHex(scalar.value, digits: 2)
-        case 0x80..<0xA0, 0x202A...0x202E, 0x2066...0x2069: out += "\\u{" + lowerHex(scalar.value, digits: 4) + "}"
-        default: out.unicodeScalars.append(scalar)
-        }
-    }
-    return out
-}
-
-func lowerHex(_ value: UInt32, digits: Int) -> String {
-    let text = String(value, radix: 16)
-    return String(repeating: "0", count: max(0, digits - text.count)) + text
 }
 
 /// A string as Foundation's JSONEncoder writes it: `"`, `\\` and `/` escaped, \b \t \n \f \r, other

@@ -1,0 +1,38 @@
+// What keychainctl's two executables (the front and keychainctl-full) must say alike: one copy,
+// so their outputs cannot drift apart. No Foundation: the front links this alone.
+
+/// keychainctl's options: those that take a value, and those that stand alone.
+public enum CLIOptions {
+    public static let valued: Set<String> = [
+        "--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity", "--pcrs", "--touch", "--reader",
+        "--pkcs11-uri", "--key-storage", "--owner-auth-file", "--owner-auth-out", "--lockout-auth-out", "--service", "--out", "--cost",
+        "--pcr", "--version", "--ek-ca", "--parent", "--to", "--key", "--generation", "--boot-policy-key", "--access-group",
+    ]
+    public static let booleans: Set<String> = [
+        "--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h", "--passphrase-stdin", "--direct",
+    ]
+}
+
+/// Makes text safe for a terminal: control characters (C0, DEL, C1), bidirectional overrides and
+/// the backslash are written as escapes, so a key cannot move the cursor, forge lines or recolour.
+public func escaped(_ text: String) -> String {
+    var out = ""
+    for scalar in text.unicodeScalars {
+        switch scalar.value {
+        case 0x5C: out += "\\\\"
+        case 0x0A: out += "\\n"
+        case 0x0D: out += "\\r"
+        case 0x09: out += "\\t"
+        case 0x00..<0x20, 0x7F: out += "\\x" + lowerHex(scalar.value, digits: 2)
+        case 0x80..<0xA0, 0x202A...0x202E, 0x2066...0x2069: out += "\\u{" + lowerHex(scalar.value, digits: 4) + "}"
+        default: out.unicodeScalars.append(scalar)
+        }
+    }
+    return out
+}
+
+/// `value` in lower-case hex, at least `digits` long.
+public func lowerHex(_ value: UInt32, digits: Int) -> String {
+    let text = String(value, radix: 16)
+    return String(repeating: "0", count: max(0, digits - text.count)) + text
+}
