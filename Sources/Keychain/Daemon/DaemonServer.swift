@@ -77,7 +77,8 @@ package final class DaemonServer: Sendable {
                     if count.byUser[uid] == 0 { count.byUser[uid] = nil }
                 }
             }
-            thread.stackSize = 512 * 1024
+            // It may run the engine's jobs too (cold TPM, OpenSSL and SQLite paths): room for those.
+            thread.stackSize = 1 << 20
             thread.start()
         }
     }
