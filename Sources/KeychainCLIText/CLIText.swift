@@ -36,3 +36,50 @@ public func lowerHex(_ value: UInt32, digits: Int) -> String {
     let text = String(value, radix: 16)
     return String(repeating: "0", count: max(0, digits - text.count)) + text
 }
+
+/// A usage error in keychainctl's grammar, in the words the full tool prints.
+public struct CLIUsageError: Error {
+    public let message: String
+}
+
+/// keychainctl's arguments by its one grammar: options anywhere, `--name=value` or `--name value`,
+/// `--` ending the options (a key or service that starts with `--` comes after it).
+public struct ParsedArguments {
+    public var command: [String] = []
+    /// The last value of each valued option.
+    public var flags: [String: String] = [:]
+    public var switches: Set<String> = []
+    /// Options given more than once (`--pcr 0=HEX --pcr 7=HEX`), every value in order.
+    public var repeated: [String: [String]] = [:]
+
+    public init(_ args: [String]) throws(CLIUsageError) {
+        var i = 0
+        while i < args.count {
+            let arg = args[i]
+            if arg == "--" {
+                command += args[(i + 1)...]
+                break
+            } else if arg.hasPrefix("--"), let eq = arg.firstIndex(of: "=") {
+                let name = String(arg[..<eq])
+                guard CLIOptions.valued.contains(name) else { throw CLIUsageError(message: "unknown option \(name) (or it takes no value)") }
+                set(name, String(arg[arg.index(after: eq)...]))
+            } else if CLIOptions.valued.contains(arg) {
+                guard i + 1 < args.count else { throw CLIUsageError(message: "\(arg) needs a value") }
+                set(arg, args[i + 1])
+                i += 1
+            } else if CLIOptions.booleans.contains(arg) {
+                switches.insert(arg)
+            } else if arg.hasPrefix("--") {
+                throw CLIUsageError(message: "unknown option \(arg) (a key or service that starts with -- goes after --)")
+            } else {
+                command.append(arg)
+            }
+            i += 1
+        }
+    }
+
+    private mutating func set(_ name: String, _ value: String) {
+        flags[name] = value
+        repeated[name, default: []].append(value)
+    }
+}

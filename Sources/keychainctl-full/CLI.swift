@@ -20,32 +20,9 @@ struct Invocation {
     var repeated: [String: [String]] = [:]
 
     init(_ args: [String]) throws(UsageError) {
-        var i = 0
-        while i < args.count {
-            let arg = args[i]
-            if arg == "--" {
-                // The end of options: a key or service that starts with `--` comes after it.
-                command += args[(i + 1)...]
-                break
-            } else if arg.hasPrefix("--"), let eq = arg.firstIndex(of: "=") {
-                let name = String(arg[..<eq])
-                guard CLIOptions.valued.contains(name) else { throw UsageError(message: "unknown option \(name) (or it takes no value)") }
-                flags[name] = String(arg[arg.index(after: eq)...])
-                repeated[name, default: []].append(flags[name]!)
-            } else if CLIOptions.valued.contains(arg) {
-                guard i + 1 < args.count else { throw UsageError(message: "\(arg) needs a value") }
-                flags[arg] = args[i + 1]
-                repeated[arg, default: []].append(args[i + 1])
-                i += 1
-            } else if CLIOptions.booleans.contains(arg) {
-                switches.insert(arg)
-            } else if arg.hasPrefix("--") {
-                throw UsageError(message: "unknown option \(arg) (a key or service that starts with -- goes after --)")
-            } else {
-                command.append(arg)
-            }
-            i += 1
-        }
+        let parsed: ParsedArguments
+        do { parsed = try ParsedArguments(args) } catch { throw UsageError(message: error.message) }
+        (command, flags, switches, repeated) = (parsed.command, parsed.flags, parsed.switches, parsed.repeated)
         store = flags["--store"]
         tcti = flags["--tcti"]
         json = switches.contains("--json")

@@ -106,7 +106,7 @@ func daemonSocket() -> String? {
     return system
 }
 
-/// The global options and the command, parsed by the full tool's grammar; nil where the full tool
+/// The global options and the command, by the grammar both tools share; nil where the full tool
 /// reports a usage error.
 struct Invocation {
     var command: [String] = []
@@ -114,29 +114,8 @@ struct Invocation {
     var switches: Set<String> = []
 
     init?(_ args: [String]) {
-        var i = 0
-        while i < args.count {
-            let arg = args[i]
-            if arg == "--" {
-                command += args[(i + 1)...]
-                break
-            } else if arg.hasPrefix("--"), let eq = arg.firstIndex(of: "=") {
-                let name = String(arg[..<eq])
-                guard CLIOptions.valued.contains(name) else { return nil }
-                flags[name] = String(arg[arg.index(after: eq)...])
-            } else if CLIOptions.valued.contains(arg) {
-                guard i + 1 < args.count else { return nil }
-                flags[arg] = args[i + 1]
-                i += 1
-            } else if CLIOptions.booleans.contains(arg) {
-                switches.insert(arg)
-            } else if arg.hasPrefix("--") {
-                return nil
-            } else {
-                command.append(arg)
-            }
-            i += 1
-        }
+        guard let parsed = try? ParsedArguments(args) else { return nil }
+        (command, flags, switches) = (parsed.command, parsed.flags, parsed.switches)
     }
 }
 
