@@ -242,14 +242,14 @@ public enum WireSocket {
         uid == 0 || uid == geteuid() || uid == serviceUID
     }
 
-    /// The uid of the process that made the listening socket `fd` is connected to (SO_PEERCRED: the
-    /// kernel's record, which the listener cannot choose), or nil when the kernel gives none.
-    public static func peerUID(_ fd: Int32) -> UInt32? {
-        // struct ucred { pid_t pid; uid_t uid; gid_t gid; }
+    /// The pid, uid and gid of a connected Unix socket's peer (SO_PEERCRED: the kernel's record, taken
+    /// when the peer connected or listened, which it cannot choose), or nil when the kernel gives none.
+    public static func peerCredentials(_ fd: Int32) -> (pid: Int32, uid: UInt32, gid: UInt32)? {
+        // struct ucred { pid_t pid; uid_t uid; gid_t gid; } (Glibc shows it only with _GNU_SOURCE).
         var credentials = (pid: Int32(0), uid: UInt32(0), gid: UInt32(0))
         var length = socklen_t(12)
         guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0, length == 12 else { return nil }
-        return credentials.uid
+        return credentials
     }
 
     /// A connected Unix stream socket to `path`, close-on-exec, or the errno of the failure; a
@@ -276,8 +276,8 @@ public enum WireSocket {
             close(fd)
             return .failure(WireError(.io(code), "connect: errno \(code)"))
         }
-        guard let peer = peerUID(fd), isTrusted(uid: peer) else {
-            let peer = peerUID(fd)
+        let peer = peerCredentials(fd)?.uid
+        guard let peer, isTrusted(uid: peer) else {
             close(fd)
             let service = serviceUID.map { "the user \(serviceUser) (uid \($0))" } ?? "the user \(serviceUser)"
             return .failure(WireError(.untrustedPeer(peer ?? UInt32.max),
@@ -286,5 +286,48 @@ public enum WireSocket {
                                       + "\(service) may serve the keychain; nothing was sent (point KEYCHAIN_SOCKET at keychaind's socket)"))
         }
         return .success(fd)
+    }
+}
+
+/// What a client of keychaind tells its caller when the socket fails it: a KeychainError code's raw
+/// value, the message and the cause. The library's client and keychainctl's front both say these,
+/// so their words cannot drift apart.
+public struct WireFailure: Sendable {
+    public enum Cause: Sendable { case errno(Int32), detail(String) }
+    public let code: String
+    public let message: String
+    public let cause: Cause?
+
+    /// `WireSocket.connect(path:)` failed: nothing listens there, or a listener that is not trusted.
+    public init(connecting error: WireError, socket: String) {
+        code = "HARDWARE_UNAVAILABLE"
+        switch error.kind {
+        case .untrustedPeer:
+            (message, cause) = (error.detail, nil)
+        default:
+            message = "The keychain service is not running: nothing answers on \(socket) (start keychaind or its "
+                + "socket unit; keychainctl --direct uses a store without the service)"
+            let code: Int32 = if case .io(let value) = error.kind { value } else { 0 }
+            cause = .errno(code)
+        }
+    }
+
+    /// An exchange on a connected socket failed; `replyTimeout` is the client's wait for a reply.
+    public init(exchanging error: WireError, socket: String, replyTimeout: Int) {
+        switch error.kind {
+        case .closed, .truncated:
+            (code, message) = ("HARDWARE_UNAVAILABLE", "The keychain service stopped during the call (\(socket)): the call may or "
+                               + "may not have taken effect; check and retry")
+        case .timedOut:
+            (code, message) = ("HARDWARE_UNAVAILABLE", "The keychain service did not answer within \(replyTimeout) s (\(socket))")
+        case .io:
+            // EPIPE or ECONNRESET: the daemon closed the connection (at its limits, or stopping).
+            (code, message) = ("HARDWARE_UNAVAILABLE", "The keychain service closed the connection (\(socket)): it may be at its "
+                               + "connection limit or stopping; the call may or may not have taken effect; check and retry")
+        default:
+            (code, message, cause) = ("INTERNAL", "The keychain service's reply does not decode: \(error.detail)", nil)
+            return
+        }
+        cause = .detail(error.detail)
     }
 }

@@ -218,19 +218,15 @@ struct Failure: Error {
     }
 }
 
-/// A failure of the exchange, in the full tool's words (DaemonClient).
-func failure(_ error: WireError, _ socket: String) -> Failure {
-    switch error.kind {
-    case .closed, .truncated:
-        Failure("HARDWARE_UNAVAILABLE", "The keychain service stopped during the call (\(socket)): the call may or may "
-                + "not have taken effect; check and retry", cause: error.detail)
-    case .timedOut:
-        Failure("HARDWARE_UNAVAILABLE", "The keychain service did not answer within 120 s (\(socket))", cause: error.detail)
-    case .io:
-        Failure("HARDWARE_UNAVAILABLE", "The keychain service closed the connection (\(socket)): it may be at its "
-                + "connection limit or stopping; the call may or may not have taken effect; check and retry", cause: error.detail)
-    default:
-        Failure("INTERNAL", "The keychain service's reply does not decode: \(error.detail)")
+/// A failure of the socket, in the library's words (KeychainWire's WireFailure).
+extension Failure {
+    init(_ failure: WireFailure) {
+        let cause: String? = switch failure.cause {
+        case .errno(let code)?: "errno \(code)"
+        case .detail(let text)?: text
+        case nil: nil
+        }
+        self.init(failure.code, failure.message, cause: cause)
     }
 }
 
@@ -417,10 +413,7 @@ func main() -> Never {
     case .success(let connected): fd = connected
     case .failure(let error):
         first.wipe()
-        if case .untrustedPeer = error.kind { Failure("HARDWARE_UNAVAILABLE", error.detail).report() }
-        let code: Int32 = if case .io(let value) = error.kind { value } else { 0 }
-        Failure("HARDWARE_UNAVAILABLE", "The keychain service is not running: nothing answers on \(socket) (start keychaind or its "
-                + "socket unit; keychainctl --direct uses a store without the service)", cause: "errno \(code)").report()
+        Failure(WireFailure(connecting: error, socket: socket)).report()
     }
 
     /// One exchange: the request, then the reply (an error reply reported as the full tool does).
@@ -453,7 +446,7 @@ func main() -> Never {
                 }
             }
         } catch {
-            failure(error, socket).report()
+            Failure(WireFailure(exchanging: error, socket: socket, replyTimeout: 120)).report()
         }
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import KeychainWire
 import Synchronization
 
 /// Who is on the other end of a daemon connection, as the kernel saw it at `connect` (`SO_PEERCRED`,
@@ -16,10 +17,7 @@ package struct Peer: Sendable, Hashable {
 
     /// The credentials of a connected Unix socket's peer, or nil when the kernel gives none.
     package init?(socket fd: Int32) {
-        // struct ucred { pid_t pid; uid_t uid; gid_t gid; } (Glibc shows it only with _GNU_SOURCE).
-        var credentials = (pid: Int32(0), uid: UInt32(0), gid: UInt32(0))
-        var length = socklen_t(12)
-        guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0, length == 12 else { return nil }
+        guard let credentials = WireSocket.peerCredentials(fd) else { return nil }
         var groups = [gid_t](repeating: 0, count: 256)
         var groupsLength = socklen_t(groups.count * MemoryLayout<gid_t>.size)
         // SO_PEERGROUPS (Linux 4.13); without it only the primary group counts.

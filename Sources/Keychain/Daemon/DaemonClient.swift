@@ -112,31 +112,12 @@ struct DaemonClient: Sendable {
     private func connect() async throws(KeychainError) -> Int32 {
         switch WireSocket.connect(path: socketPath) {
         case .success(let fd): return fd
-        case .failure(let error):
-            if case .untrustedPeer = error.kind { throw KeychainError(.hardwareUnavailable, error.detail) }
-            let code: Int32 = if case .io(let value) = error.kind { value } else { 0 }
-            throw KeychainError(.hardwareUnavailable,
-                                "The keychain service is not running: nothing answers on \(socketPath) (start keychaind or its "
-                                + "socket unit; keychainctl --direct uses a store without the service)", underlying: .errno(code))
+        case .failure(let error): throw KeychainError(WireFailure(connecting: error, socket: socketPath))
         }
     }
 
     private func failure(_ error: WireError) -> KeychainError {
-        switch error.kind {
-        case .closed, .truncated:
-            KeychainError(.hardwareUnavailable, "The keychain service stopped during the call (\(socketPath)): the call may or may "
-                          + "not have taken effect; check and retry", underlying: .other(error.detail))
-        case .timedOut:
-            KeychainError(.hardwareUnavailable, "The keychain service did not answer within \(Self.replyTimeout) s (\(socketPath))",
-                          underlying: .other(error.detail))
-        case .io:
-            // EPIPE or ECONNRESET: the daemon closed the connection (at its limits, or stopping).
-            KeychainError(.hardwareUnavailable, "The keychain service closed the connection (\(socketPath)): it may be at its "
-                          + "connection limit or stopping; the call may or may not have taken effect; check and retry",
-                          underlying: .other(error.detail))
-        default:
-            KeychainError(.internal, "The keychain service's reply does not decode: \(error.detail)")
-        }
+        KeychainError(WireFailure(exchanging: error, socket: socketPath, replyTimeout: Self.replyTimeout))
     }
 
     /// Sends `message` and waits for the daemon's next message, off Swift's shared pool: one hop to a
@@ -172,5 +153,17 @@ extension WireMessage {
             throw KeychainError(.internal, "The keychain service's reply has no boolean result")
         }
         return value
+    }
+}
+
+extension KeychainError {
+    /// A failure of the socket to keychaind, in the words keychainctl's front uses too.
+    init(_ failure: WireFailure) {
+        let underlying: Cause? = switch failure.cause {
+        case .errno(let code)?: .errno(code)
+        case .detail(let text)?: .other(text)
+        case nil: nil
+        }
+        self.init(Code(rawValue: failure.code), failure.message, underlying: underlying)
     }
 }

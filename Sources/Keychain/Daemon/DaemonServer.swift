@@ -60,7 +60,8 @@ package final class DaemonServer: Sendable {
             }
             // Keychaind starts no programs, but the embedded TPM's swtpm must not inherit a client.
             _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-            let uid = WireSocket.peerUID(fd) ?? UInt32.max
+            guard let peer = Peer(socket: fd) else { close(fd); continue }
+            let uid = peer.uid
             let admitted = open.withLock { count in
                 guard count.total < limits.maxConnections, count.byUser[uid, default: 0] < limits.maxConnectionsPerUser else { return false }
                 count.total += 1
@@ -69,7 +70,7 @@ package final class DaemonServer: Sendable {
             }
             guard admitted else { close(fd); continue }
             let thread = Thread { [self] in
-                serve(connection: fd)
+                serve(connection: fd, peer: peer)
                 close(fd)
                 open.withLock { count in
                     count.total -= 1
@@ -84,8 +85,7 @@ package final class DaemonServer: Sendable {
     }
 
     /// One client: requests in order until it closes, goes idle too long or breaks the protocol.
-    func serve(connection fd: Int32) {
-        guard let peer = Peer(socket: fd) else { return }
+    func serve(connection fd: Int32, peer: Peer) {
         let connection = Connection()
         var sendTimeout = timeval(tv_sec: limits.stallTimeout, tv_usec: 0)
         _ = setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &sendTimeout, socklen_t(MemoryLayout<timeval>.size))
@@ -118,25 +118,27 @@ package final class DaemonServer: Sendable {
     /// task on the shared pool took three wake-ups (pool, engine, back to this thread).
     private func respond(to request: WireMessage, from peer: Peer, connection: Connection, on fd: Int32) -> WireMessage? {
         let mailbox = Mailbox()
-        engine.executor.drive({
+        /// Runs `start` and the engine's jobs on this thread until this call has its own work back.
+        func drive(_ start: () -> Void) { engine.executor.drive(start, until: mailbox.hasEvent) }
+        drive {
             Task(executorPreference: engine.executor) { [self] in
                 mailbox.post(.done(await handle(request, peer: peer, connection: connection, mailbox: mailbox)))
             }
-        }, until: mailbox.hasEvent)
+        }
         var broken = false
         while true {
             switch mailbox.next() {
             case .prompt(var prompt, let continuation):
                 defer { prompt.wipe() }
-                guard !broken else { engine.executor.drive({ continuation.resume(returning: nil) }, until: mailbox.hasEvent); continue }
+                guard !broken else { drive { continuation.resume(returning: nil) }; continue }
                 do {
                     try WireSocket.send(fd, prompt)
                     let answer = try WireSocket.receive(fd, idle: limits.promptTimeout, stall: limits.stallTimeout)
                     guard answer.kind == DaemonReply.answer else { throw WireError(.malformed, "expected an answer") }
-                    engine.executor.drive({ continuation.resume(returning: answer) }, until: mailbox.hasEvent)
+                    drive { continuation.resume(returning: answer) }
                 } catch {
                     broken = true
-                    engine.executor.drive({ continuation.resume(returning: nil) }, until: mailbox.hasEvent)
+                    drive { continuation.resume(returning: nil) }
                 }
             case .done(let reply):
                 return broken ? nil : reply
