@@ -59,11 +59,11 @@ public struct Keychain: Sendable {
     var storeService: String { namespace + service }
 
     /// One call through keychaind: the options (with the service resolved here), the key, the rest.
-    private func daemon(_ op: DaemonOp, key: String? = nil, authenticator: (any Authenticator)? = nil,
+    private func daemon(_ op: WireOp, key: String? = nil, authenticator: (any Authenticator)? = nil,
                         _ build: (inout WireMessage) -> Void = { _ in }) async throws(KeychainError) -> WireMessage {
         try await remote!.call(op, { message in
-            message.add(Tag.options, wireOptions)
-            message.add(Tag.key, key)
+            message.add(WireTag.options, wireOptions)
+            message.add(WireTag.key, key)
             build(&message)
         }, authenticator: authenticator)
     }
@@ -83,7 +83,7 @@ public struct Keychain: Sendable {
     public func setItem(_ key: String, _ value: SecureBytes, options call: SetItemOptions? = nil) async throws(KeychainError) {
         if remote != nil {
             _ = try await daemon(.setItem, key: key) { message in
-                message.add(Tag.value, value.withUnsafeBytes { Array($0) })
+                message.add(WireTag.value, value.withUnsafeBytes { Array($0) })
                 call?.add(to: &message)
             }
             return
@@ -129,11 +129,11 @@ public struct Keychain: Sendable {
         if remote != nil {
             let authenticator = configuration.authenticator
             var reply = try await daemon(.getItem, key: key, authenticator: authenticator) { message in
-                message.add(Tag.prompt, call?.prompt.map { WireJSON.encode($0) })
-                message.add(Tag.attempts, authenticator.map { UInt64(max(1, $0.attemptsPerRead)) })
+                message.add(WireTag.prompt, call?.prompt.map { WireJSON.encode($0) })
+                message.add(WireTag.attempts, authenticator.map { UInt64(max(1, $0.attemptsPerRead)) })
             }
             defer { reply.wipe() }
-            return reply.bytes(Tag.resultBytes).map { SecureBytes(copying: $0) }
+            return reply.bytes(WireTag.resultBytes).map { SecureBytes(copying: $0) }
         }
         return try await engine.get(service: storeService, key: key, context: readContext(call))
     }
@@ -148,7 +148,7 @@ public struct Keychain: Sendable {
     /// Whether this storage's device can protect an item with `value` now; never prompts, never writes.
     public func canUseAccessControl(_ value: AccessControl) async -> AccessControlCheck {
         if remote != nil {
-            let reply = try? await daemon(.storageCanUse) { $0.add(Tag.accessControl, value.rawValue) }
+            let reply = try? await daemon(.storageCanUse) { $0.add(WireTag.accessControl, value.rawValue) }
             return (try? reply?.result(AccessControlCheck.self)) ?? .init(available: false, reason: .unsupported)
         }
         if options.android.keyStorage == .strongbox {
@@ -188,7 +188,7 @@ public struct Keychain: Sendable {
     public func getItemInfo(_ key: String) async throws(KeychainError) -> ItemInfo? {
         if remote != nil {
             let reply = try await daemon(.itemInfo, key: key)
-            return reply.bytes(Tag.resultJSON) == nil ? nil : try reply.result(ItemInfo.self)
+            return reply.bytes(WireTag.resultJSON) == nil ? nil : try reply.result(ItemInfo.self)
         }
         return try await engine.info(service: storeService, key: key)
     }
@@ -285,7 +285,7 @@ public struct KeychainDevice: Sendable {
     }
     private var sharedEngine: Engine { local! }
 
-    private func daemon(_ op: DaemonOp, _ build: (inout WireMessage) -> Void = { _ in }) async throws(KeychainError) -> WireMessage {
+    private func daemon(_ op: WireOp, _ build: (inout WireMessage) -> Void = { _ in }) async throws(KeychainError) -> WireMessage {
         try await remote!.call(op, build)
     }
 
@@ -312,7 +312,7 @@ public struct KeychainDevice: Sendable {
     /// Enrolls a finger on the simulated reader; needs the device passcode when one is set.
     public func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) {
         if remote != nil {
-            _ = try await daemon(.enrollFinger) { $0.add(Tag.finger, name); $0.add(Tag.passcode, passcode?.wireBytes) }
+            _ = try await daemon(.enrollFinger) { $0.add(WireTag.finger, name); $0.add(WireTag.passcode, passcode?.wireBytes) }
             return
         }
         try await engine.enroll(name, passcode: passcode, readerDirectory: try readerDirectory())
@@ -321,7 +321,7 @@ public struct KeychainDevice: Sendable {
     @discardableResult
     public func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool {
         if remote != nil {
-            return try await daemon(.removeFinger) { $0.add(Tag.finger, name); $0.add(Tag.passcode, passcode?.wireBytes) }.resultBool()
+            return try await daemon(.removeFinger) { $0.add(WireTag.finger, name); $0.add(WireTag.passcode, passcode?.wireBytes) }.resultBool()
         }
         return try await engine.removeFinger(name, passcode: passcode, readerDirectory: try readerDirectory())
     }
@@ -329,7 +329,7 @@ public struct KeychainDevice: Sendable {
     /// one is set. - Returns: false when there was no reader.
     @discardableResult
     public func deleteReader(passcode: SecureBytes?) async throws(KeychainError) -> Bool {
-        if remote != nil { return try await daemon(.deleteReader) { $0.add(Tag.passcode, passcode?.wireBytes) }.resultBool() }
+        if remote != nil { return try await daemon(.deleteReader) { $0.add(WireTag.passcode, passcode?.wireBytes) }.resultBool() }
         return try await engine.deleteReader(passcode: passcode, readerDirectory: try readerDirectory())
     }
     public func enrolledFingers() async throws(KeychainError) -> [String] {
@@ -344,7 +344,7 @@ public struct KeychainDevice: Sendable {
     }
     public func canUseAccessControl(_ value: AccessControl) async -> AccessControlCheck {
         if remote != nil {
-            let reply = try? await daemon(.deviceCanUse) { $0.add(Tag.accessControl, value.rawValue) }
+            let reply = try? await daemon(.deviceCanUse) { $0.add(WireTag.accessControl, value.rawValue) }
             return (try? reply?.result(AccessControlCheck.self)) ?? .init(available: false, reason: .unsupported)
         }
         return await sharedEngine.canUse(value, readerDirectory: configuration.readerDirectory)
@@ -399,7 +399,7 @@ public struct KeychainDevice: Sendable {
     public func tokenStatus() async throws(KeychainError) -> TokenStatus? {
         if remote != nil {
             let reply = try await daemon(.tokenStatus)
-            return reply.bytes(Tag.resultJSON) == nil ? nil : try reply.result(TokenStatus.self)
+            return reply.bytes(WireTag.resultJSON) == nil ? nil : try reply.result(TokenStatus.self)
         }
         guard let uri = configuration.pkcs11URI else { return nil }
         return try await engine.tokenStatus(uri: uri)
@@ -407,7 +407,7 @@ public struct KeychainDevice: Sendable {
 
     /// Unlocks with the passcode, checked by the TPM (wrong ones count toward its limit).
     public func unlock(passcode: SecureBytes?) async throws(KeychainError) {
-        if remote != nil { _ = try await daemon(.unlock) { $0.add(Tag.passcode, passcode?.wireBytes) }; return }
+        if remote != nil { _ = try await daemon(.unlock) { $0.add(WireTag.passcode, passcode?.wireBytes) }; return }
         try await engine.unlock(passcode: passcode, readerDirectory: configuration.readerDirectory)
     }
     /// Locks: `whenUnlocked*` items become `INTERACTION_NOT_ALLOWED` until the next unlock.
@@ -417,20 +417,20 @@ public struct KeychainDevice: Sendable {
     }
     public func setPasscode(_ passcode: SecureBytes) async throws(KeychainError) {
         try checkPasscode(passcode)
-        if remote != nil { _ = try await daemon(.setPasscode) { $0.add(Tag.newPasscode, passcode.wireBytes) }; return }
+        if remote != nil { _ = try await daemon(.setPasscode) { $0.add(WireTag.newPasscode, passcode.wireBytes) }; return }
         try await engine.setPasscode(old: nil, new: passcode)
     }
     public func changePasscode(from old: SecureBytes, to new: SecureBytes) async throws(KeychainError) {
         try checkPasscode(new)
         if remote != nil {
-            _ = try await daemon(.changePasscode) { $0.add(Tag.passcode, old.wireBytes); $0.add(Tag.newPasscode, new.wireBytes) }
+            _ = try await daemon(.changePasscode) { $0.add(WireTag.passcode, old.wireBytes); $0.add(WireTag.newPasscode, new.wireBytes) }
             return
         }
         try await engine.setPasscode(old: old, new: new)
     }
     /// Removes the passcode; `whenPasscodeSetThisDeviceOnly` items are destroyed, as on iOS.
     public func removePasscode(current: SecureBytes) async throws(KeychainError) {
-        if remote != nil { _ = try await daemon(.removePasscode) { $0.add(Tag.passcode, current.wireBytes) }; return }
+        if remote != nil { _ = try await daemon(.removePasscode) { $0.add(WireTag.passcode, current.wireBytes) }; return }
         try await engine.setPasscode(old: current, new: nil)
     }
     /// Resets the TPM's count of wrong passcodes (needs the owner authorization of the configuration).
@@ -442,7 +442,7 @@ public struct KeychainDevice: Sendable {
     /// TPM commands this process sent since the last call (for benchmarks); through keychaind, the
     /// daemon's (all its callers').
     public func takeTPMCommandCount() async -> Int {
-        if remote != nil { return (try? await daemon(.takeTPMCommandCount).uint(Tag.resultNumber)).flatMap { $0 }.map(Int.init) ?? 0 }
+        if remote != nil { return (try? await daemon(.takeTPMCommandCount).uint(WireTag.resultNumber)).flatMap { $0 }.map(Int.init) ?? 0 }
         return await sharedEngine.drainCommandCount()
     }
     /// Forgets unsealed keys held in memory, as a new process would start (for benchmarks and tests);

@@ -1,3 +1,5 @@
+import KeychainWire
+
 /// The one error of the keychain: a stable code, a message a person can act on, and the cause.
 ///
 /// Two errors are equal when their codes are, whatever the message (as in swift-certificates), so
@@ -67,15 +69,8 @@ public struct KeychainError: Error, Sendable, CustomStringConvertible, Equatable
         /// Anything else, already described.
         case other(String)
 
-        public var description: String {
-            switch self {
-            case .tpm(let code, let name): "TPM \(name) (\(hex(code, digits: 8)))"
-            case .sqlite(let code, let message): "SQLite \(code): \(message)"
-            case .errno(let value): "errno \(value)"
-            case .pkcs11(let code, let name): "PKCS#11 \(name) (\(hex(code, digits: 8)))"
-            case .other(let text): text
-            }
-        }
+        /// In the words keychainctl's front writes too (KeychainWire's `WireCause`).
+        public var description: String { WireCause(self).description }
     }
 
     public let code: Code
@@ -106,10 +101,4 @@ public struct KeychainError: Error, Sendable, CustomStringConvertible, Equatable
     public static func invalidArgument(_ message: String) -> KeychainError {
         KeychainError(.invalidArgument, message)
     }
-}
-
-/// `0x` and `digits` upper-case hex digits, the form TPM and PKCS#11 codes are written in.
-private func hex(_ value: some BinaryInteger, digits: Int) -> String {
-    let text = String(value, radix: 16, uppercase: true)
-    return "0x" + String(repeating: "0", count: max(0, digits - text.count)) + text
 }

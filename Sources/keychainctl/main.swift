@@ -119,28 +119,10 @@ struct Invocation {
     }
 }
 
-/// The request kinds of keychaind's protocol the front sends (Sources/Keychain/Daemon/DaemonProtocol.swift).
-enum Op: UInt8 { case setItem = 1, getItem = 2, hasItem = 3, removeItem = 4, clear = 5, allKeys = 6 }
-enum Reply { static let ok: UInt8 = 0x80, error: UInt8 = 0x81, prompt: UInt8 = 0x82, answer: UInt8 = 0x83 }
-enum Tag {
-    static let options: UInt8 = 1, key: UInt8 = 2, value: UInt8 = 3, accessible: UInt8 = 4, accessControl: UInt8 = 5,
-               label: UInt8 = 7, synchronizable: UInt8 = 8, attempts: UInt8 = 10
-    static let resultBytes: UInt8 = 20, resultBool: UInt8 = 21, resultJSON: UInt8 = 22
-    static let errorCode: UInt8 = 30, errorMessage: UInt8 = 31, causeKind: UInt8 = 32, causeNumber: UInt8 = 33, causeText: UInt8 = 34
-    static let answerKind: UInt8 = 50
-}
-
-/// The library's values of `--accessible` and `--access-control`: any other value goes to the full
-/// tool, which names the choices.
-let accessibleValues: Set<String> = ["whenUnlocked", "afterFirstUnlock", "always", "whenPasscodeSetThisDeviceOnly",
-                                     "whenUnlockedThisDeviceOnly", "afterFirstUnlockThisDeviceOnly", "alwaysThisDeviceOnly"]
-let accessControlValues: Set<String> = ["none", "biometryAny", "biometryCurrentSet", "biometryAnyOrPasscode",
-                                        "biometryCurrentSetOrPasscode", "passcode"]
-
 /// A command the front does itself, or nil to hand it over. Only inputs the full tool accepts as
 /// they are: anything it would refuse or treat specially is the full tool's to answer.
 struct FastCommand {
-    let op: Op
+    let op: WireOp
     let service: String
     let key: String?
     let accessGroup: String?
@@ -170,8 +152,8 @@ struct FastCommand {
         }
         guard inv.command.count == operands + 1, inv.flags.keys.allSatisfy(allowed.contains),
               inv.switches.isSubset(of: switches) else { return nil }
-        if let value = inv.flags["--accessible"], !accessibleValues.contains(value) { return nil }
-        if let value = inv.flags["--access-control"], !accessControlValues.contains(value) { return nil }
+        if let value = inv.flags["--accessible"], !WireValues.accessible.contains(value) { return nil }
+        if let value = inv.flags["--access-control"], !WireValues.accessControl.contains(value) { return nil }
         service = inv.command[1]
         key = operands == 2 ? inv.command[2] : nil
         accessGroup = inv.flags["--access-group"]
@@ -230,26 +212,9 @@ extension Failure {
     }
 }
 
-/// keychaind's error reply as the library decodes it (KeychainError(decoding:)), field by field in its order.
-func decodeError(_ reply: WireMessage) throws(WireError) -> Failure {
-    guard let code = try reply.string(Tag.errorCode) else { throw WireError(.malformed, "error without a code") }
-    let number = try reply.uint(Tag.causeNumber) ?? 0
-    let text = try reply.string(Tag.causeText) ?? ""
-    let cause: String? = switch try reply.uint(Tag.causeKind) {
-    case nil: nil
-    case 0: "TPM \(text) (\(upperHex(UInt64(UInt32(truncatingIfNeeded: number)))))"
-    case 1: "SQLite \(Int32(truncatingIfNeeded: Int64(bitPattern: number))): \(text)"
-    case 2: "errno \(Int32(truncatingIfNeeded: Int64(bitPattern: number)))"
-    case 3: "PKCS#11 \(text) (\(upperHex(number)))"
-    default: text
-    }
-    return Failure(code, try reply.string(Tag.errorMessage) ?? "", cause: cause)
-}
-
-/// `0x` and at least 8 upper-case hex digits, as TPM and PKCS#11 codes are written.
-func upperHex(_ value: UInt64) -> String {
-    let text = String(value, radix: 16, uppercase: true)
-    return "0x" + String(repeating: "0", count: max(0, 8 - text.count)) + text
+/// keychaind's error reply as the library decodes it (KeychainWire's codec, the library's words for the cause).
+extension Failure {
+    init(_ reply: WireErrorReply) { self.init(reply.code, reply.message, cause: reply.cause?.description) }
 }
 
 /// A string as Foundation's JSONEncoder writes it: `"`, `\\` and `/` escaped, \b \t \n \f \r, other
@@ -267,20 +232,6 @@ func jsonEncoded(_ text: String) -> String {
         case 0x0C: out += "\\f"
         case 0x0D: out += "\\r"
         case 0x00..<0x20: out += "\\u00" + lowerHex(scalar.value, digits: 2)
-        default: out.unicodeScalars.append(scalar)
-        }
-    }
-    return out + "\""
-}
-
-/// A JSON string literal (the options' service and access group).
-func jsonString(_ text: String) -> String {
-    var out = "\""
-    for scalar in text.unicodeScalars {
-        switch scalar {
-        case "\"": out += "\\\""
-        case "\\": out += "\\\\"
-        case _ where scalar.value < 0x20: out += "\\u00" + lowerHex(scalar.value, digits: 2)
         default: out.unicodeScalars.append(scalar)
         }
     }
@@ -383,13 +334,11 @@ func main() -> Never {
           let fast = FastCommand(inv) else {
         runFullTool()
     }
-    var options = "{\"service\":\(jsonString(fast.service))"
-    if let group = fast.accessGroup { options += ",\"accessGroup\":\(jsonString(group))" }
-    options += "}"
-    func request(_ op: Op) -> WireMessage {
+    let options = WireStorageOptions.json(service: fast.service, accessGroup: fast.accessGroup)
+    func request(_ op: WireOp) -> WireMessage {
         var message = WireMessage(kind: op.rawValue)
-        message.add(Tag.options, Array(options.utf8))
-        message.add(Tag.key, fast.key)
+        message.add(WireTag.options, options)
+        message.add(WireTag.key, fast.key)
         return message
     }
 
@@ -398,13 +347,11 @@ func main() -> Never {
     switch fast.op {
     case .setItem:
         // Moved into the request without another reference, so the request's wipe zeroes it in place.
-        first.add(Tag.value, readValue())
-        first.add(Tag.accessible, fast.flags["--accessible"])
-        first.add(Tag.accessControl, fast.flags["--access-control"])
-        first.add(Tag.label, fast.flags["--label"])
-        if fast.synchronizable { first.add(Tag.synchronizable, true) }
+        first.add(WireTag.value, readValue())
+        WireSetOptions(accessible: fast.flags["--accessible"], accessControl: fast.flags["--access-control"],
+                       label: fast.flags["--label"], synchronizable: fast.synchronizable ? true : nil).add(to: &first)
     case .getItem:
-        first.add(Tag.attempts, fast.attempts)
+        first.add(WireTag.attempts, fast.attempts)
     default: break
     }
 
@@ -423,11 +370,11 @@ func main() -> Never {
             while true {
                 var reply = try WireSocket.receive(fd, idle: 120, stall: 10)
                 switch reply.kind {
-                case Reply.ok:
+                case WireKind.ok:
                     return reply
-                case Reply.error:
-                    try decodeError(reply).report()
-                case Reply.prompt:
+                case WireKind.error:
+                    try Failure(WireErrorReply(decoding: reply)).report()
+                case WireKind.prompt:
                     reply.wipe()
                     // The full tool has an authenticator: it asks the question. This request ends
                     // unanswered (keychaind takes the closed connection for an interrupted prompt,
@@ -438,8 +385,8 @@ func main() -> Never {
                         runFullTool()
                     }
                     // No authenticator: the full tool answers "interrupted", and so does the front.
-                    var answer = WireMessage(kind: Reply.answer)
-                    answer.add(Tag.answerKind, UInt64(4))
+                    var answer = WireMessage(kind: WireKind.answer)
+                    answer.add(WireTag.answerKind, UInt64(4))
                     try WireSocket.send(fd, answer)
                 default:
                     Failure("INTERNAL", "The keychain service sent a reply of unknown kind \(reply.kind)").report()
@@ -454,7 +401,7 @@ func main() -> Never {
     first.wipe()
     switch fast.op {
     case .getItem:
-        guard var value = reply.bytes(Tag.resultBytes) else {
+        guard var value = reply.bytes(WireTag.resultBytes) else {
             guard fast.json else { fail("no item '\(escaped(fast.key!))' in service '\(escaped(fast.service))'", 1) }
             let message = "No item '\(fast.key!)' in service '\(fast.service)'"
             writeAll(1, Array("{\"error\":{\"code\":\"NOT_FOUND\",\"message\":\(jsonEncoded(message))}}\n".utf8))
@@ -463,14 +410,14 @@ func main() -> Never {
         writeAll(1, value)
         value.wipe()
     case .hasItem, .removeItem:
-        guard let present = (try? reply.bool(Tag.resultBool)).flatMap({ $0 }) else {
+        guard let present = (try? reply.bool(WireTag.resultBool)).flatMap({ $0 }) else {
             Failure("INTERNAL", "The keychain service's reply has no boolean result").report()
         }
         if fast.op == .removeItem { _ = exchange(request(.removeItem)) }
         if fast.json { writeAll(1, Array("{\"\(fast.op == .removeItem ? "removed" : "present")\":\(present)}\n".utf8)) }
         exit(present ? 0 : 1)
     case .allKeys:
-        guard let bytes = reply.bytes(Tag.resultJSON) else { Failure("INTERNAL", "The keychain service's reply has no result").report() }
+        guard let bytes = reply.bytes(WireTag.resultJSON) else { Failure("INTERNAL", "The keychain service's reply has no result").report() }
         // A reply this parser does not read: the full tool asks again and words it (a read changes nothing).
         guard let keys = jsonStrings(bytes) else { close(fd); runFullTool() }
         let text = fast.json ? "[" + keys.map(jsonEncoded).joined(separator: ",") + "]\n" : keys.map { escaped($0) + "\n" }.joined()
@@ -479,6 +426,8 @@ func main() -> Never {
         if fast.json { writeAll(1, Array("{\"stored\":true}\n".utf8)) }
     case .clear:
         if fast.json { writeAll(1, Array("{\"cleared\":true}\n".utf8)) }
+    default:
+        break  // FastCommand makes no other
     }
     reply.wipe()
     exit(0)

@@ -18,13 +18,13 @@ struct DaemonConnectionTests {
 
     /// getItem on `fd` with these options; the reply's value, or its error code.
     func get(_ fd: Int32, _ options: KeychainOptions, _ key: String) throws -> (value: String?, error: String?) {
-        var request = WireMessage(kind: DaemonOp.getItem.rawValue)
-        request.add(Tag.options, WireJSON.encode(options))
-        request.add(Tag.key, key)
+        var request = WireMessage(kind: WireOp.getItem.rawValue)
+        request.add(WireTag.options, WireJSON.encode(options))
+        request.add(WireTag.key, key)
         try WireSocket.send(fd, request)
         let reply = try WireSocket.receive(fd, idle: 60, stall: 60)
-        if reply.kind == DaemonReply.error { return (nil, try reply.string(Tag.errorCode)) }
-        return (reply.bytes(Tag.resultBytes).map { String(decoding: $0, as: UTF8.self) }, nil)
+        if reply.kind == WireKind.error { return (nil, try reply.string(WireTag.errorCode)) }
+        return (reply.bytes(WireTag.resultBytes).map { String(decoding: $0, as: UTF8.self) }, nil)
     }
 
     func connect() throws -> Int32 {

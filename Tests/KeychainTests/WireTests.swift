@@ -20,23 +20,23 @@ struct WireTests {
     }
 
     static func sample() -> WireMessage {
-        var message = WireMessage(kind: DaemonOp.setItem.rawValue)
-        message.add(Tag.options, WireJSON.encode(KeychainOptions(service: "svc", accessControl: .passcode)))
-        message.add(Tag.key, "k")
-        message.add(Tag.value, [0, 1, 2, 255])
-        message.add(Tag.accessible, "always")
-        message.add(Tag.authValidity, UInt64(5))
-        message.add(Tag.synchronizable, false)
+        var message = WireMessage(kind: WireOp.setItem.rawValue)
+        message.add(WireTag.options, WireJSON.encode(KeychainOptions(service: "svc", accessControl: .passcode)))
+        message.add(WireTag.key, "k")
+        message.add(WireTag.value, [0, 1, 2, 255])
+        message.add(WireTag.accessible, "always")
+        message.add(WireTag.authValidity, UInt64(5))
+        message.add(WireTag.synchronizable, false)
         return message
     }
 
     @Test func aMessageRoundTripsAndHasOneEncoding() throws {
         let encoded = Self.sample().encoded()
         let decoded = try WireMessage.decode(encoded)
-        #expect(decoded.kind == DaemonOp.setItem.rawValue)
+        #expect(decoded.kind == WireOp.setItem.rawValue)
         #expect(decoded.encoded() == encoded)
-        #expect(try decoded.string(Tag.key) == "k")
-        #expect(try decoded.uint(Tag.authValidity) == 5)
+        #expect(try decoded.string(WireTag.key) == "k")
+        #expect(try decoded.uint(WireTag.authValidity) == 5)
         let call = try #require(try SetItemOptions(wire: decoded))
         #expect(call.accessible == .always && call.authValidity == 5 && call.synchronizable == false && call.accessControl == nil)
     }
@@ -91,7 +91,7 @@ struct WireTests {
             accepted += 1
             #expect(message.encoded() == input)
             _ = try? SetItemOptions(wire: message)
-            _ = try? WireJSON.decode(KeychainOptions.self, message.bytes(Tag.options))
+            _ = try? WireJSON.decode(KeychainOptions.self, message.bytes(WireTag.options))
             _ = try? KeychainError(decoding: message)
             for tag in message.fields.map(\.tag) { _ = try? message.string(tag); _ = try? message.uint(tag); _ = try? message.bool(tag) }
         }
@@ -119,9 +119,36 @@ struct WireTests {
                          UInt8(input.count & 0xFF)] + input
             _ = frame.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             if let reply = try? WireSocket.receive(fd, idle: 60, stall: 60) {
-                #expect(reply.kind == DaemonReply.ok || reply.kind == DaemonReply.error)
+                #expect(reply.kind == WireKind.ok || reply.kind == WireKind.error)
             }
         }
         #expect(try await storage.getItem("k") == "v")
+    }
+
+    /// The value sets the front checks its options against are the library's, word for word.
+    @Test func theWiresValueSetsAreTheLibrarysEnums() {
+        #expect(WireValues.accessible == Accessible.allCases.map(\.rawValue))
+        #expect(WireValues.accessControl == AccessControl.allCases.map(\.rawValue))
+    }
+
+    /// Every cause survives the error codec, and reads as the library writes it.
+    @Test func anErrorAndItsCauseRoundTrip() throws {
+        let causes: [KeychainError.Cause?] = [nil, .tpm(code: 0x98E, name: "TPM2_RC_AUTH_FAIL"), .sqlite(code: -5, message: "busy"),
+                                              .errno(-13), .pkcs11(code: 0xA0, name: "CKR_PIN_INCORRECT"), .other("why")]
+        for cause in causes {
+            let error = KeychainError(.hardwareUnavailable, "a message", underlying: cause)
+            let decoded = try KeychainError(decoding: try WireMessage.decode(error.wireMessage.encoded()))
+            #expect(decoded.description == error.description)
+            #expect(try WireErrorReply(decoding: error.wireMessage).cause?.description == cause?.description)
+        }
+        #expect(KeychainError.Cause.tpm(code: 0x98E, name: "X").description == "TPM X (0x0000098E)")
+    }
+
+    /// The front's storage options (no Foundation) decode to the options the library sends.
+    @Test func theFrontsStorageOptionsAreTheLibrarysJSON() throws {
+        for (service, group) in [("mail", nil), ("a\"b\\c\u{1}\u{1F}é/", "team"), ("x", "g\n")] as [(String, String?)] {
+            let decoded = try WireJSON.decode(KeychainOptions.self, WireStorageOptions.json(service: service, accessGroup: group))
+            #expect(decoded == KeychainOptions(service: service, accessGroup: group))
+        }
     }
 }

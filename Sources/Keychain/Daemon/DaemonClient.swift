@@ -22,7 +22,7 @@ struct DaemonClient: Sendable {
     /// How long a started frame may stall.
     static let stallTimeout = 10
 
-    func call(_ op: DaemonOp, _ build: (inout WireMessage) -> Void = { _ in },
+    func call(_ op: WireOp, _ build: (inout WireMessage) -> Void = { _ in },
               authenticator: (any Authenticator)? = nil) async throws(KeychainError) -> WireMessage {
         var request = WireMessage(kind: op.rawValue)
         build(&request)
@@ -34,15 +34,15 @@ struct DaemonClient: Sendable {
         var reply = try await exchange(fd, request)
         while true {
             switch reply.kind {
-            case DaemonReply.ok:
+            case WireKind.ok:
                 complete = true
                 return reply
-            case DaemonReply.error:
+            case WireKind.error:
                 let thrown: KeychainError
                 do { thrown = try KeychainError(decoding: reply) } catch { throw failure(error) }
                 complete = true
                 throw thrown
-            case DaemonReply.prompt:
+            case WireKind.prompt:
                 var answer = try await answer(reply, authenticator: authenticator)
                 defer { answer.wipe() }
                 reply.wipe()
@@ -54,12 +54,12 @@ struct DaemonClient: Sendable {
     }
 
     /// A call without fields and without prompts, for the API's few synchronous calls; nil on any failure.
-    func callBlocking(_ op: DaemonOp) -> WireMessage? {
+    func callBlocking(_ op: WireOp) -> WireMessage? {
         guard case .success(let fd) = WireSocket.connect(path: socketPath) else { return nil }
         defer { close(fd) }
         guard (try? WireSocket.send(fd, WireMessage(kind: op.rawValue))) != nil,
               let reply = try? WireSocket.receive(fd, idle: Self.replyTimeout, stall: Self.stallTimeout),
-              reply.kind == DaemonReply.ok else { return nil }
+              reply.kind == WireKind.ok else { return nil }
         return reply
     }
 
@@ -68,21 +68,21 @@ struct DaemonClient: Sendable {
         let request: AuthenticationRequest
         do {
             request = AuthenticationRequest(
-                prompt: try WireJSON.decode(Prompt.self, prompt.bytes(Tag.promptJSON)) ?? Prompt(),
-                methods: try WireJSON.decode([AuthenticationMethod].self, prompt.bytes(Tag.methods)) ?? [],
-                service: try prompt.string(Tag.service) ?? "", key: try prompt.string(Tag.promptKey) ?? "",
-                attempt: Int(try prompt.uint(Tag.attempt) ?? 1), previousFailure: try prompt.string(Tag.previousFailure))
+                prompt: try WireJSON.decode(Prompt.self, prompt.bytes(WireTag.promptJSON)) ?? Prompt(),
+                methods: try WireJSON.decode([AuthenticationMethod].self, prompt.bytes(WireTag.methods)) ?? [],
+                service: try prompt.string(WireTag.service) ?? "", key: try prompt.string(WireTag.promptKey) ?? "",
+                attempt: Int(try prompt.uint(WireTag.attempt) ?? 1), previousFailure: try prompt.string(WireTag.previousFailure))
         } catch { throw failure(error) }
         let given = await authenticator?.authenticate(request) ?? .interrupted
-        var message = WireMessage(kind: DaemonReply.answer)
+        var message = WireMessage(kind: WireKind.answer)
         switch given {
-        case .finger(let name): message.add(Tag.answerKind, UInt64(0)); message.add(Tag.answerFinger, name)
+        case .finger(let name): message.add(WireTag.answerKind, UInt64(0)); message.add(WireTag.answerFinger, name)
         case .passcode(let pin):
-            message.add(Tag.answerKind, UInt64(1))
-            message.add(Tag.answerPasscode, pin.withUnsafeBytes { Array($0) })
-        case .cancel: message.add(Tag.answerKind, UInt64(2))
-        case .fallback: message.add(Tag.answerKind, UInt64(3))
-        case .interrupted: message.add(Tag.answerKind, UInt64(4))
+            message.add(WireTag.answerKind, UInt64(1))
+            message.add(WireTag.answerPasscode, pin.withUnsafeBytes { Array($0) })
+        case .cancel: message.add(WireTag.answerKind, UInt64(2))
+        case .fallback: message.add(WireTag.answerKind, UInt64(3))
+        case .interrupted: message.add(WireTag.answerKind, UInt64(4))
         }
         return message
     }
@@ -142,14 +142,14 @@ extension WireMessage {
     /// The `resultJSON` field decoded, or `INTERNAL` naming what was missing.
     func result<T: Decodable>(_ type: T.Type) throws(KeychainError) -> T {
         let value: T?
-        do { value = try WireJSON.decode(type, bytes(Tag.resultJSON)) } catch {
+        do { value = try WireJSON.decode(type, bytes(WireTag.resultJSON)) } catch {
             throw KeychainError(.internal, "The keychain service's reply does not decode: \(error.detail)")
         }
         guard let value else { throw KeychainError(.internal, "The keychain service's reply has no result") }
         return value
     }
     func resultBool() throws(KeychainError) -> Bool {
-        guard let value = try? bool(Tag.resultBool) else {
+        guard let value = try? bool(WireTag.resultBool) else {
             throw KeychainError(.internal, "The keychain service's reply has no boolean result")
         }
         return value

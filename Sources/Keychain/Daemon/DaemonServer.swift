@@ -134,7 +134,7 @@ package final class DaemonServer: Sendable {
                 do {
                     try WireSocket.send(fd, prompt)
                     let answer = try WireSocket.receive(fd, idle: limits.promptTimeout, stall: limits.stallTimeout)
-                    guard answer.kind == DaemonReply.answer else { throw WireError(.malformed, "expected an answer") }
+                    guard answer.kind == WireKind.answer else { throw WireError(.malformed, "expected an answer") }
                     drive { continuation.resume(returning: answer) }
                 } catch {
                     broken = true
@@ -148,7 +148,7 @@ package final class DaemonServer: Sendable {
 
     func handle(_ request: WireMessage, peer: Peer, connection: Connection, mailbox: Mailbox) async -> WireMessage {
         do throws(KeychainError) {
-            guard let op = DaemonOp(rawValue: request.kind) else {
+            guard let op = WireOp(rawValue: request.kind) else {
                 throw KeychainError(.invalidArgument, "The keychain service does not know request \(request.kind): update the client or the service")
             }
             if op.needsAdmin && !groups.isAdmin(peer) {
@@ -162,11 +162,11 @@ package final class DaemonServer: Sendable {
                                     + "uid \(peer.uid) is neither")
             }
             var configuration = configuration
-            if let attempts = try wire({ () throws(WireError) in try request.uint(Tag.attempts) }) {
+            if let attempts = try wire({ () throws(WireError) in try request.uint(WireTag.attempts) }) {
                 configuration.authenticator = RemoteAuthenticator(mailbox: mailbox, attemptsPerRead: Int(min(attempts, 10)))
             }
-            var reply = WireMessage(kind: DaemonReply.ok)
-            if op.rawValue < DaemonOp.enrollFinger.rawValue {
+            var reply = WireMessage(kind: WireKind.ok)
+            if op.isStorageCall {
                 try await storageCall(op, request, peer: peer, connection: connection, configuration: configuration, reply: &reply)
             } else {
                 try await deviceCall(op, request, configuration: configuration, reply: &reply)
@@ -177,9 +177,9 @@ package final class DaemonServer: Sendable {
         }
     }
 
-    private func storageCall(_ op: DaemonOp, _ request: WireMessage, peer: Peer, connection: Connection,
+    private func storageCall(_ op: WireOp, _ request: WireMessage, peer: Peer, connection: Connection,
                              configuration: KeychainConfiguration, reply: inout WireMessage) async throws(KeychainError) {
-        guard let options = try connection.options(request.bytes(Tag.options)), options.service != nil else {
+        guard let options = try connection.options(request.bytes(WireTag.options)), options.service != nil else {
             throw KeychainError(.invalidArgument, "The keychain service got a storage call without its options")
         }
         let namespace: String
@@ -200,76 +200,76 @@ package final class DaemonServer: Sendable {
         }
     }
 
-    private func storageCall(_ op: DaemonOp, _ request: WireMessage, options: KeychainOptions, namespace: String,
+    private func storageCall(_ op: WireOp, _ request: WireMessage, options: KeychainOptions, namespace: String,
                              configuration: KeychainConfiguration, reply: inout WireMessage) async throws(KeychainError) {
         let storage = try Keychain(options: options, configuration: configuration, namespace: namespace, engine: engine)
-        let key = try wire { () throws(WireError) in try request.string(Tag.key) } ?? ""
+        let key = try wire { () throws(WireError) in try request.string(WireTag.key) } ?? ""
         switch op {
         case .setItem:
-            var bytes = request.bytes(Tag.value) ?? []
+            var bytes = request.bytes(WireTag.value) ?? []
             defer { bytes.wipe() }
             let call = try wire { () throws(WireError) in try SetItemOptions(wire: request) }
             try await storage.setItem(key, SecureBytes(copying: bytes), options: call)
         case .getItem:
-            let prompt = try wire { () throws(WireError) in try WireJSON.decode(Prompt.self, request.bytes(Tag.prompt)) }
+            let prompt = try wire { () throws(WireError) in try WireJSON.decode(Prompt.self, request.bytes(WireTag.prompt)) }
             if let value = try await storage.getSecureBytes(key, options: prompt.map { GetItemOptions(prompt: $0) }) {
-                reply.add(Tag.resultBytes, value.withUnsafeBytes { Array($0) })
+                reply.add(WireTag.resultBytes, value.withUnsafeBytes { Array($0) })
             }
-        case .hasItem: reply.add(Tag.resultBool, try await storage.hasItem(key))
+        case .hasItem: reply.add(WireTag.resultBool, try await storage.hasItem(key))
         case .removeItem: try await storage.removeItem(key)
         case .clear: try await storage.clear()
-        case .allKeys: reply.add(Tag.resultJSON, WireJSON.encode(try await storage.getAllKeys()))
+        case .allKeys: reply.add(WireTag.resultJSON, WireJSON.encode(try await storage.getAllKeys()))
         case .itemInfo:
             if var info = try await storage.getItemInfo(key) {
                 if info.service.hasPrefix(namespace) { info.service.removeFirst(namespace.count) }
-                reply.add(Tag.resultJSON, WireJSON.encode(info))
+                reply.add(WireTag.resultJSON, WireJSON.encode(info))
             }
         case .storageCanUse:
-            reply.add(Tag.resultJSON, WireJSON.encode(await storage.canUseAccessControl(try accessControl(request))))
+            reply.add(WireTag.resultJSON, WireJSON.encode(await storage.canUseAccessControl(try accessControl(request))))
         default: throw KeychainError(.internal, "not a storage call: \(op)")
         }
     }
 
-    private func deviceCall(_ op: DaemonOp, _ request: WireMessage, configuration: KeychainConfiguration,
+    private func deviceCall(_ op: WireOp, _ request: WireMessage, configuration: KeychainConfiguration,
                             reply: inout WireMessage) async throws(KeychainError) {
         let device = KeychainDevice(configuration: configuration)
-        let passcode = request.bytes(Tag.passcode).map { bytes in
+        let passcode = request.bytes(WireTag.passcode).map { bytes in
             var bytes = bytes
             defer { bytes.wipe() }
             return SecureBytes(copying: bytes)
         }
-        let newPasscode = request.bytes(Tag.newPasscode).map { bytes in
+        let newPasscode = request.bytes(WireTag.newPasscode).map { bytes in
             var bytes = bytes
             defer { bytes.wipe() }
             return SecureBytes(copying: bytes)
         }
-        let finger = try wire { () throws(WireError) in try request.string(Tag.finger) } ?? ""
+        let finger = try wire { () throws(WireError) in try request.string(WireTag.finger) } ?? ""
         switch op {
         case .enrollFinger: try await device.enrollFinger(finger, passcode: passcode)
-        case .removeFinger: reply.add(Tag.resultBool, try await device.removeFinger(finger, passcode: passcode))
-        case .deleteReader: reply.add(Tag.resultBool, try await device.deleteReader(passcode: passcode))
-        case .enrolledFingers: reply.add(Tag.resultJSON, WireJSON.encode(try await device.enrolledFingers()))
-        case .biometryTypes: reply.add(Tag.resultJSON, WireJSON.encode(device.biometryTypes()))
-        case .deviceCanUse: reply.add(Tag.resultJSON, WireJSON.encode(await device.canUseAccessControl(try accessControl(request))))
-        case .initialize: reply.add(Tag.resultJSON, WireJSON.encode(try await device.initialize()))
-        case .status: reply.add(Tag.resultJSON, WireJSON.encode(try await device.status()))
+        case .removeFinger: reply.add(WireTag.resultBool, try await device.removeFinger(finger, passcode: passcode))
+        case .deleteReader: reply.add(WireTag.resultBool, try await device.deleteReader(passcode: passcode))
+        case .enrolledFingers: reply.add(WireTag.resultJSON, WireJSON.encode(try await device.enrolledFingers()))
+        case .biometryTypes: reply.add(WireTag.resultJSON, WireJSON.encode(device.biometryTypes()))
+        case .deviceCanUse: reply.add(WireTag.resultJSON, WireJSON.encode(await device.canUseAccessControl(try accessControl(request))))
+        case .initialize: reply.add(WireTag.resultJSON, WireJSON.encode(try await device.initialize()))
+        case .status: reply.add(WireTag.resultJSON, WireJSON.encode(try await device.status()))
         case .resetTokenPINTries: try await device.resetTokenPINTries()
         case .tokenStatus:
-            if let status = try await device.tokenStatus() { reply.add(Tag.resultJSON, WireJSON.encode(status)) }
+            if let status = try await device.tokenStatus() { reply.add(WireTag.resultJSON, WireJSON.encode(status)) }
         case .unlock: try await device.unlock(passcode: passcode)
         case .lock: try await device.lock()
         case .setPasscode: try await device.setPasscode(newPasscode ?? SecureBytes(copying: []))
         case .changePasscode: try await device.changePasscode(from: passcode ?? SecureBytes(copying: []), to: newPasscode ?? SecureBytes(copying: []))
         case .removePasscode: try await device.removePasscode(current: passcode ?? SecureBytes(copying: []))
         case .resetPasscodeTries: try await device.resetPasscodeTries()
-        case .takeTPMCommandCount: reply.add(Tag.resultNumber, UInt64(await device.takeTPMCommandCount()))
+        case .takeTPMCommandCount: reply.add(WireTag.resultNumber, UInt64(await device.takeTPMCommandCount()))
         case .dropCaches: await device.dropCaches()
         default: throw KeychainError(.internal, "not a device call: \(op)")
         }
     }
 
     private func accessControl(_ request: WireMessage) throws(KeychainError) -> AccessControl {
-        let raw = try wire { () throws(WireError) in try request.string(Tag.accessControl) } ?? ""
+        let raw = try wire { () throws(WireError) in try request.string(WireTag.accessControl) } ?? ""
         guard let value = AccessControl(rawValue: raw) else { throw .invalidArgument("Invalid accessControl '\(raw)'") }
         return value
     }
@@ -307,19 +307,19 @@ final class RemoteAuthenticator: Authenticator {
     }
 
     func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer {
-        var prompt = WireMessage(kind: DaemonReply.prompt)
-        prompt.add(Tag.promptJSON, WireJSON.encode(request.prompt))
-        prompt.add(Tag.methods, WireJSON.encode(request.methods))
+        var prompt = WireMessage(kind: WireKind.prompt)
+        prompt.add(WireTag.promptJSON, WireJSON.encode(request.prompt))
+        prompt.add(WireTag.methods, WireJSON.encode(request.methods))
         // The caller named its service without the daemon's namespace.
-        prompt.add(Tag.service, String(request.service.drop { $0 != "/" }.dropFirst()))
-        prompt.add(Tag.promptKey, request.key)
-        prompt.add(Tag.attempt, UInt64(request.attempt))
-        prompt.add(Tag.previousFailure, request.previousFailure)
+        prompt.add(WireTag.service, String(request.service.drop { $0 != "/" }.dropFirst()))
+        prompt.add(WireTag.promptKey, request.key)
+        prompt.add(WireTag.attempt, UInt64(request.attempt))
+        prompt.add(WireTag.previousFailure, request.previousFailure)
         guard var answer = await mailbox.ask(prompt) else { return .interrupted }
         defer { answer.wipe() }
-        switch try? answer.uint(Tag.answerKind) {
-        case 0: return (try? answer.string(Tag.answerFinger)).flatMap { $0 }.map { .finger($0) } ?? .interrupted
-        case 1: return answer.bytes(Tag.answerPasscode).map { .passcode(SecureBytes(copying: $0)) } ?? .interrupted
+        switch try? answer.uint(WireTag.answerKind) {
+        case 0: return (try? answer.string(WireTag.answerFinger)).flatMap { $0 }.map { .finger($0) } ?? .interrupted
+        case 1: return answer.bytes(WireTag.answerPasscode).map { .passcode(SecureBytes(copying: $0)) } ?? .interrupted
         case 2: return .cancel
         case 3: return .fallback
         default: return .interrupted

@@ -1,0 +1,199 @@
+/// What keychaind's messages mean (docs/daemon.md): request kinds, reply kinds, field tags, the
+/// values an option field may take, the error codec. The library's client, keychaind and
+/// keychainctl's front all read this one copy, so no side can disagree on a number or a word.
+
+/// A request's kind: one keychain call.
+public enum WireOp: UInt8, CaseIterable, Sendable {
+    // A storage's calls: the options (service resolved by the client) travel with each.
+    case setItem = 1, getItem, hasItem, removeItem, clear, allKeys, itemInfo, storageCanUse
+    // The device's.
+    case enrollFinger = 20, removeFinger, deleteReader, enrolledFingers, biometryTypes, deviceCanUse,
+         initialize, status, resetTokenPINTries, tokenStatus, unlock, lock, setPasscode, changePasscode,
+         removePasscode, resetPasscodeTries, takeTPMCommandCount, dropCaches
+
+    /// A storage's call (it carries the storage's options), else a device's.
+    public var isStorageCall: Bool { rawValue < WireOp.enrollFinger.rawValue }
+
+    /// Device-wide changes, locking the device for every user, the fingers' names and the TPM command
+    /// count (every user's calls in it): root or the `admin` access group only (docs/security.md).
+    public var needsAdmin: Bool {
+        switch self {
+        case .enrollFinger, .removeFinger, .deleteReader, .initialize, .resetTokenPINTries, .setPasscode,
+             .changePasscode, .removePasscode, .resetPasscodeTries, .dropCaches, .lock, .enrolledFingers,
+             .takeTPMCommandCount: true
+        default: false
+        }
+    }
+}
+
+/// Message kinds other than requests.
+public enum WireKind {
+    public static let ok: UInt8 = 0x80
+    public static let error: UInt8 = 0x81
+    /// The daemon asks the client's authenticator (the client answers with `answer`).
+    public static let prompt: UInt8 = 0x82
+    public static let answer: UInt8 = 0x83
+}
+
+/// Field tags; a request carries only those its call needs.
+public enum WireTag {
+    /// The storage's options as JSON (`KeychainOptions`, service resolved).
+    public static let options: UInt8 = 1, key: UInt8 = 2, value: UInt8 = 3
+    public static let accessible: UInt8 = 4, accessControl: UInt8 = 5, authValidity: UInt8 = 6, label: UInt8 = 7,
+                      synchronizable: UInt8 = 8
+    public static let prompt: UInt8 = 9
+    /// The client's authenticator's `attemptsPerRead`; absent when the client has no authenticator.
+    public static let attempts: UInt8 = 10
+    public static let finger: UInt8 = 11, passcode: UInt8 = 12, newPasscode: UInt8 = 13
+    public static let resultBytes: UInt8 = 20, resultBool: UInt8 = 21, resultJSON: UInt8 = 22, resultNumber: UInt8 = 23
+    public static let errorCode: UInt8 = 30, errorMessage: UInt8 = 31, causeKind: UInt8 = 32, causeNumber: UInt8 = 33,
+                      causeText: UInt8 = 34
+    public static let promptJSON: UInt8 = 40, methods: UInt8 = 41, service: UInt8 = 42, promptKey: UInt8 = 43, attempt: UInt8 = 44,
+                      previousFailure: UInt8 = 45
+    public static let answerKind: UInt8 = 50, answerFinger: UInt8 = 51, answerPasscode: UInt8 = 52
+}
+
+/// The words an option field may hold: the raw values of the library's `Accessible` and
+/// `AccessControl`, in their order (a test pins the two together).
+public enum WireValues {
+    public static let accessible = ["whenUnlocked", "afterFirstUnlock", "always", "whenPasscodeSetThisDeviceOnly",
+                                    "whenUnlockedThisDeviceOnly", "afterFirstUnlockThisDeviceOnly", "alwaysThisDeviceOnly"]
+    public static let accessControl = ["none", "biometryAny", "biometryCurrentSet", "biometryAnyOrPasscode",
+                                       "biometryCurrentSetOrPasscode", "passcode"]
+}
+
+/// A write's own options as fields (`accessible` … `synchronizable`), each absent when the call
+/// leaves it to the storage. The words are checked against `WireValues` by whoever reads them.
+public struct WireSetOptions: Sendable, Equatable {
+    public var accessible: String?
+    public var accessControl: String?
+    public var authValidity: Int?
+    public var label: String?
+    public var synchronizable: Bool?
+
+    public init(accessible: String? = nil, accessControl: String? = nil, authValidity: Int? = nil, label: String? = nil,
+                synchronizable: Bool? = nil) {
+        (self.accessible, self.accessControl, self.authValidity) = (accessible, accessControl, authValidity)
+        (self.label, self.synchronizable) = (label, synchronizable)
+    }
+
+    public func add(to message: inout WireMessage) {
+        message.add(WireTag.accessible, accessible)
+        message.add(WireTag.accessControl, accessControl)
+        message.add(WireTag.authValidity, authValidity.map { UInt64(bitPattern: Int64($0)) })
+        message.add(WireTag.label, label)
+        message.add(WireTag.synchronizable, synchronizable)
+    }
+
+    /// nil when the message carries none of the fields.
+    public init?(wire message: WireMessage) throws(WireError) {
+        accessible = try message.string(WireTag.accessible)
+        accessControl = try message.string(WireTag.accessControl)
+        authValidity = try message.uint(WireTag.authValidity).map { Int(Int64(bitPattern: $0)) }
+        label = try message.string(WireTag.label)
+        synchronizable = try message.bool(WireTag.synchronizable)
+        guard accessible != nil || accessControl != nil || authValidity != nil || label != nil || synchronizable != nil else {
+            return nil
+        }
+    }
+}
+
+/// The storage options a client without Foundation sends (`WireTag.options`): the service and the
+/// access group, as the JSON keychaind reads (the library sends every `KeychainOptions` field).
+public enum WireStorageOptions {
+    public static func json(service: String, accessGroup: String?) -> [UInt8] {
+        var text = "{\"service\":\(jsonString(service))"
+        if let accessGroup { text += ",\"accessGroup\":\(jsonString(accessGroup))" }
+        return Array((text + "}").utf8)
+    }
+
+    /// A JSON string literal: `"` and `\` escaped, control characters as `\u00xx`.
+    static func jsonString(_ text: String) -> String {
+        var out = "\""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case _ where scalar.value < 0x20:
+                let digits = String(scalar.value, radix: 16)
+                out += "\\u00" + String(repeating: "0", count: 2 - digits.count) + digits
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        return out + "\""
+    }
+}
+
+/// What failed below the keychain, as an error reply carries it (the library's `KeychainError.Cause`).
+public enum WireCause: Sendable, Equatable, CustomStringConvertible {
+    case tpm(code: UInt32, name: String)
+    case sqlite(code: Int32, message: String)
+    case errno(Int32)
+    case pkcs11(code: UInt64, name: String)
+    case other(String)
+
+    /// How an error's cause is written after "(cause: ": one wording for the library and the front.
+    public var description: String {
+        switch self {
+        case .tpm(let code, let name): "TPM \(name) (\(upperHex(UInt64(code))))"
+        case .sqlite(let code, let message): "SQLite \(code): \(message)"
+        case .errno(let value): "errno \(value)"
+        case .pkcs11(let code, let name): "PKCS#11 \(name) (\(upperHex(code)))"
+        case .other(let text): text
+        }
+    }
+}
+
+/// `0x` and at least 8 upper-case hex digits, as TPM and PKCS#11 codes are written.
+public func upperHex(_ value: UInt64) -> String {
+    let text = String(value, radix: 16, uppercase: true)
+    return "0x" + String(repeating: "0", count: max(0, 8 - text.count)) + text
+}
+
+/// An error reply: a `KeychainError` code's raw value, its message and its cause.
+public struct WireErrorReply: Sendable, Equatable {
+    public var code: String
+    public var message: String
+    public var cause: WireCause?
+
+    public init(code: String, message: String, cause: WireCause? = nil) {
+        (self.code, self.message, self.cause) = (code, message, cause)
+    }
+
+    public var wireMessage: WireMessage {
+        var reply = WireMessage(kind: WireKind.error)
+        reply.add(WireTag.errorCode, code)
+        reply.add(WireTag.errorMessage, message)
+        switch cause {
+        case nil: break
+        case .tpm(let code, let name):
+            reply.add(WireTag.causeKind, UInt64(0)); reply.add(WireTag.causeNumber, UInt64(code)); reply.add(WireTag.causeText, name)
+        case .sqlite(let code, let text):
+            reply.add(WireTag.causeKind, UInt64(1)); reply.add(WireTag.causeNumber, UInt64(bitPattern: Int64(code)))
+            reply.add(WireTag.causeText, text)
+        case .errno(let value):
+            reply.add(WireTag.causeKind, UInt64(2)); reply.add(WireTag.causeNumber, UInt64(bitPattern: Int64(value)))
+        case .pkcs11(let code, let name):
+            reply.add(WireTag.causeKind, UInt64(3)); reply.add(WireTag.causeNumber, code); reply.add(WireTag.causeText, name)
+        case .other(let text):
+            reply.add(WireTag.causeKind, UInt64(4)); reply.add(WireTag.causeText, text)
+        }
+        return reply
+    }
+
+    public init(decoding reply: WireMessage) throws(WireError) {
+        guard let code = try reply.string(WireTag.errorCode) else { throw WireError(.malformed, "error without a code") }
+        let number = try reply.uint(WireTag.causeNumber) ?? 0
+        let text = try reply.string(WireTag.causeText) ?? ""
+        cause = switch try reply.uint(WireTag.causeKind) {
+        case nil: nil
+        case 0: .tpm(code: UInt32(truncatingIfNeeded: number), name: text)
+        case 1: .sqlite(code: Int32(truncatingIfNeeded: Int64(bitPattern: number)), message: text)
+        case 2: .errno(Int32(truncatingIfNeeded: Int64(bitPattern: number)))
+        case 3: .pkcs11(code: number, name: text)
+        default: .other(text)
+        }
+        self.code = code
+        message = try reply.string(WireTag.errorMessage) ?? ""
+    }
+}
