@@ -133,7 +133,8 @@ actor Engine {
     /// Stores one item under the wrapping key `backend` gives its service and protection.
     func set(_ value: SecureBytes, service: String, key: String, protection: ItemProtection, label: String?,
              backend: any KeyBackend, tag: String, dates: ItemDates? = nil) throws(KeychainError) {
-        try checkKey(key)
+        // Before any key is made: the store would refuse these names only after the backend's work.
+        if let problem = ItemNames.problem(service: service, key: key, label: label) { throw KeychainError.invalidArgument(problem) }
         guard value.count <= Self.maxValueLength else {
             throw KeychainError.invalidArgument("Invalid value: at most \(Self.maxValueLength) bytes, got \(value.count)")
         }
@@ -371,9 +372,7 @@ actor Engine {
     static func now() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
 
     func checkKey(_ key: String) throws(KeychainError) {
-        guard !key.isEmpty, key.utf8.count <= 1024 else {
-            throw KeychainError.invalidArgument("Invalid key: expected a non-empty string of up to 1024 bytes, got \(key.isEmpty ? "an empty string" : "\(key.utf8.count) bytes")")
-        }
+        if let problem = ItemNames.keyProblem(key) { throw KeychainError.invalidArgument(problem) }
     }
 
     func passcodeNotSet() -> KeychainError {

@@ -22,6 +22,8 @@ extension KeychainError {
             self.init(.dataCorrupted, error.message)
         case .untrusted:
             self.init(.storageError, error.message)
+        case .invalidName:
+            self.init(.invalidArgument, error.message)
         case .corrupt:
             self.init(.dataCorrupted, "The keychain database at \(error.path) is damaged: restore it from a backup",
                       underlying: cause)

@@ -17,6 +17,8 @@ public struct StoreError: Error, Sendable, CustomStringConvertible {
         /// `keychain.db` is not this store's: missing or empty although the directory was
         /// initialised, or another store's database. Reading it would show an empty keychain.
         case notThisStore
+        /// An item's service, key or label is out of `ItemNames`' bounds. Nothing was written.
+        case invalidName
     }
 
     public let kind: Kind

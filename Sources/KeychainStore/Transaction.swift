@@ -66,7 +66,11 @@ public final class Transaction {
     // MARK: Writes
 
     /// Inserts the item, or replaces the one with the same service and key.
+    /// - Throws: `invalidName` for a name out of `ItemNames`' bounds (a backup could not carry it).
     public func putItem(_ record: ItemRecord) throws(StoreError) {
+        if let problem = ItemNames.problem(service: record.service, key: record.key, label: record.label) {
+            throw StoreError(kind: .invalidName, path: "", message: problem)
+        }
         try open().putItem(record)
     }
 

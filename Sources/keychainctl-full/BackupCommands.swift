@@ -58,7 +58,7 @@ extension Commands {
         } else {
             text = report.backedUp.map { "backed up: \(escaped($0.service)) \(escaped($0.key))" }
                 .joined(separator: "\n")
-            text += report.skipped.map { "\nleft out: \(escaped($0.service)) \(escaped($0.key)) (\($0.reason.rawValue))" }.joined()
+            text += report.skipped.map { "\nleft out: \(Self.named($0)) (\($0.detail.map { "invalidName: " + $0 } ?? $0.reason.rawValue))" }.joined()
             text += "\n\(report.backedUp.count) backed up, \(report.skipped.count) left out"
         }
         if out != nil { print(text) } else { FileHandle.standardError.write(Data((text + "\n").utf8)) }
@@ -83,15 +83,25 @@ extension Commands {
         let report = try await device.restore(fromFile: args[0], passphrase: passphrase, passcode: withPasscode ? lines[expected - 1] : nil)
         output(report) { report in
             var lines = report.restored.map { "restored: \(escaped($0.service)) \(escaped($0.key))" }
-            lines += report.skipped.map { "skipped: \(escaped($0.service)) \(escaped($0.key)) (\(Self.why($0.reason)))" }
+            lines += report.skipped.map { "skipped: \(Self.named($0)) (\(Self.why($0)))" }
             lines.append("\(report.restored.count) restored, \(report.skipped.count) skipped")
             return lines.joined(separator: "\n")
         }
         return .ok
     }
 
-    private static func why(_ reason: BackupSkip.Reason) -> String {
-        switch reason {
+    /// A skipped item's service and key; a name out of bounds (maybe 150 KB) shown by its start and size.
+    private static func named(_ skip: BackupSkip) -> String {
+        func shown(_ name: String) -> String {
+            guard skip.reason == .invalidName, name.unicodeScalars.count > 64 else { return escaped(name) }
+            return escaped(String(String.UnicodeScalarView(name.unicodeScalars.prefix(32)))) + "… (\(name.utf8.count) bytes)"
+        }
+        return "\(shown(skip.service)) \(shown(skip.key))"
+    }
+
+    private static func why(_ skip: BackupSkip) -> String {
+        switch skip.reason {
+        case .invalidName: "invalidName: \(skip.detail ?? "a name out of bounds"); the other items were restored"
         case .exists: "exists: an item with this service and key is already here; remove it to restore this one"
         case .passcodeNotSet: "passcodeNotSet: it needs a device passcode; set one (keychainctl passcode set) and restore again"
         case .thisDeviceOnly: "thisDeviceOnly"

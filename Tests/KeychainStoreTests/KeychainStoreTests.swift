@@ -101,7 +101,8 @@ import Testing
             let store = try Store(directory: path)
             let labelled = sampleItem(key: "ключ 🔑", label: "with label")
             let unlabelled = sampleItem(key: "plain", label: nil)
-            var empty = sampleItem(key: "", label: "")
+            // Empty fields round-trip; an empty key is refused (ItemNamesTests: no backup could carry it).
+            var empty = sampleItem(key: "e", label: "")
             empty.salt = []
             empty.ciphertext = []
             try store.write { tx in
@@ -112,7 +113,7 @@ import Testing
             #expect(try store.item(service: "mail", key: "ключ 🔑") == labelled)
             #expect(try store.item(service: "mail", key: "plain") == unlabelled)
             #expect(try store.item(service: "mail", key: "plain")?.label == nil)
-            #expect(try store.item(service: "mail", key: "") == empty)
+            #expect(try store.item(service: "mail", key: "e") == empty)
             #expect(try store.item(service: "mail", key: "missing") == nil)
             #expect(try store.item(service: "other", key: "plain") == nil)
             #expect(try store.hasItem(service: "mail", key: "plain"))

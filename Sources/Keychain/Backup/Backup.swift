@@ -49,10 +49,19 @@ public struct BackupSkip: Sendable, Hashable, Codable {
         case exists
         /// Restore: the item needs a device passcode and this device has none; stored with less, never.
         case passcodeNotSet
+        /// Its service, key or label is out of `ItemNames`' bounds (stored before they were checked):
+        /// a backup leaves it out, a restore writes the other items and names this one.
+        case invalidName
     }
     public var service: String
     public var key: String
     public var reason: Reason
+    /// For `invalidName`: which name and why, in the words of the write's `INVALID_ARGUMENT`.
+    public var detail: String?
+
+    public init(service: String, key: String, reason: Reason, detail: String? = nil) {
+        (self.service, self.key, self.reason, self.detail) = (service, key, reason, detail)
+    }
 }
 
 public struct BackupReport: Sendable, Hashable, Codable {
@@ -200,7 +209,10 @@ extension KeychainDevice {
             while let item = try reader.next() {
                 try Self.check(item)  // again: the file is read twice, and the second read is what is written
                 let entry = BackupEntry(service: item.service, key: item.key)
-                if try await engine.has(service: item.service, key: item.key) {
+                if let problem = ItemNames.problem(service: item.service, key: item.key, label: item.label) {
+                    // The store's own rule: this item cannot be written, the others can.
+                    report.skipped.append(.init(service: item.service, key: item.key, reason: .invalidName, detail: problem))
+                } else if try await engine.has(service: item.service, key: item.key) {
                     report.skipped.append(.init(service: item.service, key: item.key, reason: .exists))
                 } else if item.accessControl.allowsPasscode && !passcodeAvailable {
                     report.skipped.append(.init(service: item.service, key: item.key, reason: .passcodeNotSet))
@@ -221,14 +233,15 @@ extension KeychainDevice {
         return report
     }
 
-    /// What a restore refuses before writing anything: an item no backup of ours holds.
+    /// What a restore refuses before writing anything: an item no backup of ours holds. Names out
+    /// of bounds are not such a sign (backups made before names were checked hold them): the
+    /// restore skips that item alone.
     private static func check(_ item: BackupItem) throws(KeychainError) {
-        guard !item.accessible.isThisDeviceOnly, !item.accessControl.usesBiometry, !item.key.isEmpty else {
+        guard !item.accessible.isThisDeviceOnly, !item.accessControl.usesBiometry else {
             throw KeychainError(.dataCorrupted, "This backup holds item '\(item.key)' of service '\(item.service)' with protection "
                                 + "\(item.accessible.rawValue)/\(item.accessControl.rawValue), which no backup carries; nothing was restored")
         }
         do {
-            _ = try KeychainOptions(service: item.service).validated()
             _ = try ItemProtection(accessible: item.accessible, accessControl: item.accessControl, authValidity: item.authValidity)
         } catch {
             throw KeychainError(.dataCorrupted, "This backup holds an item this keychain cannot write (\(error.message)); nothing was restored")
@@ -274,6 +287,11 @@ extension Engine {
             for svc in try service.map({ [$0] }) ?? store.services() {
                 for key in try store.keys(service: svc) {
                     guard let record = try store.item(service: svc, key: key) else { continue }
+                    // What its restore would refuse: the store's own rule (written before it was checked).
+                    if let problem = ItemNames.problem(service: svc, key: key, label: record.label) {
+                        plan.skipped.append(.init(service: svc, key: key, reason: .invalidName, detail: problem))
+                        continue
+                    }
                     // A token item (one namespace with the TPM items): its tag ends in "@strongbox".
                     if record.protection.hasSuffix(TokenSession.tagSuffix) {
                         plan.skipped.append(.init(service: svc, key: key, reason: .token))

@@ -169,12 +169,14 @@ enum BackupFile {
                 guard let count = cursor.u64(), cursor.atEnd else { return nil }
                 return .end(count: count)
             case .item:
-                guard let service = cursor.text(max: 4096), let key = cursor.text(max: 1024),
+                // Names are bounded by the chunk here and checked by ItemNames at restore, item by item:
+                // one name a backup of an older version carried must not refuse the whole file.
+                guard let service = cursor.text(max: maxChunk), let key = cursor.text(max: maxChunk),
                       let accessible = cursor.text(max: 64).flatMap(Accessible.init(rawValue:)),
                       let accessControl = cursor.text(max: 64).flatMap(AccessControl.init(rawValue:)),
                       let window = cursor.u32(), let hasLabel = cursor.byte(), hasLabel <= 1 else { return nil }
                 var label: String?
-                if hasLabel == 1 { guard let text = cursor.text(max: 65_536) else { return nil }; label = text }
+                if hasLabel == 1 { guard let text = cursor.text(max: maxChunk) else { return nil }; label = text }
                 guard let created = cursor.u64(), let modified = cursor.u64(), let length = cursor.u32(),
                       let value = cursor.bytes(Int(length)), cursor.atEnd else { return nil }
                 return .item(BackupItem(service: service, key: key, accessible: accessible, accessControl: accessControl,

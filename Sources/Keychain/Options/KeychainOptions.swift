@@ -1,4 +1,5 @@
 import Foundation
+import KeychainStore
 
 /// A storage's service and the defaults of its calls, the seed's `createKeychain` options.
 ///
@@ -22,8 +23,8 @@ public struct KeychainOptions: Sendable, Hashable, Codable {
     public var prompt: Prompt?
     public var android: AndroidOptions
 
-    /// The longest service the seed accepts, in characters.
-    public static let maxServiceLength = 256
+    /// The longest service the seed accepts, in characters (UTF-16 code units, as JavaScript counts).
+    public static let maxServiceLength = ItemNames.maxServiceLength
 
     public init(
         service: String? = nil,
@@ -49,14 +50,8 @@ public struct KeychainOptions: Sendable, Hashable, Codable {
     ///
     /// - Throws: `INVALID_ARGUMENT` with the seed's message for the first rule broken.
     public func validated() throws(KeychainError) -> KeychainOptions {
-        if let service, service.isEmpty || service.count > Self.maxServiceLength {
-            let got = service.isEmpty ? "an empty string" : "\(service.count) characters"
-            throw .invalidArgument(
-                "Invalid service: expected a non-empty string of up to \(Self.maxServiceLength) characters, got \(got)")
-        }
-        if let accessGroup, accessGroup.isEmpty {
-            throw .invalidArgument(
-                "Invalid accessGroup: expected a non-empty string, got an empty string; leave it out for the default group")
+        if let problem = service.flatMap(ItemNames.serviceProblem) ?? accessGroup.flatMap(ItemNames.accessGroupProblem) {
+            throw .invalidArgument(problem)
         }
         // Seed: a storage that can't hold a single valid item fails where it is made.
         _ = try resolved(for: nil)

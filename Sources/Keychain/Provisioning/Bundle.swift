@@ -89,6 +89,13 @@ public struct ProvisioningBundle: Sendable, Hashable, Codable {
                    keyRef: nil, authValidity: nil)
     }
 
+    /// The names a bundle can carry: a caller's service (never keychaind's namespace), key and label.
+    static func checkNames(service: String, key: String, label: String?) throws(KeychainError) {
+        if let problem = ItemNames.serviceProblem(service) ?? ItemNames.keyProblem(key) ?? ItemNames.labelProblem(label) {
+            throw KeychainError.invalidArgument(problem)
+        }
+    }
+
     /// The protections a bundle can carry; the others are refused with the reason.
     static func check(_ accessible: Accessible, _ accessControl: AccessControl) throws(KeychainError) {
         guard accessControl == .none || accessControl == .passcode else {
@@ -126,8 +133,7 @@ public enum Provisioning {
                             accessControl: AccessControl = .none, label: String? = nil, version: UInt64 = 0,
                             for identity: DeviceIdentity, parent chosen: Parent? = nil, ekCA: [UInt8]? = nil) throws(KeychainError) -> ProvisioningBundle {
         try ProvisioningBundle.check(accessible, accessControl)
-        _ = try KeychainOptions(service: service).validated()
-        guard !key.isEmpty, key.utf8.count <= 1024 else { throw KeychainError.invalidArgument("Invalid key: expected 1 to 1024 bytes") }
+        try ProvisioningBundle.checkNames(service: service, key: key, label: label)
         guard value.count <= Engine.maxValueLength else { throw KeychainError.invalidArgument("Invalid value: at most \(Engine.maxValueLength) bytes") }
         guard let stateName = identity.nvIndices["state"].flatMap({ bytes(hex: $0.name) }),
               let approvalName = identity.nvIndices["bootApproval"].flatMap({ bytes(hex: $0.name) }),
@@ -215,6 +221,7 @@ extension Engine {
 
     func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes?, readerDirectory: String?) async throws(KeychainError) -> ImportOutcome {
         try ProvisioningBundle.check(bundle.accessible, bundle.accessControl)
+        try ProvisioningBundle.checkNames(service: bundle.service, key: bundle.key, label: bundle.label)
         let protection = try ItemProtection(accessible: bundle.accessible, accessControl: bundle.accessControl)
         let parts = try bundle.parts()
         let digest = sha256(parts.publicArea, parts.duplicate, parts.seed, parts.nonce, parts.ciphertext)
