@@ -94,7 +94,7 @@ extension Engine {
         }
         let status = try withKeyring { keyring throws(KeychainError) in
             try keyring.installBootPolicy(policy)
-            return try Self.bootState(keyring, selection: configuration.pcrSelection)
+            return try Self.bootState(keyring, selection: keyring.pcrSelection)
         }
         dropUnsealedThisDeviceOnly()
         return status
@@ -107,7 +107,7 @@ extension Engine {
 
     func bootState() throws(KeychainError) -> BootStateStatus {
         try configuration.checkPCRSelection()
-        return try withKeyring { keyring throws(KeychainError) in try Self.bootState(keyring, selection: configuration.pcrSelection) }
+        return try withKeyring { keyring throws(KeychainError) in try Self.bootState(keyring, selection: keyring.pcrSelection) }
     }
 
     private static func bootState(_ keyring: TPMKeyring, selection: [Int]) throws(KeychainError) -> BootStateStatus {
@@ -142,17 +142,17 @@ extension Engine {
 
     func approveBootState(predicted: [Int: [UInt8]], passcode: SecureBytes?, owner: Bool) throws(KeychainError) -> BootStateStatus {
         try configuration.checkPCRSelection()
-        let selection = PCRSelection(configuration.pcrSelection).indices
-        for (pcr, value) in predicted {
-            guard selection.contains(pcr) else {
-                throw KeychainError.invalidArgument("Invalid --pcr \(pcr): this keychain's PCR selection is \(selection.map(String.init).joined(separator: ",")); "
-                                                    + "approve values of those PCRs only")
-            }
-            guard value.count == 32 else {
-                throw KeychainError.invalidArgument("Invalid --pcr \(pcr) value: expected a SHA-256 value (64 hex digits), got \(value.count) bytes")
-            }
-        }
         let status = try withKeyring { keyring throws(KeychainError) in
+            let selection = keyring.pcrSelection
+            for (pcr, value) in predicted {
+                guard selection.contains(pcr) else {
+                    throw KeychainError.invalidArgument("Invalid --pcr \(pcr): this keychain's PCR selection is \(selection.map(String.init).joined(separator: ",")); "
+                                                        + "approve values of those PCRs only")
+                }
+                guard value.count == 32 else {
+                    throw KeychainError.invalidArgument("Invalid --pcr \(pcr) value: expected a SHA-256 value (64 hex digits), got \(value.count) bytes")
+                }
+            }
             var state: BootState
             state = try keyring.readBootState(selection)
             state.values.merge(predicted) { _, new in new }

@@ -27,9 +27,11 @@ public struct KeychainConfiguration: Sendable {
     /// swtpm daemonizes into `/`, where a relative path names another place.
     public var storeDirectory: String { didSet { storeDirectory = Self.absolute(storeDirectory) } }
     public var tpm: TPMSource
-    /// PCRs a `ThisDeviceOnly` wrapping key is bound to: PCR 7 (Secure Boot state) by default, any of
-    /// 0–15 (checked by `checkPCRSelection()` before a `ThisDeviceOnly` write or `initialize`).
-    public var pcrSelection: [Int]
+    /// PCRs a `ThisDeviceOnly` wrapping key is bound to, as given (`--pcrs`), any of 0–15 (checked by
+    /// `checkPCRSelection()` before a `ThisDeviceOnly` write or `initialize`). The store records the
+    /// selection it is set up with (this one, PCR 7 when nil) and every later call uses that record:
+    /// nil, the default, is the recorded one; another is refused (`INVALID_ARGUMENT` naming both).
+    public var pcrSelection: [Int]?
     /// Wrong passcodes the TPM accepts before it refuses the passcode (its PIN index's limit).
     public var passcodeRetryLimit: UInt32
     /// The owner hierarchy's authorization set at device provisioning; nil for an empty one.
@@ -58,7 +60,7 @@ public struct KeychainConfiguration: Sendable {
         return configuration
     }
 
-    public init(storeDirectory: String, tpm: TPMSource, pcrSelection: [Int] = [7],
+    public init(storeDirectory: String, tpm: TPMSource, pcrSelection: [Int]? = nil,
                 passcodeRetryLimit: UInt32 = 10, ownerAuthorization: SecureBytes? = nil,
                 readerDirectory: String? = nil, authenticator: (any Authenticator)? = nil) {
         self.readerDirectory = readerDirectory
@@ -73,6 +75,7 @@ public struct KeychainConfiguration: Sendable {
     /// Refuses PCRs that bind nothing: 16 and 23 are resettable by anyone (TPM2_PCR_Reset at locality 0),
     /// 17–22 by a dynamic launch; only 0–15 hold a boot state no process can take back.
     public func checkPCRSelection() throws(KeychainError) {
+        guard let pcrSelection else { return }  // the store's, checked when it was recorded
         guard !pcrSelection.isEmpty else {
             throw .invalidArgument("Invalid PCR selection: empty; give at least one of PCRs 0–15 (default 7)")
         }
@@ -85,6 +88,13 @@ public struct KeychainConfiguration: Sendable {
             }
             throw .invalidArgument("Invalid PCR selection \(pcrSelection): \(why); use PCRs 0–15 only (default 7)")
         }
+    }
+
+    /// The given selection when it passes `checkPCRSelection()`, sorted; nil when none was given (or
+    /// one that binds nothing: the writes that need it refuse it).
+    var validPCRSelection: [Int]? {
+        guard let pcrSelection, (try? checkPCRSelection()) != nil else { return nil }
+        return Array(Set(pcrSelection)).sorted()
     }
 
     /// For tests: inside `KeychainConfiguration.$taskDefault.withValue(configuration) { … }` (or

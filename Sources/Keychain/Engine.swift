@@ -100,6 +100,10 @@ actor Engine {
                                 + "remove \(configuration.storeDirectory)")
         }
         try mergeTokenNamespace(store)
+        // Every call, a TPM's or not: a selection given (--pcrs) must be the one the store was set up with.
+        if let recorded = try TPMKeyring.recordedPCRSelection(store) {
+            _ = try TPMKeyring.selection(recorded: recorded, given: configuration.validPCRSelection)
+        }
         openedStore = store
         return store
     }

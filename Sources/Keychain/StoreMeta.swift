@@ -38,6 +38,8 @@ enum StoreMeta {
     static let bootVendorPolicies = "tpm.boot-vendor.policies"
     /// The generation bit-field index's serialized ESAPI resource.
     static let bootGenerationTR = "tpm.boot-generation.tr"
+    /// The PCR selection (one byte per PCR) the store was set up with; every later call uses it.
+    static let pcrSelection = "tpm.pcr-selection"
 
     // MARK: Engine
     /// How many times the device was locked (UInt64, big endian): a `whenUnlocked` key cached

@@ -45,7 +45,7 @@ public final class SoftwareTPM: @unchecked Sendable {
     }
 
     /// A keychain configuration on this TPM with its store in `directory/store` (or `store`).
-    public func configuration(store: String? = nil, pcrSelection: [Int] = [7]) -> KeychainConfiguration {
+    public func configuration(store: String? = nil, pcrSelection: [Int]? = nil) -> KeychainConfiguration {
         Self.noteInProcess("configuration()")
         return KeychainConfiguration(storeDirectory: store ?? directory + "/store", tpm: .tcti(tcti), pcrSelection: pcrSelection)
     }

@@ -102,8 +102,12 @@ func bootStateLine(_ status: BootStateStatus) -> String {
         return "boot state: NOT approved (no installed, unrevoked policy signed for these values): ThisDeviceOnly items do not "
             + "open; install the vendor's policy for this release: keychainctl boot-state install POLICY"
     }
-    let which = status.approved == nil ? "the approved values are unknown to this store"
-        : "PCR " + status.differing.map(String.init).joined(separator: ",") + " differs"
+    let which = if status.approved == nil { "the approved values are unknown to this store" }
+        else if status.differing.isEmpty {
+            // Never an empty list: the values agree, the selections do not.
+            "PCR \(status.pcrs.map(String.init).joined(separator: ",")) selected, the approved state covers PCR "
+                + (status.approved ?? [:]).keys.sorted().map(String.init).joined(separator: ",")
+        } else { "PCR " + status.differing.map(String.init).joined(separator: ",") + " differs" }
     return "boot state: NOT approved (\(which)): ThisDeviceOnly items do not open; if you trust this boot, "
         + "approve it: keychainctl boot-state approve"
 }

@@ -14,10 +14,10 @@ struct Fixture {
     let configuration: KeychainConfiguration
     let device: KeychainDevice
 
-    init(pcrSelection: [Int] = [7], throughDaemon: Bool = SimulatedDevice.throughDaemonByDefault) throws {
+    init(pcrSelection: [Int]? = nil, throughDaemon: Bool = SimulatedDevice.throughDaemonByDefault) throws {
         tpm = try SoftwareTPM()
         if throughDaemon {
-            let daemon = try KeychainDaemon(tpm: tpm, arguments: ["--pcrs", pcrSelection.map(String.init).joined(separator: ",")])
+            let daemon = try KeychainDaemon(tpm: tpm, arguments: pcrSelection.map { ["--pcrs", $0.map(String.init).joined(separator: ",")] } ?? [])
             self.daemon = daemon
             configuration = daemon.configuration()
         } else {

@@ -293,7 +293,7 @@ extension Engine {
             if let pcrs = bundle.pcrs {
                 // The approval index is one per TPM and approves this keychain's selection: a bundle over other
                 // PCRs must not be the one that defines it (this keychain's own ThisDeviceOnly writes would fail).
-                let own = PCRSelection(configuration.pcrSelection.filter { (0...15).contains($0) }).indices
+                let own = keyring.pcrSelection
                 guard PCRSelection(pcrs).indices == own else {
                     throw KeychainError(.invalidArgument, "This bundle binds PCRs \(pcrs.map(String.init).joined(separator: ",")); this "
                                         + "keychain binds PCRs \(own.map(String.init).joined(separator: ",")): seal it again from this "

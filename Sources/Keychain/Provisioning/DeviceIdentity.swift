@@ -126,8 +126,8 @@ extension KeychainDevice {
 extension Engine {
     func identity() throws(KeychainError) -> DeviceIdentity {
         try configuration.checkPCRSelection()
-        let pcrs = configuration.pcrSelection
         return try withKeyring { keyring throws(KeychainError) -> DeviceIdentity in
+            let pcrs = keyring.pcrSelection
             let context = keyring.context
             do throws(TPMError) {
                 let vendor = try context.vendorProperties()

@@ -141,15 +141,17 @@ extension TPMKeyring {
     /// DEVICE_STATE_CHANGED naming the PCRs that differ from this store's approved values and the command
     /// that approves the current state.
     func unapprovedBootState(current: BootState?, reading: Bool, underlying: TPMError? = nil) -> KeychainError {
-        var which = "the PCRs this keychain is bound to"
-        if let current {
+        func list(_ pcrs: some Collection<Int>) -> String { "PCR " + pcrs.sorted().map(String.init).joined(separator: ", ") }
+        // Never an empty list: the selection itself when no value differs.
+        var which = list(pcrSelection)
+        if let current, !current.values.isEmpty {
             let approvedPolicy = (try? approvedBootPolicy()) ?? nil
             if let approved = recordedApproval(matching: approvedPolicy) {
                 let differing = current.values.keys.sorted().filter { approved.values[$0] != current.values[$0] }
-                if !differing.isEmpty {
-                    which = differing.map { "PCR \($0) (approved \(hex(approved.values[$0])), now \(hex(current.values[$0])))" }
+                which = differing.isEmpty
+                    ? "the selection \(list(current.values.keys)) (the approved state covers \(list(approved.values.keys)))"
+                    : differing.map { "PCR \($0) (approved \(hex(approved.values[$0])), now \(hex(current.values[$0])))" }
                         .joined(separator: ", ")
-                }
             } else {
                 which = "PCR " + current.values.keys.sorted().map(String.init).joined(separator: ", ")
                     + " (the approved values were set by another store or tool)"

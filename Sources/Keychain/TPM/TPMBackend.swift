@@ -77,7 +77,7 @@ extension Engine {
         if wrapping == nil {
             let pair = part.map { Sodium.X25519KeyPair(publicKey: $0.publicKey, secretKey: $0.secret) } ?? Sodium.generateX25519()
             let (blob, policy) = try withKeyring { keyring throws(KeychainError) in
-                try keyring.seal(pair.secretKey, accessible: protection.accessible, pcrs: configuration.pcrSelection,
+                try keyring.seal(pair.secretKey, accessible: protection.accessible, pcrs: keyring.pcrSelection,
                                  biometry: requirements.biometry, passcode: requirements.passcode,
                                  keyRef: SealPolicy.keyRef(service: service, protection: tag, publicKey: pair.publicKey),
                                  authValidity: protection.accessControl.takesWindow ? protection.authValidity : nil)

@@ -23,6 +23,8 @@ final class TPMKeyring {
     var knownPasscodeSet: Bool?
     /// Manufacturer 'IBM ' is the reference implementation that swtpm runs: a software TPM.
     let isSoftwareTPM: Bool
+    /// The PCRs `ThisDeviceOnly` keys are bound to: the selection the store recorded when it was set up.
+    let pcrSelection: [Int]
 
 
     /// - Parameter flushLeftovers: flush what killed processes left (only while holding the TPM's turn).
@@ -47,6 +49,8 @@ final class TPMKeyring {
         do { try context.setAuth(TPMContext.owner, configuration.ownerAuthorization) } catch {
             throw KeychainError.invalidArgument("The owner authorization is longer than the TPM accepts")
         }
+        let given = configuration.validPCRSelection
+        var recorded = try Self.recordedPCRSelection(store)
         // A store that knows its TPM needs no TPM command to start: its handles are deserialized.
         if let srkTR = try Self.meta(store, StoreMeta.srkTR), let stateTR = try Self.meta(store, StoreMeta.stateTR),
            let epochTR = try Self.meta(store, StoreMeta.epochTR),
@@ -62,13 +66,39 @@ final class TPMKeyring {
             }
             descriptor = desc
             isSoftwareTPM = manufacturer.starts(with: Array("IBM".utf8))
+            if recorded == nil {
+                // Set up before the selection was recorded: the PCRs it approved, else the given ones.
+                let approved = (try Self.meta(store, StoreMeta.bootApproved)).flatMap(BootState.init(decoding:))?.values.keys.sorted()
+                recorded = approved?.isEmpty == false ? approved : given ?? [7]
+                do { try store.write { tx in try tx.setMeta(StoreMeta.pcrSelection, recorded!.map(UInt8.init)) } }
+                catch let error as StoreError { throw KeychainError(store: error) } catch { throw KeychainError(.internal, "\(error)") }
+            }
+            pcrSelection = try Self.selection(recorded: recorded!, given: given)
             return
         }
+        let selection = try Self.selection(recorded: recorded ?? given ?? [7], given: given)
+        pcrSelection = selection
         (srk, stateNV, epochNV, descriptor, isSoftwareTPM) = try Self.provision(
-            context: context, store: store, configuration: configuration)
+            context: context, store: store, configuration: configuration, pcrSelection: selection)
         // The boot-state approval index, approving the boot state just recorded (BootApproval.swift).
-        let selection = PCRSelection(configuration.pcrSelection.filter { (0...15).contains($0) }).indices
-        if !selection.isEmpty { _ = try ensureBootApproval(selection: selection, initial: recordedBootState(selection)) }
+        _ = try ensureBootApproval(selection: selection, initial: recordedBootState(selection))
+    }
+
+    /// The selection recorded at set-up, nil before it is (a new store, or one of an older version).
+    static func recordedPCRSelection(_ store: Store) throws(KeychainError) -> [Int]? {
+        guard let bytes = try meta(store, StoreMeta.pcrSelection), !bytes.isEmpty else { return nil }
+        return bytes.map(Int.init)
+    }
+
+    /// The recorded selection, unless another was given: that is refused, naming both.
+    static func selection(recorded: [Int], given: [Int]?) throws(KeychainError) -> [Int] {
+        if let given, given != recorded {
+            let (was, now) = (recorded.map(String.init).joined(separator: ","), given.map(String.init).joined(separator: ","))
+            throw KeychainError.invalidArgument(
+                "This keychain's PCR selection is \(was) (recorded when it was set up), not \(now): leave --pcrs out (or give "
+                + "--pcrs \(was)); a keychain's ThisDeviceOnly items are bound to the one selection it was set up with")
+        }
+        return recorded
     }
 
     private static func meta(_ store: Store, _ name: String) throws(KeychainError) -> [UInt8]? {
@@ -78,7 +108,7 @@ final class TPMKeyring {
     // MARK: Provisioning
 
     /// Makes the SRK and the device-lock indices when absent, and records them in the store.
-    private static func provision(context: TPMContext, store: Store, configuration: KeychainConfiguration)
+    private static func provision(context: TPMContext, store: Store, configuration: KeychainConfiguration, pcrSelection: [Int])
         throws(KeychainError) -> (TPMHandle, TPMHandle, TPMHandle, LockDescriptor, Bool) {
         do {
             try context.setAuth(TPMContext.owner, configuration.ownerAuthorization)
@@ -116,9 +146,10 @@ final class TPMKeyring {
             let stateTR = try context.serialize(state)
             let epochTR = try context.serialize(epoch)
             let pinTR = try context.serialize(pin)
-            let bootState = try BootState.read(context, configuration.pcrSelection.filter { (0...15).contains($0) })
+            let bootState = try BootState.read(context, pcrSelection)
             try store.write { tx in
                 try tx.setMeta(StoreMeta.bootState, bootState.encoded())
+                try tx.setMeta(StoreMeta.pcrSelection, pcrSelection.map(UInt8.init))
                 try tx.setMeta(StoreMeta.srkTR, srkTR)
                 try tx.setMeta(StoreMeta.srkName, srkName)
                 try tx.setMeta(StoreMeta.stateTR, stateTR)
