@@ -143,6 +143,7 @@ actor Engine {
             throw KeychainError.invalidArgument("Invalid value: at most \(Self.maxValueLength) bytes, got \(value.count)")
         }
         let store = try store()
+        try checkQuotaBeforeSealing(value, service: service, key: key, label: label, store: store)
         let stored = try read { try store.wrappingKey(service: service, protection: tag) }
         let (candidate, replaces) = try backend.wrappingKey(service: service, tag: tag, protection: protection, stored: stored,
                                                              engine: self)
@@ -166,9 +167,13 @@ actor Engine {
     func storeEnvelope(_ value: SecureBytes, service: String, key: String, tag: String, candidate: WrappingKeyRecord,
                        staleKey: [UInt8]?, label: String?, store: Store, dates: ItemDates? = nil) throws(KeychainError) {
         try writeStore(store) { tx in
+            // keychaind's quota: what the caller's namespace holds before this write.
+            let namespace = configuration.userLimits == nil ? nil : quotaNamespace(of: service)
+            let usage = try namespace.map { try tx.usage(servicePrefix: $0) }
             // Another process may have made this service's key meanwhile: theirs wins, ours is dropped.
             var current = try tx.wrappingKey(service: service, protection: tag)
-            if current == nil || current?.publicKey == staleKey {
+            let addsKey = current == nil || current?.publicKey == staleKey
+            if addsKey {
                 // The items of the dead key stay with it, each to report KEY_INVALIDATED on its next read.
                 if let stale = current, staleKey != nil { try Self.retire(stale, tx) }
                 try tx.putWrappingKey(candidate)
@@ -185,6 +190,10 @@ actor Engine {
                                                wrappingPublic: current!.publicKey, salt: record.salt)
             record.ciphertext = value.withUnsafeBytes {
                 Sodium.seal($0, key: dataKey, nonce: record.nonce, associatedData: ItemEnvelope.associatedData(record))
+            }
+            if let usage {
+                try checkQuota(service: service, key: key, usage: usage, existing: existing,
+                               newItemBytes: StoreUsage.bytes(of: record), newKeyBytes: addsKey ? StoreUsage.bytes(of: candidate) : 0)
             }
             try tx.putItem(record)
             try Self.releaseRetired(service: service, key: key, tx)

@@ -148,6 +148,38 @@ final class Connection {
         }
     }
 
+    /// Copies the log into the database and cuts the log to nothing, without waiting: while another
+    /// connection reads, only what it can is copied (true when all of it was).
+    func truncatingCheckpointWithoutWaiting() throws(StoreError) -> Bool {
+        sqlite3_busy_timeout(handle, 0)
+        defer { sqlite3_busy_timeout(handle, busy.sqliteTimeoutMilliseconds) }
+        return try withStatement("PRAGMA wal_checkpoint(TRUNCATE)") { (statement: inout Statement) throws(StoreError) -> Bool in
+            guard try statement.step("checkpointing the write-ahead log") else { return false }
+            return statement.int64(0) == 0 && statement.int64(1) == statement.int64(2)
+        }
+    }
+
+    /// 0 none, 1 full, 2 incremental (`PRAGMA auto_vacuum`).
+    func autoVacuum() throws(StoreError) -> Int64 {
+        try withStatement("PRAGMA auto_vacuum") { (statement: inout Statement) throws(StoreError) -> Int64 in
+            _ = try statement.step("reading the vacuum mode")
+            return statement.int64(0)
+        }
+    }
+
+    /// The bytes of the database's free pages (on its freelist).
+    func freePageBytes() throws(StoreError) -> Int {
+        let pages = try withStatement("PRAGMA freelist_count") { (statement: inout Statement) throws(StoreError) -> Int64 in
+            _ = try statement.step("counting free pages")
+            return statement.int64(0)
+        }
+        let size = try withStatement("PRAGMA page_size") { (statement: inout Statement) throws(StoreError) -> Int64 in
+            _ = try statement.step("reading the page size")
+            return statement.int64(0)
+        }
+        return Int(pages * size)
+    }
+
     // MARK: Transactions
 
     /// BEGIN IMMEDIATE takes the write lock now, so the body never meets a busy
@@ -275,6 +307,10 @@ struct Statement {
 
     func int64(_ column: Int32) -> Int64 {
         sqlite3_column_int64(handle, column)
+    }
+
+    func double(_ column: Int32) -> Double {
+        sqlite3_column_double(handle, column)
     }
 }
 

@@ -275,6 +275,42 @@ extension Connection {
         }
     }
 
+    // MARK: Usage
+
+    /// The items and the bytes stored under services that start with `prefix` (keychaind's per-uid
+    /// or per-group part, ending in "/"): each item's service, key, label and sealed fields, and the
+    /// services' wrapping keys. A range scan of the primary keys: `prefix` ≤ service < `prefix`
+    /// with its last byte one higher (text compares as bytes).
+    func usage(servicePrefix prefix: String) throws(StoreError) -> StoreUsage {
+        var upper = Array(prefix.utf8)
+        guard let last = upper.popLast(), last < 0x7F else {
+            throw StoreError(kind: .sqlite, path: path, message: "a usage prefix must end in an ASCII character, got '\(prefix)'")
+        }
+        upper.append(last + 1)
+        let bound = String(decoding: upper, as: UTF8.self)
+        let items = try withStatement("""
+            SELECT count(*), total(length(CAST(service AS BLOB)) + length(CAST(key AS BLOB)) + ifnull(length(CAST(label AS BLOB)), 0)
+                + length(writer_public) + length(salt) + length(nonce) + length(ciphertext))
+            FROM items WHERE service >= ?1 AND service < ?2
+            """) { (s: inout Statement) throws(StoreError) -> (Int, Int) in
+            try s.bind(1, prefix)
+            try s.bind(2, bound)
+            _ = try s.step("measuring a namespace's items")
+            return (Int(s.int64(0)), Int(s.double(1)))
+        }
+        let keys = try withStatement("""
+            SELECT total(length(CAST(service AS BLOB)) + length(CAST(protection AS BLOB)) + length(public_key)
+                + length(sealed_public) + length(sealed_private) + length(policy) + length(token_sealed))
+            FROM wrapping_keys WHERE service >= ?1 AND service < ?2
+            """) { (s: inout Statement) throws(StoreError) -> Int in
+            try s.bind(1, prefix)
+            try s.bind(2, bound)
+            _ = try s.step("measuring a namespace's wrapping keys")
+            return Int(s.double(0))
+        }
+        return StoreUsage(items: items.0, bytes: items.1 + keys)
+    }
+
     // MARK: Schema
 
     func userVersion() throws(StoreError) -> Int64 {

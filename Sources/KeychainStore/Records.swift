@@ -76,3 +76,27 @@ public struct ItemRecord: Sendable, Equatable, Hashable {
         self.ciphertext = ciphertext
     }
 }
+
+/// What a namespace holds in the store (`Store.usage(servicePrefix:)`): its items, and the bytes of
+/// their stored fields and of its wrapping keys (SQLite's own page overhead not counted).
+public struct StoreUsage: Sendable, Equatable {
+    public var items: Int
+    public var bytes: Int
+
+    public init(items: Int, bytes: Int) {
+        self.items = items
+        self.bytes = bytes
+    }
+
+    /// The bytes one item record takes in `usage`: the same fields, measured before it is written.
+    public static func bytes(of record: ItemRecord) -> Int {
+        record.service.utf8.count + record.key.utf8.count + (record.label?.utf8.count ?? 0) + record.writerPublic.count
+            + record.salt.count + record.nonce.count + record.ciphertext.count
+    }
+
+    /// The bytes one wrapping key takes in `usage`.
+    public static func bytes(of record: WrappingKeyRecord) -> Int {
+        record.service.utf8.count + record.protection.utf8.count + record.publicKey.count + record.sealedPublic.count
+            + record.sealedPrivate.count + record.policy.count + record.tokenSealed.count
+    }
+}

@@ -61,10 +61,14 @@ public final class Store: @unchecked Sendable {
         // secure_delete: deleted ciphertext is overwritten, not left in free pages.
         try writer.execute("PRAGMA journal_mode=WAL", "enabling write-ahead logging")
         try Store.configure(writer)
+        // After a checkpoint the write-ahead log is cut back to this: a 16 MiB write (or the zeroed
+        // pages of a large removal, secure_delete) does not keep a 16 MiB -wal for good.
+        try writer.execute("PRAGMA journal_size_limit=1048576", "limiting the write-ahead log")
         if recorded != nil, try writer.userVersion() == 0 {
             throw Store.notThisStore(databasePath, "is not a keychain database",
                                      because: "\(identityPath) records this store's identity")
         }
+        try Store.giveSpaceBack(writer)
         try Store.migrate(writer)
         identity = try Store.checkIdentity(writer, recorded: recorded, identityPath: identityPath)
         try FileSystem.tightenIfPresent(databasePath + "-wal")
@@ -126,6 +130,32 @@ public final class Store: @unchecked Sendable {
                     + "Put this store's keychain.db back from a backup; or, to keep this database instead, remove \(identityPath)")
         }
         return text
+    }
+
+    /// Makes the database give freed pages back to the filesystem (`auto_vacuum=INCREMENTAL`,
+    /// `reclaim()` after writes): a database without it (made before) is rebuilt once with VACUUM,
+    /// which SQLite runs as one transaction (a kill leaves the old file or the new one).
+    private static func giveSpaceBack(_ connection: Connection) throws(StoreError) {
+        guard try connection.autoVacuum() != 2 else { return }
+        // Takes effect at once on an empty database; an existing one needs the VACUUM.
+        try connection.execute("PRAGMA auto_vacuum=INCREMENTAL", "enabling incremental vacuum")
+        guard try connection.autoVacuum() != 2 else { return }
+        try connection.execute("VACUUM", "rebuilding the database to give freed space back")
+    }
+
+    /// Freed pages beyond this many bytes go back to the filesystem after a write.
+    static let reclaimThreshold = 1 << 20
+
+    /// Gives the pages freed by a write back to the filesystem when they add up to more than
+    /// `reclaimThreshold` (removed items, `clear`, a smaller value over a larger one): the freed pages
+    /// are cut from the end of the file (incremental vacuum), then a checkpoint copies the log into
+    /// `keychain.db` (truncated to its new size) and empties the log (it held the zeroed pages of
+    /// `secure_delete`). It does not wait for other readers: then the log is cut at its next restart
+    /// (`journal_size_limit`). Best effort: a failure leaves the pages free for the next writes.
+    private func reclaim() {
+        guard let free = try? writer.freePageBytes(), free > Store.reclaimThreshold else { return }
+        try? writer.execute("PRAGMA incremental_vacuum", "giving freed pages back")
+        _ = try? writer.truncatingCheckpointWithoutWaiting()
     }
 
     private static func configure(_ connection: Connection) throws(StoreError) {
@@ -205,6 +235,11 @@ public final class Store: @unchecked Sendable {
         try read { c throws(StoreError) in try c.wrappingKeys(protectionPrefix: prefix) }
     }
 
+    /// What the services that start with `prefix` hold (`Transaction.usage` inside a write).
+    public func usage(servicePrefix prefix: String) throws(StoreError) -> StoreUsage {
+        try read { c throws(StoreError) in try c.usage(servicePrefix: prefix) }
+    }
+
     /// The schema version in the file (for tests and diagnostics).
     func schemaVersionOnDisk() throws(StoreError) -> Int64 {
         try read { c throws(StoreError) in try c.userVersion() }
@@ -236,6 +271,7 @@ public final class Store: @unchecked Sendable {
                 writer.rollback()
                 throw error
             }
+            reclaim()
             return result
         }
     }

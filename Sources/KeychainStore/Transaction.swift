@@ -63,6 +63,11 @@ public final class Transaction {
         try open().wrappingKeys(protectionPrefix: prefix)
     }
 
+    /// What the services that start with `prefix` hold, this transaction's changes included.
+    public func usage(servicePrefix prefix: String) throws(StoreError) -> StoreUsage {
+        try open().usage(servicePrefix: prefix)
+    }
+
     // MARK: Writes
 
     /// Inserts the item, or replaces the one with the same service and key.

@@ -5,10 +5,11 @@ import Keychain
 let usage = """
     usage: keychaind --socket PATH --store DIR [--tcti CONF] [--groups DIR] [--reader DIR|none]
                      [--max-connections N] [--idle-timeout SECONDS] [--stall-timeout SECONDS]
-                     [--pcrs 7,…]
+                     [--pcrs 7,…] [--quota-items 4096] [--quota-bytes 32M]
       Under systemd socket activation (LISTEN_FDS=1, LISTEN_PID=this process) the socket is fd 3 and
       --socket is not needed. Access groups are DIR/NAME.conf (lines: uid N, gid N, user NAME, group NAME);
-      the group 'admin' may change the device besides root.
+      the group 'admin' may change the device besides root. Each uid's items (and each access group's)
+      may hold at most --quota-items items and --quota-bytes bytes (K, M, G: KiB, MiB, GiB).
     """
 
 func fail(_ message: String, status: Int32 = 2) -> Never {
@@ -21,7 +22,7 @@ var arguments = CommandLine.arguments.dropFirst()
 while let arg = arguments.popFirst() {
     if arg == "--help" || arg == "-h" { print(usage); exit(0) }
     guard ["--socket", "--store", "--tcti", "--groups", "--reader", "--max-connections", "--idle-timeout",
-           "--stall-timeout", "--pcrs"].contains(arg) else {
+           "--stall-timeout", "--pcrs", "--quota-items", "--quota-bytes"].contains(arg) else {
         fail("unknown argument \(arg)\n\(usage)")
     }
     guard let value = arguments.popFirst() else { fail("\(arg) needs a value") }
@@ -62,6 +63,20 @@ if let value = flags["--stall-timeout"] {
 if let value = flags["--idle-timeout"] {
     guard let number = Int(value), number > 0 else { fail("--idle-timeout needs a positive number of seconds") }
     limits.idleTimeout = number
+}
+
+if let value = flags["--quota-items"] {
+    guard let number = Int(value), number > 0 else { fail("--quota-items needs a positive number of items") }
+    limits.user.quotaItems = number
+}
+if let value = flags["--quota-bytes"] {
+    let units: [Character: Int] = ["K": 1 << 10, "M": 1 << 20, "G": 1 << 30]
+    let unit = value.last.flatMap { units[$0] }
+    guard let number = Int(unit == nil ? value : String(value.dropLast())), number > 0,
+          case let (bytes, overflow) = number.multipliedReportingOverflow(by: unit ?? 1), !overflow else {
+        fail("--quota-bytes needs a positive number of bytes, optionally with K, M or G (KiB, MiB, GiB)")
+    }
+    limits.user.quotaBytes = bytes
 }
 
 // A thousand idle connections need a thousand descriptors: take the hard limit.

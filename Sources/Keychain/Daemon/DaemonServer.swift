@@ -22,6 +22,8 @@ package final class DaemonServer: Sendable {
         package var stallTimeout = 10
         /// Seconds a prompt waits for the client's authenticator (a person answers it).
         package var promptTimeout = 300
+        /// Each user's quota (UserLimits.swift).
+        package var user = UserLimits()
         package init() {}
     }
 
@@ -33,12 +35,15 @@ package final class DaemonServer: Sendable {
     let limits: Limits
     /// Open connections, in all and per uid.
     private let open = Mutex<(total: Int, byUser: [UInt32: Int])>((0, [:]))
+    /// One call of each uid in the engine at a time (UserLimits.swift).
+    private let fairShare = FairShare()
 
     /// - Parameter configuration: the daemon's store, TPM and reader; its authenticator is ignored
     ///   (each call brings the caller's).
     package init(configuration: KeychainConfiguration, groups: AccessGroups, limits: Limits = .init()) {
         var configuration = configuration
         configuration.authenticator = nil
+        configuration.userLimits = limits.user
         self.configuration = configuration
         self.engine = Engine.shared(for: configuration).engine
         self.groups = groups
@@ -118,6 +123,8 @@ package final class DaemonServer: Sendable {
     /// task on the shared pool took three wake-ups (pool, engine, back to this thread).
     private func respond(to request: WireMessage, from peer: Peer, connection: Connection, on fd: Int32) -> WireMessage? {
         let mailbox = Mailbox()
+        fairShare.enter(peer.uid)
+        defer { fairShare.leave(peer.uid) }
         /// Runs `start` and the engine's jobs on this thread until this call has its own work back.
         func drive(_ start: () -> Void) { engine.executor.drive(start, until: mailbox.hasEvent) }
         drive {
@@ -132,8 +139,11 @@ package final class DaemonServer: Sendable {
                 defer { prompt.wipe() }
                 guard !broken else { drive { continuation.resume(returning: nil) }; continue }
                 do {
-                    try WireSocket.send(fd, prompt)
-                    let answer = try WireSocket.receive(fd, idle: limits.promptTimeout, stall: limits.stallTimeout)
+                    // A person answers: the uid's other calls go in meanwhile.
+                    let answer = try fairShare.pause(peer.uid) { () throws(WireError) in
+                        try WireSocket.send(fd, prompt)
+                        return try WireSocket.receive(fd, idle: limits.promptTimeout, stall: limits.stallTimeout)
+                    }
                     guard answer.kind == WireKind.answer else { throw WireError(.malformed, "expected an answer") }
                     drive { continuation.resume(returning: answer) }
                 } catch {

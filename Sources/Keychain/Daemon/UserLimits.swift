@@ -1,0 +1,144 @@
+import Foundation
+import KeychainStore
+import SecureMemory
+import Synchronization
+
+/// keychaind's limits on each user, so that one uid cannot take what the others need: the store's
+/// space (a quota of items and bytes) and the engine's time (one call in the engine at a time).
+/// docs/daemon.md, "Per-user limits".
+package struct UserLimits: Sendable, Equatable {
+    /// Items one namespace (a uid's own items, or one access group's) may hold.
+    package var quotaItems = 4096
+    /// Bytes one namespace may hold: its items' stored fields and its wrapping keys. 32 MiB holds the
+    /// largest value (16 MiB) beside many small ones; a device with a thousand active users would
+    /// need 32 GiB only if every one of them filled it.
+    package var quotaBytes = 32 << 20
+
+    package init() {}
+
+    /// How keychaind's command line says the quota, for the messages that name the fix.
+    static let flags = "keychaind --quota-items N --quota-bytes N"
+}
+
+/// The namespace a service is stored under through keychaind (`uid:N/` or `group:NAME/`), which
+/// the quota counts; nil for a service of the in-process library, which has no quota.
+func quotaNamespace(of service: String) -> String? {
+    guard service.hasPrefix("uid:") || service.hasPrefix(Keychain.groupNamespacePrefix),
+          let slash = service.firstIndex(of: "/") else { return nil }
+    return String(service[...slash])
+}
+
+extension KeychainError.Code {
+    /// keychaind: the caller's namespace (its uid's items, or an access group's) would hold more
+    /// items or bytes than the daemon's quota allows; nothing was written.
+    public static let quotaExceeded = KeychainError.Code(rawValue: "QUOTA_EXCEEDED")
+}
+
+extension Engine {
+    /// Refuses a write that would take the service's namespace past the daemon's quota
+    /// (`configuration.userLimits`); a write that leaves the namespace no larger (a smaller value over
+    /// a larger one, after the quota was lowered) is let through.
+    ///
+    /// - Parameters:
+    ///   - usage: what the namespace holds now (the write transaction's view, or a read before the
+    ///     TPM work, where `newKey` is not known yet).
+    ///   - existing: the item the write replaces.
+    func checkQuota(service: String, key: String, usage: StoreUsage, existing: ItemRecord?, newItemBytes: Int,
+                    newKeyBytes: Int) throws(KeychainError) {
+        guard let limits = configuration.userLimits, let namespace = quotaNamespace(of: service) else { return }
+        let items = usage.items + (existing == nil ? 1 : 0)
+        let bytes = usage.bytes - (existing.map(StoreUsage.bytes(of:)) ?? 0) + newItemBytes + newKeyBytes
+        let grows = items > usage.items || bytes > usage.bytes
+        guard grows, items > limits.quotaItems || bytes > limits.quotaBytes else { return }
+        let whose = namespace.hasPrefix(Keychain.groupNamespacePrefix)
+            ? "The access group '\(namespace.dropFirst(Keychain.groupNamespacePrefix.count).dropLast())'"
+            : "uid \(namespace.dropFirst("uid:".count).dropLast())"
+        let limit = items > limits.quotaItems ? "\(limits.quotaItems) items" : "\(Self.size(limits.quotaBytes))"
+        throw KeychainError(.quotaExceeded, "\(whose) would hold more than the keychain service's quota of \(limit) with item "
+                            + "'\(key)' (it holds \(usage.items) items in \(Self.size(usage.bytes)); this write is "
+                            + "\(Self.size(newItemBytes + newKeyBytes))); nothing was written. Remove items no longer needed "
+                            + "(keychainctl rm, clear), or ask the administrator to raise the quota (\(UserLimits.flags))")
+    }
+
+    /// The bytes an item of `value` takes in `StoreUsage`, before it is sealed: the envelope adds the
+    /// writer's public key, the salt, the nonce and the AEAD tag.
+    static func itemBytes(service: String, key: String, label: String?, valueCount: Int) -> Int {
+        service.utf8.count + key.utf8.count + (label?.utf8.count ?? 0) + Sodium.x25519KeyLength + ItemEnvelope.saltLength
+            + Sodium.xchachaNonceLength + valueCount + Sodium.xchachaTagLength
+    }
+
+    /// The quota check before any TPM or token work: a write over the quota costs no TPM command.
+    func checkQuotaBeforeSealing(_ value: SecureBytes, service: String, key: String, label: String?, store: Store) throws(KeychainError) {
+        guard configuration.userLimits != nil, let namespace = quotaNamespace(of: service) else { return }
+        let (usage, existing) = try read { (try store.usage(servicePrefix: namespace), try store.item(service: service, key: key)) }
+        try checkQuota(service: service, key: key, usage: usage, existing: existing,
+                       newItemBytes: Self.itemBytes(service: service, key: key, label: label ?? existing?.label, valueCount: value.count),
+                       newKeyBytes: 0)
+    }
+
+    /// "12.5 MiB", "300 bytes".
+    static func size(_ bytes: Int) -> String {
+        if bytes < 1024 { return "\(bytes) bytes" }
+        if bytes < 1 << 20 { return String(format: "%.1f KiB", Double(bytes) / 1024) }
+        return String(format: "%.1f MiB", Double(bytes) / Double(1 << 20))
+    }
+}
+
+/// One call of each uid in the engine at a time: the engine runs its jobs in arrival order, so
+/// without this a uid with many connections (each sending cold writes) put its whole backlog ahead
+/// of another user's read. A uid's further calls wait at their connection threads; the engine's
+/// queue then holds at most one call per uid, and another uid's call waits for at most one of each.
+/// Root's calls are not held (root can stop the daemon anyway; its own calls only wait for it).
+final class FairShare: Sendable {
+    private final class Gate: @unchecked Sendable {
+        let condition = NSCondition()
+        var busy = false
+        var users = 0  // holding or waiting, under FairShare's lock
+    }
+    private let gates = Mutex<[UInt32: Gate]>([:])
+
+    /// Waits until no other call of `uid` is in the engine, then takes its turn.
+    func enter(_ uid: UInt32) {
+        guard uid != 0 else { return }
+        let gate = gates.withLock { gates in
+            let gate = gates[uid] ?? Gate()
+            gates[uid] = gate
+            gate.users += 1
+            return gate
+        }
+        gate.condition.lock()
+        while gate.busy { gate.condition.wait() }
+        gate.busy = true
+        gate.condition.unlock()
+    }
+
+    /// Ends the turn `enter` gave; the uid's next waiting call goes in.
+    func leave(_ uid: UInt32) {
+        guard uid != 0, let gate = gates.withLock({ $0[uid] }) else { return }
+        gate.condition.lock()
+        gate.busy = false
+        gate.condition.signal()
+        gate.condition.unlock()
+        gates.withLock { gates in
+            gate.users -= 1
+            if gate.users == 0 { gates[uid] = nil }
+        }
+    }
+
+    /// Gives the turn back while the call waits for something outside the engine (a prompt's
+    /// answer, which a person gives), then takes it again.
+    func pause<T, E: Error>(_ uid: UInt32, _ body: () throws(E) -> T) throws(E) -> T {
+        guard uid != 0, let gate = gates.withLock({ $0[uid] }) else { return try body() }
+        gate.condition.lock()
+        gate.busy = false
+        gate.condition.signal()
+        gate.condition.unlock()
+        defer {
+            gate.condition.lock()
+            while gate.busy { gate.condition.wait() }
+            gate.busy = true
+            gate.condition.unlock()
+        }
+        return try body()
+    }
+}

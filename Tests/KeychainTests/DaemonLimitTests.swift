@@ -1,0 +1,200 @@
+import Foundation
+import Keychain
+import KeychainTestSupport
+import Testing
+
+/// keychaind's per-user limits (issue 22): one uid cannot fill the store, keep its space after a
+/// `clear`, or put its backlog ahead of another user's calls. keychaind runs as root (the tests do),
+/// the clients as other uids through `setpriv`, on a real swtpm.
+@Suite("keychaind: per-user limits")
+struct DaemonLimitTests {
+    static let nobody: UInt32 = 65534
+    static let other: UInt32 = 65533
+
+    /// keychainctl through `daemon`, as root or as `uid`.
+    func ctl(_ daemon: KeychainDaemon, _ args: [String], input: [UInt8] = [], uid: UInt32? = nil) throws
+        -> (status: Int32, out: String, err: String)
+    {
+        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
+        let result = if let uid {
+            try run("/usr/bin/setpriv", ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", keychainctl] + args,
+                    input: input, environment: daemon.environment)
+        } else {
+            try run(keychainctl, args, input: input, environment: daemon.environment)
+        }
+        return (result.status, String(decoding: result.stdout, as: UTF8.self), result.stderr)
+    }
+
+    /// The store's files on disk: keychain.db and its write-ahead log.
+    func storeBytes(_ daemon: KeychainDaemon) -> Int {
+        ["keychain.db", "keychain.db-wal"].reduce(0) { sum, name in
+            let size = (try? FileManager.default.attributesOfItem(atPath: daemon.store + "/" + name)[.size] as? Int) ?? 0
+            return sum + (size ?? 0)
+        }
+    }
+
+    /// Before, one uid could write without limit (16 MiB values under endless keys and services)
+    /// until the store's filesystem was full for everyone. Each uid's items now stop at the
+    /// daemon's quota with QUOTA_EXCEEDED, saying which limit and how to raise it; nothing of the
+    /// refused write is stored, another uid's writes go on, and space given back is usable again.
+    @Test func aUidsWritesStopAtItsQuotaAndOthersWriteOn() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm, arguments: ["--quota-items", "5", "--quota-bytes", "64K"])
+        for index in 1...5 {
+            #expect(try ctl(daemon, ["set", "svc\(index)", "k"], input: Array("value".utf8), uid: Self.nobody).status == 0)
+        }
+        let refused = try ctl(daemon, ["set", "svc6", "k"], input: Array("value".utf8), uid: Self.nobody)
+        #expect(refused.status == 3 && refused.err.contains("QUOTA_EXCEEDED") && refused.err.contains("quota of 5 items")
+                && refused.err.contains("keychaind --quota-items") && refused.err.contains("uid \(Self.nobody)"),
+                "the sixth item: \(refused.status) \(refused.err)")
+        #expect(!refused.err.contains("uid:"), "the message names the daemon's namespace: \(refused.err)")
+        #expect(try ctl(daemon, ["has", "svc6", "k"], uid: Self.nobody).status == 1, "a refused write left an item")
+        // Replacing an item adds none: allowed at the item limit.
+        #expect(try ctl(daemon, ["set", "svc1", "k"], input: Array("newer".utf8), uid: Self.nobody).status == 0)
+        // Bytes: a 70 KiB value does not fit in 64 KiB, whatever the item count.
+        #expect(try ctl(daemon, ["rm", "svc5", "k"], uid: Self.nobody).status == 0)
+        let large = try ctl(daemon, ["set", "big", "k"], input: [UInt8](repeating: 0x61, count: 70 << 10), uid: Self.nobody)
+        #expect(large.status == 3 && large.err.contains("QUOTA_EXCEEDED") && large.err.contains("quota of 64.0 KiB")
+                && large.err.contains("--quota-bytes"), "\(large.err)")
+        #expect(try ctl(daemon, ["has", "big", "k"], uid: Self.nobody).status == 1)
+        // Another uid has its own quota; the freed slot is nobody's again.
+        for index in 1...5 {
+            #expect(try ctl(daemon, ["set", "svc\(index)", "k"], input: Array("v".utf8), uid: Self.other).status == 0)
+        }
+        #expect(try ctl(daemon, ["set", "svc6", "k"], input: Array("value".utf8), uid: Self.nobody).status == 0)
+        #expect(try ctl(daemon, ["get", "svc1", "k"], uid: Self.nobody).out == "newer")
+    }
+
+    /// Before, the database never shrank: a uid's 16 MiB values stayed on disk after `clear` (5.7 MB,
+    /// 150 MB, then 260 MB after the clear: freed pages and the zeroed pages' log). Now freed pages
+    /// go back to the filesystem (incremental vacuum, a checkpoint, a bounded log).
+    @Test func aClearGivesTheSpaceBack() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm)
+        #expect(try ctl(daemon, ["set", "small", "k"], input: Array("v".utf8), uid: Self.other).status == 0)
+        let empty = storeBytes(daemon)
+        let value = [UInt8](repeating: 0x5A, count: 1 << 20)
+        for index in 0..<12 {
+            #expect(try ctl(daemon, ["set", "bulk", "k\(index)"], input: value, uid: Self.nobody).status == 0)
+        }
+        let full = storeBytes(daemon)
+        #expect(full > 12 << 20, "12 MiB written: \(full) bytes on disk")
+        #expect(try ctl(daemon, ["clear", "bulk"], uid: Self.nobody).status == 0)
+        let cleared = storeBytes(daemon)
+        print("store on disk: \(empty) bytes, \(full) with 12 MiB of values, \(cleared) after the clear")
+        #expect(cleared < empty + (2 << 20), "after the clear the store still takes \(cleared) bytes (\(empty) before)")
+        // Removing items one by one gives it back too, and what is left reads.
+        for index in 0..<6 {
+            #expect(try ctl(daemon, ["set", "bulk", "k\(index)"], input: value, uid: Self.nobody).status == 0)
+        }
+        for index in 0..<6 { #expect(try ctl(daemon, ["rm", "bulk", "k\(index)"], uid: Self.nobody).status == 0) }
+        let removed = storeBytes(daemon)
+        #expect(removed < empty + (2 << 20), "after the removals the store takes \(removed) bytes")
+        #expect(try ctl(daemon, ["get", "small", "k"], uid: Self.other).out == "v")
+    }
+
+    /// A store made before incremental vacuum (auto_vacuum NONE, as every earlier store) is rebuilt
+    /// once when it is opened, items kept, and gives space back from then on.
+    @Test func anEarlierStoreIsMigratedToGiveSpaceBack() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        do {
+            let daemon = try KeychainDaemon(tpm: tpm, store: store)
+            #expect(try ctl(daemon, ["set", "svc", "k"], input: Array("kept".utf8)).status == 0)
+            _ = daemon.kill()
+        }
+        // As the previous version left it: no auto_vacuum.
+        let downgrade = try run("/usr/bin/sqlite3", [store + "/keychain.db", "PRAGMA auto_vacuum=NONE; VACUUM; PRAGMA auto_vacuum;"])
+        #expect(String(decoding: downgrade.stdout, as: UTF8.self).hasPrefix("0"), "\(downgrade.stderr)")
+        let daemon = try KeychainDaemon(tpm: tpm, store: store)
+        #expect(try ctl(daemon, ["get", "svc", "k"]).out == "kept")
+        let mode = try run("/usr/bin/sqlite3", [store + "/keychain.db", "PRAGMA auto_vacuum;"])
+        #expect(String(decoding: mode.stdout, as: UTF8.self).hasPrefix("2"), "auto_vacuum after opening: \(mode.stdout)")
+    }
+
+    /// One uid's flood of cold writes (32 connections, each a write to a new service: a TPM Create
+    /// each) used to put its whole backlog ahead of another user's warm read: the engine ran calls
+    /// in arrival order. Now each uid has one call in the engine at a time, so the read waits for
+    /// at most about one of the flood's writes. Measured as the number of the flood's writes that
+    /// complete while one read is in flight (no wall time asserted); the latencies are printed.
+    @Test func oneUidsFloodOfColdWritesDoesNotQueueAheadOfAnothersReads() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm)
+        #expect(try ctl(daemon, ["set", "mine", "k"], input: Array("v".utf8), uid: Self.other).status == 0)
+        let flood = """
+            import os, socket, struct, sys, threading, time
+            def field(tag, data): return bytes([tag]) + struct.pack('>I', len(data)) + data
+            def read(s, n):
+                out = b''
+                while len(out) < n:
+                    chunk = s.recv(n - len(out))
+                    if not chunk: raise SystemExit('closed')
+                    out += chunk
+                return out
+            done, lock, stop = [], threading.Lock(), threading.Event()
+            def writer(n):
+                s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+                i = 0
+                while not stop.is_set():
+                    opts = ('{"service":"flood-%d-%d"}' % (n, i)).encode()
+                    body = bytes([1, 1]) + field(1, opts) + field(2, b'k') + field(3, b'x' * 64)
+                    s.sendall(struct.pack('>I', len(body)) + body)
+                    read(s, struct.unpack('>I', read(s, 4))[0])
+                    with lock: done.append(time.monotonic())
+                    i += 1
+            threads = [threading.Thread(target=writer, args=(n,), daemon=True) for n in range(32)]
+            for t in threads: t.start()
+            sys.stdin.read()
+            stop.set()
+            with lock: print(' '.join('%.6f' % t for t in done))
+            os._exit(0)
+            """
+        let reads = """
+            import socket, struct, sys, time
+            def field(tag, data): return bytes([tag]) + struct.pack('>I', len(data)) + data
+            def read(s, n):
+                out = b''
+                while len(out) < n:
+                    chunk = s.recv(n - len(out))
+                    if not chunk: raise SystemExit('closed')
+                    out += chunk
+                return out
+            s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+            body = bytes([1, 2]) + field(1, b'{"service":"mine"}') + field(2, b'k')
+            time.sleep(1.0)  # the flood is under way
+            for _ in range(20):
+                start = time.monotonic()
+                s.sendall(struct.pack('>I', len(body)) + body)
+                reply = read(s, struct.unpack('>I', read(s, 4))[0])
+                assert reply[1] == 0x80, reply
+                print('%.6f %.6f' % (start, time.monotonic()), flush=True)
+                time.sleep(0.1)
+            """
+        let held = Pipe(), floodOut = Pipe()
+        let python = Process()
+        python.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        python.arguments = ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups", "/usr/bin/python3", "-c", flood,
+                            daemon.socket]
+        python.standardInput = held
+        python.standardOutput = floodOut
+        try python.run()
+        let victim = try run("/usr/bin/setpriv", ["--reuid=\(Self.other)", "--regid=\(Self.other)", "--clear-groups",
+                                                  "/usr/bin/python3", "-c", reads, daemon.socket])
+        try held.fileHandleForWriting.close()
+        let completions = String(decoding: floodOut.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            .split(whereSeparator: \.isWhitespace).compactMap { Double($0) }
+        python.waitUntilExit()
+        let windows = String(decoding: victim.stdout, as: UTF8.self).split(separator: "\n").map {
+            $0.split(separator: " ").compactMap { Double($0) }
+        }.filter { $0.count == 2 }
+        #expect(victim.status == 0 && windows.count == 20, "\(victim.stderr)")
+        let during = windows.map { window in completions.filter { $0 > window[0] && $0 < window[1] }.count }.sorted()
+        let latencies = windows.map { ($0[1] - $0[0]) * 1000 }.sorted()
+        let floodSeconds = (completions.last ?? 0) - (completions.first ?? 0)
+        print("flood: \(completions.count) cold writes in \(String(format: "%.1f", floodSeconds)) s; other uid's read: "
+              + "p50 \(String(format: "%.1f", latencies[latencies.count / 2])) ms, max \(String(format: "%.1f", latencies.last ?? 0)) ms; "
+              + "flood writes completed during a read: \(during)")
+        #expect(completions.count > 40, "the flood made too few writes to test anything: \(completions.count)")
+        #expect(during[during.count / 2] <= 3, "the flood's writes ran ahead of the read: \(during)")
+    }
+}
