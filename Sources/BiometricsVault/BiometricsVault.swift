@@ -70,7 +70,7 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable {
 
     /// Asks the device again whether biometrics can be used (after an enrollment, say).
     public func refreshAvailability() async {
-        let available = await device.canUseAccessControl(.biometryCurrentSet).available
+        let available = (try? await device.canUseAccessControl(.biometryCurrentSet))?.available ?? false
         _ = try? await startedAsync()
         machine.withLock { $0?.biometricsAvailabilityChanged(available) }
     }
@@ -134,7 +134,7 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable {
         let stored = Machine.Stored(
             keychainItem: try await storages.plain.getData(key).map { try JSONDecoder().decode(Credentials.self, from: $0) },
             biometricItemExists: try await storages.biometric.hasItem(key))
-        let available = await device.canUseAccessControl(.biometryCurrentSet).available
+        let available = try await device.canUseAccessControl(.biometryCurrentSet).available
         return machine.withLock { current in
             if current == nil { current = Machine(startupFound: stored, biometricsAvailable: available) }
             return current!

@@ -14,8 +14,9 @@ public struct AccessControlCheck: Sendable, Hashable, Codable {
 public enum BiometryType: String, Sendable, Hashable, Codable { case fingerprint }
 
 /// Whether the default device can protect an item with `value` now; never prompts, never writes.
-public func canUseAccessControl(_ value: AccessControl) async -> AccessControlCheck {
-    await KeychainDevice().canUseAccessControl(value)
+/// - Throws: `HARDWARE_UNAVAILABLE` when keychaind (`KEYCHAIN_SOCKET`) cannot be reached.
+public func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck {
+    try await KeychainDevice().canUseAccessControl(value)
 }
 
 /// The biometric sensors of the default device.

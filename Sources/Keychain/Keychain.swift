@@ -146,10 +146,11 @@ public struct Keychain: Sendable {
     }
 
     /// Whether this storage's device can protect an item with `value` now; never prompts, never writes.
-    public func canUseAccessControl(_ value: AccessControl) async -> AccessControlCheck {
+    /// - Throws: `HARDWARE_UNAVAILABLE` when keychaind cannot be reached: the service is down, which
+    ///   is worth a retry, not an answer.
+    public func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck {
         if remote != nil {
-            let reply = try? await daemon(.storageCanUse) { $0.add(WireTag.accessControl, value.rawValue) }
-            return (try? reply?.result(AccessControlCheck.self)) ?? .init(available: false, reason: .unsupported)
+            return try await daemon(.storageCanUse) { $0.add(WireTag.accessControl, value.rawValue) }.result(AccessControlCheck.self)
         }
         if options.android.keyStorage == .strongbox {
             // The token's user PIN is the passcode; the token has no biometrics.
@@ -342,10 +343,10 @@ public struct KeychainDevice: Sendable {
         if let remote { return remote.callBlocking(.biometryTypes).flatMap { try? $0.result([BiometryType].self) } ?? [] }
         return configuration.readerDirectory == nil ? [] : [.fingerprint]
     }
-    public func canUseAccessControl(_ value: AccessControl) async -> AccessControlCheck {
+    /// - Throws: `HARDWARE_UNAVAILABLE` when keychaind cannot be reached.
+    public func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck {
         if remote != nil {
-            let reply = try? await daemon(.deviceCanUse) { $0.add(WireTag.accessControl, value.rawValue) }
-            return (try? reply?.result(AccessControlCheck.self)) ?? .init(available: false, reason: .unsupported)
+            return try await daemon(.deviceCanUse) { $0.add(WireTag.accessControl, value.rawValue) }.result(AccessControlCheck.self)
         }
         return await sharedEngine.canUse(value, readerDirectory: configuration.readerDirectory)
     }

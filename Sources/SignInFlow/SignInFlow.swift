@@ -38,8 +38,9 @@ public struct SignInFlow: Sendable {
 
     /// Step 2: offer fingerprint sign-in only when the device can lock an item with it (no prompt).
     /// - Returns: the name of the switch ("fingerprint"), or nil and the reason it can't be offered.
-    public func biometricOffer() async -> (name: String?, reason: AccessControlCheck.Reason?) {
-        let check = await vault.canUseAccessControl(.biometryCurrentSet)
+    /// - Throws: `HARDWARE_UNAVAILABLE` when keychaind cannot be reached: ask again later.
+    public func biometricOffer() async throws(KeychainError) -> (name: String?, reason: AccessControlCheck.Reason?) {
+        let check = try await vault.canUseAccessControl(.biometryCurrentSet)
         guard check.available else { return (nil, check.reason) }
         return (device.biometryTypes() == [.fingerprint] ? "fingerprint" : "biometrics", nil)
     }

@@ -94,7 +94,7 @@ struct Commands {
             let args = try arguments(2, "SERVICE KEY")
             var call = SetItemOptions()
             if let a = inv.flags["--accessible"] { call.accessible = try Accessible(parsing: a) }
-            if let c = inv.flags["--access-control"] { call.accessControl = try AccessControl(parsing: c) }
+            if let c = inv.flags["--access-control"] { call.overrideAccessControl(with: try AccessControl(parsing: c)) }
             if let l = inv.flags["--label"] { call.label = l }
             if let v = inv.flags["--auth-validity"] {
                 guard let n = Int(v) else { throw KeychainError.invalidArgument("Invalid authValidity: expected a whole number of seconds, got '\(v)'") }
@@ -146,8 +146,8 @@ struct Commands {
             let value = try AccessControl(parsing: args[0])
             // With --key-storage, the answer of that backend (a token has its PIN and no reader).
             let check = inv.flags["--key-storage"] == nil
-                ? await device.canUseAccessControl(value)
-                : await (try storage("keychainctl")).canUseAccessControl(value)
+                ? try await device.canUseAccessControl(value)
+                : try await (try storage("keychainctl")).canUseAccessControl(value)
             output(check) { "available: \($0.available)" + ($0.reason.map { "\nreason: \($0.rawValue)" } ?? "") }
         case "reader":
             return try await reader()
@@ -269,6 +269,9 @@ struct KeychainCtl {
                 FileHandle.standardError.write(Data("keychainctl: no TPM device or --tcti: using the embedded software TPM in \(escaped(configuration.storeDirectory))/swtpm (security level: software)\n".utf8))
             }
             code = try await Commands(inv: inv, configuration: configuration).run()
+        } catch let error as UsageError where CommandLine.arguments.contains("--json") {
+            // A script that asked for JSON reads stdout: the usage error is INVALID_ARGUMENT there (exit 2).
+            code = report(KeychainError(.invalidArgument, error.message), json: true)
         } catch let error as UsageError {
             FileHandle.standardError.write(Data("keychainctl: \(escaped(error.message))\n\n\(usage)\n".utf8))
             code = .usage

@@ -48,12 +48,12 @@ struct Demo {
             return "passcode set"
         }
         try await step("Offer fingerprint sign-in before any finger is enrolled", device) {
-            let offer = await flow.biometricOffer()
+            let offer = try await flow.biometricOffer()
             return "offer: \(offer.name ?? "none"), reason: \(offer.reason?.rawValue ?? "-")"
         }
         try await step("Enroll a finger on the reader (needs the passcode)", device) {
             try await device.enrollFinger("right-thumb", passcode: pin)
-            let offer = await flow.biometricOffer()
+            let offer = try await flow.biometricOffer()
             return "enrolled right-thumb; offer: \(offer.name ?? "none")"
         }
         try await step("Sign in with a password; turn on fingerprint sign-in (no prompt)", device) {

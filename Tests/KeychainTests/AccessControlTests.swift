@@ -140,7 +140,7 @@ struct AccessControlTests {
         let d = try await Device(reader: cell.device != "noReader", passcode: cell.device != "noPasscode",
                                  fingers: cell.device == "noFingers" ? [] : ["thumb"])
         let store = try d.storage(cell.control)
-        let check = await store.canUseAccessControl(cell.control)
+        let check = try await store.canUseAccessControl(cell.control)
         #expect(await code { try await store.setItem("k", "v") } == cell.expected)
         #expect(try await store.hasItem("k") == (cell.expected == nil))
         #expect(check.available == (cell.expected == nil))
@@ -271,7 +271,7 @@ struct AccessControlTests {
         try await store.setItem("b", "3")
         try await store.clear()
         #expect(try await store.getAllKeys() == [])
-        _ = await store.canUseAccessControl(control)
+        _ = try await store.canUseAccessControl(control)
     }
 
     // MARK: authValidity

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import Keychain
+import KeychainTestSupport
 
 /// The message of the KeychainError `body` throws, or nil when it throws nothing (or something else).
 private func message(_ body: () throws -> Void) -> String? {
@@ -473,6 +474,47 @@ extension OptionsTests {
             let synchronized = try createKeychain(.init(service: "o", accessible: .afterFirstUnlockThisDeviceOnly), configuration: f.configuration)
             #expect(await code { try await synchronized.setItem("k", "v", options: SetItemOptions(synchronizable: true)) } == .invalidArgument)
             #expect(try await synchronized.getAllKeys().isEmpty)
+        }
+    }
+}
+
+extension OptionsTests {
+    /// Swift's `Optional.none` against the seed's `AccessControl.None`: a porting user writes `.none`
+    /// meaning the seed's constant, and must get it (issue 21, item 4).
+    @Suite struct NoneIsTheSeedsNoneTests {
+        @Test func aWritesNoneOverrideStoresAnUnprotectedItemInABiometricStorage() throws {
+            // The seed's `vault.setItem('k', v, { accessControl: AccessControl.None })`.
+            let vault = try KeychainOptions(service: "vault", accessControl: .biometryCurrentSet).validated()
+            let call = SetItemOptions(accessControl: .none)
+            #expect(call.accessControl == AccessControl.none)
+            #expect(try vault.resolved(for: call).accessControl == AccessControl.none)
+            // Without an override the storage's default holds.
+            #expect(try vault.resolved(for: SetItemOptions(label: "ivan")).accessControl == .biometryCurrentSet)
+        }
+
+        @Test func comparingAnAbsentItemsAccessControlWithNoneIsFalse() {
+            let unprotected: AccessControl? = AccessControl.none
+            #expect(unprotected == .none)
+            #expect(unprotected != .passcode)
+            let absent: ItemInfo? = nil
+            let absentIsUnprotected = absent?.accessControl == .none
+            let absentIsProtected = absent?.accessControl != .none
+            #expect(!absentIsUnprotected && absentIsProtected)
+        }
+
+        @Test func aStoragesNoneOverrideReadsWithoutAPrompt() async throws {
+            let device = try await SimulatedDevice(passcode: bytes("1234"), fingers: ["right-index"])
+            let vault = try createKeychain(.init(service: "vault", accessControl: .biometryCurrentSet),
+                                           configuration: device.configuration)
+            try await vault.setItem("plain", "v", options: SetItemOptions(accessControl: .none))
+            let stored = try await vault.getItemInfo("plain")
+            let storedIsUnprotected = stored?.accessControl == .none
+            #expect(storedIsUnprotected)
+            #expect(try await vault.getItem("plain") == "v")
+            #expect(device.answers.requests.isEmpty)
+            let absent = try await vault.getItemInfo("absent")
+            let absentIsUnprotected = absent?.accessControl == .none
+            #expect(!absentIsUnprotected)
         }
     }
 }

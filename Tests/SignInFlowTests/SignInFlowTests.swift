@@ -29,7 +29,7 @@ struct SignInFlowTests {
         init() async throws {
             simulated = try await SimulatedDevice(passcode: SignInFlowTests.pin, fingers: ["thumb"])
             flow = try SignInFlow(server: FakeServer(), configuration: simulated.configuration)
-            #expect(await flow.biometricOffer().name == "fingerprint")
+            #expect(try await flow.biometricOffer().name == "fingerprint")
             #expect(try await flow.completeSignIn(Tokens(accessToken: "at-1", refreshToken: "rt-1", username: "ivan@example.com"),
                                                   withBiometrics: true))
             #expect(answers.requests.isEmpty, "signing in never prompts")

@@ -76,7 +76,7 @@ extension SetItemOptions {
             return value
         }
         self.init(accessible: try parsed(fields.accessible, Accessible.self),
-                  accessControl: try parsed(fields.accessControl, AccessControl.self),
+                  accessControlOverride: try parsed(fields.accessControl, AccessControl.self),
                   authValidity: fields.authValidity, label: fields.label, synchronizable: fields.synchronizable)
     }
 }

@@ -235,7 +235,7 @@ package final class DaemonServer: Sendable {
                 reply.add(WireTag.resultJSON, WireJSON.encode(info))
             }
         case .storageCanUse:
-            reply.add(WireTag.resultJSON, WireJSON.encode(await storage.canUseAccessControl(try accessControl(request))))
+            reply.add(WireTag.resultJSON, WireJSON.encode(try await storage.canUseAccessControl(try accessControl(request))))
         default: throw KeychainError(.internal, "not a storage call: \(op)")
         }
     }
@@ -260,7 +260,7 @@ package final class DaemonServer: Sendable {
         case .deleteReader: reply.add(WireTag.resultBool, try await device.deleteReader(passcode: passcode))
         case .enrolledFingers: reply.add(WireTag.resultJSON, WireJSON.encode(try await device.enrolledFingers()))
         case .biometryTypes: reply.add(WireTag.resultJSON, WireJSON.encode(device.biometryTypes()))
-        case .deviceCanUse: reply.add(WireTag.resultJSON, WireJSON.encode(await device.canUseAccessControl(try accessControl(request))))
+        case .deviceCanUse: reply.add(WireTag.resultJSON, WireJSON.encode(try await device.canUseAccessControl(try accessControl(request))))
         case .initialize: reply.add(WireTag.resultJSON, WireJSON.encode(try await device.initialize()))
         case .status: reply.add(WireTag.resultJSON, WireJSON.encode(try await device.status()))
         case .resetTokenPINTries: try await device.resetTokenPINTries()

@@ -53,3 +53,16 @@ public enum AccessControl: String, CaseIterable, Sendable, Codable {
         self == .biometryCurrentSet || self == .biometryCurrentSetOrPasscode
     }
 }
+
+extension Optional where Wrapped == AccessControl {
+    /// `getItemInfo(key)?.accessControl == .none` compares with the seed's `AccessControl.None`: true
+    /// only for an item that exists without a prompt, never for an absent one (Swift's own `==` would
+    /// read `.none` as `Optional.none`, a nil check). Compare with `nil` for "absent".
+    public static func == (lhs: AccessControl?, rhs: AccessControl) -> Bool {
+        guard let lhs else { return false }
+        return lhs.rawValue == rhs.rawValue
+    }
+
+    /// The negation of `==`: true for an absent item, as `!(lhs == rhs)`.
+    public static func != (lhs: AccessControl?, rhs: AccessControl) -> Bool { !(lhs == rhs) }
+}
