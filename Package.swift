@@ -14,6 +14,8 @@ let package = Package(
         .executable(name: "keychain-bench", targets: ["keychain-bench"]),
         // The keychain service: one store and TPM per device, callers told apart by SO_PEERCRED.
         .executable(name: "keychaind", targets: ["keychaind"]),
+        // The freedesktop Secret Service (org.freedesktop.secrets) on the keychain: docs/secret-service.md.
+        .executable(name: "keychain-secret-service", targets: ["keychain-secret-service"]),
         // For our users' own test suites: a private software TPM per test or suite.
         .library(name: "KeychainTestSupport", targets: ["KeychainTestSupport"]),
         .library(name: "BiometricsVault", targets: ["BiometricsVault"]),
@@ -29,6 +31,8 @@ let package = Package(
         // OpenSSL's libcrypto: P-256 ECDH and AES-CFB for TPM2 duplication blobs (seal-for, no TPM needed);
         // ECDSA P-256 PEM keys and offline signing of boot policies (docs/boot-state.md).
         .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        // sd-bus from libsystemd: keychain-secret-service's D-Bus connection (no GLib).
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         // glibc's spawn and pipe calls that Swift's Glibc module leaves out.
         .systemLibrary(name: "CSpawn"),
 
@@ -49,6 +53,8 @@ let package = Package(
                                                  "KeychainWire"]),
 
         .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2"]),
+        // The Secret Service API over the public Keychain API: the bus (sd-bus), the sessions' crypto, the items.
+        .target(name: "SecretService", dependencies: ["Keychain", "CSystemd", "COpenSSL", "SecureMemory"]),
         // BiometricsVault: biometric sign-in as a state machine over the public Keychain API.
         .target(name: "BiometricsVault", dependencies: ["Keychain"]),
         // The seed's "sign in with Face ID" guide as code: where each token lives, the fallbacks.
@@ -59,6 +65,7 @@ let package = Package(
         .executableTarget(name: "keychainctl", dependencies: ["KeychainWire", "KeychainCLIText"],
                           linkerSettings: [.unsafeFlags(["-static-stdlib"])]),
         .executableTarget(name: "keychaind", dependencies: ["Keychain"]),
+        .executableTarget(name: "keychain-secret-service", dependencies: ["SecretService", "Keychain"]),
         .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport"]),
 
         .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory"]),
@@ -69,6 +76,9 @@ let package = Package(
         .testTarget(name: "DocSnippetTests", dependencies: ["Keychain", "KeychainTestSupport", "BiometricsVault", "SignInFlow"]),
         .testTarget(name: "SignInFlowTests", dependencies: ["SignInFlow", "Keychain", "KeychainTestSupport", "SecureMemory"]),
         .testTarget(name: "KeychainStoreTests", dependencies: ["KeychainStore"]),
+        // Unit tests of the protocol logic, and the real clients (secret-tool, python's secretstorage and keyring,
+        // libsecret through python3-gi) on a private dbus-daemon.
+        .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "Keychain", "SecureMemory", "KeychainTestSupport"]),
         .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport", "KeychainWire"]),
     ],
     swiftLanguageModes: [.v6]

@@ -1,5 +1,6 @@
 #include <openssl/ec.h>
 #include <openssl/evp.h>
+#include <openssl/kdf.h>
 #include <openssl/bn.h>
 #include <openssl/obj_mac.h>
 #include <openssl/rand.h>

@@ -1,0 +1,4 @@
+// sd-bus from libsystemd: the D-Bus connection of keychain-secret-service (no GLib).
+#include <systemd/sd-bus.h>
+#include <poll.h>
+#include <sys/eventfd.h>

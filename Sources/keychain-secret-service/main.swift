@@ -1,0 +1,105 @@
+import Dispatch
+import Foundation
+import Keychain
+import SecretService
+
+/// keychain-secret-service: the freedesktop Secret Service (org.freedesktop.secrets) on the caller's
+/// session bus, its collections stored in the keychain (docs/secret-service.md).
+let usage = """
+    usage: keychain-secret-service [--store DIR [--tcti CONF] | --socket PATH] [--replace]
+      --store DIR    the keychain store in this process (the embedded software TPM unless --tcti)
+      --tcti CONF    the TPM for --store (device:/dev/tpmrm0, swtpm:host=…,port=…)
+      --socket PATH  the user's items through keychaind at PATH
+      --replace      take org.freedesktop.secrets from the provider that owns it
+    Without --store or --socket: the environment's keychain (KEYCHAIN_SOCKET, KEYCHAIN_STORE, KEYCHAIN_TCTI).
+
+    """
+
+func fail(_ message: String, code: Int32 = 1) -> Never {
+    FileHandle.standardError.write(Data("keychain-secret-service: \(message)\n".utf8))
+    exit(code)
+}
+
+var arguments = CommandLine.arguments.dropFirst()
+var store: String?
+var tcti: String?
+var socket: String?
+var replace = false
+while let argument = arguments.popFirst() {
+    func value() -> String {
+        guard let next = arguments.popFirst(), !next.hasPrefix("--") else { fail("\(argument) needs a value\n\(usage)", code: 2) }
+        return next
+    }
+    switch argument {
+    case "--store": store = value()
+    case "--tcti": tcti = value()
+    case "--socket": socket = value()
+    case "--replace": replace = true
+    case "--help", "-h":
+        print(usage, terminator: "")
+        exit(0)
+    default: fail("unknown argument '\(argument)'\n\(usage)", code: 2)
+    }
+}
+if socket != nil, store != nil || tcti != nil { fail("--socket and --store/--tcti are two different keychains: give one\n\(usage)", code: 2) }
+if tcti != nil, store == nil { fail("--tcti goes with --store\n\(usage)", code: 2) }
+
+let configuration: KeychainConfiguration
+let where_: String
+if let socket {
+    configuration = .daemon(socket: socket)
+    where_ = "keychaind at \(socket)"
+} else if let store {
+    configuration = KeychainConfiguration(storeDirectory: store, tpm: tcti.map { .tcti($0) } ?? .embedded)
+    where_ = "store \(configuration.storeDirectory)"
+} else {
+    configuration = .default
+    where_ = configuration.daemonSocket.map { "keychaind at \($0)" } ?? "store \(configuration.storeDirectory)"
+}
+
+signal(SIGPIPE, SIG_IGN)
+let bus: Bus
+let provider: SecretServiceProvider
+do throws(DBusError) {
+    bus = try Bus()
+    provider = try SecretServiceProvider(configuration: configuration)
+} catch {
+    fail(error.message)
+}
+provider.emit = { bus.emit($0) }
+provider.post = { bus.post($0) }
+
+do throws(DBusError) {
+    switch try bus.request(name: SecretServiceProvider.busName, replace: replace) {
+    case .owned: break
+    case .ownedBy(let owner):
+        fail("\(SecretServiceProvider.busName) is owned by \(owner); stop it or pass --replace", code: 3)
+    }
+} catch {
+    fail(error.message)
+}
+FileHandle.standardOutput.write(Data("keychain-secret-service: owns \(SecretServiceProvider.busName) (\(where_))\n".utf8))
+
+// SIGTERM and SIGINT end the loop, so the store is closed (its WAL checkpointed) on the way out.
+var stops: [DispatchSourceSignal] = []
+for number in [SIGTERM, SIGINT] {
+    signal(number, SIG_IGN)
+    let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+    source.setEventHandler { bus.stop() }
+    source.resume()
+    stops.append(source)
+}
+
+var lostName = false
+do throws(DBusError) {
+    try bus.serve(handler: { provider.handle($0) }, vanished: { provider.clientVanished($0) }, lost: { lostName = true })
+} catch {
+    fail(error.message)
+}
+let done = DispatchSemaphore(value: 0)
+Task.detached {
+    await KeychainDevice.closeStores()
+    done.signal()
+}
+done.wait()
+if lostName { FileHandle.standardError.write(Data("keychain-secret-service: another provider took \(SecretServiceProvider.busName)\n".utf8)) }

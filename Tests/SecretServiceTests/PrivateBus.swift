@@ -1,0 +1,155 @@
+import Foundation
+import Keychain
+import KeychainTestSupport
+import Synchronization
+import Testing
+
+/// A real dbus-daemon on a private session bus whose only activatable service is our provider (its
+/// own `<servicedir>`: gnome-keyring or any other installed provider can never answer), over a
+/// private swtpm. Clients run against it with `DBUS_SESSION_BUS_ADDRESS`; `deinit` stops the bus,
+/// and the provider, which the bus started, exits when its connection closes.
+final class PrivateBus: @unchecked Sendable {
+    let directory: String
+    let tpm: SoftwareTPM
+    let address: String
+    let store: String
+    private let daemon: pid_t
+
+    /// - Parameter providerArguments: replaces `--store <dir>/store --tcti <swtpm>` in the activation file.
+    init(providerArguments: [String]? = nil) throws {
+        _ = ignoreBrokenPipes
+        tpm = try SoftwareTPM()
+        directory = tpm.directory + "/bus"
+        store = tpm.directory + "/store"
+        try FileManager.default.createDirectory(atPath: directory + "/services", withIntermediateDirectories: true)
+        let socket = directory + "/socket"
+        address = "unix:path=" + socket
+        let config = """
+            <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+             "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+            <busconfig>
+              <type>session</type>
+              <listen>\(address)</listen>
+              <servicedir>\(directory)/services</servicedir>
+              <policy context="default">
+                <allow send_destination="*" eavesdrop="true"/>
+                <allow eavesdrop="true"/>
+                <allow own="*"/>
+              </policy>
+              <limit name="max_message_size">67108864</limit>
+            </busconfig>
+            """
+        try config.write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
+        let arguments = providerArguments ?? ["--store", store, "--tcti", tpm.tcti]
+        let exec = ([Self.provider] + arguments).map { $0.contains(" ") ? "\"\($0)\"" : $0 }.joined(separator: " ")
+        try "[D-BUS Service]\nName=org.freedesktop.secrets\nExec=\(exec)\n"
+            .write(toFile: directory + "/services/org.freedesktop.secrets.service", atomically: true, encoding: .utf8)
+        let daemonPath = try #require(Processes.findExecutable("dbus-daemon"), "dbus-daemon is not installed (apt-get install dbus-daemon)")
+        guard let pid = Processes.spawn(daemonPath, [daemonPath, "--config-file=\(directory)/bus.conf", "--nofork", "--nopidfile"]) else {
+            throw SoftwareTPMError("cannot start dbus-daemon: errno \(errno)")
+        }
+        daemon = pid
+        for _ in 0..<200 where !FileManager.default.fileExists(atPath: socket) { usleep(10_000) }
+        guard FileManager.default.fileExists(atPath: socket) else { throw SoftwareTPMError("dbus-daemon did not listen at \(socket)") }
+    }
+
+    deinit {
+        kill(daemon, SIGTERM)
+        _ = Processes.wait(daemon)
+        // The provider exits when the bus goes; give it the time to close its store before the TPM stops.
+        for _ in 0..<300 where providerPIDs().count > 0 { usleep(10_000) }
+        for pid in providerPIDs() { kill(pid, SIGKILL) }
+    }
+
+    /// The provider processes serving this bus's store.
+    func providerPIDs() -> [pid_t] {
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        return entries.compactMap { entry -> pid_t? in
+            guard let pid = pid_t(entry),
+                  let cmdline = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline") else { return nil }
+            let text = String(decoding: cmdline, as: UTF8.self)
+            return text.hasPrefix(Self.provider) && text.contains(tpm.directory) ? pid : nil
+        }
+    }
+
+    static let provider = buildDirectory.appendingPathComponent("keychain-secret-service").path
+
+    /// A client on this bus: its status, stdout and stderr.
+    @discardableResult
+    func run(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:]) throws
+        -> (status: Int32, stdout: [UInt8], stderr: String) {
+        var env = environment
+        env["DBUS_SESSION_BUS_ADDRESS"] = address
+        return try SecretServiceTests.run(path, args, input: input, environment: env)
+    }
+
+    /// `/usr/bin/python3` running `script` on this bus, the secret given on stdin; fails the test with its stderr.
+    func python(_ script: String, input: [UInt8] = [], _ args: [String] = []) throws -> String {
+        let result = try run(Self.python3, ["-c", script] + args, input: input)
+        #expect(result.status == 0, "python failed: \(result.stderr)")
+        return String(decoding: result.stdout, as: UTF8.self)
+    }
+
+    static let python3 = "/usr/bin/python3"
+    static let secretTool = "/usr/bin/secret-tool"
+
+    /// A missing client fails the test with what to install (it is not skipped).
+    static func require(_ path: String, _ package: String) throws {
+        try #require(FileManager.default.isExecutableFile(atPath: path), "\(path) is missing: apt-get install \(package) (scripts/setup-debian.sh)")
+    }
+
+    static func requirePython(module: String, package: String) throws {
+        try require(python3, "python3")
+        let result = try SecretServiceTests.run(python3, ["-c", "import \(module)"])
+        try #require(result.status == 0, "python module \(module) is missing: apt-get install \(package) (scripts/setup-debian.sh): \(result.stderr)")
+    }
+}
+
+/// The build directory holding the test bundle and the executables (`.build/debug`).
+var buildDirectory: URL {
+    var url = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+    while url.pathComponents.count > 1 && !FileManager.default.fileExists(atPath: url.appendingPathComponent("keychain-secret-service").path) {
+        url.deleteLastPathComponent()
+    }
+    return url
+}
+
+/// SIGPIPE ignored in the test process, once.
+let ignoreBrokenPipes: Void = { signal(SIGPIPE, SIG_IGN) }()
+
+/// Runs a program with `input` on stdin (never a secret in argv); its exit status, stdout and stderr.
+/// Killed after two minutes, so a hung client fails its test instead of holding the run.
+@discardableResult
+func run(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:]) throws
+    -> (status: Int32, stdout: [UInt8], stderr: String) {
+    var env = ProcessInfo.processInfo.environment
+    env.merge(environment) { $1 }
+    let stdin = Pipe(), stdout = Pipe(), stderr = Pipe()
+    guard let pid = Processes.spawn(path, [path] + args, environment: env,
+                                    stdin: stdin.fileHandleForReading.fileDescriptor,
+                                    stdout: stdout.fileHandleForWriting.fileDescriptor,
+                                    stderr: stderr.fileHandleForWriting.fileDescriptor) else {
+        throw SoftwareTPMError("cannot start \(path): errno \(errno)")
+    }
+    try stdin.fileHandleForReading.close()
+    try stdout.fileHandleForWriting.close()
+    try stderr.fileHandleForWriting.close()
+    let finished = Mutex(false)
+    DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(120)) {
+        finished.withLock { done in if !done { kill(pid, SIGKILL) } }
+    }
+    let writer = Thread {
+        try? stdin.fileHandleForWriting.write(contentsOf: Data(input))
+        try? stdin.fileHandleForWriting.close()
+    }
+    writer.start()
+    let err = Mutex(Data())
+    let errReader = Thread { let data = stderr.fileHandleForReading.readDataToEndOfFile(); err.withLock { $0 = data } }
+    errReader.start()
+    let out = stdout.fileHandleForReading.readDataToEndOfFile()
+    let status = Processes.wait(pid)
+    finished.withLock { $0 = true }
+    for _ in 0..<500 where err.withLock({ $0.isEmpty }) && errReader.isExecuting { usleep(1000) }
+    while errReader.isExecuting { usleep(1000) }
+    return (status, Array(out), String(decoding: err.withLock { $0 }, as: UTF8.self))
+}
