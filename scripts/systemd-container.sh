@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# A booted Debian 12 with systemd as PID 1, for tests under the real service manager (issue 20).
+#
+# Source it, then: container_root (the cached debootstrap root, built when absent), container_boot NAME
+# (a throw-away overlay on that root, booted with systemd-nspawn), container_exec NAME CMD… (a command
+# inside, as root), container_stop NAME. Or run it: `scripts/systemd-container.sh root` builds the cache.
+#
+# - The root is `debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus bookworm` from the mirror
+#   apt is configured with here, plus the packages the keychain package depends on and swtpm (the tests'
+#   TPM), so `apt-get install ./keychain_….deb` inside needs no network. It is cached under
+#   /var/cache/keychain-tests/ (KEYCHAIN_TEST_CACHE) and rebuilt when absent or when that list changes.
+# - Each boot gets an overlay (the cache is the lower layer, never written) and runs
+#   `systemd-nspawn -D ROOT -b --register=no --keep-unit` from a cgroup of its own: where the host's PID 1
+#   is not systemd, plain `-b` fails because nspawn cannot make a scope unit.
+
+CONTAINER_CACHE=${KEYCHAIN_TEST_CACHE:-/var/cache/keychain-tests}
+CONTAINER_SUITE=bookworm
+# What the keychain package needs at run time (its Depends, see scripts/package-deb.sh) and the tests' TPM.
+CONTAINER_PACKAGES=(libtss2-esys-3.0.2-0 libtss2-tctildr0 libtss2-rc0 libtss2-mu0 libtss2-tcti-device0 libtss2-tcti-swtpm0
+                    libsodium23 libsqlite3-0 libssl3 libp11-kit0 swtpm swtpm-tools systemd-container)
+
+container_fail() { echo "systemd container: $*" >&2; return 1; }
+
+# The mirror apt uses on this machine (deb822 or one-line sources).
+container_mirror() {
+  local uri
+  uri=$(grep -hsE '^URIs: .*/debian/?$' /etc/apt/sources.list.d/*.sources | head -n1 | awk '{print $2}')
+  [ -n "$uri" ] || uri=$(grep -hsE '^deb .*/debian/? ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | head -n1 | awk '{print $2}')
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
+# Prints the cached root, building it first when it is absent or incomplete. Two layers, each cached: the
+# debootstrap base (about 100 s on a quiet machine, once) and the root with CONTAINER_PACKAGES on it.
+container_root() {
+  local base="$CONTAINER_CACHE/$CONTAINER_SUITE-minbase" root="$CONTAINER_CACHE/$CONTAINER_SUITE-systemd" want
+  want="${CONTAINER_PACKAGES[*]}"
+  if [ -f "$root/.keychain-tests-root" ] && [ "$(cat "$root/.keychain-tests-root")" = "$want" ]; then echo "$root"; return; fi
+  mkdir -p "$CONTAINER_CACHE"
+  local log="$CONTAINER_CACHE/build.log"
+  if [ ! -f "$base/.keychain-tests-base" ]; then
+    command -v debootstrap >/dev/null || container_fail "debootstrap is not installed (scripts/setup-debian.sh installs it)" || return
+    rm -rf "$base.new"
+    echo "systemd container: debootstrap $CONTAINER_SUITE from $(container_mirror) into $base (once)" >&2
+    debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus "$CONTAINER_SUITE" "$base.new" "$(container_mirror)" >"$log" 2>&1 \
+      || { tail -n 20 "$log" >&2; rm -rf "$base.new"; container_fail "debootstrap failed (log above)"; return; }
+    touch "$base.new/.keychain-tests-base"
+    rm -rf "$base" && mv "$base.new" "$base"
+  fi
+  echo "systemd container: $root: the base and ${CONTAINER_PACKAGES[*]}" >&2
+  rm -rf "$root.new"
+  cp -a "$base" "$root.new"
+  cp /etc/resolv.conf "$root.new/etc/resolv.conf"
+  { chroot "$root.new" apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive chroot "$root.new" apt-get install -y -qq --no-install-recommends "${CONTAINER_PACKAGES[@]}" \
+    && chroot "$root.new" apt-get clean; } >>"$log" 2>&1 \
+    || { tail -n 20 "$log" >&2; rm -rf "$root.new"; container_fail "installing ${CONTAINER_PACKAGES[*]} failed (log above)"; return; }
+  # Each boot is a new machine (an empty machine-id), and no getty on the console.
+  : >"$root.new/etc/machine-id"
+  ln -sf /dev/null "$root.new/etc/systemd/system/console-getty.service"
+  rm -f "$root.new/.keychain-tests-base"
+  echo "$want" >"$root.new/.keychain-tests-root"
+  rm -rf "$root" && mv "$root.new" "$root"
+  echo "$root"
+}
+
+container_dir() { echo "/run/keychain-tests/$1"; }
+
+# Boots NAME on an overlay of the cached root and waits until systemd inside is up (is-system-running
+# answers running or degraded). Fails, saying why, when the machine cannot boot it.
+container_boot() {
+  local name=$1 root dir leader state
+  root=$(container_root) || return
+  command -v systemd-nspawn >/dev/null || container_fail "systemd-nspawn is not installed (package systemd-container)" || return
+  dir=$(container_dir "$name")
+  container_stop "$name" 2>/dev/null || true
+  mkdir -p "$dir"/{upper,work,root}
+  mount -t overlay overlay -o "lowerdir=$root,upperdir=$dir/upper,workdir=$dir/work" "$dir/root" \
+    || container_fail "cannot mount an overlay on $root" || return
+  # A cgroup of its own in the named systemd hierarchy (cgroup v1 here) or the unified one.
+  local cg
+  if [ -d /sys/fs/cgroup/systemd ]; then cg=/sys/fs/cgroup/systemd/keychain-tests-$name
+  elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then cg=/sys/fs/cgroup/keychain-tests-$name
+  else container_fail "no systemd or unified cgroup hierarchy at /sys/fs/cgroup"; return; fi
+  mkdir -p "$cg"
+  echo "$cg" >"$dir/cgroup"
+  # setsid: the container's console is a pipe to our log, never our terminal.
+  setsid bash -c 'echo $$ >"$1/cgroup.procs" && exec systemd-nspawn -q -D "$2" -b --register=no --keep-unit \
+      --console=pipe --machine="$3" --resolv-conf=off </dev/null' _ "$cg" "$dir/root" "kc-$name" >"$dir/console.log" 2>&1 &
+  echo $! >"$dir/nspawn.pid"
+  local i
+  for i in $(seq 1 150); do
+    if ! kill -0 "$(cat "$dir/nspawn.pid")" 2>/dev/null; then
+      tail -n 30 "$dir/console.log" >&2
+      container_fail "systemd-nspawn exited before the container booted (console above): this machine cannot boot it"
+      return
+    fi
+    leader=$(container_leader "$name" 2>/dev/null || true)
+    if [ -n "$leader" ]; then
+      state=$(container_exec "$name" systemctl is-system-running 2>/dev/null || true)
+      case "$state" in running|degraded) return 0 ;; esac
+    fi
+    sleep 0.2
+  done
+  tail -n 30 "$dir/console.log" >&2
+  container_fail "systemd in $name did not come up in 30 s (state '${state:-none}', console above)"
+}
+
+# The container's PID 1 as the host sees it: the child of systemd-nspawn.
+container_leader() {
+  local dir pid
+  dir=$(container_dir "$1")
+  pid=$(cat "$dir/nspawn.pid")
+  local child
+  child=$(cat /proc/"$pid"/task/*/children 2>/dev/null | tr ' ' '\n' | grep -m1 . || true)
+  [ -n "$child" ] && [ "$(cat /proc/"$child"/comm 2>/dev/null)" = systemd ] && echo "$child"
+}
+
+# Runs a command inside NAME as root (all of its namespaces, its root), with a plain environment.
+container_exec() {
+  local name=$1 leader; shift
+  leader=$(container_leader "$name") || container_fail "$name is not running" || return
+  nsenter --target "$leader" --mount --uts --ipc --net --pid --root -- \
+    /usr/bin/env -i -C / PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 SYSTEMD_PAGER= SYSTEMD_COLORS=0 "$@"
+}
+
+# Copies a host file into NAME (through the overlay's upper layer is not safe: write through the mount).
+container_put() { cp "$2" "$(container_dir "$1")/root/$3"; }
+
+# Stops NAME (poweroff, then SIGKILL after 10 s) and removes its overlay and cgroup.
+container_stop() {
+  local name=$1 dir pid
+  dir=$(container_dir "$name")
+  [ -d "$dir" ] || return 0
+  if [ -f "$dir/nspawn.pid" ] && pid=$(cat "$dir/nspawn.pid") && kill -0 "$pid" 2>/dev/null; then
+    # SIGRTMIN+4 to the container's systemd is poweroff; nspawn exits once it has.
+    local leader; leader=$(container_leader "$name" 2>/dev/null || true)
+    [ -n "$leader" ] && kill -s SIGRTMIN+4 "$leader" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    local i; for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  fi
+  mountpoint -q "$dir/root" && umount -l "$dir/root"
+  [ -f "$dir/cgroup" ] && rmdir "$(cat "$dir/cgroup")" 2>/dev/null
+  rm -rf "$dir"
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  set -euo pipefail
+  case "${1:-}" in
+    root) container_root ;;
+    *) echo "usage: $0 root   (builds or prints the cached root; source the file for the rest)" >&2; exit 2 ;;
+  esac
+fi
