@@ -7,3 +7,5 @@ python3 scripts/doc-snippets.py
 swift build --build-tests
 # A hung test must not hold CI for 90 minutes: 20 minutes is ample (the suite takes well under one).
 timeout 1200 swift test --skip-build "$@"
+# The package under a booted systemd (a cached Debian 12 root, the release build made once): the whole run only.
+if (($# == 0)); then timeout 2400 scripts/test-systemd.sh; else echo "test.sh: a filter was given: the systemd tests (scripts/test-systemd.sh) were not run"; fi

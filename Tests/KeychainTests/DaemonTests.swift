@@ -556,7 +556,7 @@ struct SystemdUnitTests {
         defer { try? FileManager.default.removeItem(at: directory) }
         let built = buildDirectory.appendingPathComponent("keychaind").path
         let service = try String(contentsOf: Self.units.appendingPathComponent("keychaind.service"), encoding: .utf8)
-            .replacingOccurrences(of: "/usr/local/bin/keychaind", with: built)
+            .replacingOccurrences(of: "/usr/sbin/keychaind", with: built)
         try service.write(to: directory.appendingPathComponent("keychaind.service"), atomically: true, encoding: .utf8)
         try FileManager.default.copyItem(at: Self.units.appendingPathComponent("keychaind.socket"),
                                          to: directory.appendingPathComponent("keychaind.socket"))

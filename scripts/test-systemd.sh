@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# The keychain under a real systemd (issue 20): builds the Debian package once (scripts/package-deb.sh),
+# boots a Debian 12 with systemd as PID 1 (scripts/systemd-container.sh), installs the package there with
+# `apt-get install ./keychain_….deb` and checks what a device's administrator and users rely on.
+#
+#   scripts/test-systemd.sh [--deb FILE]
+#
+# Needs root (debootstrap, nspawn, overlay mounts). A machine that cannot boot the container fails the
+# run and says why; nothing here is skipped. Ends with "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/systemd-container.sh
+
+deb=""
+while (($#)); do
+  case $1 in
+    --deb) deb=$2; shift 2 ;;
+    *) echo "usage: $0 [--deb FILE]" >&2; exit 2 ;;
+  esac
+done
+
+passed=0 failed=0
+failures=()
+pass() { passed=$((passed + 1)); echo "  ok: $1"; }
+fail() { failed=$((failed + 1)); failures+=("$1"); echo "  FAILED: $1"; [ -n "${2:-}" ] && sed 's/^/    /' <<<"$2"; }
+finish() {
+  container_stop pkg >/dev/null 2>&1 || true
+  echo
+  for f in "${failures[@]}"; do echo "failed: $f"; done
+  echo "systemd: $passed passed, $failed failed"
+  ((failed == 0))
+  exit
+}
+trap 'fail "interrupted"; finish' INT TERM
+# `in_container CMD…`: the command inside the booted container, as root.
+in_container() { container_exec pkg "$@"; }
+# `as_user NAME CMD…`: the command inside the container as NAME (its uid, gid and groups), as a login would.
+as_user() { local user=$1; shift; in_container setpriv --reuid="$user" --regid="$user" --init-groups -- env HOME=/home/"$user" "$@"; }
+
+if [ "$(id -u)" -ne 0 ]; then fail "needs root (debootstrap, systemd-nspawn, overlay mounts)"; finish; fi
+
+echo "== package"
+if [ -z "$deb" ]; then
+  deb=$(scripts/package-deb.sh | tail -n1) || { fail "scripts/package-deb.sh failed"; finish; }
+fi
+[ -f "$deb" ] && pass "built $(basename "$deb") ($(du -k "$deb" | cut -f1) KiB)" || { fail "no package at '$deb'"; finish; }
+if ! command -v lintian >/dev/null; then fail "lintian is not installed (scripts/setup-debian.sh installs it)"
+elif out=$(lintian --tag-display-limit 0 "$deb" 2>&1); then
+  pass "lintian: no errors, $(grep -c '^W:' <<<"$out") warnings$(grep '^W:' <<<"$out" | sed 's/^W: keychain: /; /' | tr -d '\n')"
+else fail "lintian reports no errors" "$out"; fi
+
+echo "== boot"
+start=$(date +%s.%N)
+if ! boot_log=$(container_boot pkg 2>&1); then fail "the container did not boot: this machine cannot run systemd in nspawn" "$boot_log"; finish; fi
+pass "booted a Debian 12 with systemd $(in_container systemctl --version | head -n1 | awk '{print $2}') as PID 1 in $(printf '%.1f' "$(echo "$(date +%s.%N) - $start" | bc)") s"
+
+echo "== install"
+container_put pkg "$deb" /root/
+start=$(date +%s.%N)
+if out=$(in_container env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "/root/$(basename "$deb")" 2>&1); then
+  pass "apt-get install ./$(basename "$deb") ($(printf '%.1f' "$(echo "$(date +%s.%N) - $start" | bc)") s)"
+else
+  fail "apt-get install ./$(basename "$deb")" "$out"; finish
+fi
+groups=$(in_container id -nG keychaind 2>&1)
+[[ " $groups " == *" tss "* ]] && pass "postinst made the system user keychaind, in tss" || fail "keychaind user and its groups" "$groups"
+state=$(in_container systemctl is-enabled keychaind.socket; in_container systemctl is-active keychaind.socket keychaind.service)
+[ "$state" = $'enabled\nactive\ninactive' ] && pass "keychaind.socket enabled and listening, keychaind.service not started yet" \
+  || fail "keychaind.socket enabled+active, keychaind.service inactive" "$state"
+for exe in /usr/bin/keychainctl /usr/bin/keychainctl-full /usr/sbin/keychaind /usr/lib/keychain/keychain-bench; do
+  libs=$(in_container ldd "$exe" 2>&1)
+  if grep -Eq 'not found|swift|Foundation|dispatch' <<<"$libs"; then fail "$exe loads only Debian's libraries" "$libs"
+  else pass "$exe resolves every library from Debian 12 (no Swift toolchain in the container)"; fi
+done
+
+# The container has no /dev/tpmrm0: keychaind uses the embedded software TPM in its store (swtpm, spawned
+# by keychaind under the unit's own sandbox), so the unit runs exactly as shipped, with no drop-in.
+in_container sh -c 'useradd -m alice && useradd -m bob'
+
+echo "== socket activation"
+out=$(printf 'v-root' | in_container keychainctl set appliance root-key 2>&1)
+st=$(in_container systemctl is-active keychaind.service)
+[ "$st" = active ] && pass "the first connection started keychaind.service" || fail "the first connection starts keychaind.service" "$st $out"
+out=$(in_container keychainctl get appliance root-key 2>&1)
+[ "$out" = v-root ] && pass "root's set and get through the socket" || fail "root's set and get through the socket" "$out"
+pid1=$(in_container systemctl show -p MainPID --value keychaind.service)
+in_container systemctl kill -s SIGKILL keychaind.service
+for _ in $(seq 1 25); do [ "$(in_container systemctl is-active keychaind.service)" = active ] && break; sleep 0.2; done
+out=$(in_container keychainctl get appliance root-key 2>&1)
+pid2=$(in_container systemctl show -p MainPID --value keychaind.service)
+[ "$out" = v-root ] && [ "$pid2" != "$pid1" ] && [ "$pid2" != 0 ] \
+  && pass "killed (SIGKILL, pid $pid1), keychaind comes back (pid $pid2) and keeps what it had committed" \
+  || fail "keychaind comes back after SIGKILL" "pid $pid1 -> $pid2: $out"
+
+echo "== users"
+out=$(printf 'alice-secret' | as_user alice keychainctl set mail password 2>&1 && as_user alice keychainctl get mail password 2>&1)
+[ "$out" = alice-secret ] && pass "alice (a normal user) sets and gets her item through the socket" || fail "alice's set and get" "$out"
+out=$(as_user bob keychainctl get mail password 2>&1); rc=$?
+[ $rc -ne 0 ] && ! grep -q alice-secret <<<"$out" && pass "bob does not see alice's item (exit $rc)" || fail "bob does not see alice's item" "$out"
+out=$(as_user alice keychainctl lock 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "ACCESS_DENIED" <<<"$out" && grep -q "Only root or a member of the access group 'admin'" <<<"$out" \
+  && pass "an admin command (lock) refuses alice: $(head -n1 <<<"$out")" || fail "lock refuses a non-admin" "exit $rc: $out"
+out=$(in_container keychainctl lock 2>&1) && pass "root may lock" || fail "root may lock" "$out"
+
+echo "== the service's sandbox"
+show=$(in_container systemctl show -p NRestarts -p Result -p ExecMainStatus keychaind.service)
+# One restart: the SIGKILL above. A SIGSYS (the system-call filter) would show as more, or as Result=signal now.
+grep -q '^Result=success' <<<"$show" && grep -q '^NRestarts=1$' <<<"$show" \
+  && pass "no SIGSYS: every call above ran under the shipped SystemCallFilter= (one restart, the SIGKILL)" \
+  || fail "keychaind ran every call under its system-call filter" "$show $(in_container journalctl -u keychaind.service --no-pager -n 20)"
+score=$(in_container systemd-analyze security keychaind.service 2>&1 | sed -n 's/.*Overall exposure level for keychaind.service: \([0-9.]*\).*/\1/p')
+if [ -n "$score" ] && [ "$(echo "$score <= 2.0" | bc)" = 1 ]; then pass "systemd-analyze security keychaind.service: $score (at most 2.0)"
+else fail "systemd-analyze security keychaind.service scores at most 2.0" "score '$score'"; fi
+
+echo "== remove and purge"
+out=$(in_container env DEBIAN_FRONTEND=noninteractive apt-get remove -y -q keychain 2>&1) || fail "apt-get remove keychain" "$out"
+st=$(in_container systemctl is-active keychaind.socket keychaind.service; in_container sh -c 'ls /run/keychain/*.sock 2>/dev/null')
+[ "$st" = $'inactive\ninactive' ] && pass "remove stopped keychaind.socket and keychaind.service and took their sockets" \
+  || fail "remove stops the socket and the service and takes their sockets" "$st"
+in_container test -d /var/lib/keychain/store && ! in_container test -e /usr/sbin/keychaind \
+  && pass "remove took the binaries and kept the store" || fail "remove keeps the store, takes the binaries"
+out=$(in_container env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q keychain 2>&1) || fail "apt-get purge keychain" "$out"
+grep -q "purge kept /var/lib/keychain" <<<"$out" && in_container test -d /var/lib/keychain/store \
+  && pass "purge kept the store and said so: $(grep -m1 'purge kept /var/lib/keychain' <<<"$out")" \
+  || fail "purge keeps the store and says so" "$out"
+left=$(in_container sh -c 'dpkg -l keychain 2>/dev/null | grep "^[a-z][a-z] *keychain"; ls /etc/systemd/system/*/keychaind* /etc/systemd/system/keychaind* 2>/dev/null; systemctl list-unit-files "keychaind*" --no-legend')
+[ -z "$left" ] && pass "purge left no package state, unit file or enablement link" || fail "purge leaves nothing of the package" "$left"
+
+finish
