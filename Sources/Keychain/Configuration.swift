@@ -13,14 +13,17 @@ public struct KeychainConfiguration: Sendable {
         case embedded
     }
 
-    /// The seed's default service is the app's identifier; Linux has no bundle identifier, so it is
-    /// `KEYCHAIN_APP_ID` (the same for an app's daemon and its CLI), or the executable's name.
-    public var applicationIdentifier: String = Self.defaultApplicationIdentifier
+    /// The seed's default service is the app's identifier: `KEYCHAIN_APP_ID`, else the systemd unit
+    /// the process runs in (a desktop app's desktop file id, a service's unit name), else the desktop
+    /// file id GLib launched (`ApplicationIdentity`). Nil when there is none: a storage made without
+    /// a service is then `INVALID_ARGUMENT` (never the executable's name, which a rename changes).
+    public var applicationIdentifier: String? = Self.defaultApplicationIdentifier
 
-    /// `KEYCHAIN_APP_ID` when set and not empty, else the executable's name.
-    public static var defaultApplicationIdentifier: String {
-        ProcessInfo.processInfo.environment["KEYCHAIN_APP_ID"].flatMap { $0.isEmpty ? nil : $0 }
-            ?? ProcessInfo.processInfo.processName
+    /// The identifier this process has (`applicationIdentifier`), read from the environment and
+    /// `/proc/self/cgroup`.
+    public static var defaultApplicationIdentifier: String? {
+        ApplicationIdentity.resolve(environment: ProcessInfo.processInfo.environment,
+                                    cgroup: try? String(contentsOfFile: "/proc/self/cgroup", encoding: .utf8))
     }
 
     /// The directory of the SQLite store (created 0700), made absolute when set: the embedded TPM's

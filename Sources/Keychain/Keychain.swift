@@ -29,7 +29,8 @@ public struct Keychain: Sendable {
     /// - Parameter engine: keychaind's own engine (it holds it), spared the lookup by store path.
     init(options: KeychainOptions, configuration: KeychainConfiguration, namespace: String, engine: Engine? = nil) throws(KeychainError) {
         self.options = try options.validated()
-        self.service = options.service ?? configuration.applicationIdentifier
+        guard let service = options.service ?? configuration.applicationIdentifier else { throw ApplicationIdentity.missing }
+        self.service = service
         if options.service == nil { _ = try KeychainOptions(service: service).validated() }  // a bad KEYCHAIN_APP_ID
         self.configuration = configuration
         self.namespace = namespace
@@ -201,16 +202,18 @@ public func createKeychain(_ options: KeychainOptions = .init(),
     try Keychain(options: options, configuration: configuration)
 }
 
-/// The default storage: the application identifier as its service (`KEYCHAIN_APP_ID`, or the
-/// program's name), `afterFirstUnlock`, no access control. Made at each use from
-/// `KeychainConfiguration.default` (cheap), so a test's `taskDefault` redirects it too.
+/// The default storage: the application identifier as its service (`KEYCHAIN_APP_ID`, the systemd
+/// unit, the desktop file id: `KeychainConfiguration.applicationIdentifier`), `afterFirstUnlock`, no
+/// access control. Made at each use from `KeychainConfiguration.default` (cheap), so a test's
+/// `taskDefault` redirects it too.
+/// - Throws: `INVALID_ARGUMENT` when the process has no application identifier (or a bad `KEYCHAIN_APP_ID`).
 public var keychain: Keychain {
-    do {
+    get throws(KeychainError) {
         let storage = try Keychain()
-        Engine.keepForProcess(storage.engine)  // made at each use: its caches must outlive the value
+        if storage.configuration.daemonSocket == nil {
+            Engine.keepForProcess(storage.engine)  // made at each use: its caches must outlive the value
+        }
         return storage
-    } catch {
-        fatalError("default options are valid: \(error)")
     }
 }
 

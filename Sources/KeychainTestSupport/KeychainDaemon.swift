@@ -65,6 +65,7 @@ public final class KeychainDaemon: @unchecked Sendable {
         var configuration = KeychainConfiguration.daemon(socket: socket, authenticator: authenticator)
         configuration.storeDirectory = store
         configuration.readerDirectory = reader
+        configuration.applicationIdentifier = configuration.applicationIdentifier ?? SoftwareTPM.testApplicationIdentifier
         return configuration
     }
 

@@ -47,8 +47,14 @@ public final class SoftwareTPM: @unchecked Sendable {
     /// A keychain configuration on this TPM with its store in `directory/store` (or `store`).
     public func configuration(store: String? = nil, pcrSelection: [Int]? = nil) -> KeychainConfiguration {
         Self.noteInProcess("configuration()")
-        return KeychainConfiguration(storeDirectory: store ?? directory + "/store", tpm: .tcti(tcti), pcrSelection: pcrSelection)
+        var configuration = KeychainConfiguration(storeDirectory: store ?? directory + "/store", tpm: .tcti(tcti), pcrSelection: pcrSelection)
+        configuration.applicationIdentifier = configuration.applicationIdentifier ?? Self.testApplicationIdentifier
+        return configuration
     }
+
+    /// The default service of a test's storages (`keychain`, `createKeychain()` without a service)
+    /// when the test process has no application identifier of its own (no `KEYCHAIN_APP_ID`, no unit).
+    public static let testApplicationIdentifier = "keychain-tests"
 
     /// The environment that points a child process's default configuration (`keychain`,
     /// `createKeychain()`, `keychainctl`) at this TPM and `directory/store`, with no fingerprint reader.

@@ -6,6 +6,8 @@ import SignInFlow
 /// `keychainctl demo`: the seed's sign-in flow on a fresh store, a fresh embedded software TPM and
 /// the simulated fingerprint reader, printing each step, what the user answered, and what the TPM did.
 struct Demo {
+    /// The default service of the demo's session storage without `KEYCHAIN_APP_ID`.
+    static let applicationIdentifier = "com.example.keychain-demo"
     private let directory = FileManager.default.temporaryDirectory
         .appendingPathComponent("keychain-demo-\(getpid())").path
 
@@ -31,6 +33,8 @@ struct Demo {
         var configuration = KeychainConfiguration(storeDirectory: directory, tpm: .embedded)
         configuration.readerDirectory = directory + ".reader"
         configuration.authenticator = user
+        // The demo is an app of its own: its session storage is its service, not the binary's name.
+        configuration.applicationIdentifier = configuration.applicationIdentifier ?? Self.applicationIdentifier
         let device = KeychainDevice(configuration: configuration)
         let flow = try SignInFlow(server: Server(), configuration: configuration)
         let pin = SecureBytes(copying: Array("2468".utf8))

@@ -155,7 +155,7 @@ func docs_guides_biometrics_vault_7() async throws {
 // docs/guides/sign-in-with-fingerprint.md, block 1
 func docs_guides_sign_in_with_fingerprint_0() async throws {
 
-    let session = keychain  // the default storage: KEYCHAIN_APP_ID, or the program's name
+    let session = try keychain  // the default storage: the application's identifier as its service
     let vault = try createKeychain(.init(
         service: "auth.vault",
         accessible: .whenUnlockedThisDeviceOnly,
@@ -177,7 +177,7 @@ func docs_guides_sign_in_with_fingerprint_1() async throws {
 // docs/guides/sign-in-with-fingerprint.md, block 3
 func docs_guides_sign_in_with_fingerprint_2() async throws {
 
-    let session = keychain
+    let session = try keychain
     let vault = try createKeychain(.init(service: "auth.vault", accessible: .whenUnlockedThisDeviceOnly,
                                          accessControl: .biometryCurrentSet))
     try await session.setItem("accessToken", "at-1")  // a failed session write is the caller's error
@@ -298,7 +298,7 @@ struct docs_guides_storages_2 {
 func docs_guides_storages_3() async throws {
 
     // Tokens that background work reads: the defaults.
-    let session = keychain
+    let session = try keychain  // INVALID_ARGUMENT when the process has no application identifier
 
     // A refresh token that needs the user.
     let vault = try createKeychain(.init(
@@ -358,7 +358,7 @@ struct docs_guides_testing_with_swtpm_1 {
         try await d.asDefault {
             try await Session().save("at-1")
             #expect(try await Session().token() == "at-1")
-            #expect(keychain.configuration.storeDirectory == d.configuration.storeDirectory)
+            #expect(try keychain.configuration.storeDirectory == d.configuration.storeDirectory)
         }
     }
 }

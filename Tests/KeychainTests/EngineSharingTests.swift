@@ -8,7 +8,9 @@ import Testing
 /// passcode limit or timeout is refused, not silently given the first's.
 @Suite struct EngineSharingTests {
     private func base(_ directory: String) -> KeychainConfiguration {
-        KeychainConfiguration(storeDirectory: directory, tpm: .tcti("swtpm:host=127.0.0.1,port=1"))
+        var configuration = KeychainConfiguration(storeDirectory: directory, tpm: .tcti("swtpm:host=127.0.0.1,port=1"))
+        configuration.applicationIdentifier = "engine-sharing"  // the default service of `Keychain(configuration:)`
+        return configuration
     }
 
     @Test(arguments: ["tpm", "ownerAuthorization", "pcrSelection", "passcodeRetryLimit", "tpmTimeout"])

@@ -380,6 +380,9 @@ struct DemoTests {
         let text = String(decoding: demo.stdout, as: UTF8.self)
         #expect(demo.status == 0, "\(demo.stderr)")
         #expect(text.contains("the default storage (service 'com.example.signin'"), "KEYCHAIN_APP_ID names the default service")
+        // Without KEYCHAIN_APP_ID the demo names its own service, not the binary's.
+        let own = String(decoding: try run(ctl, ["demo"], environment: ["KEYCHAIN_APP_ID": ""]).stdout, as: UTF8.self)
+        #expect(own.contains("the default storage (service 'com.example.keychain-demo'"), "\(own)")
         for line in ["USER_CANCELED → the password form", "AUTHENTICATION_FAILED → the password form",
                      "KEY_INVALIDATED → ", "INTERACTION_NOT_ALLOWED: The device is locked"] {
             #expect(text.contains(line), "\(line)")

@@ -28,7 +28,7 @@ import Testing
             for (d, value) in [(one, "1"), (two, "2")] {
                 group.addTask {
                     try await d.asDefault {
-                        #expect(keychain.configuration.storeDirectory == d.configuration.storeDirectory)
+                        #expect(try keychain.configuration.storeDirectory == d.configuration.storeDirectory)
                         try await keychain.setItem("k", value)
                         try await createKeychain(.init(service: "app.other")).setItem("k", value)
                     }
@@ -37,12 +37,12 @@ import Testing
             try await group.waitForAll()
         }
         for (d, value) in [(one, "1"), (two, "2")] {
-            let service = KeychainConfiguration.defaultApplicationIdentifier
+            let service = try #require(d.configuration.applicationIdentifier)
             #expect(try await createKeychain(.init(service: service), configuration: d.configuration).getItem("k") == value)
             #expect(try await createKeychain(.init(service: "app.other"), configuration: d.configuration).getItem("k") == value)
         }
         #expect(KeychainConfiguration.default.storeDirectory != one.configuration.storeDirectory)
-        #expect(keychain.configuration.storeDirectory != one.configuration.storeDirectory)
+        #expect(KeychainConfiguration.default.storeDirectory != one.configuration.storeDirectory)
     }
 
     /// A child process given `environment` uses the device's TPM, store and reader.
