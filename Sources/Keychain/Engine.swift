@@ -229,6 +229,8 @@ actor Engine {
         /// False for an access group's items through keychaind: a window one member opened would let
         /// every other member read without proving anything, so such reads ask each time.
         var windowAllowed = true
+        /// keychaind's caller: its own reader failures and passcode budget (nil in-process).
+        var caller: DaemonCaller?
 
         /// The read's authValidity window in seconds for an item of `tag` (0: ask at every read).
         func window(tag: String) -> Int { windowAllowed ? Engine.window(tag: tag, asked: authValidity) : 0 }

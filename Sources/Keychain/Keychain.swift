@@ -143,7 +143,8 @@ public struct Keychain: Sendable {
     func readContext(_ call: GetItemOptions?) -> Engine.ReadContext {
         .init(prompt: options.resolvedPrompt(for: call), authValidity: options.authValidity,
               authenticator: configuration.authenticator, readerDirectory: configuration.readerDirectory,
-              pkcs11URI: configuration.pkcs11URI, windowAllowed: !namespace.hasPrefix(Self.groupNamespacePrefix))
+              pkcs11URI: configuration.pkcs11URI, windowAllowed: !namespace.hasPrefix(Self.groupNamespacePrefix),
+              caller: configuration.caller)
     }
 
     /// Whether this storage's device can protect an item with `value` now; never prompts, never writes.
@@ -412,7 +413,7 @@ public struct KeychainDevice: Sendable {
     /// Unlocks with the passcode, checked by the TPM (wrong ones count toward its limit).
     public func unlock(passcode: SecureBytes?) async throws(KeychainError) {
         if remote != nil { _ = try await daemon(.unlock) { $0.add(WireTag.passcode, passcode?.wireBytes) }; return }
-        try await engine.unlock(passcode: passcode, readerDirectory: configuration.readerDirectory)
+        try await engine.unlock(passcode: passcode, readerDirectory: configuration.readerDirectory, caller: configuration.caller)
     }
     /// Locks: `whenUnlocked*` items become `INTERACTION_NOT_ALLOWED` until the next unlock.
     public func lock() async throws(KeychainError) {

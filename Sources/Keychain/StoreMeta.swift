@@ -49,6 +49,8 @@ enum StoreMeta {
     static let oneNamespace = "items.one-namespace"
     /// The token PIN's attempt limiter (PINAttemptLimiter, JSON).
     static let tokenPINAttempts = "pkcs11.pin-attempts"
+    /// keychaind's count of wrong passcodes per uid that is neither root nor admin (PasscodeBudget, JSON).
+    static let passcodeBudget = "passcode.budget"
     /// The enrolled fingerprint readers' keys (ReaderKeys.Entry list, JSON).
     static let readerKeys = "reader.keys"
 

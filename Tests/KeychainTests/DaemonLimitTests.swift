@@ -197,4 +197,65 @@ struct DaemonLimitTests {
         #expect(completions.count > 40, "the flood made too few writes to test anything: \(completions.count)")
         #expect(during[during.count / 2] <= 3, "the flood's writes ran ahead of the read: \(during)")
     }
+
+    /// Before, the reader's failure count was the device's: another uid's five wrong touches on its
+    /// own item put the reader in LOCKOUT for everyone, root included. Now each uid's count is its
+    /// own: the seed's "lockout after 5 failures" holds per user, and the others still read.
+    @Test func fiveWrongTouchesLockTheReaderForThatUidOnly() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm, reader: tpm.directory + "/reader")
+        #expect(try ctl(daemon, ["passcode", "set"], input: Array("2468\n".utf8)).status == 0)
+        #expect(try ctl(daemon, ["reader", "enroll", "thumb"], input: Array("2468\n".utf8)).status == 0)
+        for (uid, service) in [(nil, "rootbio"), (Self.nobody, "nbio"), (Self.other, "obio")] as [(UInt32?, String)] {
+            let set = try ctl(daemon, ["set", service, "k", "--access-control", "biometryAny"], input: Array("\(service)'s".utf8), uid: uid)
+            #expect(set.status == 0, "\(set.err)")
+        }
+        var answers: [String] = []
+        for guess in 1...5 { answers.append(try ctl(daemon, ["get", "nbio", "k", "--touch", "guess\(guess)"], uid: Self.nobody).err) }
+        #expect(answers.dropLast().allSatisfy { $0.contains("AUTHENTICATION_FAILED") } && answers.last!.contains("LOCKOUT"),
+                "nobody's five wrong touches: \(answers)")
+        // nobody is locked out, even with the enrolled finger, until it gives the passcode.
+        #expect(try ctl(daemon, ["get", "nbio", "k", "--touch", "thumb"], uid: Self.nobody).err.contains("LOCKOUT"))
+        let root = try ctl(daemon, ["get", "rootbio", "k", "--touch", "thumb"])
+        #expect(root.status == 0 && root.out == "rootbio's", "root after nobody's lockout: \(root.err)")
+        #expect(try ctl(daemon, ["get", "obio", "k", "--touch", "thumb"], uid: Self.other).out == "obio's")
+    }
+
+    /// Before, any uid could spend the TPM's passcode tries through `unlock` (its PIN index refuses
+    /// the passcode after 10 wrong ones, for everyone, until the owner resets it). Now a uid that is
+    /// neither root nor admin gives at most 3 wrong passcodes, by `unlock` or by a passcode item's
+    /// read, and all such uids together at most the TPM's limit less 2: the device's owner always
+    /// keeps tries, and `passcode reset-tries` gives every budget back.
+    @Test func noOtherUidCanSpendTheTPMsPasscodeTries() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm)
+        let wrong = Array("0000\n".utf8), right = Array("2468\n".utf8)
+        #expect(try ctl(daemon, ["passcode", "set"], input: right).status == 0)
+        var answers: [String] = []
+        for _ in 1...12 { answers.append(try ctl(daemon, ["unlock"], input: wrong, uid: Self.nobody).err) }
+        #expect(answers.prefix(3).allSatisfy { $0.contains("AUTHENTICATION_FAILED") }, "\(answers)")
+        #expect(answers.dropFirst(3).allSatisfy { $0.contains("LOCKOUT") && $0.contains("uid \(Self.nobody) gave 3 wrong passcodes") },
+                "\(answers)")
+        // Spent means spent: the right passcode is not tried either (the TPM would not give the try back).
+        #expect(try ctl(daemon, ["unlock"], input: right, uid: Self.nobody).err.contains("LOCKOUT"))
+        // A passcode item's read is the same budget.
+        #expect(try ctl(daemon, ["set", "own", "k", "--access-control", "passcode"], input: Array("mine".utf8), uid: Self.other).status == 0)
+        for _ in 1...3 {
+            #expect(try ctl(daemon, ["get", "own", "k", "--passcode-stdin"], input: wrong, uid: Self.other).err.contains("AUTHENTICATION_FAILED"))
+        }
+        let fourth = try ctl(daemon, ["get", "own", "k", "--passcode-stdin"], input: right, uid: Self.other)
+        #expect(fourth.status == 3 && fourth.err.contains("LOCKOUT"), "\(fourth.err)")
+        // Together: 3 + 3, then a third uid's 2 reach the pool of 10 - 2.
+        let third: UInt32 = 65532
+        for _ in 1...2 { #expect(try ctl(daemon, ["unlock"], input: wrong, uid: third).err.contains("AUTHENTICATION_FAILED")) }
+        let pool = try ctl(daemon, ["unlock"], input: wrong, uid: third)
+        #expect(pool.err.contains("LOCKOUT") && pool.err.contains("Users other than root"), "\(pool.err)")
+        // The owner still unlocks: 8 of the TPM's 10 tries were spent.
+        #expect(try ctl(daemon, ["lock"]).status == 0)
+        let owner = try ctl(daemon, ["unlock"], input: right)
+        #expect(owner.status == 0, "root's unlock after the others' wrong passcodes: \(owner.err)")
+        #expect(try ctl(daemon, ["passcode", "reset-tries"]).status == 0)
+        #expect(try ctl(daemon, ["unlock"], input: right, uid: Self.nobody).status == 0)
+        #expect(try ctl(daemon, ["get", "own", "k", "--passcode-stdin"], input: right, uid: Self.other).out == "mine")
+    }
 }

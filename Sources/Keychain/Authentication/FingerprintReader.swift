@@ -12,7 +12,8 @@ import TPM2
 /// (PolicySigned): any enrollment change makes the reader stop signing for those. After 5 failed
 /// matches in a row the reader is locked out (`LOCKOUT`): it refuses every finger, and each touch
 /// still counts; at 10 it is `LOCKOUT_PERMANENT`. Both last until the passcode is entered (a read
-/// that the passcode opens, or an enrollment change).
+/// that the passcode opens, or an enrollment change). Through keychaind each uid has its own count
+/// (an account): one user's wrong touches lock the reader for that user only.
 ///
 /// - Important: whoever can read the reader's directory can sign as the reader. On a real device
 ///   that key lives in the sensor; here the directory must be the caller's own, 0700, and no one
@@ -30,7 +31,10 @@ final class FingerprintReader {
         var keyTR: [UInt8]
         var fingers: [String: [UInt8]] = [:]
         var enrollmentSet: [UInt8]
+        /// The failures of the in-process caller (the store's owner).
         var failures: Int = 0
+        /// keychaind's callers' failures, by account (`DaemonCaller.readerAccount`); absent in older files.
+        var accountFailures: [String: Int]? = nil
     }
 
     let directory: String
@@ -49,33 +53,50 @@ final class FingerprintReader {
 
     enum Match: Equatable { case match, noMatch, lockout, permanentLockout }
 
-    var lockState: Match? {
-        guard let failures = state?.failures else { return nil }
+    /// The lockout of `account` (nil: the in-process caller's).
+    func lockState(of account: String? = nil) -> Match? {
+        guard let current = state else { return nil }
+        let failures = Self.failures(current, account)
         if failures >= Self.permanentLockoutAfter { return .permanentLockout }
         if failures >= Self.lockoutAfter { return .lockout }
         return nil
     }
 
-    /// Reads a finger: a match if it is enrolled. Failed matches count toward the lockouts.
-    func read(finger: String) throws(KeychainError) -> Match {
+    private static func failures(_ state: State, _ account: String?) -> Int {
+        guard let account else { return state.failures }
+        return state.accountFailures?[account] ?? 0
+    }
+
+    private static func setFailures(_ state: inout State, _ account: String?, _ count: Int) {
+        guard let account else { state.failures = count; return }
+        var map = state.accountFailures ?? [:]
+        map[account] = count == 0 ? nil : count
+        state.accountFailures = map.isEmpty ? nil : map
+    }
+
+    /// Reads a finger for `account` (nil: the in-process caller): a match if it is enrolled. Failed
+    /// matches count toward that account's lockouts.
+    func read(finger: String, account: String? = nil) throws(KeychainError) -> Match {
         guard var current = state else { return .noMatch }
-        if lockState == .permanentLockout { return .permanentLockout }
-        if lockState == .lockout {
+        let failures = Self.failures(current, account)
+        let locked = lockState(of: account)
+        if locked == .permanentLockout { return .permanentLockout }
+        if locked == .lockout {
             // Touches during a lockout keep counting: ten in a row make it permanent.
-            current.failures += 1
+            Self.setFailures(&current, account, failures + 1)
             try save(current)
-            return lockState!
+            return lockState(of: account)!
         }
         if current.fingers[finger] != nil {
-            if current.failures != 0 {  // write the file only when the count changes
-                current.failures = 0
+            if failures != 0 {  // write the file only when the count changes
+                Self.setFailures(&current, account, 0)
                 try save(current)
             }
             return .match
         }
-        current.failures += 1
+        Self.setFailures(&current, account, failures + 1)
         try save(current)
-        return lockState ?? .noMatch
+        return lockState(of: account) ?? .noMatch
     }
 
     /// PolicySigned's policyRef for a key: SHA-256 of a domain string, the CurrentSet flag, the
@@ -109,10 +130,18 @@ final class FingerprintReader {
         return Sodium.hmacSHA256(key: key, message: TPMContext.policySignedDigest(nonceTPM: nonceTPM, expiration: expiration, policyRef: policyRef))
     }
 
-    /// The passcode was entered: the lockouts end.
-    func resetLockout() throws(KeychainError) {
-        guard var current = state, current.failures != 0 else { return }
-        current.failures = 0
+    /// The passcode was entered: the lockout of `account` ends (through keychaind, the caller's);
+    /// in-process (nil), and at an enrollment change, every account's.
+    func resetLockout(account: String? = nil) throws(KeychainError) {
+        guard var current = state else { return }
+        if let account {
+            guard Self.failures(current, account) != 0 else { return }
+            Self.setFailures(&current, account, 0)
+        } else {
+            guard current.failures != 0 || current.accountFailures != nil else { return }
+            current.failures = 0
+            current.accountFailures = nil
+        }
         try save(current)
     }
 

@@ -172,6 +172,7 @@ package final class DaemonServer: Sendable {
                                     + "uid \(peer.uid) is neither")
             }
             var configuration = configuration
+            configuration.caller = DaemonCaller(uid: peer.uid, isAdmin: { [groups] in groups.isAdmin(peer) })
             if let attempts = try wire({ () throws(WireError) in try request.uint(WireTag.attempts) }) {
                 configuration.authenticator = RemoteAuthenticator(mailbox: mailbox, attemptsPerRead: Int(min(attempts, 10)))
             }

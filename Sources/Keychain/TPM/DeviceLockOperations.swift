@@ -6,15 +6,21 @@ import TPM2
 
 /// The device lock and passcode, as the TPM keeps them (`DeviceLock`, `PasscodeChange`).
 extension Engine {
-    /// Unlocks; a passcode that the TPM accepted also ends a fingerprint-reader lockout.
-    func unlock(passcode: SecureBytes?, readerDirectory: String? = nil) throws(KeychainError) {
+    /// Unlocks; a passcode that the TPM accepted also ends a fingerprint-reader lockout (through
+    /// keychaind, the caller's: each uid's failures are its own). A caller through keychaind spends
+    /// its own budget of wrong passcodes (`PasscodeBudget`).
+    func unlock(passcode: SecureBytes?, readerDirectory: String? = nil, caller: DaemonCaller? = nil) throws(KeychainError) {
         let generation = try lockGeneration(try store())
-        try withKeyring { keyring throws(KeychainError) in
-            try keyring.unlock(passcode: passcode)
-            if let passcode { try keyring.repairInterruptedMark(with: passcode) }
+        try spendingPasscodeBudget(of: caller) { () throws(KeychainError) in
+            try withKeyring { keyring throws(KeychainError) in
+                try keyring.unlock(passcode: passcode)
+                if let passcode { try keyring.repairInterruptedMark(with: passcode) }
+            }
         }
         seenUnlocked = generation
-        if passcode != nil, let readerDirectory { try FingerprintReader(directory: readerDirectory).resetLockout() }
+        if passcode != nil, let readerDirectory {
+            try FingerprintReader(directory: readerDirectory).resetLockout(account: caller?.readerAccount)
+        }
     }
 
     func lock() throws(KeychainError) {
@@ -46,6 +52,7 @@ extension Engine {
         try withKeyring { keyring throws(KeychainError) in
             try keyring.resetPasscodeTries(limit: configuration.passcodeRetryLimit)
         }
+        try resetPasscodeBudgets()
     }
 
     func status() throws(KeychainError) -> DeviceStatus {

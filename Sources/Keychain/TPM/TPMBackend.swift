@@ -164,7 +164,9 @@ extension Engine {
             switch try readerVerdict(for: binding, directory: context.readerDirectory) {
             case .usable(let present):
                 reader = present
-                if present.lockState != .permanentLockout || policy.passcode != true { methods.append(.fingerprint) }
+                if present.lockState(of: context.caller?.readerAccount) != .permanentLockout || policy.passcode != true {
+                    methods.append(.fingerprint)
+                }
             case .enrollmentChanged:
                 // Before any prompt, as the seed says for CurrentSet; Engine.get removes the item.
                 throw KeychainError(.keyInvalidated,
@@ -208,7 +210,7 @@ extension Engine {
             switch answer {
             case .finger(let finger):
                 guard methods.contains(.fingerprint), let reader else { return .failed("a fingerprint does not open this item") }
-                switch try reader.read(finger: finger) {
+                switch try reader.read(finger: finger, account: context.caller?.readerAccount) {
                 case .match:
                     return .opened(try withKeyring { keyring throws(KeychainError) in
                         let secret = try keyring.unseal(blob, policy: policy, authorization: .finger(reader, window: window))
@@ -225,12 +227,14 @@ extension Engine {
             case .passcode(let pin):
                 guard methods.contains(.passcode) else { return .failed("the passcode does not open this item") }
                 do throws(KeychainError) {
-                    let secret = try withKeyring { keyring throws(KeychainError) in
-                        let secret = try keyring.unseal(blob, policy: policy, authorization: .passcode(pin, window: window))
-                        saveTicket(keyring.issuedTicket, name: ticketName)
-                        return secret
+                    let secret = try spendingPasscodeBudget(of: context.caller) { () throws(KeychainError) in
+                        try withKeyring { keyring throws(KeychainError) in
+                            let secret = try keyring.unseal(blob, policy: policy, authorization: .passcode(pin, window: window))
+                            saveTicket(keyring.issuedTicket, name: ticketName)
+                            return secret
+                        }
                     }
-                    try reader?.resetLockout()
+                    try reader?.resetLockout(account: context.caller?.readerAccount)
                     return .opened(secret)
                 } catch where error.code == .authenticationFailed {
                     return .failed("wrong passcode")
