@@ -8,7 +8,7 @@ packages=(
   tpm2-tools tpm2-abrmd libtss2-tcti-tabrmd0 dbus        # tests: the tpm2-tools reference, the resource manager
   python3                                                # store tests: a second SQLite process
   libsystemd-dev                                         # linked: sd-bus, keychain-secret-service's D-Bus connection
-  dbus-daemon libsecret-tools python3-secretstorage python3-keyring python3-gi gir1.2-secret-1  # Secret Service tests: a private bus, the real clients
+  dbus-daemon libsecret-tools python3-secretstorage python3-jeepney python3-keyring python3-gi gir1.2-secret-1  # Secret Service tests: a private bus, the real clients
   gnome-keyring                                          # Secret Service benchmark: the provider we compare with
   openssl                                                # identity tests: the EK certificate and its chain (swtpm_localca uses it too)
   libp11-kit-dev softhsm2 opensc                         # the PKCS#11 backend and its tests (SoftHSM2, pkcs11-tool)
