@@ -6,10 +6,12 @@ import SecretService
 /// keychain-secret-service: the freedesktop Secret Service (org.freedesktop.secrets) on the caller's
 /// session bus, its collections stored in the keychain (docs/secret-service.md).
 let usage = """
-    usage: keychain-secret-service [--store DIR [--tcti CONF] | --socket PATH] [--replace]
+    usage: keychain-secret-service [--store DIR [--tcti CONF] | --socket PATH] [--prompter scripted:FILE] [--replace]
       --store DIR    the keychain store in this process (the embedded software TPM unless --tcti)
       --tcti CONF    the TPM for --store (device:/dev/tpmrm0, swtpm:host=…,port=…)
       --socket PATH  the user's items through keychaind at PATH
+      --prompter scripted:FILE   answer Unlock's prompts from FILE, one answer a line, in order:
+                     passcode:PIN, finger:NAME, cancel, fallback (tests and appliances)
       --replace      take org.freedesktop.secrets from the provider that owns it
     Without --store or --socket: the environment's keychain (KEYCHAIN_SOCKET, KEYCHAIN_STORE, KEYCHAIN_TCTI).
 
@@ -25,6 +27,7 @@ var store: String?
 var tcti: String?
 var socket: String?
 var replace = false
+var prompter: String?
 while let argument = arguments.popFirst() {
     func value() -> String {
         guard let next = arguments.popFirst(), !next.hasPrefix("--") else { fail("\(argument) needs a value\n\(usage)", code: 2) }
@@ -35,6 +38,7 @@ while let argument = arguments.popFirst() {
     case "--tcti": tcti = value()
     case "--socket": socket = value()
     case "--replace": replace = true
+    case "--prompter": prompter = value()
     case "--help", "-h":
         print(usage, terminator: "")
         exit(0)
@@ -44,7 +48,27 @@ while let argument = arguments.popFirst() {
 if socket != nil, store != nil || tcti != nil { fail("--socket and --store/--tcti are two different keychains: give one\n\(usage)", code: 2) }
 if tcti != nil, store == nil { fail("--tcti goes with --store\n\(usage)", code: 2) }
 
-let configuration: KeychainConfiguration
+/// The answers of `--prompter scripted:FILE`; the file is read once, at start.
+func scriptedAnswers(_ spec: String) -> ScriptedAuthenticator {
+    guard spec.hasPrefix("scripted:") else { fail("--prompter takes scripted:FILE, got '\(spec)'", code: 2) }
+    let path = String(spec.dropFirst("scripted:".count))
+    guard let data = FileManager.default.contents(atPath: path) else { fail("--prompter: cannot read \(path)", code: 2) }
+    var answers: [AuthenticationAnswer] = []
+    for line in data.split(separator: UInt8(ascii: "\n")) where !line.isEmpty {
+        let text = line.starts(with: Array("passcode:".utf8)) ? "passcode:" : String(decoding: line, as: UTF8.self)
+        switch text {
+        case "passcode:": answers.append(.passcode(SecureBytes(copying: line.dropFirst("passcode:".utf8.count))))
+        case "cancel": answers.append(.cancel)
+        case "fallback": answers.append(.fallback)
+        case let finger where finger.hasPrefix("finger:"): answers.append(.finger(String(finger.dropFirst("finger:".count))))
+        default: fail("--prompter: \(path) has a line that is not passcode:PIN, finger:NAME, cancel or fallback", code: 2)
+        }
+    }
+    return ScriptedAuthenticator(answers)
+}
+let authenticator = prompter.map(scriptedAnswers)
+
+var configuration: KeychainConfiguration
 let where_: String
 if let socket {
     configuration = .daemon(socket: socket)
@@ -56,6 +80,7 @@ if let socket {
     configuration = .default
     where_ = configuration.daemonSocket.map { "keychaind at \($0)" } ?? "store \(configuration.storeDirectory)"
 }
+if let authenticator { configuration.authenticator = authenticator }
 
 signal(SIGPIPE, SIG_IGN)
 let bus: Bus

@@ -15,8 +15,9 @@ final class PrivateBus: @unchecked Sendable {
     let store: String
     private let daemon: pid_t
 
-    /// - Parameter providerArguments: replaces `--store <dir>/store --tcti <swtpm>` in the activation file.
-    init(providerArguments: [String]? = nil) throws {
+    /// - Parameter providerArguments: the provider's arguments in the activation file from the TPM's TCTI
+    ///   and the store directory; `--store STORE --tcti TCTI` when nil.
+    init(providerArguments: ((_ tcti: String, _ store: String) -> [String])? = nil) throws {
         _ = ignoreBrokenPipes
         tpm = try SoftwareTPM()
         directory = tpm.directory + "/bus"
@@ -40,7 +41,7 @@ final class PrivateBus: @unchecked Sendable {
             </busconfig>
             """
         try config.write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
-        let arguments = providerArguments ?? ["--store", store, "--tcti", tpm.tcti]
+        let arguments = providerArguments?(tpm.tcti, store) ?? ["--store", store, "--tcti", tpm.tcti]
         let exec = ([Self.provider] + arguments).map { $0.contains(" ") ? "\"\($0)\"" : $0 }.joined(separator: " ")
         try "[D-BUS Service]\nName=org.freedesktop.secrets\nExec=\(exec)\n"
             .write(toFile: directory + "/services/org.freedesktop.secrets.service", atomically: true, encoding: .utf8)
