@@ -244,6 +244,7 @@ actor Engine {
         if record.salt.isEmpty { return try getFromToken(record, uri: context.pkcs11URI) }
         // Only these tags ever have a dead key replaced (Engine.set's staleKey): others skip the lookup.
         let retirable = record.protection.contains("CurrentSet") || record.protection.hasPrefix(Accessible.whenPasscodeSetThisDeviceOnly.rawValue)
+            || !record.protection.contains("/\(AccessControl.none.rawValue)")  // a passcode removal ends every access control
             || record.protection.hasSuffix(TokenSession.tagSuffix)
         let retired = !retirable ? nil
             : try read { try Self.retiredKey(of: record, marker: store.meta(StoreMeta.retired(service: service, key: key))) }

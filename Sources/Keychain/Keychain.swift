@@ -433,10 +433,12 @@ public struct KeychainDevice: Sendable {
         }
         try await engine.setPasscode(old: old, new: new)
     }
-    /// Removes the passcode; `whenPasscodeSetThisDeviceOnly` items are destroyed, as on iOS.
+    /// Removes the passcode; `whenPasscodeSetThisDeviceOnly` items are destroyed, as on iOS, the
+    /// enrolled fingers are removed, and every item behind an access control is `KEY_INVALIDATED` at
+    /// its next read (and removed), as on Android: the TPM no longer opens their keys.
     public func removePasscode(current: SecureBytes) async throws(KeychainError) {
         if remote != nil { _ = try await daemon(.removePasscode) { $0.add(WireTag.passcode, current.wireBytes) }; return }
-        try await engine.setPasscode(old: current, new: nil)
+        try await engine.setPasscode(old: current, new: nil, readerDirectory: configuration.readerDirectory)
     }
     /// Resets the TPM's count of wrong passcodes (needs the owner authorization of the configuration).
     public func resetPasscodeTries() async throws(KeychainError) {

@@ -23,6 +23,9 @@ enum StoreMeta {
     static let bootState = "tpm.boot-state"
     /// [mark][epoch, 8 bytes]: an interrupted passcode change's mark that this store found to mean "set".
     static let passcodeKnownSet = "tpm.passcode.known-set"
+    /// The passcode epoch after this store's last passcode removal (8 bytes, big-endian): a key of an
+    /// older epoch is dead in the TPM, so its read is KEY_INVALIDATED before any prompt.
+    static let passcodeRemovedEpoch = "tpm.passcode.removed-epoch"
     /// The descriptor NV index's serialized ESAPI resource, so reading the passcode mark is one command.
     static let descriptorTR = "tpm.descriptor.tr"
     /// The boot-state approval index's serialized ESAPI resource (BootApprovalLayout); present once

@@ -315,6 +315,10 @@ struct AccessControlTests {
             defer { context.flush(session) }
             let object = try context.load(blob, parent: srk)
             defer { context.flush(object) }
+            // The common steps first: the key is bound to the passcode epoch (a removal ends it).
+            try context.run(policy.steps, on: session, nvIndex: { _ throws(TPMError) in
+                try context.resource(forPersistent: DeviceLockLayout.epochIndex)
+            })
             do {
                 if let (hmac, ref) = sign(try context.nonceTPM(session)) {
                     try context.policySigned(session, authObject: readerKey, nonceTPM: try context.nonceTPM(session),
@@ -354,11 +358,16 @@ struct AccessControlTests {
         let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
         let blob = TPMContext.SealedBlob(publicArea: record.sealedPublic, privateArea: record.sealedPrivate)
         let keyRef = try #require(SealPolicy.decode(record.policy)?.keyRef)
+        let policy = try #require(SealPolicy.decode(record.policy))
         func attempt(_ guess: String?) throws -> Bool {
             let session = try context.startSession(.policy, saltKey: srk, encryptResponse: true, continueSession: true)
             defer { context.flush(session) }
             let object = try context.load(blob, parent: srk)
             defer { context.flush(object) }
+            // The common steps first: the key is bound to the passcode epoch (a removal ends it).
+            try context.run(policy.steps, on: session, nvIndex: { _ throws(TPMError) in
+                try context.resource(forPersistent: DeviceLockLayout.epochIndex)
+            })
             do {
                 if let guess {
                     try context.setAuth(pin, bytes(guess))
@@ -373,5 +382,43 @@ struct AccessControlTests {
         #expect(try attempt(Self.pin), "the control: the right PIN opens it")
         #expect(try !attempt(nil))
         #expect(try !attempt("0000"))
+    }
+
+    /// After `passcode remove` the PIN index's authValue is empty, so anyone passes its PolicySecret:
+    /// the key's policy also asserts the passcode epoch of its seal, which the removal bumped, so the
+    /// TPM refuses the stored blob even with every other step satisfied (issue 21).
+    @Test func aPasscodeKeyDoesNotUnsealWithTheEmptyPINAfterThePasscodeIsRemoved() async throws {
+        let d = try await Device()
+        let store = try d.storage(.passcode, accessible: .always)
+        try await store.setItem("k", "v")
+        let raw = try Store(directory: d.configuration.storeDirectory)
+        let record = try #require(try raw.wrappingKeys(service: d.storeService("svc.passcode")).first)
+        let policy = try #require(SealPolicy.decode(record.policy))
+        let blob = TPMContext.SealedBlob(publicArea: record.sealedPublic, privateArea: record.sealedPrivate)
+        /// The policy as sealed (the epoch the key was made at, the PIN's PolicySecret), then Unseal.
+        func attempt(_ guess: String) throws -> Bool {
+            let context = try TPMContext(device: d.tpm.device)
+            let srk = try context.resource(forPersistent: 0x8100_0001)
+            let pin = try context.resource(forPersistent: DeviceLockLayout.pinIndex)
+            let session = try context.startSession(.policy, saltKey: srk, encryptResponse: true, continueSession: true)
+            defer { context.flush(session) }
+            let object = try context.load(blob, parent: srk)
+            defer { context.flush(object) }
+            do {
+                try context.run(policy.steps, on: session, nvIndex: { _ throws(TPMError) in
+                    try context.resource(forPersistent: DeviceLockLayout.epochIndex)
+                })
+                try context.setAuth(pin, guess.isEmpty ? nil : bytes(guess))
+                let auth = try context.startSession(.hmac, saltKey: srk, continueSession: true)
+                defer { context.flush(auth) }
+                try context.policySecret(session, entity: pin, authSession: auth, policyRef: policy.keyRef ?? [])
+                _ = try context.unseal(object, session: session)
+                return true
+            } catch { return false }
+        }
+        #expect(try attempt(Self.pin), "the control: the right PIN opens it while the passcode is set")
+        #expect(policy.passcodeEpoch != nil, "the key is bound to the passcode epoch")
+        try await d.device.removePasscode(current: bytes(Self.pin))
+        #expect(try !attempt(""), "the empty PIN opened the key of a removed passcode")
     }
 }

@@ -82,20 +82,30 @@ struct PasscodeCrashTests {
             #expect(try cli(["passcode", "set"], Self.old + "\n").status == 0)
             #expect(try cli(["set", "s", "wps", "--accessible", "whenPasscodeSetThisDeviceOnly"], "wps").status == 0)
             #expect(try cli(["set", "s", "pc", "--access-control", "passcode"], "pc").status == 0)
+            #expect(try cli(["reader", "enroll", "thumb"], Self.old + "\n").status == 0)
+            #expect(try cli(["set", "s", "bio", "--access-control", "biometryAny"], "bio").status == 0)
         }
         try setUpOldState()
+        var completed = false
         try killAtEveryCommand(["passcode", "remove"], Self.old + "\n") { n in
             let held = try heldPasscode(["", Self.old], n: n)
             if held == Self.old {
                 // The old state: nothing destroyed, the passcode items open with the passcode only.
                 #expect(try text(["get", "s", "wps"]) == "wps", "kill \(n)")
                 #expect(try text(["get", "s", "pc", "--passcode-stdin"], Self.old + "\n") == "pc")
+                #expect(try text(["get", "s", "bio", "--touch", "thumb"]) == "bio", "kill \(n)")
             } else {
-                // The new state: the whenPasscodeSet item is gone from the store and dead in the TPM.
+                // The new state: the whenPasscodeSet item is gone from the store and dead in the TPM;
+                // every item behind an access control is dead in the TPM: KEY_INVALIDATED, then gone.
                 #expect(try cli(["has", "s", "wps"]).status == 1, "kill \(n)")
+                let bio = try cli(["get", "s", "bio", "--touch", "thumb"])
+                #expect(bio.status == 3 && bio.stderr.contains("KEY_INVALIDATED"), "kill \(n): \(bio.stderr)")
+                #expect(try cli(["has", "s", "bio"]).status == 1, "kill \(n)")
+                completed = try text(["reader", "list"]).isEmpty
                 try setUpOldState()
             }
         }
+        #expect(completed, "a completed removal leaves no finger enrolled")
     }
 
     @Test func passcodeChangeIsAtomic() throws {

@@ -54,3 +54,32 @@ struct SeedPortingTests {
         #expect(plain.status == 2 && plain.stdout.isEmpty && plain.stderr.contains("unknown option --bogus"))
     }
 }
+
+extension SeedPortingTests {
+    /// The seed needs a passcode for every access control; Android invalidates every key bound to
+    /// user authentication when the lock screen goes, iOS turns biometrics off with the passcode.
+    @Test func removingThePasscodeEndsEveryAccessControlAndTheFingers() async throws {
+        let pin = SecureBytes(copying: Array("2468".utf8))
+        let d = try await SimulatedDevice(passcode: pin, fingers: ["thumb"])
+        let vault = try createKeychain(.init(service: "vault"), configuration: d.configuration)
+        let controls: [AccessControl] = [.biometryAny, .biometryAnyOrPasscode, .passcode, .biometryCurrentSetOrPasscode]
+        for control in controls {
+            try await vault.setItem(control.rawValue, "v", options: .init(accessControl: control))
+        }
+        try await vault.setItem("plain", "v")
+        try await d.device.removePasscode(current: pin)
+        #expect(try await d.device.enrolledFingers().isEmpty)
+        for control in controls {
+            // The finger the user still has, or the passcode they had.
+            d.answers.push(control.usesBiometry ? .finger("thumb") : .passcode(SecureBytes(copying: Array("2468".utf8))))
+            do {
+                let value = try await vault.getItem(control.rawValue)
+                Issue.record("\(control) read \(value ?? "nil") after the passcode was removed")
+            } catch {
+                #expect(error.code == .keyInvalidated, "\(control): \(error)")
+            }
+            #expect(try await !vault.hasItem(control.rawValue), "\(control) was not removed")
+        }
+        #expect(try await vault.getItem("plain") == "v")
+    }
+}

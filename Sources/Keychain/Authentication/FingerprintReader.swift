@@ -164,6 +164,19 @@ final class FingerprintReader {
         return true
     }
 
+    /// Removes every enrolled finger (the passcode's removal ends biometrics) and the lockout; the
+    /// reader and its TPM key stay. - Returns: whether a finger was enrolled.
+    @discardableResult
+    func removeAll() throws(KeychainError) -> Bool {
+        guard var current = state, !current.fingers.isEmpty || current.failures != 0 else { return false }
+        let had = !current.fingers.isEmpty
+        current.fingers = [:]
+        current.enrollmentSet = []
+        current.failures = 0
+        try save(current)
+        return had
+    }
+
     /// Deletes the reader: its state first (renamed away, then removed), then its TPM key, so a
     /// kill in between leaves a recorded key that the next enrollment evicts, never a reader
     /// without its key. - Returns: false when there was no reader.

@@ -34,8 +34,11 @@ extension Engine {
     }
 
     /// Crash-atomic (`TPMKeyring.changePasscode`): a removal also deletes this store's
-    /// whenPasscodeSetThisDeviceOnly items (Apple: their keys are dead in the TPM too).
-    func setPasscode(old: SecureBytes?, new: SecureBytes?) throws(KeychainError) {
+    /// whenPasscodeSetThisDeviceOnly items (Apple: their keys are dead in the TPM too), and ends every
+    /// item behind an access control: their keys are bound to the passcode epoch the removal bumps
+    /// (KEY_INVALIDATED at their next read). The enrolled fingers of `readerDirectory` go after the
+    /// TPM's part; a kill between the two leaves them enrolled over items that are dead already.
+    func setPasscode(old: SecureBytes?, new: SecureBytes?, readerDirectory: String? = nil) throws(KeychainError) {
         try withKeyring { keyring throws(KeychainError) in
             let isSet = try keyring.passcodeIsSet()
             if old == nil && isSet {
@@ -46,6 +49,10 @@ extension Engine {
             // Whoever just proved the passcode is at the device: it is unlocked, as after a passcode change on iOS.
             try keyring.unlock(passcode: new)
         }
+        guard old != nil, new == nil else { return }
+        // No secret of an access-controlled item outlives the passcode in this process (authValidity windows).
+        unsealed = unsealed.filter { $0.value.opened == nil }
+        if let readerDirectory { try FingerprintReader(directory: readerDirectory).removeAll() }
     }
 
     func resetPasscodeTries() throws(KeychainError) {

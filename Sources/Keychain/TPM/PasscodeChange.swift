@@ -109,8 +109,11 @@ extension TPMKeyring {
     /// whenPasscodeSetThisDeviceOnly rows go (their keys are dead in the TPM), then the mark.
     private func completeRemoval() throws(KeychainError) {
         let tag = Accessible.whenPasscodeSetThisDeviceOnly.rawValue + "/"
+        let epoch: UInt64
+        do { epoch = try currentPasscodeEpoch() } catch { throw diagnose(error, doing: "read the passcode epoch") }
         do {
             try store.write { tx in
+                try tx.setMeta(StoreMeta.passcodeRemovedEpoch, epoch.bigEndianBytes)
                 for key in try tx.wrappingKeys(whereProtectionHasPrefix: tag) {
                     _ = try tx.deleteItems(protection: key.protection)
                     _ = try tx.deleteWrappingKeys(protection: key.protection)

@@ -63,7 +63,8 @@ extension Engine {
                 }
             }
         }
-        if let existing = wrapping, protection.accessible.requiresPasscode {
+        if let existing = wrapping, protection.accessible.requiresPasscode
+            || (protection.accessControl != .none && SealPolicy.decode(existing.policy)?.passcodeEpoch != nil) {
             // The passcode may have been removed (by any process) since: that key is dead in the TPM.
             // One command: removing the passcode always bumps the epoch, so an unchanged epoch means
             // the passcode the key was made with is still set; a new key checks the passcode itself.
@@ -157,6 +158,13 @@ extension Engine {
                                 context: ReadContext) async throws(KeychainError) -> SecureBytes {
         // iOS never asks for an item the lock state cannot open: fail before any prompt or ticket.
         try refuseWhileLocked(policy.availability)
+        // A key of an epoch before this store's last passcode removal is dead in the TPM (its PolicyNV
+        // fails): say so before a prompt the user may have no way to answer (the fingers went too).
+        if let epoch = policy.passcodeEpoch, let removed = try? store().meta(StoreMeta.passcodeRemovedEpoch),
+           let removedEpoch = UInt64(bigEndianBytes: removed), epoch < removedEpoch {
+            throw KeychainError(.keyInvalidated, "The device passcode was removed since item '\(record.key)' was written, which "
+                                + "ends every item behind an access control (and the enrolled fingers); the item was removed")
+        }
         var methods: [AuthenticationMethod] = []
         var reader: FingerprintReader?
         var readerProblem: KeychainError?

@@ -267,6 +267,11 @@ final class TPMKeyring {
                                         + "set one first (keychainctl passcode set)")
                 }
                 policy.passcodeEpoch = try currentPasscodeEpoch()
+            } else if !policy.branches.isEmpty {
+                // Every access control needs the passcode (seed: PASSCODE_NOT_SET for every value), and
+                // removing it ends them all, as Android's lock-screen removal and iOS do: the key is
+                // bound to the passcode epoch that the removal bumps, so it dies in the TPM.
+                policy.passcodeEpoch = try currentPasscodeEpoch()
             }
             return (try seal(secret, policy: policy), policy)
         } catch let error as KeychainError {
@@ -507,6 +512,11 @@ final class TPMKeyring {
                                  underlying: .tpm(error))
         case "PolicyNV(state)" where code.is(.policy):
             return KeychainError(.interactionNotAllowed, "The device is locked: unlock it first (keychainctl unlock)",
+                                 underlying: .tpm(error))
+        case "PolicyNV(epoch)" where code.is(.policy) && !policy.branches.isEmpty:
+            return KeychainError(.keyInvalidated,
+                                 "The device passcode was removed since this item was written, which ends every item "
+                                 + "behind an access control (and the enrolled fingers); the item was removed",
                                  underlying: .tpm(error))
         case "PolicyNV(epoch)" where code.is(.policy):
             return KeychainError(.keyInvalidated,
