@@ -4,7 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-debian.sh
 python3 scripts/doc-snippets.py
-swift build --build-tests
+# No warnings: a warning is an error here, as in CI.
+swift build --build-tests -Xswiftc -warnings-as-errors
 # A hung test must not hold CI for 90 minutes: 20 minutes is ample (the suite takes well under one).
 timeout 1200 swift test --skip-build "$@"
 # The package under a booted systemd (a cached Debian 12 root, the release build made once): the whole run only.

@@ -11,4 +11,15 @@
 #include <openssl/pem.h>
 #include <openssl/bio.h>
 #include <openssl/core_names.h>
+#include <openssl/param_build.h>
 #include <openssl/err.h>
+
+// Macros Swift cannot import (expressions of other macros).
+static const int KC_EVP_PKEY_PUBLIC_KEY = EVP_PKEY_PUBLIC_KEY;
+
+// The builder keeps each name's pointer until OSSL_PARAM_BLD_to_param: a Swift string literal passed
+// as `const char *` is a temporary, so the names are pushed from here.
+static inline int KC_OSSL_PARAM_BLD_push_rsa_public(OSSL_PARAM_BLD *builder, const BIGNUM *n, const BIGNUM *e) {
+    return OSSL_PARAM_BLD_push_BN(builder, OSSL_PKEY_PARAM_RSA_N, n) == 1
+        && OSSL_PARAM_BLD_push_BN(builder, OSSL_PKEY_PARAM_RSA_E, e) == 1;
+}

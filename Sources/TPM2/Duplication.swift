@@ -69,7 +69,7 @@ public enum Duplication {
         let unique = secret.withUnsafeBytes { sha256(seedValue, Array($0)) }
         pub.publicArea.unique.keyedHash.size = TPM2B.set(&pub.publicArea.unique.keyedHash.buffer, unique)
         var sensitive = TPM2B_SENSITIVE()
-        defer { withUnsafeMutableBytes(of: &sensitive) { $0.initializeMemory(as: UInt8.self, repeating: 0) } }
+        defer { withUnsafeMutableBytes(of: &sensitive) { _ = $0.initializeMemory(as: UInt8.self, repeating: 0) } }
         sensitive.sensitiveArea.sensitiveType = UInt16(TPM2_ALG_KEYEDHASH)
         sensitive.sensitiveArea.seedValue.size = TPM2B.set(&sensitive.sensitiveArea.seedValue.buffer, seedValue)
         secret.withUnsafeBytes { sensitive.sensitiveArea.sensitive.bits.size = TPM2B.set(&sensitive.sensitiveArea.sensitive.bits.buffer, $0) }
@@ -147,17 +147,7 @@ public enum Duplication {
     /// RSA-OAEP with SHA-256 (hash and MGF1) and the label with its terminating zero, to a public
     /// exponent of 65537 (a TPM's 0).
     static func rsaOAEP(modulus: [UInt8], _ message: SecureBytes, label: String) throws(DuplicationError) -> [UInt8] {
-        guard let rsa = RSA_new() else { throw DuplicationError("libcrypto: no RSA") }
-        let n = BN_bin2bn(modulus, Int32(modulus.count), nil), e = BN_new()
-        guard let n, let e, BN_set_word(e, 65537) == 1, RSA_set0_key(rsa, n, e, nil) == 1 else {
-            RSA_free(rsa)
-            throw DuplicationError("libcrypto: cannot make the RSA key")
-        }
-        guard let key = EVP_PKEY_new(), EVP_PKEY_set1_RSA(key, rsa) == 1 else {
-            RSA_free(rsa)
-            throw DuplicationError("libcrypto: cannot make the RSA key")
-        }
-        RSA_free(rsa)
+        let key = try rsaPublicKey(modulus: modulus)
         defer { EVP_PKEY_free(key) }
         guard let ctx = EVP_PKEY_CTX_new(key, nil) else { throw DuplicationError("libcrypto: no key context") }
         defer { EVP_PKEY_CTX_free(ctx) }
@@ -181,6 +171,25 @@ public enum Duplication {
         }
         guard status == 1 else { throw DuplicationError("libcrypto: RSA-OAEP failed") }
         return Array(out.prefix(length))
+    }
+
+    /// The RSA public key (`modulus`, 65537) as OpenSSL 3.0 builds one from parameters.
+    private static func rsaPublicKey(modulus: [UInt8]) throws(DuplicationError) -> OpaquePointer {
+        let n = BN_bin2bn(modulus, Int32(modulus.count), nil), e = BN_new(), builder = OSSL_PARAM_BLD_new()
+        defer { BN_free(n); BN_free(e); OSSL_PARAM_BLD_free(builder) }
+        guard let n, let e, let builder, BN_set_word(e, 65537) == 1,
+              KC_OSSL_PARAM_BLD_push_rsa_public(builder, n, e) == 1,
+              let parameters = OSSL_PARAM_BLD_to_param(builder) else {
+            throw DuplicationError("libcrypto: cannot make the RSA key")
+        }
+        defer { OSSL_PARAM_free(parameters) }
+        guard let ctx = EVP_PKEY_CTX_new_from_name(nil, "RSA", nil) else { throw DuplicationError("libcrypto: no RSA") }
+        defer { EVP_PKEY_CTX_free(ctx) }
+        var key: OpaquePointer?
+        guard EVP_PKEY_fromdata_init(ctx) == 1, EVP_PKEY_fromdata(ctx, &key, KC_EVP_PKEY_PUBLIC_KEY, parameters) == 1, let key else {
+            throw DuplicationError("libcrypto: cannot make the RSA key")
+        }
+        return key
     }
 
     /// An ephemeral P-256 key `d`: its public point (x, y) and the x-coordinate of d·peer.

@@ -161,6 +161,8 @@ func docs_guides_sign_in_with_fingerprint_0() async throws {
         accessible: .whenUnlockedThisDeviceOnly,
         accessControl: .biometryCurrentSet,
         prompt: .init(title: "Sign in to Example", cancel: "Use password")))
+    _ = session
+    _ = vault
 }
 
 // docs/guides/sign-in-with-fingerprint.md, block 2
@@ -190,6 +192,7 @@ func docs_guides_sign_in_with_fingerprint_2() async throws {
         try await vault.clear()
     }
     let label = try await vault.getItemInfo("refreshToken")?.label  // "Continue as ivan@example.com"
+    _ = label
 }
 
 // docs/guides/sign-in-with-fingerprint.md, block 4

@@ -232,7 +232,7 @@ struct BackupParserFuzzTests {
 
     func readAll(_ contents: [UInt8]) -> Result<Int, KeychainError> {
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("kcb-\(UUID().uuidString)").path
-        FileManager.default.createFile(atPath: path, contents: Data(contents))
+        #expect(FileManager.default.createFile(atPath: path, contents: Data(contents)))
         defer { unlink(path) }
         let fd = open(path, O_RDONLY)
         defer { close(fd) }

@@ -405,12 +405,8 @@ final class TPMKeyring {
             let secret = try context.unseal(object!, session: session!)
             sessionClosed = true  // continueSession was clear: the TPM closed it.
             return secret
-        } catch let error as KeychainError {
-            throw error
-        } catch let error as TPMError {
-            throw mapUnsealError(error, step: step, policy: policy)
         } catch {
-            throw KeychainError(.internal, "\(error)")
+            throw mapUnsealError(error, step: step, policy: policy)
         }
     }
 
