@@ -10,3 +10,5 @@ swift build --build-tests -Xswiftc -warnings-as-errors
 timeout 1200 swift test --skip-build "$@"
 # The package under a booted systemd (a cached Debian 12 root, the release build made once): the whole run only.
 if (($# == 0)); then timeout 2400 scripts/test-systemd.sh; else echo "test.sh: a filter was given: the systemd tests (scripts/test-systemd.sh) were not run"; fi
+# A user's own package, outside the checkout, finding keychaind on PATH: the whole run only.
+if (($# == 0)); then timeout 1200 scripts/test-outside-package.sh; fi

@@ -55,10 +55,14 @@ package enum Processes {
         return (status & 0x7F) == 0 ? (status >> 8) & 0xFF : 128 + (status & 0x7F)
     }
 
-    /// The first executable `name` on PATH (or in /usr/bin, /usr/local/bin).
-    package static func findExecutable(_ name: String) -> String? {
-        let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin"
-        for dir in path.split(separator: ":") + ["/usr/bin", "/usr/local/bin"] {
+    /// The first executable `name` in the folders of `searchPath` (the environment's PATH by
+    /// default), then /usr/bin and /usr/local/bin. Empty entries (the working directory) are skipped.
+    package static func findExecutable(_ name: String,
+                                       searchPath: String? = ProcessInfo.processInfo.environment["PATH"]) -> String? {
+        // Strings, not `split`'s default: joined with "+" to the fallbacks it became [[Character]],
+        // and "\(dir)/…" made "["/", "u", …]/name" of each folder.
+        let folders: [String] = (searchPath ?? "/usr/bin:/bin").split(separator: ":").map(String.init)
+        for dir in folders + ["/usr/bin", "/usr/local/bin"] {
             let candidate = "\(dir)/\(name)"
             if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
         }

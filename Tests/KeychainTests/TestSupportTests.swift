@@ -45,6 +45,20 @@ import Testing
         #expect(KeychainConfiguration.default.storeDirectory != one.configuration.storeDirectory)
     }
 
+    /// An executable in a folder of PATH is found there, before the fallbacks; empty entries are
+    /// skipped. (scripts/test-outside-package.sh finds keychaind so from a user's own package.)
+    @Test func anExecutableOnPathIsFound() throws {
+        let folder = FileManager.default.temporaryDirectory.path + "/keychain-path-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        #expect(Processes.findExecutable("keychain-probe", searchPath: "/nonexistent::\(folder)") == nil)
+        #expect(FileManager.default.createFile(atPath: folder + "/keychain-probe", contents: Data("#!/bin/sh\n".utf8),
+                                               attributes: [.posixPermissions: 0o755]))
+        #expect(Processes.findExecutable("keychain-probe", searchPath: "/nonexistent::\(folder)") == folder + "/keychain-probe")
+        #expect(Processes.findExecutable("sh", searchPath: "\(folder):/bin") == "/bin/sh")
+        #expect(Processes.findExecutable("keychain-probe", searchPath: "") == nil)
+    }
+
     /// A child process given `environment` uses the device's TPM, store and reader.
     @Test func theEnvironmentPointsAChildProcessAtTheDevice() async throws {
         let d = try await SimulatedDevice(passcode: bytes("2468"), fingers: ["thumb"])
