@@ -134,32 +134,56 @@ struct VendorBootPolicyTests {
         let store = try Store(directory: f.configuration.storeDirectory)
         let installedData = try #require(try store.meta(StoreMeta.bootVendorPolicies))
         let installed = try #require(try JSONDecoder().decode([InstalledBootPolicy].self, from: Data(installedData)).first)
+        #expect(installed.policy.generation == 1)
+        let record = try #require(try store.wrappingKey(service: "tdo", protection: try ItemProtection(accessible: .alwaysThisDeviceOnly).storageTag))
+        // The replay opens the key while generation 1 stands: what it runs is what a read runs.
+        #expect(try replay(f, record, installed).count > 0)
         #expect(await code { try await f.device.revokeBootPolicies(before: 2, passcode: bytes("1111")) } == .authenticationFailed)
         try await f.device.revokeBootPolicies(before: 2, passcode: bytes(Self.passcode))
         await f.device.dropCaches()
         do { _ = try await storage.getItem("k"); Issue.record("a revoked generation opened the item") } catch {
             #expect(error.code == .deviceStateChanged && error.message.contains("revoked"), "\(error.message)")
         }
-        // The replay: the stored policy and ticket, run with raw ESAPI.
-        let record = try #require(try store.wrappingKey(service: "tdo", protection: try ItemProtection(accessible: .alwaysThisDeviceOnly).storageTag))
-        let context = try TPMContext(device: f.tpm.device)
-        let srk = try context.resource(forPersistent: 0x8100_0001)
-        let session = try context.startSession(.policy, saltKey: srk, continueSession: true)
-        defer { context.flush(session) }
-        try context.policyPCR(session, selection: PCRSelection([7]), digest: [])
-        guard case .nv(_, _, let operand, let offset, let comparison) = VendorBootLayout.generationStep(1) else { return }
-        #expect(throws: TPMError.self) {
-            try context.policyNV(session, index: try context.resource(forPersistent: VendorBootLayout.generationIndex),
-                                 operand: operand, offset: offset, comparison: comparison)
+        // The same replay of the stored policy and ticket, after the revocation: the TPM refuses its PolicyNV.
+        do {
+            _ = try replay(f, record, installed)
+            Issue.record("a replay of a revoked generation's policy unsealed the key")
+        } catch {
+            #expect(error.command == "PolicyNV", "\(error)")
         }
-        _ = record
-        _ = installed
         // Nobody without the passcode or the owner authorization un-revokes or revokes: tpm2_nvsetbits is refused.
         let env = ["TPM2TOOLS_TCTI": f.tpm.tcti]
         #expect(try run("/usr/bin/tpm2_nvsetbits", ["0x01004B55", "-C", "0x01004B55", "-i", "0x4"], environment: env).status != 0)
         // A newer generation for the same state opens the item again.
         _ = try await f.device.installBootPolicy(try vendor.sign(try pcr7(f), generation: 2))
         #expect(try await storage.getItem("k") == "v")
+    }
+
+    /// A read of `record`'s key replayed with raw ESAPI from what the store keeps: its sealed object
+    /// and policy steps, and for the vendor's step the installed policy's PCRs, generation and ticket.
+    /// The unsealed secret, or the TPM's refusal.
+    func replay(_ f: Fixture, _ record: WrappingKeyRecord, _ installed: InstalledBootPolicy) throws(TPMError) -> SecureBytes {
+        guard let policy = SealPolicy.decode(record.policy), let state = installed.policy.state,
+              let ticket = installed.ticket.hexBytes,
+              case .nv(_, _, let operand, let offset, let comparison) = VendorBootLayout.generationStep(installed.policy.generation) else {
+            throw TPMError(command: "decode the stored policy", code: .failure)
+        }
+        let context = try TPMContext(device: f.tpm.device)
+        let srk = try context.resource(forPersistent: 0x8100_0001)
+        let object = try context.load(TPMContext.SealedBlob(publicArea: record.sealedPublic, privateArea: record.sealedPrivate), parent: srk)
+        defer { context.flush(object) }
+        let session = try context.startSession(.policy, saltKey: srk, encryptResponse: true, continueSession: true)
+        defer { context.flush(session) }
+        try context.run(policy.steps, on: session, nvIndex: { index throws(TPMError) in try context.resource(forPersistent: index) },
+                        other: { step throws(TPMError) in
+            guard case .authorize(let keyName, _) = step else { throw TPMError(command: "policy step \(step)", code: .failure) }
+            try context.policyPCR(session, selection: PCRSelection(state.values.keys.sorted()), digest: [])
+            try context.policyNV(session, index: try context.resource(forPersistent: VendorBootLayout.generationIndex),
+                                 operand: operand, offset: offset, comparison: comparison)
+            try context.policyAuthorize(session, approvedPolicy: VendorBootLayout.approvedPolicy(state, generation: installed.policy.generation),
+                                        policyRef: VendorBootLayout.policyRef, keyName: keyName, ticket: ticket)
+        })
+        return try context.unseal(object, session: session)
     }
 
     /// Vectors from tpm2-tools 5.4 on swtpm (the PIN index as in PolicyKnownAnswerTests), from the library's own layout:
