@@ -29,7 +29,7 @@ struct DaemonLimitTests {
     func storeBytes(_ daemon: KeychainDaemon) -> Int {
         ["keychain.db", "keychain.db-wal"].reduce(0) { sum, name in
             let size = (try? FileManager.default.attributesOfItem(atPath: daemon.store + "/" + name)[.size] as? Int) ?? 0
-            return sum + (size ?? 0)
+            return sum + size
         }
     }
 
