@@ -5,11 +5,13 @@ import Keychain
 let usage = """
     usage: keychaind --socket PATH --store DIR [--tcti CONF] [--groups DIR] [--reader DIR|none]
                      [--max-connections N] [--idle-timeout SECONDS] [--stall-timeout SECONDS]
-                     [--pcrs 7,…] [--quota-items 4096] [--quota-bytes 32M]
+                     [--pcrs 7,…] [--quota-items 4096] [--quota-bytes 32M] [--owner-auth-file FILE]
       Under systemd socket activation (LISTEN_FDS=1, LISTEN_PID=this process) the socket is fd 3 and
       --socket is not needed. Access groups are DIR/NAME.conf (lines: uid N, gid N, user NAME, group NAME);
       the group 'admin' may change the device besides root. Each uid's items (and each access group's)
       may hold at most --quota-items items and --quota-bytes bytes (K, M, G: KiB, MiB, GiB).
+      --owner-auth-file (default: the systemd credential owner.auth, $CREDENTIALS_DIRECTORY/owner.auth,
+      when there is one) is the owner authorization init wrote: enrolling the first finger needs it.
     """
 
 func fail(_ message: String, status: Int32 = 2) -> Never {
@@ -22,7 +24,7 @@ var arguments = CommandLine.arguments.dropFirst()
 while let arg = arguments.popFirst() {
     if arg == "--help" || arg == "-h" { print(usage); exit(0) }
     guard ["--socket", "--store", "--tcti", "--groups", "--reader", "--max-connections", "--idle-timeout",
-           "--stall-timeout", "--pcrs", "--quota-items", "--quota-bytes"].contains(arg) else {
+           "--stall-timeout", "--pcrs", "--quota-items", "--quota-bytes", "--owner-auth-file"].contains(arg) else {
         fail("unknown argument \(arg)\n\(usage)")
     }
     guard let value = arguments.popFirst() else { fail("\(arg) needs a value") }
@@ -50,6 +52,11 @@ if let pcrs = flags["--pcrs"] {
     do { try configuration.checkPCRSelection() } catch { fail("\(error)") }
 }
 configuration.pkcs11URI = environment["KEYCHAIN_PKCS11_URI"].flatMap { $0.isEmpty ? nil : $0 }
+// The owner authorization (for the reader's persistent key): a file only this user reads, or systemd's credential.
+let credential: String? = environment["CREDENTIALS_DIRECTORY"].map { $0 + "/owner.auth" }.flatMap { access($0, F_OK) == 0 ? $0 : nil }
+if let file: String = flags["--owner-auth-file"] ?? credential {
+    do throws(KeychainError) { configuration.ownerAuthorization = try AuthorizationText.readFile(file) } catch { fail("\(error)") }
+}
 
 var limits = DaemonServer.Limits()
 if let value = flags["--max-connections"] {

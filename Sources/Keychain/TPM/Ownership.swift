@@ -49,6 +49,34 @@ public struct Ownership: Sendable, Hashable {
 /// An authorization as a line of text, the way tpm2-tools reads one: `hex:` and hex digits (what
 /// the keychain writes for the random ones it makes), `str:` and the bytes, or the bytes alone.
 public enum AuthorizationText {
+    /// An authorization from a file that only this user can read: what `init --owner-auth-out` wrote,
+    /// or the systemd credential made of it. The first line, as `decode` reads it.
+    ///
+    /// - Throws: `INVALID_ARGUMENT` for a file that is missing, a link, not a regular file, not this
+    ///   user's (or root's), or open to group or others (anyone who can read it owns the TPM).
+    public static func readFile(_ path: String) throws(KeychainError) -> SecureBytes {
+        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else { throw KeychainError(.invalidArgument, "Cannot read the authorization file \(path)", underlying: .errno(errno)) }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
+            throw KeychainError.invalidArgument("The authorization file \(path) is not a regular file")
+        }
+        guard info.st_uid == geteuid() || info.st_uid == 0, info.st_mode & 0o077 == 0 else {
+            throw KeychainError.invalidArgument("The authorization file \(path) belongs to uid \(info.st_uid) with mode "
+                                                + String(info.st_mode & 0o777, radix: 8) + ": it must be this user's (uid "
+                                                + "\(geteuid())) or root's, and no one else's to read (chmod 600 \(path))")
+        }
+        let buffer = SecureBytes(count: 512)
+        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress!, $0.count) }
+        guard n >= 0 else { throw KeychainError(.invalidArgument, "Cannot read the authorization file \(path)", underlying: .errno(errno)) }
+        let line = buffer.withUnsafeBytes { raw in
+            let bytes = raw.prefix(n)
+            return SecureBytes(copying: bytes[..<(bytes.firstIndex(of: UInt8(ascii: "\n")) ?? bytes.endIndex)])
+        }
+        return try decode(line)
+    }
+
     public static func decode(_ line: SecureBytes) throws(KeychainError) -> SecureBytes {
         let hexPrefix = Array("hex:".utf8), strPrefix = Array("str:".utf8)
         return try line.withUnsafeBytes { raw throws(KeychainError) in

@@ -536,6 +536,14 @@ final class TPMKeyring {
                                  underlying: .tpm(error))
         }
         if srkChanged() { return srkError(error) }
+        if error.command.hasPrefix("EvictControl"), error.code.is(.badAuth) || error.code.is(.authFail) {
+            // A reader's persistent key needs the owner authorization init set; keychaind has it only when given.
+            return KeychainError(.authenticationFailed,
+                                 "The TPM refused the owner authorization to \(what) (\(error.command)): init set one, and this "
+                                 + "process was not given it. Give the file init wrote (--owner-auth-out): keychainctl "
+                                 + "--owner-auth-file FILE reader …; through keychaind, start it with --owner-auth-file FILE "
+                                 + "(under systemd: LoadCredential=owner.auth:FILE in keychaind.service)", underlying: .tpm(error))
+        }
         return KeychainError(.hardwareUnavailable, "The TPM refused to \(what) (\(error.command))", underlying: .tpm(error))
     }
 
