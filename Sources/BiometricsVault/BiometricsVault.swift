@@ -99,11 +99,18 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable {
         }
         return credentials
     }
-    public func downgradeBiometricsToKeychain() async throws {
-        try await run { (m: inout Machine) throws(VaultError) in try m.downgradeBiometricsToKeychain() }
+    /// Synchronous, as in the seed: the credentials are in memory (`biometricsSecured`), so the plain
+    /// write and the removal need no prompt.
+    public func downgradeBiometricsToKeychain() throws {
+        try VaultThread.shared.wait {
+            try await self.run { (m: inout Machine) throws(VaultError) in try m.downgradeBiometricsToKeychain() }
+        }
     }
-    public func disableBiometricsSecureVault() async throws {
-        try await run { (m: inout Machine) throws(VaultError) in try m.disableBiometricsSecureVault() }
+    /// Synchronous, as in the seed: removes the biometric item, no prompt.
+    public func disableBiometricsSecureVault() throws {
+        try VaultThread.shared.wait {
+            try await self.run { (m: inout Machine) throws(VaultError) in try m.disableBiometricsSecureVault() }
+        }
     }
     /// Sign-out, or "change account": removes both items, from any state. It does not throw, as in
     /// the seed: a removal that fails leaves the state matching what is still stored.

@@ -44,10 +44,10 @@ struct VaultIntegrationTests {
         let savedCredentials = try await vault.unlockWithBiometrics()
         #expect(savedCredentials == Self.alice)
         #expect(vault.state == .biometricsSecured(Self.alice))
-        try await vault.downgradeBiometricsToKeychain()
+        try Self.turnBiometricsOff(vault, keepingACopy: true)
         #expect(vault.state == .keychainSecured(Self.alice))
         try await vault.upgradeKeychainWithBiometrics()
-        try await vault.disableBiometricsSecureVault()
+        try Self.turnBiometricsOff(vault, keepingACopy: false)
         #expect(vault.state == .ready)
         try await vault.enableSecureVaultWithBiometrics(saving: Self.alice)
         #expect(vault.state == .biometricsSecured(Self.alice))
@@ -55,6 +55,12 @@ struct VaultIntegrationTests {
         #expect(vault.state == .ready)
         vault = d.vault()
         #expect(vault.state == .ready)
+    }
+
+    /// A settings switch's synchronous handler, as the seed's example app calls these two: it would not
+    /// compile if they were `async` (issue 21, item 3).
+    static func turnBiometricsOff(_ vault: BiometricsVault<Credentials>, keepingACopy: Bool) throws {
+        if keepingACopy { try vault.downgradeBiometricsToKeychain() } else { try vault.disableBiometricsSecureVault() }
     }
 
     @Test func aDisallowedTransitionThrowsAndChangesNothing() async throws {
