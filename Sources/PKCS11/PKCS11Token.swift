@@ -27,8 +27,10 @@ public final class PKCS11Token {
     var lookedUpAgain: [WrappingKey.Identity: WrappingKey] = [:]
     /// Whether the token's `CKM_RSA_PKCS_OAEP` takes SHA-256; nil until an encryption tried it.
     var oaepTakesSHA256: Bool?
-    /// A step of `createWrappingKey` made to fail, for tests.
+    #if DEBUG
+    /// A step of `createWrappingKey` made to fail, for tests (debug builds only).
     var faultPoint: FaultPoint?
+    #endif
 
     /// Finds the token `uri` names in `module`; throws `CKR_TOKEN_NOT_PRESENT` when none matches.
     public init(module: PKCS11Module, uri: PKCS11URI) throws(PKCS11Error) {

@@ -106,11 +106,15 @@ extension PKCS11Token {
                     key = WrappingKey(scheme: scheme, label: label, id: id, secret: privateKey, publicKey: publicKey,
                                       publicPoint: point, epoch: epoch)
                 }
+                #if DEBUG
                 try injectFault(.afterKeyGeneration)
+                #endif
                 // A token may list a mechanism it then refuses with our parameters: try it before any item relies on it.
                 let probe = SecureBytes(random: 32)
                 let sealed = try seal(session, probe, with: key, associatedData: Array("keychain-linux probe".utf8))
+                #if DEBUG
                 try injectFault(.afterProbeSeal)
+                #endif
                 guard try open(session, sealed, with: key, associatedData: Array("keychain-linux probe".utf8)) == probe else {
                     throw PKCS11Error(rv: CKR_FUNCTION_FAILED, operation: "check the new \(scheme) key",
                                       detail: "the token opened the probe to other bytes")
@@ -258,13 +262,15 @@ extension PKCS11Token {
         return iv + ciphertext
     }
 
+    #if DEBUG
     /// A data key sealed as before the format byte (AES-GCM, `associatedData` as given): tests make
-    /// stores of the previous format with it.
+    /// stores of the previous format with it (debug builds only).
     func legacySeal(_ dataKey: SecureBytes, with key: WrappingKey, associatedData: [UInt8]) throws(PKCS11Error) -> [UInt8] {
         try withSession { session throws(PKCS11Error) in
             try gcmSeal(session, dataKey, key: resolve(key, in: session).secret, associatedData: associatedData)
         }
     }
+    #endif
 
     private func gcmOpen(_ session: CK_SESSION_HANDLE, _ sealed: ArraySlice<UInt8>, key: CK_OBJECT_HANDLE,
                          associatedData: [UInt8]) throws(PKCS11Error) -> SecureBytes {
@@ -545,8 +551,9 @@ extension PKCS11Token {
         return found
     }
 
-    // MARK: Tests
+    // MARK: Tests (debug builds only)
 
+    #if DEBUG
     /// A point in `createWrappingKey` where a test makes the next step fail, to see the earlier steps undone.
     enum FaultPoint: Sendable { case afterKeyGeneration, afterProbeSeal }
 
@@ -556,6 +563,7 @@ extension PKCS11Token {
             throw PKCS11Error(rv: CKR_DEVICE_ERROR, operation: "a step after \(point) (injected by a test)")
         }
     }
+    #endif
 }
 
 extension WrappingKey {

@@ -76,7 +76,9 @@ public final class TPMContext {
             commandCount += 1
             let (raw, timedOut) = deadline.run(body)
             let rc = TPMReturnCode(rawValue: raw)
+            #if DEBUG
             Self.crashPointReached()
+            #endif
             if timedOut {
                 let error = TPMError(command: command, code: rc, timedOut: true)
                 unanswered = error
@@ -149,8 +151,10 @@ public final class TPMContext {
         guard rc == 0 else { throw TPMError(command: "TR_SetAuth", code: .init(rawValue: rc)) }
     }
 
+    #if DEBUG
     /// Test hook for crash-atomicity tests: with `KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS=N` the process
     /// ends right after its Nth TPM command has been answered, without any cleanup, as `kill -9` there would.
+    /// Debug builds only: no environment variable can end a release build.
     private static let abortAfter: Int? = ProcessInfo.processInfo.environment["KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS"]
         .flatMap { Int($0) }.flatMap { $0 > 0 ? $0 : nil }
     private static let processCommands = Atomic<Int>(0)
@@ -159,6 +163,7 @@ public final class TPMContext {
         guard let abortAfter else { return }
         if processCommands.add(1, ordering: .relaxed).newValue == abortAfter { _exit(134) }
     }
+    #endif
 
     public static let owner = TPMHandle(tr: KC_ESYS_TR_RH_OWNER, mustFlush: false)
     public static let lockout = TPMHandle(tr: KC_ESYS_TR_RH_LOCKOUT, mustFlush: false)

@@ -151,6 +151,7 @@ extension TokenTests {
         #expect(try token.open(sealed, with: key, associatedData: aad).count == 32, "the token still works")
     }
 
+    #if DEBUG
     @Test func aSealedKeyFromBeforeTheFormatByteStillOpens() throws {
         let hsm = try SoftHSM()
         let token = try hsm.loggedInToken()
@@ -162,6 +163,7 @@ extension TokenTests {
         #expect(try token.open(legacy, with: key, associatedData: [7]) == dataKey)
         #expect(pkcs11Error { try token.open(legacy, with: key, associatedData: [8]) }?.isDataRejected == true)
     }
+    #endif
 
     @Test func aKeyOfAnotherSchemeCannotOpenASealedKey() throws {
         let hsm = try SoftHSM()
@@ -175,6 +177,7 @@ extension TokenTests {
 
     // MARK: Failures leave nothing
 
+    #if DEBUG
     @Test(arguments: WrappingScheme.allCases)
     func aStepThatFailsAfterTheKeyIsMadeLeavesNothingOnTheToken(_ scheme: WrappingScheme) throws {
         let hsm = try SoftHSM()
@@ -187,4 +190,5 @@ extension TokenTests {
             #expect(try objectCount(hsm) == 0, "\(scheme) after \(point)")
         }
     }
+    #endif
 }
