@@ -25,17 +25,19 @@ coll = secretstorage.get_default_collection(conn)
 if coll.is_locked():
     coll.unlock()
 
-# CreateItem: n_items items, each with its own id and one attribute they share.
+# CreateItem: n_items items, each with its own id and one attribute they share (this run's tag: a
+# second round adds its own n_items to the collection).
+tag = str(os.getpid())
 created = []
 for i in range(n_items):
     t = time.perf_counter()
-    coll.create_item('bench %d' % i, {'bench': 'yes', 'id': str(i)}, b'value-%d' % i)
+    coll.create_item('bench %d' % i, {'bench': tag, 'id': '%s-%d' % (tag, i)}, b'value-%d' % i)
     created.append(time.perf_counter() - t)
 result['CreateItem'] = median_ms(created)
 subprocess.run(['secret-tool', 'store', '--label=lookup', 'bench-lookup', '1'], input=b'lookup-value', check=True)
 keyring.set_keyring(SecretService.Keyring())
 keyring.set_password('bench-service', 'alice', 'kr-value')
-[item] = coll.search_items({'id': '7'})
+[item] = coll.search_items({'id': tag + '-7'})
 assert item.get_secret() == b'value-7'  # the cold read (if any) is here, before the warm measures
 
 if freeze:
@@ -44,12 +46,12 @@ try:
     result['get_secret (warm, one connection)'] = median_ms(timed(lambda: item.get_secret(), 500))
     # The call itself (Collection.SearchItems), then as secretstorage uses it (an Item, so a Label Get, per result).
     raw = coll._collection
-    assert len(raw.call('SearchItems', 'a{ss}', {'bench': 'yes'})[0]) == n_items
-    result['SearchItems call, %d of %d match' % (n_items, n_items)] = median_ms(timed(lambda: raw.call('SearchItems', 'a{ss}', {'bench': 'yes'}), 50))
-    result['SearchItems call, 1 of %d matches' % n_items] = median_ms(timed(lambda: raw.call('SearchItems', 'a{ss}', {'id': '5'}), 200))
-    result['secretstorage search_items, %d results' % n_items] = median_ms(timed(lambda: list(coll.search_items({'bench': 'yes'})), 5))
+    assert len(raw.call('SearchItems', 'a{ss}', {'bench': tag})[0]) == n_items
+    result['SearchItems call, %d match' % n_items] = median_ms(timed(lambda: raw.call('SearchItems', 'a{ss}', {'bench': tag}), 50))
+    result['SearchItems call, 1 matches'] = median_ms(timed(lambda: raw.call('SearchItems', 'a{ss}', {'id': tag + '-5'}), 200))
+    result['secretstorage search_items, %d results' % n_items] = median_ms(timed(lambda: list(coll.search_items({'bench': tag})), 5))
     assert keyring.get_password('bench-service', 'alice') == 'kr-value'
-    result['keyring.get_password'] = median_ms(timed(lambda: keyring.get_password('bench-service', 'alice'), 100))
+    result['keyring.get_password'] = median_ms(timed(lambda: keyring.get_password('bench-service', 'alice'), 30))
     def lookup():
         out = subprocess.run(['secret-tool', 'lookup', 'bench-lookup', '1'], capture_output=True, check=True).stdout
         assert out == b'lookup-value', out
@@ -57,4 +59,5 @@ try:
 finally:
     if freeze:
         os.kill(freeze, signal.SIGCONT)
+result['items in the collection'] = len(coll._collection.get_property('Items'))
 print(json.dumps(result))
