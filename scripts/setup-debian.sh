@@ -12,6 +12,7 @@ packages=(
   gnome-keyring                                          # Secret Service benchmark: the provider we compare with
   openssl                                                # identity tests: the EK certificate and its chain (swtpm_localca uses it too)
   libp11-kit-dev softhsm2 opensc                         # the PKCS#11 backend and its tests (SoftHSM2, pkcs11-tool)
+  opencryptoki                                           # TokenModuleTests: openCryptoki's software token (pkcsslotd)
   debootstrap systemd-container lintian bc binutils      # the package and its tests under a booted systemd (scripts/test-systemd.sh)
 )
 missing=()

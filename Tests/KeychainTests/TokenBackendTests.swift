@@ -10,28 +10,45 @@ import Testing
 struct TokenBackendTests {
     static let module = "/usr/lib/softhsm/libsofthsm2.so"
 
+    /// A token `kc` (user PIN 1234) and a keychain store on a swtpm beside it, for keychainctl.
     struct Token {
         let tpm: SoftwareTPM
         let dir: String
         let env: [String: String]
+        /// The module's path: the one module its URIs load (loading all of p11-kit's would start tpm2-pkcs11 too).
+        let module: String
+        /// What runs behind the token (pkcsslotd), ended with it.
+        let stack: TokenModuleStack
         var store: String { tpm.directory + "/store" }
-        func uri(label: String = "kc", pinFile: String? = nil, module: String = TokenBackendTests.module) -> String {
-            "pkcs11:token=\(label)?module-path=\(module)&pin-source=file:\(pinFile ?? dir + "/pin")"
+        func uri(label: String = "kc", pinFile: String? = nil, module: String? = nil) -> String {
+            "pkcs11:token=\(label)?module-path=\(module ?? self.module)&pin-source=file:\(pinFile ?? dir + "/pin")"
         }
 
         /// `mechanisms`: SoftHSM2's `slots.mechanisms`, what the token offers (see PKCS11Tests' SoftHSM).
         init(mechanisms: String? = nil) throws {
+            try self.init(.softHSM(mechanisms: mechanisms))
+        }
+
+        init(_ kind: TokenModule) throws {
             tpm = try SoftwareTPM()
-            dir = tpm.directory + "/softhsm"
+            dir = tpm.directory + "/token"
+            module = kind.path
+            stack = TokenModuleStack()
             try FileManager.default.createDirectory(atPath: dir + "/tokens", withIntermediateDirectories: true)
-            try ("directories.tokendir = \(dir)/tokens\n" + (mechanisms.map { "slots.mechanisms = \($0)\n" } ?? ""))
-                .write(toFile: dir + "/softhsm2.conf", atomically: true, encoding: .utf8)
             try "1234\n".write(toFile: dir + "/pin", atomically: true, encoding: .utf8)
             try "9999\n".write(toFile: dir + "/wrong-pin", atomically: true, encoding: .utf8)
-            env = ["SOFTHSM2_CONF": dir + "/softhsm2.conf"]
-            let made = try run("/usr/bin/softhsm2-util", ["--init-token", "--free", "--label", "kc", "--so-pin", "12345678", "--pin", "1234"],
-                               environment: env)
-            #expect(made.status == 0, "softhsm2-util: \(made.stderr)")
+            switch kind {
+            case .softHSM(let mechanisms):
+                try ("directories.tokendir = \(dir)/tokens\n" + (mechanisms.map { "slots.mechanisms = \($0)\n" } ?? ""))
+                    .write(toFile: dir + "/softhsm2.conf", atomically: true, encoding: .utf8)
+                env = ["SOFTHSM2_CONF": dir + "/softhsm2.conf"]
+                let made = try run("/usr/bin/softhsm2-util", ["--init-token", "--free", "--label", "kc", "--so-pin", "12345678", "--pin", "1234"],
+                                   environment: env)
+                #expect(made.status == 0, "softhsm2-util: \(made.stderr)")
+            case .openCryptoki:
+                try stack.startOpenCryptoki()
+                env = [:]
+            }
         }
 
         func cli(_ args: [String], input: [UInt8] = [], uri: String? = nil) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
@@ -49,13 +66,13 @@ struct TokenBackendTests {
 
         /// pkcs11-tool's listing of the token's objects, logged in (another process: token objects only).
         func objects() throws -> String {
-            String(decoding: try run("/usr/bin/pkcs11-tool", ["--module", TokenBackendTests.module, "--login", "--pin", "1234", "-O"],
+            String(decoding: try run("/usr/bin/pkcs11-tool", ["--module", module, "--login", "--pin", "1234", "-O"],
                                      environment: env).stdout, as: UTF8.self)
         }
 
         /// The token's mechanisms as `pkcs11-tool -M` lists them.
         func mechanisms() throws -> String {
-            String(decoding: try run("/usr/bin/pkcs11-tool", ["--module", TokenBackendTests.module, "-M"], environment: env).stdout,
+            String(decoding: try run("/usr/bin/pkcs11-tool", ["--module", module, "-M"], environment: env).stdout,
                    as: UTF8.self)
         }
     }

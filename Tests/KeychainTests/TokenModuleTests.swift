@@ -1,0 +1,44 @@
+import Foundation
+import Keychain
+import KeychainStore
+import KeychainTestSupport
+import Testing
+
+/// Issue 22 item 12 (part): the token backend on openCryptoki's software token beside SoftHSM2,
+/// through keychainctl in its own processes, the objects counted by pkcs11-tool. (tpm2-pkcs11: not yet.)
+@Suite("Tokens people have: openCryptoki", .serialized)
+struct TokenModuleTests {
+    @Test func openCryptokiSetGetClearTheLockStateLevelsAndCanUseWorkAndLeaveNoObjects() throws {
+        let t = try TokenBackendTests.Token(.openCryptoki)
+        let canUse = String(decoding: try t.cli(["--json", "can-use", "none", "--key-storage", "strongbox"]).stdout, as: UTF8.self)
+        #expect(canUse.contains("\"available\":true"), "\(canUse)")
+        let first = try t.cli(["--json", "set", "svc", "k", "--key-storage", "strongbox"], input: Array("first".utf8))
+        #expect(first.status == 0, "\(t.errorCode(first) ?? ""): \(t.errorMessage(first)) \(first.stderr)")
+        #expect(try t.cli(["get", "svc", "k", "--key-storage", "strongbox"]).stdout == Array("first".utf8))
+        #expect(try t.cli(["set", "svc", "k", "--key-storage", "strongbox"], input: Array("second".utf8)).status == 0)
+        #expect(try t.cli(["get", "svc", "k"]).stdout == Array("second".utf8))
+        // The token's PIN as the item's passcode.
+        #expect(try t.cli(["set", "svc", "p", "--key-storage", "strongbox", "--access-control", "passcode"],
+                          input: Array("pin-guarded".utf8)).status == 0)
+        #expect(try t.cli(["get", "svc", "p", "--passcode-stdin"], input: Array("1234\n".utf8)).stdout == Array("pin-guarded".utf8))
+        // A lock-state level: the key split with the TPM, unreadable while the device is locked.
+        #expect(try t.cli(["passcode", "set"], input: Array("2468\n".utf8)).status == 0)
+        #expect(try t.cli(["set", "svc", "w", "--key-storage", "strongbox", "--accessible", "whenUnlocked"],
+                          input: Array("locked away".utf8)).status == 0)
+        #expect(try t.cli(["lock"]).status == 0)
+        #expect(t.errorCode(try t.cli(["--json", "get", "svc", "w"])) == "INTERACTION_NOT_ALLOWED")
+        #expect(try t.cli(["get", "svc", "k"]).stdout == Array("second".utf8), "always needs only the token")
+        #expect(try t.cli(["unlock"], input: Array("2468\n".utf8)).status == 0)
+        #expect(try t.cli(["get", "svc", "w"]).stdout == Array("locked away".utf8))
+        // On the token: the service's keys, their secret halves sensitive and never extractable.
+        let objects = try t.objects()
+        #expect(objects.contains("keychain:svc@strongbox"), "\(objects)")
+        #expect(objects.contains("sensitive, always sensitive, never extractable"), "\(objects)")
+        // clear destroys every object of the service: none is left behind.
+        #expect(try t.cli(["clear", "svc"]).status == 0)
+        let after = try t.objects()
+        #expect(!after.contains("keychain:svc"), "\(after)")
+        #expect(try Store(directory: t.store).wrappingKeys(service: "svc").isEmpty)
+        #expect(try t.cli(["ls", "svc"]).stdout.isEmpty)
+    }
+}
