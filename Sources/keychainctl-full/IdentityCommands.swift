@@ -55,11 +55,18 @@ extension Commands {
         return .ok
     }
 
+    /// Reads a regular file only: opened without blocking (a FIFO someone planted would hang the
+    /// open, and a read of a FIFO or device never ends), then checked with fstat.
     func readFile(_ path: String, limit: Int, what: String) throws(KeychainError) -> Data {
-        guard let handle = FileHandle(forReadingAtPath: path) else {
-            throw KeychainError(.invalidArgument, "Cannot read \(what) at \(path)", underlying: .errno(errno))
+        let fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else { throw KeychainError(.invalidArgument, "Cannot read \(what) at \(path)", underlying: .errno(errno)) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
+            close(fd)
+            throw KeychainError.invalidArgument("\(path) is not a regular file: give \(what) as a file")
         }
-        defer { try? handle.close() }
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK)
+        let handle = FileHandle(fileDescriptor: fd, closeOnDealloc: true)
         let data = (try? handle.read(upToCount: limit + 1)) ?? nil ?? Data()
         guard data.count <= limit else { throw KeychainError.invalidArgument("\(path) is larger than \(what) can be") }
         return data

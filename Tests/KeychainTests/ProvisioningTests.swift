@@ -92,6 +92,16 @@ struct ProvisioningTests: TwoDeviceTest {
         }
     }
 
+    /// A FIFO planted where the admin expects a bundle is refused at once (it hung `import` forever:
+    /// the open blocked waiting for a writer); `timeout` bounds the run, so a hang fails (124).
+    @Test func aPlantedFIFOIsRefusedWithoutBlocking() throws {
+        let b = try Device()
+        let fifo = b.tpm.directory + "/planted.bundle"
+        #expect(mkfifo(fifo, 0o666) == 0)
+        let out = try run("/usr/bin/timeout", ["20", ctl, "--store", b.store, "--tcti", b.tpm.tcti, "import", fifo])
+        #expect(out.status == 2 && out.stderr.contains("INVALID_ARGUMENT") && out.stderr.contains("not a regular file"), "\(out.status) \(out.stderr)")
+    }
+
     @Test func anOlderVersionIsRefusedAndANewerOneReplacesTheItem() throws {
         let b = try Device()
         let idB = try identity(b)
