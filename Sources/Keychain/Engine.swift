@@ -157,7 +157,7 @@ actor Engine {
         case .tpm: return TPMBackend(readerDirectory: readerDirectory)
         case .token: return TokenBackend(uri: pkcs11URI)
         case .unknown:
-            throw KeychainError(.dataCorrupted, "A key of service '\(wrapping.service)' is held by a backend this version "
+            throw KeychainError(.dataCorrupted, "A key of service '\(ItemScope.shown(wrapping.service))' is held by a backend this version "
                                 + "does not know: it was written by a newer version")
         }
     }
@@ -288,7 +288,7 @@ actor Engine {
 
     func checked(_ secret: SecureBytes, _ wrapping: WrappingKeyRecord) throws(KeychainError) -> SecureBytes {
         guard secret.count == Sodium.x25519KeyLength, Sodium.x25519Public(of: secret) == wrapping.publicKey else {
-            throw KeychainError(.dataCorrupted, "The stored public key of service '\(wrapping.service)' does not match its sealed key")
+            throw KeychainError(.dataCorrupted, "The stored public key of service '\(ItemScope.shown(wrapping.service))' does not match its sealed key")
         }
         return secret
     }
@@ -396,7 +396,7 @@ actor Engine {
     }
 
     func corrupted(_ record: ItemRecord, _ why: String) -> KeychainError {
-        KeychainError(.dataCorrupted, "Item '\(record.key)' of service '\(record.service)' cannot be trusted: \(why)")
+        KeychainError(.dataCorrupted, "Item '\(record.key)' of service '\(ItemScope.shown(record.service))' cannot be trusted: \(why)")
     }
 
     func read<T>(_ body: () throws -> T) throws(KeychainError) -> T {

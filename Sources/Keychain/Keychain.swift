@@ -9,65 +9,32 @@ import KeychainWire
 /// same items. Every method is async and runs on the store's engine, never on the caller's thread.
 public struct Keychain: Sendable {
     /// The storage's options, checked.
-    public let options: KeychainOptions
+    public var options: KeychainOptions { storage.options }
     /// The service its items belong to (the options' service, or the configuration's application identifier).
-    public let service: String
+    public var service: String { storage.service }
     public let configuration: KeychainConfiguration
-    /// This process's engine of the store; nil through keychaind (`configuration.daemonSocket`).
-    private let local: Engine?
-    private let remote: DaemonClient?
-    /// Through keychaind: the options as each call sends them (service resolved), encoded once.
-    private let wireOptions: [UInt8]
-    /// Before every service name in the store: keychaind's per-uid or per-group part ("" in-process).
-    let namespace: String
+    /// The engine in this process, or keychaind (`configuration.daemonSocket`).
+    let backing: any KeychainService
+    /// This storage's scope, service and checked options, as every call passes them.
+    let storage: StorageRef
 
     /// - Throws: `INVALID_ARGUMENT` with the seed's message for options that break a rule.
     public init(options: KeychainOptions = .init(), configuration: KeychainConfiguration = .default) throws(KeychainError) {
-        try self.init(options: options, configuration: configuration, namespace: "")
-    }
-
-    /// - Parameter engine: keychaind's own engine (it holds it), spared the lookup by store path.
-    init(options: KeychainOptions, configuration: KeychainConfiguration, namespace: String, engine: Engine? = nil) throws(KeychainError) {
-        self.options = try options.validated()
-        guard let service = options.service ?? configuration.applicationIdentifier else { throw ApplicationIdentity.missing }
-        self.service = service
-        if options.service == nil { _ = try KeychainOptions(service: service).validated() }  // a bad KEYCHAIN_APP_ID
+        let daemon = configuration.daemonSocket.map { DaemonClient(socketPath: $0) }
+        storage = try StorageRef(scope: .process, options: options, defaultService: configuration.applicationIdentifier,
+                                 forWire: daemon != nil)
         self.configuration = configuration
-        self.namespace = namespace
-        if let socket = configuration.daemonSocket {
-            var resolved = self.options
-            resolved.service = service
-            (local, remote, wireOptions) = (nil, DaemonClient(socketPath: socket), WireJSON.encode(resolved))
+        if let daemon {
+            backing = daemon
             return
         }
-        wireOptions = []
-        if let engine {
-            (local, remote) = (engine, nil)
-            return
-        }
-        let shared = Engine.shared(for: configuration)
-        if let refusal = shared.refusal { throw refusal }
-        (local, remote) = (shared.engine, nil)
+        let local = LocalService(configuration: configuration)
+        if let refusal = local.refusal { throw refusal }
+        backing = local
     }
 
-    /// Every in-process path checks `remote` first.
-    var engine: Engine { local! }
-
-    /// keychaind's namespace of an access group's shared items (DaemonServer): `group:NAME/`.
-    static let groupNamespacePrefix = "group:"
-
-    /// The service's name in the store: keychaind puts its caller's namespace before it.
-    var storeService: String { namespace + service }
-
-    /// One call through keychaind: the options (with the service resolved here), the key, the rest.
-    private func daemon(_ op: WireOp, key: String? = nil, authenticator: (any Authenticator)? = nil,
-                        _ build: (inout WireMessage) -> Void = { _ in }) async throws(KeychainError) -> WireMessage {
-        try await remote!.call(op, { message in
-            message.add(WireTag.options, wireOptions)
-            message.add(WireTag.key, key)
-            build(&message)
-        }, authenticator: authenticator)
-    }
+    /// This process's engine of the store (tests; never through keychaind).
+    var engine: Engine { (backing as! LocalService).engine }
 
     /// The largest value `setItem` stores, in bytes (16 MiB); read input in a bounded way up to it.
     public static let maxValueLength = Engine.maxValueLength
@@ -82,31 +49,7 @@ public struct Keychain: Sendable {
     }
 
     public func setItem(_ key: String, _ value: SecureBytes, options call: SetItemOptions? = nil) async throws(KeychainError) {
-        if remote != nil {
-            _ = try await daemon(.setItem, key: key) { message in
-                message.add(WireTag.value, value.withUnsafeBytes { Array($0) })
-                call?.add(to: &message)
-            }
-            return
-        }
-        let protection = try options.resolved(for: call)
-        if options.android.keyStorage == .strongbox {
-            guard let uri = configuration.pkcs11URI else {
-                // Never store with less protection than asked: without a token there is no strongbox.
-                throw KeychainError(.unsupported, "keyStorage 'strongbox' needs a PKCS#11 token: set KEYCHAIN_PKCS11_URI or --pkcs11-uri")
-            }
-            switch protection.accessControl {
-            case .none, .passcode:
-                try await engine.set(value, service: storeService, key: key, protection: protection, label: call?.label,
-                                     backend: TokenBackend(uri: uri), tag: protection.storageTag + TokenSession.tagSuffix)
-            default:
-                // The token has no fingerprint reader: refuse rather than store with less protection.
-                throw KeychainError(.unsupported, "accessControl '\(protection.accessControl.rawValue)' is not available with keyStorage 'strongbox': use 'none' or 'passcode' (the token's PIN)")
-            }
-            return
-        }
-        try await engine.set(value, service: storeService, key: key, protection: protection, label: call?.label,
-                             backend: TPMBackend(readerDirectory: configuration.readerDirectory), tag: protection.storageTag)
+        try await backing.setItem(key, value, options: call, in: storage)
     }
 
     /// The value as UTF-8 text, or nil when there is none.
@@ -127,73 +70,39 @@ public struct Keychain: Sendable {
 
     /// The value in locked memory, wiped when released: for keys and tokens that should not linger.
     public func getSecureBytes(_ key: String, options call: GetItemOptions? = nil) async throws(KeychainError) -> SecureBytes? {
-        if remote != nil {
-            let authenticator = configuration.authenticator
-            var reply = try await daemon(.getItem, key: key, authenticator: authenticator) { message in
-                message.add(WireTag.prompt, call?.prompt.map { WireJSON.encode($0) })
-                message.add(WireTag.attempts, authenticator.map { UInt64(max(1, $0.attemptsPerRead)) })
-            }
-            defer { reply.wipe() }
-            return reply.bytes(WireTag.resultBytes).map { SecureBytes(copying: $0) }
-        }
-        return try await engine.get(service: storeService, key: key, context: readContext(call))
-    }
-
-    /// The prompt is the storage's, then the call's, field by field (seed: createKeychain).
-    func readContext(_ call: GetItemOptions?) -> Engine.ReadContext {
-        .init(prompt: options.resolvedPrompt(for: call), authValidity: options.authValidity,
-              authenticator: configuration.authenticator, readerDirectory: configuration.readerDirectory,
-              pkcs11URI: configuration.pkcs11URI, windowAllowed: !namespace.hasPrefix(Self.groupNamespacePrefix),
-              caller: configuration.caller)
+        try await backing.getItem(key, options: call, in: storage, authenticator: configuration.authenticator)
     }
 
     /// Whether this storage's device can protect an item with `value` now; never prompts, never writes.
     /// - Throws: `HARDWARE_UNAVAILABLE` when keychaind cannot be reached: the service is down, which
     ///   is worth a retry, not an answer.
     public func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck {
-        if remote != nil {
-            return try await daemon(.storageCanUse) { $0.add(WireTag.accessControl, value.rawValue) }.result(AccessControlCheck.self)
-        }
-        if options.android.keyStorage == .strongbox {
-            // The token's user PIN is the passcode; the token has no biometrics.
-            guard let uri = configuration.pkcs11URI else { return .init(available: false, reason: .unsupported) }
-            guard value == .none || value == .passcode else { return .init(available: false, reason: .unsupported) }
-            return await engine.tokenCanKeepKeys(uri: uri)
-        }
-        return await engine.canUse(value, readerDirectory: configuration.readerDirectory)
+        try await backing.canUseAccessControl(value, in: storage)
     }
 
     /// Whether an item exists; never prompts and never touches the TPM.
     public func hasItem(_ key: String) async throws(KeychainError) -> Bool {
-        if remote != nil { return try await daemon(.hasItem, key: key).resultBool() }
-        return try await engine.has(service: storeService, key: key)
+        try await backing.hasItem(key, in: storage)
     }
 
     /// Removes an item; removing an absent one is not an error.
     public func removeItem(_ key: String) async throws(KeychainError) {
-        if remote != nil { _ = try await daemon(.removeItem, key: key); return }
-        try await engine.remove(service: storeService, key: key)
+        try await backing.removeItem(key, in: storage)
     }
 
     /// Removes every item of this storage's service and its wrapping keys; never prompts.
     public func clear() async throws(KeychainError) {
-        if remote != nil { _ = try await daemon(.clear); return }
-        try await engine.clear(service: storeService, pkcs11URI: configuration.pkcs11URI)
+        try await backing.clear(storage)
     }
 
     /// The keys of this storage's items, sorted; never prompts and never touches the TPM.
     public func getAllKeys() async throws(KeychainError) -> [String] {
-        if remote != nil { return try await daemon(.allKeys).result([String].self) }
-        return try await engine.keys(service: storeService)
+        try await backing.allKeys(in: storage)
     }
 
     /// What is known of an item without reading its value: protection, label, dates, security level.
     public func getItemInfo(_ key: String) async throws(KeychainError) -> ItemInfo? {
-        if remote != nil {
-            let reply = try await daemon(.itemInfo, key: key)
-            return reply.bytes(WireTag.resultJSON) == nil ? nil : try reply.result(ItemInfo.self)
-        }
-        return try await engine.info(service: storeService, key: key)
+        try await backing.itemInfo(key, in: storage)
     }
 }
 
@@ -211,9 +120,8 @@ public func createKeychain(_ options: KeychainOptions = .init(),
 public var keychain: Keychain {
     get throws(KeychainError) {
         let storage = try Keychain()
-        if storage.configuration.daemonSocket == nil {
-            Engine.keepForProcess(storage.engine)  // made at each use: its caches must outlive the value
-        }
+        // Made at each use: its caches must outlive the value.
+        if let local = storage.backing as? LocalService { Engine.keepForProcess(local.engine) }
         return storage
     }
 }
@@ -260,38 +168,26 @@ public struct DeviceStatus: Sendable, Hashable, Codable {
 
 /// The device: its passcode and lock, shared by every storage of a store.
 public struct KeychainDevice: Sendable {
-    /// This process's engine of the store; nil through keychaind (`configuration.daemonSocket`).
-    private let local: Engine?
-    private let remote: DaemonClient?
-    /// Why this configuration cannot use the store's engine; thrown by the first call that can throw.
-    private let refusal: KeychainError?
+    /// The engine in this process, or keychaind (`configuration.daemonSocket`).
+    let backing: any KeychainService
     let configuration: KeychainConfiguration
     public init(configuration: KeychainConfiguration = .default) {
-        if let socket = configuration.daemonSocket {
-            (local, remote, refusal) = (nil, DaemonClient(socketPath: socket), nil)
-        } else {
-            let shared = Engine.shared(for: configuration)
-            (local, remote, refusal) = (shared.engine, nil, shared.refusal)
-        }
+        backing = configuration.daemonSocket.map { DaemonClient(socketPath: $0) } ?? LocalService(configuration: configuration)
         self.configuration = configuration
     }
 
-    /// The store's engine in this process; through keychaind, calls it does not serve (backup and
-    /// restore of the whole store) are refused rather than run on a store this process does not own.
+    /// The store's engine in this process, for what keychaind does not serve (backup and restore of
+    /// the whole store, provisioning, boot-state administration): through keychaind such calls are
+    /// refused rather than run on a store this process does not own.
     var engine: Engine {
         get throws(KeychainError) {
-            if let refusal { throw refusal }
-            guard let local else {
+            guard let local = backing as? LocalService else {
                 throw KeychainError(.unsupported, "The keychain service does not serve this call: run it where the store is, as "
                                     + "the service's user (keychainctl --direct --store <the service's store> …)")
             }
-            return local
+            if let refusal = local.refusal { throw refusal }
+            return local.engine
         }
-    }
-    private var sharedEngine: Engine { local! }
-
-    private func daemon(_ op: WireOp, _ build: (inout WireMessage) -> Void = { _ in }) async throws(KeychainError) -> WireMessage {
-        try await remote!.call(op, build)
     }
 
     /// Asks the owner for the device passcode (the authenticator, passcode only) and proves it to the
@@ -316,50 +212,28 @@ public struct KeychainDevice: Sendable {
 
     /// Enrolls a finger on the simulated reader; needs the device passcode when one is set.
     public func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) {
-        if remote != nil {
-            _ = try await daemon(.enrollFinger) { $0.add(WireTag.finger, name); $0.add(WireTag.passcode, passcode?.wireBytes) }
-            return
-        }
-        try await engine.enroll(name, passcode: passcode, readerDirectory: try readerDirectory())
+        try await backing.enrollFinger(name, passcode: passcode)
     }
     /// Removes a finger; needs the device passcode when one is set. CurrentSet items are invalidated.
     @discardableResult
     public func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool {
-        if remote != nil {
-            return try await daemon(.removeFinger) { $0.add(WireTag.finger, name); $0.add(WireTag.passcode, passcode?.wireBytes) }.resultBool()
-        }
-        return try await engine.removeFinger(name, passcode: passcode, readerDirectory: try readerDirectory())
+        try await backing.removeFinger(name, passcode: passcode)
     }
     /// Deletes the fingerprint reader (its fingers and its TPM key); needs the device passcode when
     /// one is set. - Returns: false when there was no reader.
     @discardableResult
     public func deleteReader(passcode: SecureBytes?) async throws(KeychainError) -> Bool {
-        if remote != nil { return try await daemon(.deleteReader) { $0.add(WireTag.passcode, passcode?.wireBytes) }.resultBool() }
-        return try await engine.deleteReader(passcode: passcode, readerDirectory: try readerDirectory())
+        try await backing.deleteReader(passcode: passcode)
     }
     public func enrolledFingers() async throws(KeychainError) -> [String] {
-        if remote != nil { return try await daemon(.enrolledFingers).result([String].self) }
-        return try FingerprintReader(directory: try readerDirectory()).enrolled
+        try await backing.enrolledFingers()
     }
     /// The biometric sensors present: a fingerprint reader when one is configured.
     /// Through keychaind, the daemon's reader (asked with a blocking call; [] when it does not answer).
-    public func biometryTypes() -> [BiometryType] {
-        if let remote { return remote.callBlocking(.biometryTypes).flatMap { try? $0.result([BiometryType].self) } ?? [] }
-        return configuration.readerDirectory == nil ? [] : [.fingerprint]
-    }
+    public func biometryTypes() -> [BiometryType] { backing.biometryTypes() }
     /// - Throws: `HARDWARE_UNAVAILABLE` when keychaind cannot be reached.
     public func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck {
-        if remote != nil {
-            return try await daemon(.deviceCanUse) { $0.add(WireTag.accessControl, value.rawValue) }.result(AccessControlCheck.self)
-        }
-        return await sharedEngine.canUse(value, readerDirectory: configuration.readerDirectory)
-    }
-
-    private func readerDirectory() throws(KeychainError) -> String {
-        guard let dir = configuration.readerDirectory else {
-            throw KeychainError(.biometryNotAvailable, "This device has no fingerprint reader (KEYCHAIN_READER=none)")
-        }
-        return dir
+        try await backing.canUseAccessControl(value)
     }
 
     /// Closes every store this process opened, so committed data is folded from SQLite's write-ahead
@@ -370,8 +244,7 @@ public struct KeychainDevice: Sendable {
     /// It never changes the TPM's hierarchy authorizations: `status().warnings` says when they are empty.
     @discardableResult
     public func initialize() async throws(KeychainError) -> DeviceStatus {
-        if remote != nil { return try await daemon(.initialize).result(DeviceStatus.self) }
-        return try await engine.initialize()
+        try await backing.initialize()
     }
 
     /// Provisions as `initialize()`, then takes ownership of the TPM as a provisioning tool does: each
@@ -381,85 +254,64 @@ public struct KeychainDevice: Sendable {
     /// its first start without asking (its files are in `<store>/swtpm/`).
     @discardableResult
     public func initialize(takingOwnership ownership: Ownership) async throws(KeychainError) -> DeviceStatus {
-        if remote != nil {
+        guard backing is LocalService else {
             // The authorization files are the TPM owner's, on the daemon's side: provision there.
             throw KeychainError(.unsupported, "Taking TPM ownership is not done through the keychain service: run "
                                 + "'keychainctl --direct --store <the service's store> init …' as the service's user")
         }
+        let engine = try engine
         _ = try await engine.initialize()
         try await engine.takeOwnership(ownership)
         return try await engine.status()
     }
     public func status() async throws(KeychainError) -> DeviceStatus {
-        if remote != nil { return try await daemon(.status).result(DeviceStatus.self) }
-        return try await engine.status()
+        try await backing.status()
     }
     /// Resets this library's count of wrong token PINs (SoftHSM2-like tokens keep none themselves).
     public func resetTokenPINTries() async throws(KeychainError) {
-        if remote != nil { _ = try await daemon(.resetTokenPINTries); return }
-        try await engine.resetTokenPINTries()
+        try await backing.resetTokenPINTries()
     }
 
     /// The configured PKCS#11 token: label, manufacturer, model, PIN state flags.
     public func tokenStatus() async throws(KeychainError) -> TokenStatus? {
-        if remote != nil {
-            let reply = try await daemon(.tokenStatus)
-            return reply.bytes(WireTag.resultJSON) == nil ? nil : try reply.result(TokenStatus.self)
-        }
-        guard let uri = configuration.pkcs11URI else { return nil }
-        return try await engine.tokenStatus(uri: uri)
+        try await backing.tokenStatus()
     }
 
     /// Unlocks with the passcode, checked by the TPM (wrong ones count toward its limit).
     public func unlock(passcode: SecureBytes?) async throws(KeychainError) {
-        if remote != nil { _ = try await daemon(.unlock) { $0.add(WireTag.passcode, passcode?.wireBytes) }; return }
-        try await engine.unlock(passcode: passcode, readerDirectory: configuration.readerDirectory, caller: configuration.caller)
+        try await backing.unlock(passcode: passcode)
     }
     /// Locks: `whenUnlocked*` items become `INTERACTION_NOT_ALLOWED` until the next unlock.
     public func lock() async throws(KeychainError) {
-        if remote != nil { _ = try await daemon(.lock); return }
-        try await engine.lock()
+        try await backing.lock()
     }
     public func setPasscode(_ passcode: SecureBytes) async throws(KeychainError) {
-        try checkPasscode(passcode)
-        if remote != nil { _ = try await daemon(.setPasscode) { $0.add(WireTag.newPasscode, passcode.wireBytes) }; return }
-        try await engine.setPasscode(old: nil, new: passcode)
+        try Self.checkPasscode(passcode)
+        try await backing.setPasscode(old: nil, new: passcode)
     }
     public func changePasscode(from old: SecureBytes, to new: SecureBytes) async throws(KeychainError) {
-        try checkPasscode(new)
-        if remote != nil {
-            _ = try await daemon(.changePasscode) { $0.add(WireTag.passcode, old.wireBytes); $0.add(WireTag.newPasscode, new.wireBytes) }
-            return
-        }
-        try await engine.setPasscode(old: old, new: new)
+        try Self.checkPasscode(new)
+        try await backing.setPasscode(old: old, new: new)
     }
     /// Removes the passcode; `whenPasscodeSetThisDeviceOnly` items are destroyed, as on iOS, the
     /// enrolled fingers are removed, and every item behind an access control is `KEY_INVALIDATED` at
     /// its next read (and removed), as on Android: the TPM no longer opens their keys.
     public func removePasscode(current: SecureBytes) async throws(KeychainError) {
-        if remote != nil { _ = try await daemon(.removePasscode) { $0.add(WireTag.passcode, current.wireBytes) }; return }
-        try await engine.setPasscode(old: current, new: nil, readerDirectory: configuration.readerDirectory)
+        try await backing.setPasscode(old: current, new: nil)
     }
     /// Resets the TPM's count of wrong passcodes (needs the owner authorization of the configuration).
     public func resetPasscodeTries() async throws(KeychainError) {
-        if remote != nil { _ = try await daemon(.resetPasscodeTries); return }
-        try await engine.resetPasscodeTries()
+        try await backing.resetPasscodeTries()
     }
 
     /// TPM commands this process sent since the last call (for benchmarks); through keychaind, the
     /// daemon's (all its callers').
-    public func takeTPMCommandCount() async -> Int {
-        if remote != nil { return (try? await daemon(.takeTPMCommandCount).uint(WireTag.resultNumber)).flatMap { $0 }.map(Int.init) ?? 0 }
-        return await sharedEngine.drainCommandCount()
-    }
+    public func takeTPMCommandCount() async -> Int { await backing.takeTPMCommandCount() }
     /// Forgets unsealed keys held in memory, as a new process would start (for benchmarks and tests);
     /// through keychaind, the daemon's (root or `admin` only).
-    public func dropCaches() async {
-        if remote != nil { _ = try? await daemon(.dropCaches); return }
-        await sharedEngine.dropCaches()
-    }
+    public func dropCaches() async { await backing.dropCaches() }
 
-    private func checkPasscode(_ passcode: SecureBytes) throws(KeychainError) {
+    static func checkPasscode(_ passcode: SecureBytes) throws(KeychainError) {
         // The PIN index's authValue holds at most one SHA-256 digest: 32 bytes.
         guard (4...32).contains(passcode.count) else {
             throw KeychainError.invalidArgument("Invalid passcode: expected 4 to 32 bytes, got \(passcode.count)")

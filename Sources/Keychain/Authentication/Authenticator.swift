@@ -128,7 +128,7 @@ extension Authenticator {
         for number in 1...max(1, attemptsPerRead) {
             try beforeAsking()
             let answer = await authenticate(AuthenticationRequest(
-                prompt: prompt, methods: methods, service: service, key: key, attempt: number, previousFailure: failure))
+                prompt: prompt, methods: methods, service: ItemScope.shown(service), key: key, attempt: number, previousFailure: failure))
             let outcome: PromptOutcome<Value>
             switch answer {
             case .cancel, .fallback, .interrupted: throw answer.endingError!

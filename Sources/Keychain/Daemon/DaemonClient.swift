@@ -167,3 +167,93 @@ extension KeychainError {
         self.init(Code(rawValue: failure.code), failure.message, underlying: underlying)
     }
 }
+
+/// keychaind as a `KeychainService`: each call is one request (the storage's options, encoded once
+/// when the storage was made, travel with each storage call).
+extension DaemonClient: KeychainService {
+    private func call(_ op: WireOp, _ storage: StorageRef, key: String? = nil, authenticator: (any Authenticator)? = nil,
+                      _ build: (inout WireMessage) -> Void = { _ in }) async throws(KeychainError) -> WireMessage {
+        try await call(op, { message in
+            message.add(WireTag.options, storage.wireOptions)
+            message.add(WireTag.key, key)
+            build(&message)
+        }, authenticator: authenticator)
+    }
+
+    func setItem(_ key: String, _ value: SecureBytes, options call: SetItemOptions?, in storage: StorageRef) async throws(KeychainError) {
+        _ = try await self.call(.setItem, storage, key: key) { message in
+            message.add(WireTag.value, value.wireBytes)
+            call?.add(to: &message)
+        }
+    }
+
+    func getItem(_ key: String, options call: GetItemOptions?, in storage: StorageRef,
+                 authenticator: (any Authenticator)?) async throws(KeychainError) -> SecureBytes? {
+        var reply = try await self.call(.getItem, storage, key: key, authenticator: authenticator) { message in
+            message.add(WireTag.prompt, call?.prompt.map { WireJSON.encode($0) })
+            message.add(WireTag.attempts, authenticator.map { UInt64(max(1, $0.attemptsPerRead)) })
+        }
+        defer { reply.wipe() }
+        return reply.bytes(WireTag.resultBytes).map { SecureBytes(copying: $0) }
+    }
+
+    func hasItem(_ key: String, in storage: StorageRef) async throws(KeychainError) -> Bool {
+        try await call(.hasItem, storage, key: key).resultBool()
+    }
+    func removeItem(_ key: String, in storage: StorageRef) async throws(KeychainError) {
+        _ = try await call(.removeItem, storage, key: key)
+    }
+    func clear(_ storage: StorageRef) async throws(KeychainError) { _ = try await call(.clear, storage) }
+    func allKeys(in storage: StorageRef) async throws(KeychainError) -> [String] {
+        try await call(.allKeys, storage).result([String].self)
+    }
+    func itemInfo(_ key: String, in storage: StorageRef) async throws(KeychainError) -> ItemInfo? {
+        let reply = try await call(.itemInfo, storage, key: key)
+        return reply.bytes(WireTag.resultJSON) == nil ? nil : try reply.result(ItemInfo.self)
+    }
+    func canUseAccessControl(_ value: AccessControl, in storage: StorageRef) async throws(KeychainError) -> AccessControlCheck {
+        try await call(.storageCanUse, storage) { $0.add(WireTag.accessControl, value.rawValue) }.result(AccessControlCheck.self)
+    }
+
+    func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) {
+        _ = try await call(.enrollFinger) { $0.add(WireTag.finger, name); $0.add(WireTag.passcode, passcode?.wireBytes) }
+    }
+    func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool {
+        try await call(.removeFinger) { $0.add(WireTag.finger, name); $0.add(WireTag.passcode, passcode?.wireBytes) }.resultBool()
+    }
+    func deleteReader(passcode: SecureBytes?) async throws(KeychainError) -> Bool {
+        try await call(.deleteReader) { $0.add(WireTag.passcode, passcode?.wireBytes) }.resultBool()
+    }
+    func enrolledFingers() async throws(KeychainError) -> [String] { try await call(.enrolledFingers).result([String].self) }
+    func biometryTypes() -> [BiometryType] {
+        callBlocking(.biometryTypes).flatMap { try? $0.result([BiometryType].self) } ?? []
+    }
+    func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck {
+        try await call(.deviceCanUse) { $0.add(WireTag.accessControl, value.rawValue) }.result(AccessControlCheck.self)
+    }
+    func initialize() async throws(KeychainError) -> DeviceStatus { try await call(.initialize).result(DeviceStatus.self) }
+    func status() async throws(KeychainError) -> DeviceStatus { try await call(.status).result(DeviceStatus.self) }
+    func resetTokenPINTries() async throws(KeychainError) { _ = try await call(.resetTokenPINTries) }
+    func tokenStatus() async throws(KeychainError) -> TokenStatus? {
+        let reply = try await call(.tokenStatus)
+        return reply.bytes(WireTag.resultJSON) == nil ? nil : try reply.result(TokenStatus.self)
+    }
+    func unlock(passcode: SecureBytes?) async throws(KeychainError) {
+        _ = try await call(.unlock) { $0.add(WireTag.passcode, passcode?.wireBytes) }
+    }
+    func lock() async throws(KeychainError) { _ = try await call(.lock) }
+    func setPasscode(old: SecureBytes?, new: SecureBytes?) async throws(KeychainError) {
+        switch (old, new) {
+        case (nil, let new?): _ = try await call(.setPasscode) { $0.add(WireTag.newPasscode, new.wireBytes) }
+        case (let old?, let new?):
+            _ = try await call(.changePasscode) { $0.add(WireTag.passcode, old.wireBytes); $0.add(WireTag.newPasscode, new.wireBytes) }
+        case (let old?, nil): _ = try await call(.removePasscode) { $0.add(WireTag.passcode, old.wireBytes) }
+        case (nil, nil): throw KeychainError.invalidArgument("Invalid passcode change: neither the current passcode nor a new one")
+        }
+    }
+    func resetPasscodeTries() async throws(KeychainError) { _ = try await call(.resetPasscodeTries) }
+    func takeTPMCommandCount() async -> Int {
+        (try? await call(.takeTPMCommandCount).uint(WireTag.resultNumber)).flatMap { $0 }.map(Int.init) ?? 0
+    }
+    func dropCaches() async { _ = try? await call(.dropCaches) }
+}

@@ -6,9 +6,9 @@ import Synchronization
 /// keychaind's service: owns the store and the TPM connection (through this process's engine) and
 /// serves the keychain API on a listening Unix socket, one thread per connection.
 ///
-/// Each caller's items are its uid's (`uid:N/` before every service name in the store); a storage
-/// with an access group uses the group's (`group:NAME/`) when the caller is a member. The uid is the
-/// kernel's (`SO_PEERCRED`), never a field of the request.
+/// Each caller's items are its uid's (`ItemScope.user`); a storage with an access group uses the
+/// group's (`ItemScope.group`) when the caller is a member. The uid is the kernel's (`SO_PEERCRED`),
+/// never a field of the request. `DaemonRequestHandler` maps each request to the engine's API.
 package final class DaemonServer: Sendable {
     package struct Limits: Sendable {
         /// Open connections at once; more are closed at accept.
@@ -28,10 +28,10 @@ package final class DaemonServer: Sendable {
     }
 
     let configuration: KeychainConfiguration
-    /// Holds the store's engine (its thread, database and the keys it opened) for the daemon's life:
-    /// storages are made per request, and an engine ends with its last storage or device.
+    /// Holds the store's engine (its thread, database and the keys it opened) for the daemon's life.
     private let engine: Engine
-    let groups: AccessGroups
+    /// Each request as a call of the engine, in the caller's scope.
+    let handler: DaemonRequestHandler
     let limits: Limits
     /// Open connections, in all and per uid.
     private let open = Mutex<(total: Int, byUser: [UInt32: Int])>((0, [:]))
@@ -45,8 +45,8 @@ package final class DaemonServer: Sendable {
         configuration.authenticator = nil
         configuration.userLimits = limits.user
         self.configuration = configuration
-        self.engine = Engine.shared(for: configuration).engine
-        self.groups = groups
+        engine = Engine.shared(for: configuration).engine
+        handler = DaemonRequestHandler(service: LocalService(engine: engine, configuration: configuration), groups: groups)
         self.limits = limits
     }
 
@@ -157,136 +157,8 @@ package final class DaemonServer: Sendable {
     }
 
     func handle(_ request: WireMessage, peer: Peer, connection: Connection, mailbox: Mailbox) async -> WireMessage {
-        do throws(KeychainError) {
-            guard let op = WireOp(rawValue: request.kind) else {
-                throw KeychainError(.invalidArgument, "The keychain service does not know request \(request.kind): update the client or the service")
-            }
-            if op.needsAdmin && !groups.isAdmin(peer) {
-                let what = switch op {
-                case .lock: "lock the device (it locks it for every user; unlocking needs only the passcode)"
-                case .enrolledFingers: "list the enrolled fingers' names (biometryTypes and canUseAccessControl answer everyone)"
-                case .takeTPMCommandCount: "read and reset the TPM command count (it counts every user's calls)"
-                default: "change the device (passcode, fingers, initialize)"
-                }
-                throw KeychainError(.accessDenied, "Only root or a member of the access group '\(AccessGroups.adminGroup)' may \(what); "
-                                    + "uid \(peer.uid) is neither")
-            }
-            var configuration = configuration
-            configuration.caller = DaemonCaller(uid: peer.uid, isAdmin: { [groups] in groups.isAdmin(peer) })
-            if let attempts = try wire({ () throws(WireError) in try request.uint(WireTag.attempts) }) {
-                configuration.authenticator = RemoteAuthenticator(mailbox: mailbox, attemptsPerRead: Int(min(attempts, 10)))
-            }
-            var reply = WireMessage(kind: WireKind.ok)
-            if op.isStorageCall {
-                try await storageCall(op, request, peer: peer, connection: connection, configuration: configuration, reply: &reply)
-            } else {
-                try await deviceCall(op, request, configuration: configuration, reply: &reply)
-            }
-            return reply
-        } catch {
-            return error.wireMessage
-        }
-    }
-
-    private func storageCall(_ op: WireOp, _ request: WireMessage, peer: Peer, connection: Connection,
-                             configuration: KeychainConfiguration, reply: inout WireMessage) async throws(KeychainError) {
-        guard let options = try connection.options(request.bytes(WireTag.options)), options.service != nil else {
-            throw KeychainError(.invalidArgument, "The keychain service got a storage call without its options")
-        }
-        let namespace: String
-        if let group = options.accessGroup {
-            guard try groups.isMember(peer, of: group) else {
-                throw KeychainError(.accessDenied, "uid \(peer.uid) is not a member of the access group '\(group)' (or there is no such "
-                                    + "group): ask the administrator to add it to groups.d/\(group).conf")
-            }
-            namespace = Keychain.groupNamespacePrefix + group + "/"
-        } else {
-            namespace = "uid:\(peer.uid)/"
-        }
-        do throws(KeychainError) {
-            try await storageCall(op, request, options: options, namespace: namespace, configuration: configuration, reply: &reply)
-        } catch {
-            // Messages name the caller's service, as in-process: never the daemon's namespace before it.
-            throw KeychainError(error.code, error.message.replacingOccurrences(of: namespace, with: ""), underlying: error.underlying)
-        }
-    }
-
-    private func storageCall(_ op: WireOp, _ request: WireMessage, options: KeychainOptions, namespace: String,
-                             configuration: KeychainConfiguration, reply: inout WireMessage) async throws(KeychainError) {
-        let storage = try Keychain(options: options, configuration: configuration, namespace: namespace, engine: engine)
-        let key = try wire { () throws(WireError) in try request.string(WireTag.key) } ?? ""
-        switch op {
-        case .setItem:
-            var bytes = request.bytes(WireTag.value) ?? []
-            defer { bytes.wipe() }
-            let call = try wire { () throws(WireError) in try SetItemOptions(wire: request) }
-            try await storage.setItem(key, SecureBytes(copying: bytes), options: call)
-        case .getItem:
-            let prompt = try wire { () throws(WireError) in try WireJSON.decode(Prompt.self, request.bytes(WireTag.prompt)) }
-            if let value = try await storage.getSecureBytes(key, options: prompt.map { GetItemOptions(prompt: $0) }) {
-                reply.add(WireTag.resultBytes, value.withUnsafeBytes { Array($0) })
-            }
-        case .hasItem: reply.add(WireTag.resultBool, try await storage.hasItem(key))
-        case .removeItem: try await storage.removeItem(key)
-        case .clear: try await storage.clear()
-        case .allKeys: reply.add(WireTag.resultJSON, WireJSON.encode(try await storage.getAllKeys()))
-        case .itemInfo:
-            if var info = try await storage.getItemInfo(key) {
-                if info.service.hasPrefix(namespace) { info.service.removeFirst(namespace.count) }
-                reply.add(WireTag.resultJSON, WireJSON.encode(info))
-            }
-        case .storageCanUse:
-            reply.add(WireTag.resultJSON, WireJSON.encode(try await storage.canUseAccessControl(try accessControl(request))))
-        default: throw KeychainError(.internal, "not a storage call: \(op)")
-        }
-    }
-
-    private func deviceCall(_ op: WireOp, _ request: WireMessage, configuration: KeychainConfiguration,
-                            reply: inout WireMessage) async throws(KeychainError) {
-        let device = KeychainDevice(configuration: configuration)
-        let passcode = request.bytes(WireTag.passcode).map { bytes in
-            var bytes = bytes
-            defer { bytes.wipe() }
-            return SecureBytes(copying: bytes)
-        }
-        let newPasscode = request.bytes(WireTag.newPasscode).map { bytes in
-            var bytes = bytes
-            defer { bytes.wipe() }
-            return SecureBytes(copying: bytes)
-        }
-        let finger = try wire { () throws(WireError) in try request.string(WireTag.finger) } ?? ""
-        switch op {
-        case .enrollFinger: try await device.enrollFinger(finger, passcode: passcode)
-        case .removeFinger: reply.add(WireTag.resultBool, try await device.removeFinger(finger, passcode: passcode))
-        case .deleteReader: reply.add(WireTag.resultBool, try await device.deleteReader(passcode: passcode))
-        case .enrolledFingers: reply.add(WireTag.resultJSON, WireJSON.encode(try await device.enrolledFingers()))
-        case .biometryTypes: reply.add(WireTag.resultJSON, WireJSON.encode(device.biometryTypes()))
-        case .deviceCanUse: reply.add(WireTag.resultJSON, WireJSON.encode(try await device.canUseAccessControl(try accessControl(request))))
-        case .initialize: reply.add(WireTag.resultJSON, WireJSON.encode(try await device.initialize()))
-        case .status: reply.add(WireTag.resultJSON, WireJSON.encode(try await device.status()))
-        case .resetTokenPINTries: try await device.resetTokenPINTries()
-        case .tokenStatus:
-            if let status = try await device.tokenStatus() { reply.add(WireTag.resultJSON, WireJSON.encode(status)) }
-        case .unlock: try await device.unlock(passcode: passcode)
-        case .lock: try await device.lock()
-        case .setPasscode: try await device.setPasscode(newPasscode ?? SecureBytes(copying: []))
-        case .changePasscode: try await device.changePasscode(from: passcode ?? SecureBytes(copying: []), to: newPasscode ?? SecureBytes(copying: []))
-        case .removePasscode: try await device.removePasscode(current: passcode ?? SecureBytes(copying: []))
-        case .resetPasscodeTries: try await device.resetPasscodeTries()
-        case .takeTPMCommandCount: reply.add(WireTag.resultNumber, UInt64(await device.takeTPMCommandCount()))
-        case .dropCaches: await device.dropCaches()
-        default: throw KeychainError(.internal, "not a device call: \(op)")
-        }
-    }
-
-    private func accessControl(_ request: WireMessage) throws(KeychainError) -> AccessControl {
-        let raw = try wire { () throws(WireError) in try request.string(WireTag.accessControl) } ?? ""
-        guard let value = AccessControl(rawValue: raw) else { throw .invalidArgument("Invalid accessControl '\(raw)'") }
-        return value
-    }
-
-    private func wire<T>(_ body: () throws(WireError) -> T) throws(KeychainError) -> T {
-        do { return try body() } catch { throw KeychainError(wire: error) }
+        await handler.respond(to: request, from: peer, options: connection.options,
+                              authenticator: { RemoteAuthenticator(mailbox: mailbox, attemptsPerRead: $0) })
     }
 }
 
@@ -321,8 +193,7 @@ final class RemoteAuthenticator: Authenticator {
         var prompt = WireMessage(kind: WireKind.prompt)
         prompt.add(WireTag.promptJSON, WireJSON.encode(request.prompt))
         prompt.add(WireTag.methods, WireJSON.encode(request.methods))
-        // The caller named its service without the daemon's namespace.
-        prompt.add(WireTag.service, String(request.service.drop { $0 != "/" }.dropFirst()))
+        prompt.add(WireTag.service, request.service)
         prompt.add(WireTag.promptKey, request.key)
         prompt.add(WireTag.attempt, UInt64(request.attempt))
         prompt.add(WireTag.previousFailure, request.previousFailure)

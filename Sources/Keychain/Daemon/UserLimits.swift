@@ -23,7 +23,7 @@ package struct UserLimits: Sendable, Equatable {
 /// The namespace a service is stored under through keychaind (`uid:N/` or `group:NAME/`), which
 /// the quota counts; nil for a service of the in-process library, which has no quota.
 func quotaNamespace(of service: String) -> String? {
-    guard service.hasPrefix("uid:") || service.hasPrefix(Keychain.groupNamespacePrefix),
+    guard service.hasPrefix("uid:") || service.hasPrefix(ItemNames.groupNamespacePrefix),
           let slash = service.firstIndex(of: "/") else { return nil }
     return String(service[...slash])
 }
@@ -50,8 +50,8 @@ extension Engine {
         let bytes = usage.bytes - (existing.map(StoreUsage.bytes(of:)) ?? 0) + newItemBytes + newKeyBytes
         let grows = items > usage.items || bytes > usage.bytes
         guard grows, items > limits.quotaItems || bytes > limits.quotaBytes else { return }
-        let whose = namespace.hasPrefix(Keychain.groupNamespacePrefix)
-            ? "The access group '\(namespace.dropFirst(Keychain.groupNamespacePrefix.count).dropLast())'"
+        let whose = namespace.hasPrefix(ItemNames.groupNamespacePrefix)
+            ? "The access group '\(namespace.dropFirst(ItemNames.groupNamespacePrefix.count).dropLast())'"
             : "uid \(namespace.dropFirst("uid:".count).dropLast())"
         let limit = items > limits.quotaItems ? "\(limits.quotaItems) items" : "\(Self.size(limits.quotaBytes))"
         throw KeychainError(.quotaExceeded, "\(whose) would hold more than the keychain service's quota of \(limit) with item "

@@ -210,23 +210,30 @@ extension KeychainDevice {
     /// - Throws: `INVALID_ARGUMENT` for a bundle of another device or an older version than the
     ///   installed one; `DATA_CORRUPTED` for a changed bundle (the TPM refuses it, or the value fails
     ///   authentication); `INTERACTION_NOT_ALLOWED` when the device is locked; `AUTHENTICATION_FAILED`
-    ///   for a wrong passcode.
-    public func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes? = nil) async throws(KeychainError) -> ImportOutcome {
-        try await engine.importBundle(bundle, passcode: passcode, readerDirectory: configuration.readerDirectory)
+    ///   for a wrong passcode; `INVALID_ARGUMENT` for a service that names keychaind's scope of a user or
+    ///   a group (`uid:1600/bank`): the importer chooses whose item it becomes, never the bundle.
+    /// - Parameter uid: the user whose item it becomes through keychaind (the service's store); nil
+    ///   for this process's own items.
+    public func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes? = nil,
+                             forUser uid: UInt32? = nil) async throws(KeychainError) -> ImportOutcome {
+        try await engine.importBundle(bundle, passcode: passcode, readerDirectory: configuration.readerDirectory,
+                                      scope: uid.map(ItemScope.user) ?? .process)
     }
 }
 
 extension Engine {
     static func provisionedMeta(service: String, key: String) -> String { "provisioned:\(service.utf8.count):\(service)/\(key)" }
 
-    func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes?, readerDirectory: String?) async throws(KeychainError) -> ImportOutcome {
+    func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes?, readerDirectory: String?,
+                      scope: ItemScope) async throws(KeychainError) -> ImportOutcome {
         try ProvisioningBundle.check(bundle.accessible, bundle.accessControl)
         try ProvisioningBundle.checkNames(service: bundle.service, key: bundle.key, label: bundle.label)
+        let service = try scope.storeName(bundle.service)
         let protection = try ItemProtection(accessible: bundle.accessible, accessControl: bundle.accessControl)
         let parts = try bundle.parts()
         let digest = sha256(parts.publicArea, parts.duplicate, parts.seed, parts.nonce, parts.ciphertext)
         let store = try store()
-        let metaName = Self.provisionedMeta(service: bundle.service, key: bundle.key)
+        let metaName = Self.provisionedMeta(service: service, key: bundle.key)
         // version (8) + digest (32), and a 41st byte while the item's write is pending.
         let installed: (version: UInt64, digest: [UInt8], pending: Bool)?
         do {
@@ -245,7 +252,7 @@ extension Engine {
                                         + "give each new bundle a higher --version")
                 }
                 // A pending mark: the write was cut short, and the item there may be the older version's.
-                if !installed.pending, try has(service: bundle.service, key: bundle.key) { return .alreadyInstalled }
+                if !installed.pending, try has(service: service, key: bundle.key) { return .alreadyInstalled }
             }
         }
         let value = try openBundle(bundle, passcode: passcode)
@@ -256,7 +263,7 @@ extension Engine {
             catch let error as StoreError { throw KeychainError(store: error) } catch { throw KeychainError(.internal, "\(error)") }
         }
         try record(pending: true)
-        try set(value, service: bundle.service, key: bundle.key, protection: protection, label: bundle.label,
+        try set(value, service: service, key: bundle.key, protection: protection, label: bundle.label,
                 backend: TPMBackend(readerDirectory: readerDirectory), tag: protection.storageTag)
         try record(pending: false)
         return .imported

@@ -57,7 +57,7 @@ extension Engine {
                 // …OrPasscode write; another write would go under a key that no reader present opens.
                 guard protection.accessControl.allowsPasscode && !protection.accessControl.needsBiometry else {
                     throw why.code != .biometryNotAvailable ? why : KeychainError(.biometryNotAvailable,
-                        "The items of service '\(service)' with this protection were written with another fingerprint reader, "
+                        "The items of service '\(ItemScope.shown(service))' with this protection were written with another fingerprint reader, "
                         + "and \(why.message): nothing was written. Use that reader (--reader, KEYCHAIN_READER), or remove "
                         + "those items first (keychainctl clear)")
                 }
@@ -107,7 +107,7 @@ extension Engine {
               policy.keyRef.map({ $0 == SealPolicy.keyRef(service: wrapping.service, protection: tag,
                                                           publicKey: wrapping.publicKey) }) ?? true,
               policy.authValidity == nil || policy.authValidity == ItemProtection.storedWindow(ofTag: tag) else {
-            throw KeychainError(.dataCorrupted, "The wrapping key of service '\(wrapping.service)' has an unreadable policy, "
+            throw KeychainError(.dataCorrupted, "The wrapping key of service '\(ItemScope.shown(wrapping.service))' has an unreadable policy, "
                                 + "or one made for another key")
         }
         let generation: UInt64? = policy.availability == .whenUnlocked ? try lockGeneration(store) : nil

@@ -164,7 +164,7 @@ extension Engine {
             return try Sodium.open(record.ciphertext, key: dataKey, nonce: record.nonce,
                                    associatedData: ItemEnvelope.associatedData(record))
         } catch {
-            throw KeychainError(.dataCorrupted, "Item '\(record.key)' of service '\(record.service)' failed authentication")
+            throw KeychainError(.dataCorrupted, "Item '\(record.key)' of service '\(ItemScope.shown(record.service))' failed authentication")
         }
     }
 

@@ -82,8 +82,8 @@ final class TokenSession {
         tag.hasSuffix(tagSuffix) ? String(tag.dropLast(tagSuffix.count)) : tag
     }
 
-    /// A service as messages name it: without the token namespace's internal suffix.
-    static func shown(_ service: String) -> String { withoutTokenSuffix(service) }
+    /// A service as messages name it: without the token namespace's internal suffix or keychaind's scope.
+    static func shown(_ service: String) -> String { ItemScope.shown(withoutTokenSuffix(service)) }
 
     /// Whether a stored protection tag is a token item behind the token's user PIN.
     static func usesPasscode(_ tag: String) -> Bool {

@@ -1,0 +1,147 @@
+import KeychainWire
+import SecureMemory
+
+/// keychaind's requests as calls of the keychain API: each wire operation is one `KeychainService`
+/// call in the caller's scope (`uid N`, or an access group it is a member of), with the options
+/// checked once, here, where they enter. Errors go back as the service threw them.
+///
+/// No sockets here: `DaemonServer` reads the frames and does the prompts' I/O, and any other
+/// listener can hand its requests to `respond` (or a typed scope to `storageCall`) the same way.
+package struct DaemonRequestHandler: Sendable {
+    package let service: any KeychainService
+    package let groups: AccessGroups
+
+    package init(service: any KeychainService, groups: AccessGroups) {
+        (self.service, self.groups) = (service, groups)
+    }
+
+    /// The reply to one request of `peer`.
+    /// - Parameters:
+    ///   - options: decodes the request's storage options (keychaind keeps a connection's last decoding).
+    ///   - authenticator: the caller's authenticator for a read that carries `attempts` (the client has one).
+    package func respond(to request: WireMessage, from peer: Peer,
+                         options: ([UInt8]?) throws(KeychainError) -> KeychainOptions?,
+                         authenticator: (_ attemptsPerRead: Int) -> any Authenticator) async -> WireMessage {
+        do throws(KeychainError) {
+            guard let op = WireOp(rawValue: request.kind) else {
+                throw KeychainError(.invalidArgument, "The keychain service does not know request \(request.kind): update the client or the service")
+            }
+            if op.needsAdmin && !groups.isAdmin(peer) {
+                let what = switch op {
+                case .lock: "lock the device (it locks it for every user; unlocking needs only the passcode)"
+                case .enrolledFingers: "list the enrolled fingers' names (biometryTypes and canUseAccessControl answer everyone)"
+                case .takeTPMCommandCount: "read and reset the TPM command count (it counts every user's calls)"
+                default: "change the device (passcode, fingers, initialize)"
+                }
+                throw KeychainError(.accessDenied, "Only root or a member of the access group '\(AccessGroups.adminGroup)' may \(what); "
+                                    + "uid \(peer.uid) is neither")
+            }
+            let asker = try wire { () throws(WireError) in try request.uint(WireTag.attempts) }.map { authenticator(Int(min($0, 10))) }
+            // The caller's failures (reader, passcode) count against its own budgets.
+            let caller = DaemonRequestHandler(service: service.serving(DaemonCaller(uid: peer.uid, isAdmin: { [groups] in groups.isAdmin(peer) })),
+                                              groups: groups)
+            guard op.isStorageCall else { return try await caller.deviceCall(op, request) }
+            guard let options = try options(request.bytes(WireTag.options)), let service = options.service else {
+                throw KeychainError(.invalidArgument, "The keychain service got a storage call without its options")
+            }
+            let storage = try StorageRef(scope: try scope(of: options, for: peer), options: options, defaultService: service)
+            return try await caller.storageCall(op, request, in: storage, authenticator: asker)
+        } catch {
+            return error.wireMessage
+        }
+    }
+
+    /// The caller's own items, or its access group's when it names one it is a member of.
+    package func scope(of options: KeychainOptions, for peer: Peer) throws(KeychainError) -> ItemScope {
+        guard let group = options.accessGroup else { return .user(peer.uid) }
+        guard try groups.isMember(peer, of: group) else {
+            throw KeychainError(.accessDenied, "uid \(peer.uid) is not a member of the access group '\(group)' (or there is no such "
+                                + "group): ask the administrator to add it to groups.d/\(group).conf")
+        }
+        return .group(group)
+    }
+
+    /// One storage call of `request` (`op`) in `storage`'s scope; the reply.
+    package func storageCall(_ op: WireOp, _ request: WireMessage, in storage: StorageRef,
+                             authenticator: (any Authenticator)?) async throws(KeychainError) -> WireMessage {
+        var reply = WireMessage(kind: WireKind.ok)
+        let key = try wire { () throws(WireError) in try request.string(WireTag.key) } ?? ""
+        switch op {
+        case .setItem:
+            var bytes = request.bytes(WireTag.value) ?? []
+            defer { bytes.wipe() }
+            let call = try wire { () throws(WireError) in try SetItemOptions(wire: request) }
+            try await service.setItem(key, SecureBytes(copying: bytes), options: call, in: storage)
+        case .getItem:
+            let prompt = try wire { () throws(WireError) in try WireJSON.decode(Prompt.self, request.bytes(WireTag.prompt)) }
+            if let value = try await service.getItem(key, options: prompt.map { GetItemOptions(prompt: $0) }, in: storage,
+                                                     authenticator: authenticator) {
+                reply.add(WireTag.resultBytes, value.wireBytes)
+            }
+        case .hasItem: reply.add(WireTag.resultBool, try await service.hasItem(key, in: storage))
+        case .removeItem: try await service.removeItem(key, in: storage)
+        case .clear: try await service.clear(storage)
+        case .allKeys: reply.add(WireTag.resultJSON, WireJSON.encode(try await service.allKeys(in: storage)))
+        case .itemInfo:
+            if let info = try await service.itemInfo(key, in: storage) { reply.add(WireTag.resultJSON, WireJSON.encode(info)) }
+        case .storageCanUse:
+            reply.add(WireTag.resultJSON, WireJSON.encode(try await service.canUseAccessControl(try accessControl(request), in: storage)))
+        default: throw KeychainError(.internal, "not a storage call: \(op)")
+        }
+        return reply
+    }
+
+    /// One device call; the reply. Who may make it was checked (`WireOp.needsAdmin`).
+    package func deviceCall(_ op: WireOp, _ request: WireMessage) async throws(KeychainError) -> WireMessage {
+        var reply = WireMessage(kind: WireKind.ok)
+        let passcode = request.bytes(WireTag.passcode).map(secure)
+        let newPasscode = request.bytes(WireTag.newPasscode).map(secure)
+        let finger = try wire { () throws(WireError) in try request.string(WireTag.finger) } ?? ""
+        let empty = SecureBytes(copying: [])
+        switch op {
+        case .enrollFinger: try await service.enrollFinger(finger, passcode: passcode)
+        case .removeFinger: reply.add(WireTag.resultBool, try await service.removeFinger(finger, passcode: passcode))
+        case .deleteReader: reply.add(WireTag.resultBool, try await service.deleteReader(passcode: passcode))
+        case .enrolledFingers: reply.add(WireTag.resultJSON, WireJSON.encode(try await service.enrolledFingers()))
+        case .biometryTypes: reply.add(WireTag.resultJSON, WireJSON.encode(service.biometryTypes()))
+        case .deviceCanUse: reply.add(WireTag.resultJSON, WireJSON.encode(try await service.canUseAccessControl(try accessControl(request))))
+        case .initialize: reply.add(WireTag.resultJSON, WireJSON.encode(try await service.initialize()))
+        case .status: reply.add(WireTag.resultJSON, WireJSON.encode(try await service.status()))
+        case .resetTokenPINTries: try await service.resetTokenPINTries()
+        case .tokenStatus:
+            if let status = try await service.tokenStatus() { reply.add(WireTag.resultJSON, WireJSON.encode(status)) }
+        case .unlock: try await service.unlock(passcode: passcode)
+        case .lock: try await service.lock()
+        case .setPasscode:
+            let new = newPasscode ?? empty
+            try KeychainDevice.checkPasscode(new)
+            try await service.setPasscode(old: nil, new: new)
+        case .changePasscode:
+            let new = newPasscode ?? empty
+            try KeychainDevice.checkPasscode(new)
+            try await service.setPasscode(old: passcode ?? empty, new: new)
+        case .removePasscode: try await service.setPasscode(old: passcode ?? empty, new: nil)
+        case .resetPasscodeTries: try await service.resetPasscodeTries()
+        case .takeTPMCommandCount: reply.add(WireTag.resultNumber, UInt64(await service.takeTPMCommandCount()))
+        case .dropCaches: await service.dropCaches()
+        default: throw KeychainError(.internal, "not a device call: \(op)")
+        }
+        return reply
+    }
+
+    private func secure(_ bytes: [UInt8]) -> SecureBytes {
+        var bytes = bytes
+        defer { bytes.wipe() }
+        return SecureBytes(copying: bytes)
+    }
+
+    private func accessControl(_ request: WireMessage) throws(KeychainError) -> AccessControl {
+        let raw = try wire { () throws(WireError) in try request.string(WireTag.accessControl) } ?? ""
+        guard let value = AccessControl(rawValue: raw) else { throw .invalidArgument("Invalid accessControl '\(raw)'") }
+        return value
+    }
+
+    private func wire<T>(_ body: () throws(WireError) -> T) throws(KeychainError) -> T {
+        do { return try body() } catch { throw KeychainError(wire: error) }
+    }
+}

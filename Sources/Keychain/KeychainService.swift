@@ -1,0 +1,276 @@
+import Foundation
+import KeychainWire
+
+/// Whose items a storage reaches: the part of an item's name that a caller never spells.
+///
+/// In the store a scope is the start of the service column (`uid:N/`, `group:NAME/`, nothing for
+/// this process), as keychaind has always written it, so stored items, their authenticated data,
+/// token objects and TPM tickets keep their names. A service of this process's scope may not read as
+/// one of keychaind's (`uid:1600/bank`): no name, however it came (a call, a bundle), reaches another
+/// scope's items.
+package enum ItemScope: Hashable, Sendable {
+    /// This process's own store, as the process names its services.
+    case process
+    /// keychaind: one uid's items (the kernel's `SO_PEERCRED`, never a field of a request).
+    case user(UInt32)
+    /// keychaind: an access group's shared items (the caller is a member).
+    case group(String)
+
+    /// The store's name of `service` in this scope.
+    /// - Throws: `INVALID_ARGUMENT` for a service of this process that names one of keychaind's scopes.
+    package func storeName(_ service: String) throws(KeychainError) -> String {
+        switch self {
+        case .process:
+            if let parsed = Self.parse(service) {
+                throw KeychainError.invalidArgument("Invalid service '\(service)': it begins as keychaind's store names \(parsed.0.words), "
+                                                    + "and a service never chooses whose items it holds: name it without that prefix")
+            }
+            return service
+        case .user(let uid): return "uid:\(uid)/" + service
+        case .group(let name): return "group:\(name)/" + service
+        }
+    }
+
+    /// A store name's scope and service, when it has one of keychaind's scopes (nil: this process's).
+    package static func parse(_ storeName: String) -> (ItemScope, String)? {
+        let bytes = storeName.utf8
+        if storeName.hasPrefix("uid:") {
+            let digits = bytes.dropFirst(4).prefix { $0 >= 0x30 && $0 <= 0x39 }
+            let rest = bytes.dropFirst(4 + digits.count)
+            guard !digits.isEmpty, rest.first == UInt8(ascii: "/"), let uid = UInt32(String(decoding: digits, as: UTF8.self)) else {
+                return nil
+            }
+            return (.user(uid), String(decoding: rest.dropFirst(), as: UTF8.self))
+        }
+        if storeName.hasPrefix("group:") {
+            let name = bytes.dropFirst(6).prefix { $0 != UInt8(ascii: "/") }
+            let rest = bytes.dropFirst(6 + name.count)
+            guard !name.isEmpty, rest.first == UInt8(ascii: "/") else { return nil }
+            return (.group(String(decoding: name, as: UTF8.self)), String(decoding: rest.dropFirst(), as: UTF8.self))
+        }
+        return nil
+    }
+
+    /// A store name as messages and prompts show it: the caller's service, never the scope before it.
+    package static func shown(_ storeName: String) -> String { parse(storeName)?.1 ?? storeName }
+
+    var words: String {
+        switch self {
+        case .process: "this process"
+        case .user(let uid): "uid \(uid)'s items"
+        case .group(let name): "the items of the access group '\(name)'"
+        }
+    }
+
+    var isGroup: Bool { if case .group = self { true } else { false } }
+}
+
+/// One storage's calls: its scope, its service and its options, checked once, where it is made.
+package struct StorageRef: Sendable {
+    package let scope: ItemScope
+    /// The service as the caller names it (the options' service, or the application identifier).
+    package let service: String
+    /// The options, validated (their service as given: nil for the default one).
+    package let options: KeychainOptions
+    /// The service's name in the store (`ItemScope.storeName`).
+    package let storeName: String
+    /// The options as keychaind's requests carry them, encoded once (empty when no daemon is asked).
+    let wireOptions: [UInt8]
+
+    /// - Parameter defaultService: the service when the options name none (the application identifier).
+    /// - Throws: `INVALID_ARGUMENT` with the seed's message for options that break a rule, or for no
+    ///   service at all.
+    package init(scope: ItemScope, options: KeychainOptions, defaultService: String?, forWire: Bool = false) throws(KeychainError) {
+        self.options = try options.validated()
+        guard let service = options.service ?? defaultService else { throw ApplicationIdentity.missing }
+        if options.service == nil { _ = try KeychainOptions(service: service).validated() }  // a bad KEYCHAIN_APP_ID
+        self.scope = scope
+        self.service = service
+        storeName = try scope.storeName(service)
+        var resolved = self.options
+        resolved.service = service
+        wireOptions = forWire ? WireJSON.encode(resolved) : []
+    }
+}
+
+/// The keychain's item and device calls, one API for every front door: the engine in this process
+/// (`LocalService`), keychaind over its socket (`DaemonClient`). `Keychain` and `KeychainDevice` hold
+/// one; keychaind's `DaemonRequestHandler` maps each request to one.
+///
+/// What keychaind does not serve (backup and restore of the whole store, provisioning bundles,
+/// boot-state administration, taking TPM ownership) is not here: it needs the store's engine.
+package protocol KeychainService: Sendable {
+    func setItem(_ key: String, _ value: SecureBytes, options: SetItemOptions?, in storage: StorageRef) async throws(KeychainError)
+    /// - Parameter authenticator: asks the user when the item's access control needs it.
+    func getItem(_ key: String, options: GetItemOptions?, in storage: StorageRef,
+                 authenticator: (any Authenticator)?) async throws(KeychainError) -> SecureBytes?
+    func hasItem(_ key: String, in storage: StorageRef) async throws(KeychainError) -> Bool
+    func removeItem(_ key: String, in storage: StorageRef) async throws(KeychainError)
+    func clear(_ storage: StorageRef) async throws(KeychainError)
+    func allKeys(in storage: StorageRef) async throws(KeychainError) -> [String]
+    func itemInfo(_ key: String, in storage: StorageRef) async throws(KeychainError) -> ItemInfo?
+    func canUseAccessControl(_ value: AccessControl, in storage: StorageRef) async throws(KeychainError) -> AccessControlCheck
+
+    func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError)
+    func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool
+    func deleteReader(passcode: SecureBytes?) async throws(KeychainError) -> Bool
+    func enrolledFingers() async throws(KeychainError) -> [String]
+    func biometryTypes() -> [BiometryType]
+    func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck
+    func initialize() async throws(KeychainError) -> DeviceStatus
+    func status() async throws(KeychainError) -> DeviceStatus
+    func resetTokenPINTries() async throws(KeychainError)
+    func tokenStatus() async throws(KeychainError) -> TokenStatus?
+    func unlock(passcode: SecureBytes?) async throws(KeychainError)
+    func lock() async throws(KeychainError)
+    /// - Parameter old: nil sets a first passcode; `new` nil removes it.
+    func setPasscode(old: SecureBytes?, new: SecureBytes?) async throws(KeychainError)
+    func resetPasscodeTries() async throws(KeychainError)
+    func takeTPMCommandCount() async -> Int
+    func dropCaches() async
+    /// The same service for one of keychaind's callers: its failures count against its own budgets.
+    func serving(_ caller: DaemonCaller) -> any KeychainService
+}
+
+extension KeychainService {
+    package func serving(_ caller: DaemonCaller) -> any KeychainService { self }
+}
+
+/// The store's engine in this process, as a `KeychainService`: the calls of one configuration
+/// (its reader, token and authenticator; the engine is shared by every configuration of the store).
+package struct LocalService: KeychainService {
+    let engine: Engine
+    let configuration: KeychainConfiguration
+    /// Why this configuration cannot use the store's engine; thrown by every call that can throw.
+    let refusal: KeychainError?
+
+    init(configuration: KeychainConfiguration) {
+        let shared = Engine.shared(for: configuration)
+        (engine, refusal, self.configuration) = (shared.engine, shared.refusal, configuration)
+    }
+
+    /// keychaind's: its own engine, which it holds for its life.
+    init(engine: Engine, configuration: KeychainConfiguration) {
+        (self.engine, self.configuration, refusal) = (engine, configuration, nil)
+    }
+
+    package func serving(_ caller: DaemonCaller) -> any KeychainService {
+        var configuration = configuration
+        configuration.caller = caller
+        return LocalService(engine: engine, configuration: configuration)
+    }
+
+    private func checked() throws(KeychainError) -> Engine {
+        if let refusal { throw refusal }
+        return engine
+    }
+
+    package func setItem(_ key: String, _ value: SecureBytes, options call: SetItemOptions?, in storage: StorageRef) async throws(KeychainError) {
+        let engine = try checked()
+        let protection = try storage.options.resolved(for: call)
+        if storage.options.android.keyStorage == .strongbox {
+            guard let uri = configuration.pkcs11URI else {
+                // Never store with less protection than asked: without a token there is no strongbox.
+                throw KeychainError(.unsupported, "keyStorage 'strongbox' needs a PKCS#11 token: set KEYCHAIN_PKCS11_URI or --pkcs11-uri")
+            }
+            switch protection.accessControl {
+            case .none, .passcode:
+                try await engine.set(value, service: storage.storeName, key: key, protection: protection, label: call?.label,
+                                     backend: TokenBackend(uri: uri), tag: protection.storageTag + TokenSession.tagSuffix)
+            default:
+                // The token has no fingerprint reader: refuse rather than store with less protection.
+                throw KeychainError(.unsupported, "accessControl '\(protection.accessControl.rawValue)' is not available with keyStorage 'strongbox': use 'none' or 'passcode' (the token's PIN)")
+            }
+            return
+        }
+        try await engine.set(value, service: storage.storeName, key: key, protection: protection, label: call?.label,
+                             backend: TPMBackend(readerDirectory: configuration.readerDirectory), tag: protection.storageTag)
+    }
+
+    package func getItem(_ key: String, options call: GetItemOptions?, in storage: StorageRef,
+                         authenticator: (any Authenticator)?) async throws(KeychainError) -> SecureBytes? {
+        // The prompt is the storage's, then the call's, field by field (seed: createKeychain). An access
+        // group's items open no window: one member's prompt would open them for every other member.
+        let context = Engine.ReadContext(prompt: storage.options.resolvedPrompt(for: call), authValidity: storage.options.authValidity,
+                                         authenticator: authenticator, readerDirectory: configuration.readerDirectory,
+                                         pkcs11URI: configuration.pkcs11URI, windowAllowed: !storage.scope.isGroup,
+                                         caller: configuration.caller)
+        return try await checked().get(service: storage.storeName, key: key, context: context)
+    }
+
+    package func hasItem(_ key: String, in storage: StorageRef) async throws(KeychainError) -> Bool {
+        try await checked().has(service: storage.storeName, key: key)
+    }
+
+    package func removeItem(_ key: String, in storage: StorageRef) async throws(KeychainError) {
+        try await checked().remove(service: storage.storeName, key: key)
+    }
+
+    package func clear(_ storage: StorageRef) async throws(KeychainError) {
+        try await checked().clear(service: storage.storeName, pkcs11URI: configuration.pkcs11URI)
+    }
+
+    package func allKeys(in storage: StorageRef) async throws(KeychainError) -> [String] {
+        try await checked().keys(service: storage.storeName)
+    }
+
+    package func itemInfo(_ key: String, in storage: StorageRef) async throws(KeychainError) -> ItemInfo? {
+        guard var info = try await checked().info(service: storage.storeName, key: key) else { return nil }
+        info.service = storage.service  // as the caller named it
+        return info
+    }
+
+    package func canUseAccessControl(_ value: AccessControl, in storage: StorageRef) async throws(KeychainError) -> AccessControlCheck {
+        if storage.options.android.keyStorage == .strongbox {
+            // The token's user PIN is the passcode; the token has no biometrics.
+            guard let uri = configuration.pkcs11URI else { return .init(available: false, reason: .unsupported) }
+            guard value == .none || value == .passcode else { return .init(available: false, reason: .unsupported) }
+            return await engine.tokenCanKeepKeys(uri: uri)
+        }
+        return await engine.canUse(value, readerDirectory: configuration.readerDirectory)
+    }
+
+    // MARK: The device
+
+    private func readerDirectory() throws(KeychainError) -> String {
+        guard let dir = configuration.readerDirectory else {
+            throw KeychainError(.biometryNotAvailable, "This device has no fingerprint reader (KEYCHAIN_READER=none)")
+        }
+        return dir
+    }
+
+    package func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) {
+        try await checked().enroll(name, passcode: passcode, readerDirectory: try readerDirectory())
+    }
+    package func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool {
+        try await checked().removeFinger(name, passcode: passcode, readerDirectory: try readerDirectory())
+    }
+    package func deleteReader(passcode: SecureBytes?) async throws(KeychainError) -> Bool {
+        try await checked().deleteReader(passcode: passcode, readerDirectory: try readerDirectory())
+    }
+    package func enrolledFingers() async throws(KeychainError) -> [String] {
+        try FingerprintReader(directory: try readerDirectory()).enrolled
+    }
+    package func biometryTypes() -> [BiometryType] { configuration.readerDirectory == nil ? [] : [.fingerprint] }
+    package func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck {
+        await engine.canUse(value, readerDirectory: configuration.readerDirectory)
+    }
+    package func initialize() async throws(KeychainError) -> DeviceStatus { try await checked().initialize() }
+    package func status() async throws(KeychainError) -> DeviceStatus { try await checked().status() }
+    package func resetTokenPINTries() async throws(KeychainError) { try await checked().resetTokenPINTries() }
+    package func tokenStatus() async throws(KeychainError) -> TokenStatus? {
+        guard let uri = configuration.pkcs11URI else { return nil }
+        return try await checked().tokenStatus(uri: uri)
+    }
+    package func unlock(passcode: SecureBytes?) async throws(KeychainError) {
+        try await checked().unlock(passcode: passcode, readerDirectory: configuration.readerDirectory, caller: configuration.caller)
+    }
+    package func lock() async throws(KeychainError) { try await checked().lock() }
+    package func setPasscode(old: SecureBytes?, new: SecureBytes?) async throws(KeychainError) {
+        // Removing it ends the reader's fingers too (DeviceLockOperations).
+        try await checked().setPasscode(old: old, new: new, readerDirectory: new == nil ? configuration.readerDirectory : nil)
+    }
+    package func resetPasscodeTries() async throws(KeychainError) { try await checked().resetPasscodeTries() }
+    package func takeTPMCommandCount() async -> Int { await engine.drainCommandCount() }
+    package func dropCaches() async { await engine.dropCaches() }
+}

@@ -1,0 +1,204 @@
+import Foundation
+@testable import Keychain
+import KeychainTestSupport
+import KeychainWire
+import SecureMemory
+import Synchronization
+import Testing
+
+/// A `KeychainService` that records each call and answers from a script: keychaind's request
+/// handler tested without a TPM, a store or a socket.
+final class RecordingService: KeychainService, @unchecked Sendable {
+    struct Call: Equatable { var name: String; var scope: ItemScope?; var service: String?; var key: String? }
+    let calls = Mutex<[Call]>([])
+    /// What the calls that can fail throw; nil answers.
+    let failure: KeychainError?
+    init(failure: KeychainError? = nil) { self.failure = failure }
+
+    private func record(_ name: String, _ storage: StorageRef? = nil, key: String? = nil) throws(KeychainError) {
+        calls.withLock { $0.append(Call(name: name, scope: storage?.scope, service: storage?.service, key: key)) }
+        if let failure { throw failure }
+    }
+    var names: [String] { calls.withLock { $0.map(\.name) } }
+
+    func setItem(_ key: String, _ value: SecureBytes, options: SetItemOptions?, in storage: StorageRef) async throws(KeychainError) {
+        try record("setItem", storage, key: key)
+    }
+    func getItem(_ key: String, options: GetItemOptions?, in storage: StorageRef,
+                 authenticator: (any Authenticator)?) async throws(KeychainError) -> SecureBytes? {
+        try record("getItem", storage, key: key)
+        return SecureBytes(copying: Array("value of \(key)".utf8))
+    }
+    func hasItem(_ key: String, in storage: StorageRef) async throws(KeychainError) -> Bool { try record("hasItem", storage, key: key); return true }
+    func removeItem(_ key: String, in storage: StorageRef) async throws(KeychainError) { try record("removeItem", storage, key: key) }
+    func clear(_ storage: StorageRef) async throws(KeychainError) { try record("clear", storage) }
+    func allKeys(in storage: StorageRef) async throws(KeychainError) -> [String] { try record("allKeys", storage); return ["a"] }
+    func itemInfo(_ key: String, in storage: StorageRef) async throws(KeychainError) -> ItemInfo? { try record("itemInfo", storage, key: key); return nil }
+    func canUseAccessControl(_ value: AccessControl, in storage: StorageRef) async throws(KeychainError) -> AccessControlCheck {
+        try record("storageCanUse", storage)
+        return .init(available: true, reason: nil)
+    }
+    func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) { try record("enrollFinger") }
+    func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool { try record("removeFinger"); return true }
+    func deleteReader(passcode: SecureBytes?) async throws(KeychainError) -> Bool { try record("deleteReader"); return true }
+    func enrolledFingers() async throws(KeychainError) -> [String] { try record("enrolledFingers"); return [] }
+    func biometryTypes() -> [BiometryType] { try? record("biometryTypes"); return [] }
+    func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck {
+        try record("deviceCanUse")
+        return .init(available: true, reason: nil)
+    }
+    func initialize() async throws(KeychainError) -> DeviceStatus { try record("initialize"); throw KeychainError(.internal) }
+    func status() async throws(KeychainError) -> DeviceStatus { try record("status"); throw KeychainError(.internal) }
+    func resetTokenPINTries() async throws(KeychainError) { try record("resetTokenPINTries") }
+    func tokenStatus() async throws(KeychainError) -> TokenStatus? { try record("tokenStatus"); return nil }
+    func unlock(passcode: SecureBytes?) async throws(KeychainError) { try record("unlock") }
+    func lock() async throws(KeychainError) { try record("lock") }
+    func setPasscode(old: SecureBytes?, new: SecureBytes?) async throws(KeychainError) {
+        try record(old == nil ? "setPasscode" : new == nil ? "removePasscode" : "changePasscode")
+    }
+    func resetPasscodeTries() async throws(KeychainError) { try record("resetPasscodeTries") }
+    func takeTPMCommandCount() async -> Int { try? record("takeTPMCommandCount"); return 7 }
+    func dropCaches() async { try? record("dropCaches") }
+}
+
+/// keychaind's request handler over a recording service: each wire operation is one call of the
+/// API, in the scope the kernel's uid gives (never the request's), with messages as thrown.
+@Suite("keychaind's request handler (no TPM)")
+struct RequestHandlerTests {
+    static let user = Peer(pid: 1, uid: 1600, gid: 1600, groups: [])
+
+    func respond(_ op: WireOp, service: String? = "mail", accessGroup: String? = nil, key: String? = "token", from peer: Peer = Self.user,
+                 to backing: RecordingService, groups: AccessGroups = .init(directory: nil)) async throws -> WireMessage {
+        var request = WireMessage(kind: op.rawValue)
+        if op.isStorageCall { request.add(WireTag.options, WireJSON.encode(KeychainOptions(service: service, accessGroup: accessGroup))) }
+        if op.isStorageCall { request.add(WireTag.key, key) }
+        let handler = DaemonRequestHandler(service: backing, groups: groups)
+        return await handler.respond(to: try WireMessage.decode(request.encoded()), from: peer, options: Connection().options,
+                                     authenticator: { _ in fatalError("no prompt in these tests") })
+    }
+
+    @Test func eachStorageOperationIsOneCallInTheCallersOwnScope() async throws {
+        let backing = RecordingService()
+        let ops: [(WireOp, String)] = [(.setItem, "setItem"), (.getItem, "getItem"), (.hasItem, "hasItem"), (.removeItem, "removeItem"),
+                                       (.clear, "clear"), (.allKeys, "allKeys"), (.itemInfo, "itemInfo")]
+        for (op, _) in ops {
+            let reply = try await respond(op, to: backing)
+            #expect(reply.kind == WireKind.ok, "\(op)")
+        }
+        #expect(backing.names == ops.map(\.1))
+        #expect(backing.calls.withLock { $0.allSatisfy { $0.scope == .user(1600) && $0.service == "mail" } })
+        let read = try await respond(.getItem, to: backing)
+        #expect(read.bytes(WireTag.resultBytes) == Array("value of token".utf8))
+    }
+
+    /// A service that spells another uid's scope is still the caller's own service.
+    @Test func aServiceNamingAnotherScopeStaysInTheCallers() async throws {
+        let backing = RecordingService()
+        _ = try await respond(.getItem, service: "uid:0/mail", to: backing)
+        let call = try #require(backing.calls.withLock { $0.first })
+        #expect(call.scope == .user(1600) && call.service == "uid:0/mail")
+        #expect(try ItemScope.user(1600).storeName("uid:0/mail") == "uid:1600/uid:0/mail")
+        #expect(ItemScope.shown("uid:1600/uid:0/mail") == "uid:0/mail")
+    }
+
+    /// The service's error goes back as thrown: its message is not rewritten (the engine names the
+    /// caller's service itself).
+    @Test func anErrorGoesBackAsTheServiceThrewIt() async throws {
+        let thrown = KeychainError(.dataCorrupted, "Item 'token' of service 'uid:7/x' cannot be trusted", underlying: .errno(5))
+        let reply = try await respond(.getItem, to: RecordingService(failure: thrown))
+        let decoded = try KeychainError(decoding: reply)
+        #expect(decoded.code == .dataCorrupted && decoded.message == thrown.message && decoded.description == thrown.description)
+    }
+
+    @Test func anAccessGroupIsTheScopeOnlyForAMember() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("groups-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try "uid 1600\n".write(toFile: directory + "/team.conf", atomically: true, encoding: .utf8)
+        let groups = AccessGroups(directory: directory)
+        let backing = RecordingService()
+        #expect(try await respond(.hasItem, accessGroup: "team", to: backing, groups: groups).kind == WireKind.ok)
+        #expect(backing.calls.withLock { $0.first?.scope } == .group("team"))
+        let outsider = Peer(pid: 1, uid: 1700, gid: 1700, groups: [])
+        let refused = try await respond(.hasItem, accessGroup: "team", from: outsider, to: backing, groups: groups)
+        #expect(try KeychainError(decoding: refused).code == .accessDenied)
+        #expect(backing.names == ["hasItem"], "the outsider's call never reached the service")
+    }
+
+    @Test func aDeviceChangeNeedsAnAdministratorAndReachesTheServiceOnce() async throws {
+        let backing = RecordingService()
+        let refused = try await respond(.lock, from: Self.user, to: backing)
+        #expect(try KeychainError(decoding: refused).code == .accessDenied)
+        #expect(backing.names.isEmpty)
+        #expect(try await respond(.lock, from: Peer(pid: 1, uid: 0, gid: 0, groups: []), to: backing).kind == WireKind.ok)
+        #expect(try await respond(.biometryTypes, from: Self.user, to: backing).kind == WireKind.ok)
+        #expect(backing.names == ["lock", "biometryTypes"])
+    }
+
+    @Test func aStorageCallWithoutOptionsOrWithBadOnesIsRefusedBeforeTheService() async throws {
+        let backing = RecordingService()
+        #expect(try KeychainError(decoding: try await respond(.getItem, service: nil, to: backing)).code == .invalidArgument)
+        #expect(try KeychainError(decoding: try await respond(.getItem, service: "", to: backing)).code == .invalidArgument)
+        #expect(backing.names.isEmpty)
+    }
+}
+
+/// Scopes in the store: the process's own services can never spell one of keychaind's.
+@Suite("item scopes")
+struct ItemScopeTests {
+    @Test func storeNamesParseBackToTheirScope() throws {
+        for (scope, service) in [(ItemScope.user(1600), "bank"), (.user(0), "a/b"), (.group("team"), "vpn"), (.group("x.y-z"), "uid:1/k")] {
+            let name = try scope.storeName(service)
+            let parsed = try #require(ItemScope.parse(name))
+            #expect(parsed.0 == scope && parsed.1 == service)
+            #expect(ItemScope.shown(name) == service)
+        }
+        for plain in ["bank", "uid:", "uid:x/y", "uid:/y", "group:/y", "uid:12", "group:team"] {
+            #expect(ItemScope.parse(plain) == nil, "\(plain)")
+            #expect(try ItemScope.process.storeName(plain) == plain)
+        }
+    }
+
+    @Test func aServiceOfThisProcessCannotNameAnotherScope() {
+        for spelled in ["uid:1600/bank", "uid:0/", "group:team/vpn"] {
+            #expect(throws: KeychainError(.invalidArgument)) { try ItemScope.process.storeName(spelled) }
+            #expect(throws: KeychainError(.invalidArgument)) {
+                try StorageRef(scope: .process, options: .init(service: spelled), defaultService: "app")
+            }
+        }
+    }
+}
+
+/// Issue 22 item 8: a provisioning bundle's bytes never choose whose items it writes.
+@Suite("a bundle lands in the importer's scope")
+struct BundleScopeTests {
+    static let victim: UInt32 = 1600
+
+    func ctl(_ daemon: KeychainDaemon, _ args: [String], input: String = "", uid: UInt32) throws -> (status: Int32, out: String, err: String) {
+        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
+        let result = try run("/usr/bin/setpriv", ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", keychainctl] + args,
+                             input: Array(input.utf8), environment: daemon.environment)
+        return (result.status, String(decoding: result.stdout, as: UTF8.self), result.stderr)
+    }
+
+    /// uid 1600 keeps a token in its service `bank`; root imports a bundle sealed for the service
+    /// `uid:1600/bank` into keychaind's store. Before the fix the bundle's value replaced uid 1600's token.
+    @Test func aBundleNamingAUsersScopeDoesNotLandAmongItsItems() async throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm)
+        #expect(try ctl(daemon, ["set", "bank", "token"], input: "the user's own", uid: Self.victim).status == 0)
+        // Root, in its own process on keychaind's store (each takes its turn at the TPM).
+        let device = KeychainDevice(configuration: tpm.configuration(store: daemon.store))
+        let identity = try await device.identity()
+        let planted = try Provisioning.seal(SecureBytes(copying: Array("planted".utf8)), service: "uid:\(Self.victim)/bank", key: "token",
+                                            for: identity)
+        await #expect(throws: KeychainError(.invalidArgument)) { try await device.importBundle(planted) }
+        // The importer names the user: the bundle's service is that user's service.
+        let given = try Provisioning.seal(SecureBytes(copying: Array("provisioned".utf8)), service: "bank", key: "pin", for: identity)
+        #expect(try await device.importBundle(given, forUser: Self.victim) == .imported)
+
+        #expect(try ctl(daemon, ["get", "bank", "token"], uid: Self.victim).out == "the user's own")
+        #expect(try ctl(daemon, ["get", "bank", "pin"], uid: Self.victim).out == "provisioned")
+        #expect(try ctl(daemon, ["ls", "bank"], uid: 1700).out.isEmpty, "no other uid got it")
+    }
+}
