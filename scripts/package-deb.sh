@@ -127,5 +127,5 @@ install -m 0755 dist/debian/postinst dist/debian/prerm dist/debian/postrm "$pkg/
 chmod 0644 "$pkg/DEBIAN/md5sums" "$pkg/DEBIAN/control"
 
 mkdir -p "$out"
-dpkg-deb --root-owner-group -Zxz --build "$pkg" "$deb" >&2
+dpkg-deb --root-owner-group -Zgzip --build "$pkg" "$deb" >&2
 echo "$deb"
