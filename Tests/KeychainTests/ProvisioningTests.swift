@@ -100,6 +100,9 @@ struct ProvisioningTests: TwoDeviceTest {
         #expect(mkfifo(fifo, 0o666) == 0)
         let out = try run("/usr/bin/timeout", ["20", ctl, "--store", b.store, "--tcti", b.tpm.tcti, "import", fifo])
         #expect(out.status == 2 && out.stderr.contains("INVALID_ARGUMENT") && out.stderr.contains("not a regular file"), "\(out.status) \(out.stderr)")
+        let restore = try run("/usr/bin/timeout", ["20", ctl, "--store", b.store, "--tcti", b.tpm.tcti, "restore", fifo, "--passphrase-stdin"],
+                              input: Array("passphrase\n".utf8))
+        #expect(restore.status == 2 && restore.stderr.contains("not a regular file"), "\(restore.status) \(restore.stderr)")
     }
 
     @Test func anOlderVersionIsRefusedAndANewerOneReplacesTheItem() throws {

@@ -176,9 +176,15 @@ extension KeychainDevice {
     /// (the device unlocked); on another device it is `INVALID_ARGUMENT`.
     /// A sealed backup holding passcode items needs this device's `passcode` as well.
     public func restore(fromFile path: String, passphrase: SecureBytes?, passcode: SecureBytes? = nil) async throws(KeychainError) -> RestoreReport {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        // Without blocking, and a regular file only: a planted FIFO hung the open (and its reads) forever.
+        let fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else { throw KeychainError(.invalidArgument, "Cannot read \(path)", underlying: .errno(errno)) }
         defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
+            throw KeychainError.invalidArgument("\(path) is not a regular file: give the backup as a file; nothing was restored")
+        }
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK)
         let (header, headerBytes) = try BackupReader.header(fd)
         let master: SecureBytes
         if let sealed = header.sealedKey {
