@@ -258,8 +258,13 @@ struct ProvisioningTests: TwoDeviceTest {
             #expect(out.status == 3 && out.stderr.contains("UNSUPPORTED"), "\(args): \(out.stderr)")
         }
         // No certificate on this TPM: --ek-ca seals nothing.
-        let noCertificate = try sealFor(idB, ["svc", "k", "--ek-ca", "/dev/null"], "v", in: b.tpm.directory)
+        let emptyCA = b.tpm.directory + "/empty-ca.pem"
+        #expect(FileManager.default.createFile(atPath: emptyCA, contents: Data()))
+        let noCertificate = try sealFor(idB, ["svc", "k", "--ek-ca", emptyCA], "v", in: b.tpm.directory)
         #expect(noCertificate.status == 3 && noCertificate.stdout.isEmpty && noCertificate.stderr.contains("AUTHENTICATION_FAILED"))
+        // A CA that is not a regular file (a device, a FIFO) is refused before anything is read.
+        let device = try sealFor(idB, ["svc", "k", "--ek-ca", "/dev/null"], "v", in: b.tpm.directory)
+        #expect(device.status == 2 && device.stdout.isEmpty && device.stderr.contains("is not a regular file"), "\(device.stderr)")
     }
 
     /// `--ek-ca`: a device whose EK certificate (swtpm_setup --create-ek-cert, swtpm-localca) verifies
