@@ -110,7 +110,9 @@ var stops: [DispatchSourceSignal] = []
 for number in [SIGTERM, SIGINT] {
     signal(number, SIG_IGN)
     let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-    source.setEventHandler { bus.stop() }
+    // Sendable, so not the main actor's: the handler runs on a global queue while the main thread serves the bus
+    // (a main-actor closure there failed its isolation check and the provider died of SIGILL at SIGTERM).
+    source.setEventHandler { @Sendable [bus] in bus.stop() }
     source.resume()
     stops.append(source)
 }
