@@ -168,8 +168,8 @@ actor Engine {
                        staleKey: [UInt8]?, label: String?, store: Store, dates: ItemDates? = nil) throws(KeychainError) {
         try writeStore(store) { tx in
             // keychaind's quota: what the caller's namespace holds before this write.
-            let namespace = configuration.userLimits == nil ? nil : quotaNamespace(of: service)
-            let usage = try namespace.map { try tx.usage(servicePrefix: $0) }
+            let scope = configuration.userLimits == nil ? nil : quotaScope(of: service)
+            let usage = try scope.map { try tx.usage(servicePrefix: $0.storePrefix) }
             // Another process may have made this service's key meanwhile: theirs wins, ours is dropped.
             var current = try tx.wrappingKey(service: service, protection: tag)
             let addsKey = current == nil || current?.publicKey == staleKey

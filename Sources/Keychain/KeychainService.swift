@@ -26,8 +26,17 @@ package enum ItemScope: Hashable, Sendable {
                                                     + "and a service never chooses whose items it holds: name it without that prefix")
             }
             return service
-        case .user(let uid): return "uid:\(uid)/" + service
-        case .group(let name): return "group:\(name)/" + service
+        case .user, .group: return storePrefix + service
+        }
+    }
+
+    /// What begins the store names of this scope's items (`uid:N/`, `group:NAME/`; nothing for the
+    /// process's own): the range the quota measures.
+    var storePrefix: String {
+        switch self {
+        case .process: ""
+        case .user(let uid): "uid:\(uid)/"
+        case .group(let name): "group:\(name)/"
         }
     }
 

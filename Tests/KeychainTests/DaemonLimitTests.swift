@@ -121,16 +121,7 @@ struct DaemonLimitTests {
         let tpm = try SoftwareTPM()
         let daemon = try KeychainDaemon(tpm: tpm)
         #expect(try ctl(daemon, ["set", "mine", "k"], input: Array("v".utf8), uid: Self.other).status == 0)
-        let flood = """
-            import os, socket, struct, sys, threading, time
-            def field(tag, data): return bytes([tag]) + struct.pack('>I', len(data)) + data
-            def read(s, n):
-                out = b''
-                while len(out) < n:
-                    chunk = s.recv(n - len(out))
-                    if not chunk: raise SystemExit('closed')
-                    out += chunk
-                return out
+        let flood = rawWireClient + """
             done, lock, stop = [], threading.Lock(), threading.Event()
             def writer(n):
                 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
@@ -138,8 +129,7 @@ struct DaemonLimitTests {
                 while not stop.is_set():
                     opts = ('{"service":"flood-%d-%d"}' % (n, i)).encode()
                     body = bytes([1, 1]) + field(1, opts) + field(2, b'k') + field(3, b'x' * 64)
-                    s.sendall(struct.pack('>I', len(body)) + body)
-                    read(s, struct.unpack('>I', read(s, 4))[0])
+                    request(s, body)
                     with lock: done.append(time.monotonic())
                     i += 1
             threads = [threading.Thread(target=writer, args=(n,), daemon=True) for n in range(32)]
@@ -149,23 +139,13 @@ struct DaemonLimitTests {
             with lock: print(' '.join('%.6f' % t for t in done))
             os._exit(0)
             """
-        let reads = """
-            import socket, struct, sys, time
-            def field(tag, data): return bytes([tag]) + struct.pack('>I', len(data)) + data
-            def read(s, n):
-                out = b''
-                while len(out) < n:
-                    chunk = s.recv(n - len(out))
-                    if not chunk: raise SystemExit('closed')
-                    out += chunk
-                return out
+        let reads = rawWireClient + """
             s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
             body = bytes([1, 2]) + field(1, b'{"service":"mine"}') + field(2, b'k')
             time.sleep(1.0)  # the flood is under way
             for _ in range(20):
                 start = time.monotonic()
-                s.sendall(struct.pack('>I', len(body)) + body)
-                reply = read(s, struct.unpack('>I', read(s, 4))[0])
+                reply = request(s, body)
                 assert reply[1] == 0x80, reply
                 print('%.6f %.6f' % (start, time.monotonic()), flush=True)
                 time.sleep(0.1)

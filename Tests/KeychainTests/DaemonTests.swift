@@ -52,15 +52,12 @@ struct DaemonUserTests {
     /// caller's own items (the test sends it as `nobody` with python3, byte by byte).
     @Test func aUidInTheRequestIsNotBelieved() throws {
         #expect(try ctl(["set", "mail", "token"], input: "root's").status == 0)
-        let script = """
-            import socket, struct, sys
-            def field(tag, data): return bytes([tag]) + struct.pack('>I', len(data)) + data
+        let script = rawWireClient + """
             # getItem (2): options, key, then fields a forged client might add: a uid of 0 under every other tag.
             body = bytes([1, 2]) + field(1, b'{"service":"mail"}') + field(2, b'token')
             body += b''.join(field(tag, struct.pack('>Q', 0)) for tag in range(60, 256))
-            s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(struct.pack('>I', len(body)) + body)
-            head = s.recv(4, socket.MSG_WAITALL); reply = s.recv(struct.unpack('>I', head)[0], socket.MSG_WAITALL)
-            sys.stdout.write(reply.hex())
+            s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+            sys.stdout.write(request(s, body).hex())
             """
         let result = try run("/usr/bin/setpriv", ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups",
                                                   "/usr/bin/python3", "-c", script, daemon.socket])
@@ -225,20 +222,11 @@ struct DaemonUserTests {
     @Test func aForeignClientAsAnotherUserReachesOnlyTheOpenDeviceCalls() throws {
         #expect(try ctl(["passcode", "set"], input: "2468\n").status == 0)
         let open: Set<Int> = [24 /* biometryTypes */, 25 /* canUse */, 27 /* status */, 29 /* tokenStatus */, 30 /* unlock */]
-        let script = """
-            import socket, struct, sys
-            def field(tag, value): return bytes([tag]) + struct.pack('>I', len(value)) + value
-            def read(s, n):
-                out = b''
-                while len(out) < n:
-                    chunk = s.recv(n - len(out))
-                    if not chunk: raise SystemExit('closed')
-                    out += chunk
-                return out
+        let script = rawWireClient + """
             for kind in range(20, 40):
                 body = bytes([1, kind]) + field(5, b'passcode') + field(11, b'thumb') + field(12, b'0000') + field(13, b'1357')
-                s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(struct.pack('>I', len(body)) + body)
-                reply = read(s, struct.unpack('>I', read(s, 4))[0]); s.close()
+                s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+                reply = request(s, body); s.close()
                 code = b''
                 if reply[1] == 0x81 and reply[2] == 30: code = reply[7:7 + struct.unpack('>I', reply[3:7])[0]]
                 print(kind, reply[1], code.decode())

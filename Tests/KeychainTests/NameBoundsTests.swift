@@ -24,18 +24,12 @@ struct NameBoundsTests: TwoDeviceTest {
         #expect(try run("/usr/bin/setpriv", asNobody + [keychainctl, "set", "mail", "token"], input: Array("nobody's".utf8),
                         environment: daemon.environment).status == 0)
         #expect(try run(keychainctl, ["set", "vpn", "psk"], input: Array("root's".utf8), environment: daemon.environment).status == 0)
-        let script = """
-            import json, socket, struct, sys
-            def field(tag, data): return bytes([tag]) + struct.pack('>I', len(data)) + data
+        let script = rawWireClient + """
             service = ('a' + '\\u0301' * 300) * 256
             body = bytes([1, 1]) + field(1, json.dumps({'service': service}).encode()) + field(2, b'k') + field(3, b'v')
-            s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(struct.pack('>I', len(body)) + body)
-            head = s.recv(4, socket.MSG_WAITALL); reply = s.recv(struct.unpack('>I', head)[0], socket.MSG_WAITALL)
-            fields, at = {}, 2
-            while at < len(reply):
-                tag, n = reply[at], struct.unpack('>I', reply[at + 1:at + 5])[0]
-                fields[str(tag)] = reply[at + 5:at + 5 + n].decode('utf-8', 'replace'); at += 5 + n
-            print(json.dumps({'kind': reply[1], 'fields': fields}))
+            s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+            reply = request(s, body)
+            print(json.dumps({'kind': reply[1], 'fields': fields(reply)}))
             """
         let sent = try run("/usr/bin/setpriv", asNobody + ["/usr/bin/python3", "-c", script, daemon.socket])
         #expect(sent.status == 0, "\(sent.stderr)")

@@ -62,46 +62,18 @@ var buildDirectory: URL {
     return url
 }
 
-/// Runs a program with `input` on stdin; returns its exit status, stdout and stderr.
-/// Through `Processes.spawn`, so the child holds no descriptor of another test (a pipe's write end, a
-/// TPM connection) that would keep that test waiting.
+/// Runs a program with `input` on stdin; its exit status, stdout and stderr (`runChild`: killed
+/// after `childDeadlineSeconds`).
 @discardableResult
-func run(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:]) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
-    var env = ProcessInfo.processInfo.environment
-    env.merge(environment) { $1 }
-    let stdin = Pipe(), stdout = Pipe(), stderr = Pipe()
-    guard let pid = Processes.spawn(path, [path] + args, environment: env,
-                                    stdin: stdin.fileHandleForReading.fileDescriptor,
-                                    stdout: stdout.fileHandleForWriting.fileDescriptor,
-                                    stderr: stderr.fileHandleForWriting.fileDescriptor) else {
-        throw SoftwareTPMError("cannot start \(path): errno \(errno)")
-    }
-    try stdin.fileHandleForReading.close()
-    try stdout.fileHandleForWriting.close()
-    try stderr.fileHandleForWriting.close()
-    // A child may exit without reading all its input (a refused `set`): that is EPIPE for this write,
-    // not a SIGPIPE that ends the whole test process.
-    _ = ignoreBrokenPipes
-    // A child that never ends (a TPM client queued behind another forever) fails its test after two
-    // minutes instead of holding the whole run until CI's cap.
-    let finished = Mutex(false)
-    DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(childDeadlineSeconds)) {
-        finished.withLock { done in if !done { kill(pid, SIGKILL) } }
-    }
-    try? stdin.fileHandleForWriting.write(contentsOf: Data(input))
-    try stdin.fileHandleForWriting.close()
-    let out = stdout.fileHandleForReading.readDataToEndOfFile()
-    let err = stderr.fileHandleForReading.readDataToEndOfFile()
-    let status = Processes.wait(pid)
-    let timedOut = finished.withLock { done in defer { done = true }; return status == -1 }
-    return (status, Array(out), String(decoding: err, as: UTF8.self) + (timedOut ? "\n[killed: a signal ended it, or it ran past \(childDeadlineSeconds) s]" : ""))
+func run(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:]) throws -> ChildResult {
+    try runChild(path, args, input: input, environment: environment, deadline: childDeadlineSeconds)
 }
 
 /// How long a child of a test may run.
 let childDeadlineSeconds = 120
 
 /// SIGPIPE ignored in the test process, once (children still start with the default).
-let ignoreBrokenPipes: Void = { signal(SIGPIPE, SIG_IGN) }()
+var ignoreBrokenPipes: Void { ignoreBrokenPipesInTests }
 
 /// Starts `keychain-bench --quick` (it makes a `SoftwareTPM`) and reads its stderr until it says
 /// where its store is; returns its pid and what it said. The caller ends it.
@@ -119,3 +91,31 @@ func startBenchUntilItNamesItsStore(environment: [String: String]? = nil) throws
     }
     return (pid, said)
 }
+
+/// The start of a python3 script that speaks keychaind's wire by hand, as a client we did not write:
+/// `field(tag, data)` makes one field, `read(s, n)` reads exactly n bytes (exits with "closed" when
+/// the daemon closes first), `frame(body)` prefixes a request's length, `request(s, body)` sends one
+/// and returns the reply's body, and `fields(reply)` maps a reply's tags (as strings) to text.
+/// A test's script is this followed by its own lines.
+let rawWireClient = """
+    import json, os, socket, struct, sys, threading, time
+    def field(tag, data): return bytes([tag]) + struct.pack('>I', len(data)) + data
+    def read(s, n):
+        out = b''
+        while len(out) < n:
+            chunk = s.recv(n - len(out))
+            if not chunk: raise SystemExit('closed')
+            out += chunk
+        return out
+    def frame(body): return struct.pack('>I', len(body)) + body
+    def request(s, body):
+        s.sendall(frame(body))
+        return read(s, struct.unpack('>I', read(s, 4))[0])
+    def fields(reply):
+        out, at = {}, 2
+        while at < len(reply):
+            tag, n = reply[at], struct.unpack('>I', reply[at + 1:at + 5])[0]
+            out[str(tag)] = reply[at + 5:at + 5 + n].decode('utf-8', 'replace'); at += 5 + n
+        return out
+
+    """

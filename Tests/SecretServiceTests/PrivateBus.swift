@@ -116,41 +116,11 @@ var buildDirectory: URL {
 }
 
 /// SIGPIPE ignored in the test process, once.
-let ignoreBrokenPipes: Void = { signal(SIGPIPE, SIG_IGN) }()
+var ignoreBrokenPipes: Void { ignoreBrokenPipesInTests }
 
 /// Runs a program with `input` on stdin (never a secret in argv); its exit status, stdout and stderr.
 /// Killed after two minutes, so a hung client fails its test instead of holding the run.
 @discardableResult
-func run(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:]) throws
-    -> (status: Int32, stdout: [UInt8], stderr: String) {
-    var env = ProcessInfo.processInfo.environment
-    env.merge(environment) { $1 }
-    let stdin = Pipe(), stdout = Pipe(), stderr = Pipe()
-    guard let pid = Processes.spawn(path, [path] + args, environment: env,
-                                    stdin: stdin.fileHandleForReading.fileDescriptor,
-                                    stdout: stdout.fileHandleForWriting.fileDescriptor,
-                                    stderr: stderr.fileHandleForWriting.fileDescriptor) else {
-        throw SoftwareTPMError("cannot start \(path): errno \(errno)")
-    }
-    try stdin.fileHandleForReading.close()
-    try stdout.fileHandleForWriting.close()
-    try stderr.fileHandleForWriting.close()
-    let finished = Mutex(false)
-    DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(120)) {
-        finished.withLock { done in if !done { kill(pid, SIGKILL) } }
-    }
-    let writer = Thread {
-        try? stdin.fileHandleForWriting.write(contentsOf: Data(input))
-        try? stdin.fileHandleForWriting.close()
-    }
-    writer.start()
-    let err = Mutex(Data())
-    let errReader = Thread { let data = stderr.fileHandleForReading.readDataToEndOfFile(); err.withLock { $0 = data } }
-    errReader.start()
-    let out = stdout.fileHandleForReading.readDataToEndOfFile()
-    let status = Processes.wait(pid)
-    finished.withLock { $0 = true }
-    for _ in 0..<500 where err.withLock({ $0.isEmpty }) && errReader.isExecuting { usleep(1000) }
-    while errReader.isExecuting { usleep(1000) }
-    return (status, Array(out), String(decoding: err.withLock { $0 }, as: UTF8.self))
+func run(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:]) throws -> ChildResult {
+    try runChild(path, args, input: input, environment: environment)
 }

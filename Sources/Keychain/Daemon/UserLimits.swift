@@ -20,12 +20,21 @@ package struct UserLimits: Sendable, Equatable {
     static let flags = "keychaind --quota-items N --quota-bytes N"
 }
 
-/// The namespace a service is stored under through keychaind (`uid:N/` or `group:NAME/`), which
-/// the quota counts; nil for a service of the in-process library, which has no quota.
-func quotaNamespace(of service: String) -> String? {
-    guard service.hasPrefix("uid:") || service.hasPrefix(ItemNames.groupNamespacePrefix),
-          let slash = service.firstIndex(of: "/") else { return nil }
-    return String(service[...slash])
+/// The scope whose quota a stored service counts against: a uid's items or an access group's
+/// through keychaind; nil for a service of the in-process library, which has no quota.
+func quotaScope(of service: String) -> ItemScope? {
+    ItemScope.parse(service)?.0
+}
+
+extension ItemScope {
+    /// Whose items a quota message speaks of.
+    var quotaHolder: String {
+        switch self {
+        case .process: "This process"
+        case .user(let uid): "uid \(uid)"
+        case .group(let name): "The access group '\(name)'"
+        }
+    }
 }
 
 extension KeychainError.Code {
@@ -45,16 +54,13 @@ extension Engine {
     ///   - existing: the item the write replaces.
     func checkQuota(service: String, key: String, usage: StoreUsage, existing: ItemRecord?, newItemBytes: Int,
                     newKeyBytes: Int) throws(KeychainError) {
-        guard let limits = configuration.userLimits, let namespace = quotaNamespace(of: service) else { return }
+        guard let limits = configuration.userLimits, let scope = quotaScope(of: service) else { return }
         let items = usage.items + (existing == nil ? 1 : 0)
         let bytes = usage.bytes - (existing.map(StoreUsage.bytes(of:)) ?? 0) + newItemBytes + newKeyBytes
         let grows = items > usage.items || bytes > usage.bytes
         guard grows, items > limits.quotaItems || bytes > limits.quotaBytes else { return }
-        let whose = namespace.hasPrefix(ItemNames.groupNamespacePrefix)
-            ? "The access group '\(namespace.dropFirst(ItemNames.groupNamespacePrefix.count).dropLast())'"
-            : "uid \(namespace.dropFirst("uid:".count).dropLast())"
         let limit = items > limits.quotaItems ? "\(limits.quotaItems) items" : "\(Self.size(limits.quotaBytes))"
-        throw KeychainError(.quotaExceeded, "\(whose) would hold more than the keychain service's quota of \(limit) with item "
+        throw KeychainError(.quotaExceeded, "\(scope.quotaHolder) would hold more than the keychain service's quota of \(limit) with item "
                             + "'\(key)' (it holds \(usage.items) items in \(Self.size(usage.bytes)); this write is "
                             + "\(Self.size(newItemBytes + newKeyBytes))); nothing was written. Remove items no longer needed "
                             + "(keychainctl rm, clear), or ask the administrator to raise the quota (\(UserLimits.flags))")
@@ -69,8 +75,8 @@ extension Engine {
 
     /// The quota check before any TPM or token work: a write over the quota costs no TPM command.
     func checkQuotaBeforeSealing(_ value: SecureBytes, service: String, key: String, label: String?, store: Store) throws(KeychainError) {
-        guard configuration.userLimits != nil, let namespace = quotaNamespace(of: service) else { return }
-        let (usage, existing) = try read { (try store.usage(servicePrefix: namespace), try store.item(service: service, key: key)) }
+        guard configuration.userLimits != nil, let scope = quotaScope(of: service) else { return }
+        let (usage, existing) = try read { (try store.usage(servicePrefix: scope.storePrefix), try store.item(service: service, key: key)) }
         try checkQuota(service: service, key: key, usage: usage, existing: existing,
                        newItemBytes: Self.itemBytes(service: service, key: key, label: label ?? existing?.label, valueCount: value.count),
                        newKeyBytes: 0)
