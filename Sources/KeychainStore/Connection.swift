@@ -7,6 +7,9 @@ import Musl
 #elseif canImport(Darwin)
 import Darwin
 #endif
+#if DEBUG
+import Synchronization
+#endif
 
 /// How long to wait for other writers. Tests shorten it; the Store uses `standard`.
 struct BusyPolicy: Sendable {
@@ -17,6 +20,23 @@ struct BusyPolicy: Sendable {
 
     static let standard = BusyPolicy(sqliteTimeoutMilliseconds: 10_000, retryLimit: .seconds(30))
 }
+
+#if DEBUG
+/// Test hook for crash-atomicity tests: with `KEYCHAIN_TEST_ABORT_AFTER_STORE_WRITES=N` the process
+/// ends, without any cleanup as `kill -9` there would, right after its Nth store write: a statement
+/// that changed the database (inside its transaction, not yet committed) or a COMMIT.
+/// Debug builds only: no environment variable can end a release build.
+enum StoreCrashPoint {
+    private static let abortAfter: Int? = getenv("KEYCHAIN_TEST_ABORT_AFTER_STORE_WRITES")
+        .flatMap { Int(String(cString: $0)) }.flatMap { $0 > 0 ? $0 : nil }
+    private static let writes = Atomic<Int>(0)
+
+    static func reached() {
+        guard let abortAfter else { return }
+        if writes.add(1, ordering: .relaxed).newValue == abortAfter { _exit(134) }
+    }
+}
+#endif
 
 /// One SQLite connection with a cache of prepared statements. Not thread-safe:
 /// the Store guards each connection with its own lock.
@@ -194,6 +214,9 @@ final class Connection {
             statement.retryBusyInTransaction = true
             while try statement.step("committing a write transaction") {}
         }
+        #if DEBUG
+        StoreCrashPoint.reached()
+        #endif
     }
 
     /// Best effort: rollback only fails if the transaction is already gone.
@@ -272,7 +295,12 @@ struct Statement {
                 startedRows = true
                 return true
             }
-            if rc == SQLITE_DONE { return false }
+            if rc == SQLITE_DONE {
+                #if DEBUG
+                if sqlite3_stmt_readonly(handle) == 0 { StoreCrashPoint.reached() }
+                #endif
+                return false
+            }
             let primary = rc & 0xff
             let retryable = (primary == SQLITE_BUSY || primary == SQLITE_LOCKED) && !startedRows
                 && (retryBusyInTransaction || !connection.inTransaction)
