@@ -26,6 +26,10 @@ public final class KeychainDaemon: @unchecked Sendable {
     private let arguments: [String]
     private let executable: String
     private let listener: Int32
+    /// The uid keychaind runs as; nil for this process's.
+    public let user: uid_t?
+    /// prlimit(1) options keychaind starts under (`--nproc=64`).
+    private let processLimits: [String]
     private let lock = NSLock()
     private var pid: pid_t = 0
 
@@ -34,8 +38,12 @@ public final class KeychainDaemon: @unchecked Sendable {
     ///   - reader: its fingerprint reader's directory; nil for none.
     ///   - arguments: more keychaind arguments (`--stall-timeout 1`, say).
     ///   - environment: for the first start.
+    ///   - user: a uid to run keychaind as (through `setpriv`, from a root test): its store directory is
+    ///     made that user's and the TPM's sockets are given to it. Clients still see the socket as root's,
+    ///     since this process made it (as systemd does).
+    ///   - processLimits: prlimit(1) options to start keychaind under (`--nproc=64`, `--nofile=100`).
     public init(tpm: SoftwareTPM, store: String? = nil, reader: String? = nil, arguments: [String] = [],
-                environment: [String: String] = [:]) throws {
+                environment: [String: String] = [:], user: uid_t? = nil, processLimits: [String] = []) throws {
         guard let executable = Self.findKeychaind() else {
             throw SoftwareTPMError("keychaind not found beside the test bundle or on PATH: build the package first")
         }
@@ -43,6 +51,8 @@ public final class KeychainDaemon: @unchecked Sendable {
         self.store = store ?? tpm.directory + "/store"
         self.tcti = tpm.tcti
         self.reader = reader
+        self.user = user
+        self.processLimits = processLimits
         directory = "/tmp/keychaind-" + String(UUID().uuidString.prefix(13))
         for dir in [directory, directory + "/groups.d"] {
             guard mkdir(dir, 0o755) == 0, chmod(dir, 0o755) == 0 else { throw SoftwareTPMError("cannot create \(dir): errno \(errno)") }
@@ -50,6 +60,12 @@ public final class KeychainDaemon: @unchecked Sendable {
         self.arguments = ["--store", self.store, "--tcti", tpm.tcti, "--groups", directory + "/groups.d",
                           "--reader", reader ?? "none"] + arguments
         listener = try Self.listen(directory + "/keychaind.sock")
+        if let user {
+            if mkdir(self.store, 0o700) != 0 && errno != EEXIST { throw SoftwareTPMError("cannot create \(self.store): errno \(errno)") }
+            for path in [self.store, tpm.directory, tpm.directory + "/tpm", tpm.directory + "/tpm.ctrl"] where chown(path, user, user) != 0 {
+                throw SoftwareTPMError("cannot give \(path) to uid \(user): errno \(errno)")
+            }
+        }
         try start(environment: environment)
     }
 
@@ -86,10 +102,15 @@ public final class KeychainDaemon: @unchecked Sendable {
             defer { if log >= 0 { close(log) } }
             var env = ProcessInfo.processInfo.environment
             env.removeValue(forKey: "KEYCHAIN_SOCKET")
+            if user != nil { env.removeValue(forKey: "XDG_RUNTIME_DIR") }  // the test's, not the daemon's user's
             env.merge(environment) { $1 }
             // LISTEN_PID is the daemon's own pid: the shell sets it to its pid, then becomes keychaind.
             let script = "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\""
-            guard let child = Processes.spawn("/bin/sh", ["/bin/sh", "-c", script, executable] + arguments, environment: env,
+            var argv = ["/bin/sh", "-c", script, executable] + arguments
+            if let user { argv = ["/usr/bin/setpriv", "--reuid=\(user)", "--regid=\(user)", "--clear-groups"] + argv }
+            if !processLimits.isEmpty { argv = ["/usr/bin/prlimit"] + processLimits + ["--"] + argv }
+            let path = argv[0]
+            guard let child = Processes.spawn(path, argv, environment: env,
                                               stdout: out.fileHandleForWriting.fileDescriptor, stderr: log >= 0 ? log : nil,
                                               passing: listener) else {
                 throw SoftwareTPMError("cannot start keychaind: errno \(errno)")

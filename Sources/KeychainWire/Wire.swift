@@ -153,6 +153,20 @@ public enum WireSocket {
         try writeAll(fd, frame)
     }
 
+    /// Sends a request and reads the peer's next frame. When the peer closed the connection before
+    /// reading the request (EPIPE, ECONNRESET), the frame it left before closing is the reply:
+    /// keychaind says so when it cannot serve a connection (no thread for it).
+    public static func exchange(_ fd: Int32, _ message: WireMessage, idle: Int, stall: Int) throws(WireError) -> WireMessage {
+        do {
+            try send(fd, message)
+        } catch {
+            guard case .io(let code) = error.kind, code == EPIPE || code == ECONNRESET,
+                  let left = try? receive(fd, idle: 1, stall: 1) else { throw error }
+            return left
+        }
+        return try receive(fd, idle: idle, stall: stall)
+    }
+
     /// Reads one frame and decodes it. `idle` bounds the wait for its first byte, `stall` every
     /// later wait (seconds; 0 for none), so a peer that starts a frame and stops is cut off.
     public static func receive(_ fd: Int32, idle: Int, stall: Int, max: Int = Wire.maxMessage) throws(WireError) -> WireMessage {

@@ -366,9 +366,8 @@ func main() -> Never {
     /// One exchange: the request, then the reply (an error reply reported as the full tool does).
     func exchange(_ message: WireMessage) -> WireMessage {
         do throws(WireError) {
-            try WireSocket.send(fd, message)
+            var reply = try WireSocket.exchange(fd, message, idle: 120, stall: 10)
             while true {
-                var reply = try WireSocket.receive(fd, idle: 120, stall: 10)
                 switch reply.kind {
                 case WireKind.ok:
                     return reply
@@ -387,7 +386,7 @@ func main() -> Never {
                     // No authenticator: the full tool answers "interrupted", and so does the front.
                     var answer = WireMessage(kind: WireKind.answer)
                     answer.add(WireTag.answerKind, UInt64(4))
-                    try WireSocket.send(fd, answer)
+                    reply = try WireSocket.exchange(fd, answer, idle: 120, stall: 10)
                 default:
                     Failure("INTERNAL", "The keychain service sent a reply of unknown kind \(reply.kind)").report()
                 }

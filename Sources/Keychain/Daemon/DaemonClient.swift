@@ -126,8 +126,7 @@ struct DaemonClient: Sendable {
         let result: Result<WireMessage, WireError> = await withCheckedContinuation { continuation in
             DispatchQueue.global().async {
                 continuation.resume(returning: Result { () throws(WireError) in
-                    try WireSocket.send(fd, message)
-                    return try WireSocket.receive(fd, idle: Self.replyTimeout, stall: Self.stallTimeout)
+                    try WireSocket.exchange(fd, message, idle: Self.replyTimeout, stall: Self.stallTimeout)
                 })
             }
         }

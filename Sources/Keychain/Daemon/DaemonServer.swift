@@ -74,19 +74,37 @@ package final class DaemonServer: Sendable {
                 return true
             }
             guard admitted else { close(fd); continue }
-            let thread = Thread { [self] in
+            let started = ConnectionThread.start { [self] in
                 serve(connection: fd, peer: peer)
                 close(fd)
-                open.withLock { count in
-                    count.total -= 1
-                    count.byUser[uid, default: 1] -= 1
-                    if count.byUser[uid] == 0 { count.byUser[uid] = nil }
-                }
+                release(uid)
             }
-            // It may run the engine's jobs too (cold TPM, OpenSSL and SQLite paths): room for those.
-            thread.stackSize = 1 << 20
-            thread.start()
+            if let code = started {
+                // Under a task limit or memory pressure: say so on the connection and give its slot back,
+                // where Thread.start failed unnoticed (the client waited its 120 s, the slot was lost).
+                refuse(fd, KeychainError(.hardwareUnavailable, "keychaind cannot start a thread for this connection "
+                    + "(pthread_create: errno \(code): its task limit or memory is exhausted); nothing was done: retry later",
+                                         underlying: .errno(code)))
+                release(uid)
+            }
         }
+    }
+
+    /// Gives a connection's slot back.
+    private func release(_ uid: UInt32) {
+        open.withLock { count in
+            count.total -= 1
+            count.byUser[uid, default: 1] -= 1
+            if count.byUser[uid] == 0 { count.byUser[uid] = nil }
+        }
+    }
+
+    /// One error reply on a connection nothing will serve, then closed. The reply fits in the new
+    /// socket's empty buffer; non-blocking all the same, so the accept loop never waits on a client.
+    private func refuse(_ fd: Int32, _ error: KeychainError) {
+        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+        try? WireSocket.send(fd, error.wireMessage)
+        close(fd)
     }
 
     /// One client: requests in order until it closes, goes idle too long or breaks the protocol.
@@ -241,5 +259,36 @@ final class Mailbox: @unchecked Sendable {
 
     func ask(_ prompt: WireMessage) async -> WireMessage? {
         await withCheckedContinuation { post(.prompt(prompt, $0)) }
+    }
+}
+
+/// A connection's thread, made with pthread_create so that a failure is seen: Foundation's
+/// `Thread.start` ignores it (the block never runs and nothing says so).
+enum ConnectionThread {
+    /// It may run the engine's jobs too (cold TPM, OpenSSL and SQLite paths): room for those.
+    static let stackSize = 1 << 20
+
+    /// Runs `body` on a new detached thread; nil when it started, else pthread_create's error (EAGAIN
+    /// under RLIMIT_NPROC or memory pressure), and `body` is not run.
+    static func start(_ body: @escaping @Sendable () -> Void) -> Int32? {
+        var attributes = pthread_attr_t()
+        pthread_attr_init(&attributes)
+        defer { pthread_attr_destroy(&attributes) }
+        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
+        pthread_attr_setstacksize(&attributes, stackSize)
+        let context = Unmanaged.passRetained(Body(body))
+        var thread = pthread_t()
+        let code = pthread_create(&thread, &attributes, { raw in
+            Unmanaged<Body>.fromOpaque(raw!).takeRetainedValue().run()
+            return nil
+        }, context.toOpaque())
+        guard code != 0 else { return nil }
+        context.release()
+        return code
+    }
+
+    private final class Body {
+        let run: @Sendable () -> Void
+        init(_ run: @escaping @Sendable () -> Void) { self.run = run }
     }
 }

@@ -1,0 +1,115 @@
+import Foundation
+import Keychain
+import KeychainTestSupport
+import Testing
+
+/// keychaind at the edge of its process limits (issue 22 items 3 and 5): tasks (RLIMIT_NPROC) and
+/// descriptors (RLIMIT_NOFILE). The daemon runs as a uid of its own through `setpriv` (root is not
+/// held by RLIMIT_NPROC) under `prlimit`, on a real swtpm.
+@Suite("keychaind: under its task and descriptor limits")
+struct DaemonResourceTests {
+    /// keychaind's uid in these tests: no other test runs tasks as it, so its task count is the daemon's.
+    static let daemonUser: uid_t = 65531
+
+    static var keychainctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
+
+    /// Tasks of `uid` (threads, system-wide: what RLIMIT_NPROC counts) brought to at least `count`
+    /// by a process of that uid (python3's threads; its own limit is the test's), held until the
+    /// returned pipe's write end is closed.
+    func fillTasks(of uid: uid_t, to count: Int) throws -> (Process, Pipe) {
+        let script = """
+            import os, sys, threading
+            def tasks():
+                total = 0
+                for pid in filter(str.isdigit, os.listdir('/proc')):
+                    try: fields = dict(l.split(':', 1) for l in open('/proc/%s/status' % pid) if ':' in l)
+                    except OSError: continue
+                    if int(fields['Uid'].split()[0]) == int(sys.argv[1]): total += int(fields['Threads'])
+                return total
+            threading.stack_size(65536)
+            held = threading.Event()
+            while tasks() < int(sys.argv[2]):
+                threading.Thread(target=held.wait, daemon=True).start()
+            print(tasks(), flush=True)
+            sys.stdin.read()
+            """
+        let hold = Pipe(), out = Pipe()
+        let python = Process()
+        python.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        python.arguments = ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "/usr/bin/python3", "-c", script, "\(uid)", "\(count)"]
+        python.standardInput = hold
+        python.standardOutput = out
+        try python.run()
+        let line = String(decoding: out.fileHandleForReading.availableData, as: UTF8.self)
+        #expect(Int(line.trimmingCharacters(in: .whitespacesAndNewlines)).map { $0 >= count } == true, "tasks of \(uid): \(line)")
+        return (python, hold)
+    }
+
+    /// Before, a connection whose thread could not start (Thread.start fails unnoticed) was counted,
+    /// never served and never closed: its client waited for its own 120 s timeout and the slot was
+    /// lost for good, so a burst under a task limit starved the uid and then the daemon. Now each
+    /// such connection gets HARDWARE_UNAVAILABLE at once, its slot comes back, and once threads can
+    /// start again the next client is served.
+    @Test func aConnectionWhoseThreadCannotStartIsRefusedAndItsSlotGivenBack() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm, arguments: ["--max-connections", "4"], user: Self.daemonUser,
+                                        processLimits: ["--nproc=64"])
+        #expect(try run(Self.keychainctl, ["set", "svc", "k"], input: Array("v".utf8), environment: daemon.environment).status == 0)
+        // Another process of the daemon's user takes every task its limit leaves (64, one over: the
+        // kernel refuses a new one once the count is above the limit).
+        let (filler, hold) = try fillTasks(of: Self.daemonUser, to: 65)
+
+        // A burst of 8 connections (4 slots, 1 per uid), each with a request (status) sent at once.
+        let script = """
+            import socket, struct, sys, time, select
+            socks = []
+            for i in range(8):
+                s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+                try: s.sendall(struct.pack('>I', 2) + bytes([1, 27]))
+                except BrokenPipeError: pass  # closed already: a reply it sent is still there to read
+                socks.append(s)
+            start, pending, seen = time.monotonic(), {s: b'' for s in socks}, {}
+            while pending and time.monotonic() - start < 15:
+                ready, _, _ = select.select(list(pending), [], [], 1)
+                for s in ready:
+                    try: data = s.recv(65536)
+                    except ConnectionResetError: data = b''
+                    if data:
+                        pending[s] += data
+                        got = pending[s]
+                        if len(got) < 4 or len(got) < 4 + struct.unpack('>I', got[:4])[0]: continue
+                    seen[s] = (pending.pop(s), time.monotonic() - start)
+            for s in socks:
+                if s in seen:
+                    reply, after = seen[s]
+                    print('%s %.1f %s' % ('reply' if reply else 'closed', after, reply[4:].decode('utf-8', 'replace').replace('\\n', ' ')))
+                else:
+                    print('no answer after 15 s')
+            """
+        let burst = try run("/usr/bin/python3", ["-c", script, daemon.socket])
+        let lines = String(decoding: burst.stdout, as: UTF8.self).split(separator: "\n")
+        #expect(lines.count == 8, "\(burst.stderr)")
+        for line in lines {
+            #expect(!line.hasPrefix("no answer"), "a connection of the burst was never answered nor closed: \(lines)")
+        }
+        #expect(lines.contains { $0.contains("HARDWARE_UNAVAILABLE") && $0.contains("cannot start a thread") && $0.contains("errno 11") },
+                "no connection was told why: \(lines)")
+        // keychainctl, front and full tool, say so too, at once.
+        for tool in ["keychainctl", "keychainctl-full"] {
+            let begun = Date()
+            let refused = try run(buildDirectory.appendingPathComponent(tool).path, ["get", "svc", "k"], environment: daemon.environment)
+            #expect(refused.status == 3 && refused.stderr.contains("HARDWARE_UNAVAILABLE") && refused.stderr.contains("cannot start a thread"),
+                    "\(tool): \(refused.status) \(refused.stderr)")
+            #expect(Date().timeIntervalSince(begun) < 10, "\(tool) waited \(Date().timeIntervalSince(begun)) s")
+        }
+
+        // Threads can start again: every slot is free, so root and another uid are served.
+        try hold.fileHandleForWriting.close()
+        filler.waitUntilExit()
+        let after = try run(Self.keychainctl, ["get", "svc", "k"], environment: daemon.environment)
+        #expect(after.status == 0 && after.stdout == Array("v".utf8), "after the burst: \(after.status) \(after.stderr)")
+        let other = try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", Self.keychainctl, "ls", "svc"],
+                            environment: daemon.environment)
+        #expect(other.status == 0, "nobody after the burst: \(other.stderr)")
+    }
+}
