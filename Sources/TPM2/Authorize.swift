@@ -52,11 +52,8 @@ extension TPMContext {
                 Esys_Sign(esys, handle.tr, Self.password, Self.none, Self.none, &digest, &scheme, &validation, &signature)
             }
             defer { Esys_Free(signature) }
-            var buffer = [UInt8](repeating: 0, count: MemoryLayout<TPMT_SIGNATURE>.size + 8)
-            var offset = 0
-            let rc = Tss2_MU_TPMT_SIGNATURE_Marshal(signature, &buffer, buffer.count, &offset)
-            guard rc == 0 else { throw TPMError(command: "marshal TPMT_SIGNATURE", code: .init(rawValue: rc)) }
-            signatures.append(Array(buffer.prefix(offset)))
+            guard let signature else { throw TPMError(command: "Sign(approval)", code: .size) }
+            signatures.append(try Marshal.encode("TPMT_SIGNATURE", signature.pointee, Tss2_MU_TPMT_SIGNATURE_Marshal))
         }
         return Approval(keyPublic: blob.publicArea, keyName: keyName, signatures: signatures)
     }
@@ -71,10 +68,7 @@ extension TPMContext {
         }
         let handle = TPMHandle(tr: key, mustFlush: true)
         defer { flush(handle) }
-        var sig = TPMT_SIGNATURE()
-        var offset = 0
-        let rc = Tss2_MU_TPMT_SIGNATURE_Unmarshal(signature, signature.count, &offset, &sig)
-        guard rc == 0 else { throw TPMError(command: "unmarshal TPMT_SIGNATURE", code: .init(rawValue: rc)) }
+        var sig = try Marshal.decode("TPMT_SIGNATURE", signature, as: TPMT_SIGNATURE(), Tss2_MU_TPMT_SIGNATURE_Unmarshal)
         var digest = TPM2B_DIGEST()
         digest.size = TPM2B.set(&digest.buffer, sha256(approvedPolicy, policyRef))
         var ticket: UnsafeMutablePointer<TPMT_TK_VERIFIED>?

@@ -27,10 +27,11 @@ extension TPMContext {
         if encryptResponse { flags |= KC_SESSION_ENCRYPT }
         if decryptCommand { flags |= KC_SESSION_DECRYPT }
         let mask = KC_SESSION_CONTINUE | KC_SESSION_ENCRYPT | KC_SESSION_DECRYPT
-        let rc = Esys_TRSess_SetAttributes(esys, session, flags, mask)
-        guard rc == 0 else {
+        do {
+            try Self.local("TRSess_SetAttributes") { Esys_TRSess_SetAttributes(esys, session, flags, mask) }
+        } catch {
             flush(TPMHandle(tr: session, mustFlush: true))
-            throw TPMError(command: "TRSess_SetAttributes", code: .init(rawValue: rc))
+            throw error
         }
         return TPMHandle(tr: session, mustFlush: true)
     }
@@ -376,37 +377,19 @@ extension TPMContext {
     }
 }
 
-/// Marshalling of the structures we store.
-enum Marshal {
+/// Marshalling of the structures we store (Marshal.swift has the generic part).
+extension Marshal {
     static func `public`(_ value: TPM2B_PUBLIC) throws(TPMError) -> [UInt8] {
-        var v = value
-        var buffer = [UInt8](repeating: 0, count: MemoryLayout<TPM2B_PUBLIC>.size + 8)
-        var offset = 0
-        let rc = Tss2_MU_TPM2B_PUBLIC_Marshal(&v, &buffer, buffer.count, &offset)
-        guard rc == 0 else { throw TPMError(command: "marshal TPM2B_PUBLIC", code: .init(rawValue: rc)) }
-        return Array(buffer.prefix(offset))
+        try encode("TPM2B_PUBLIC", value, Tss2_MU_TPM2B_PUBLIC_Marshal)
     }
     static func `private`(_ value: TPM2B_PRIVATE) throws(TPMError) -> [UInt8] {
-        var v = value
-        var buffer = [UInt8](repeating: 0, count: MemoryLayout<TPM2B_PRIVATE>.size + 8)
-        var offset = 0
-        let rc = Tss2_MU_TPM2B_PRIVATE_Marshal(&v, &buffer, buffer.count, &offset)
-        guard rc == 0 else { throw TPMError(command: "marshal TPM2B_PRIVATE", code: .init(rawValue: rc)) }
-        return Array(buffer.prefix(offset))
+        try encode("TPM2B_PRIVATE", value, Tss2_MU_TPM2B_PRIVATE_Marshal)
     }
     static func `public`(_ bytes: [UInt8]) throws(TPMError) -> TPM2B_PUBLIC {
-        var out = TPM2B_PUBLIC()
-        var offset = 0
-        let rc = Tss2_MU_TPM2B_PUBLIC_Unmarshal(bytes, bytes.count, &offset, &out)
-        guard rc == 0, offset == bytes.count else { throw TPMError(command: "unmarshal TPM2B_PUBLIC", code: .init(rawValue: rc == 0 ? TPMReturnCode.size.rawValue : rc)) }
-        return out
+        try decode("TPM2B_PUBLIC", bytes, as: TPM2B_PUBLIC(), Tss2_MU_TPM2B_PUBLIC_Unmarshal)
     }
     static func `private`(_ bytes: [UInt8]) throws(TPMError) -> TPM2B_PRIVATE {
-        var out = TPM2B_PRIVATE()
-        var offset = 0
-        let rc = Tss2_MU_TPM2B_PRIVATE_Unmarshal(bytes, bytes.count, &offset, &out)
-        guard rc == 0, offset == bytes.count else { throw TPMError(command: "unmarshal TPM2B_PRIVATE", code: .init(rawValue: rc == 0 ? TPMReturnCode.size.rawValue : rc)) }
-        return out
+        try decode("TPM2B_PRIVATE", bytes, as: TPM2B_PRIVATE(), Tss2_MU_TPM2B_PRIVATE_Unmarshal)
     }
     static func pcrSelection(_ selection: PCRSelection) -> TPML_PCR_SELECTION {
         var sel = TPML_PCR_SELECTION()

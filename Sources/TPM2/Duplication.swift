@@ -255,10 +255,8 @@ extension TPMContext {
                          parent: TPMHandle, authorization: ESYS_TR) throws(TPMError) -> [UInt8] {
         var objectPublic = try Marshal.public(publicArea)
         var dup = try Marshal.private(duplicate)
-        var seed = TPM2B_ENCRYPTED_SECRET()
-        var offset = 0
-        let rc = Tss2_MU_TPM2B_ENCRYPTED_SECRET_Unmarshal(encryptedSeed, encryptedSeed.count, &offset, &seed)
-        guard rc == 0, offset == encryptedSeed.count else { throw TPMError(command: "unmarshal TPM2B_ENCRYPTED_SECRET", code: .size) }
+        var seed = try Marshal.decode("TPM2B_ENCRYPTED_SECRET", encryptedSeed, as: TPM2B_ENCRYPTED_SECRET(),
+                                      Tss2_MU_TPM2B_ENCRYPTED_SECRET_Unmarshal)
         var encryptionKey = TPM2B_DATA()
         var symmetric = TPMT_SYM_DEF_OBJECT()
         symmetric.algorithm = UInt16(TPM2_ALG_NULL)

@@ -42,11 +42,7 @@ extension TPMContext {
             Esys_LoadExternal(esys, Self.none, Self.none, Self.none, nil, &pub, KC_ESYS_TR_RH_OWNER, &key)
         }
         defer { flush(TPMHandle(tr: key, mustFlush: true)) }
-        var sig = TPMT_SIGNATURE()
-        var offset = 0
-        guard Tss2_MU_TPMT_SIGNATURE_Unmarshal(signature, signature.count, &offset, &sig) == 0, offset == signature.count else {
-            throw TPMError(command: "unmarshal TPMT_SIGNATURE", code: .size)
-        }
+        var sig = try Marshal.decode("TPMT_SIGNATURE", signature, as: TPMT_SIGNATURE(), Tss2_MU_TPMT_SIGNATURE_Unmarshal)
         var hash = TPM2B_DIGEST()
         hash.size = TPM2B.set(&hash.buffer, digest)
         var ticket: UnsafeMutablePointer<TPMT_TK_VERIFIED>?
@@ -54,22 +50,14 @@ extension TPMContext {
             Esys_VerifySignature(esys, key, Self.none, Self.none, Self.none, &hash, &sig, &ticket)
         }
         defer { Esys_Free(ticket) }
-        var buffer = [UInt8](repeating: 0, count: MemoryLayout<TPMT_TK_VERIFIED>.size + 8)
-        offset = 0
-        guard Tss2_MU_TPMT_TK_VERIFIED_Marshal(ticket, &buffer, buffer.count, &offset) == 0 else {
-            throw TPMError(command: "marshal TPMT_TK_VERIFIED", code: .size)
-        }
-        return Array(buffer.prefix(offset))
+        guard let ticket else { throw TPMError(command: "VerifySignature(boot policy)", code: .size) }
+        return try Marshal.encode("TPMT_TK_VERIFIED", ticket.pointee, Tss2_MU_TPMT_TK_VERIFIED_Marshal)
     }
 
     /// PolicyAuthorize with a kept verification ticket (no key loaded, one command).
     public func policyAuthorize(_ session: TPMHandle, approvedPolicy: [UInt8], policyRef: [UInt8], keyName: [UInt8],
                                 ticket: [UInt8]) throws(TPMError) {
-        var tk = TPMT_TK_VERIFIED()
-        var offset = 0
-        guard Tss2_MU_TPMT_TK_VERIFIED_Unmarshal(ticket, ticket.count, &offset, &tk) == 0 else {
-            throw TPMError(command: "unmarshal TPMT_TK_VERIFIED", code: .size)
-        }
+        var tk = try Marshal.decode("TPMT_TK_VERIFIED", ticket, as: TPMT_TK_VERIFIED(), Tss2_MU_TPMT_TK_VERIFIED_Unmarshal)
         try policyAuthorize(session, approvedPolicy: approvedPolicy, policyRef: policyRef, keyName: keyName, verified: &tk)
     }
 

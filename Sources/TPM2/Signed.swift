@@ -40,8 +40,8 @@ extension TPMContext {
     /// The TPM's current nonce of a session: what a PolicySigned signer must sign.
     public func nonceTPM(_ session: TPMHandle) throws(TPMError) -> [UInt8] {
         var nonce: UnsafeMutablePointer<TPM2B_NONCE>?
-        let rc = Esys_TRSess_GetNonceTPM(esys, session.tr, &nonce)
-        guard rc == 0, let nonce else { throw TPMError(command: "TRSess_GetNonceTPM", code: .init(rawValue: rc)) }
+        try Self.local("TRSess_GetNonceTPM") { Esys_TRSess_GetNonceTPM(esys, session.tr, &nonce) }
+        guard let nonce else { throw TPMError(command: "TRSess_GetNonceTPM", code: .size) }
         defer { Esys_Free(nonce) }
         return TPM2B.bytes(nonce.pointee.buffer, size: nonce.pointee.size)
     }

@@ -17,12 +17,9 @@ extension TPMContext {
     static func ticket(timeout: UnsafeMutablePointer<TPM2B_TIMEOUT>?, ticket: UnsafeMutablePointer<TPMT_TK_AUTH>?,
                        authName: [UInt8], policyRef: [UInt8]) throws(TPMError) -> PolicyTicket? {
         guard let timeout, let ticket, ticket.pointee.digest.size > 0 else { return nil }
-        var buffer = [UInt8](repeating: 0, count: MemoryLayout<TPMT_TK_AUTH>.size + 8)
-        var offset = 0
-        let rc = Tss2_MU_TPMT_TK_AUTH_Marshal(ticket, &buffer, buffer.count, &offset)
-        guard rc == 0 else { throw TPMError(command: "marshal TPMT_TK_AUTH", code: .init(rawValue: rc)) }
         return PolicyTicket(timeout: TPM2B.bytes(timeout.pointee.buffer, size: timeout.pointee.size),
-                            ticket: Array(buffer.prefix(offset)), authName: authName, policyRef: policyRef)
+                            ticket: try Marshal.encode("TPMT_TK_AUTH", ticket.pointee, Tss2_MU_TPMT_TK_AUTH_Marshal),
+                            authName: authName, policyRef: policyRef)
     }
 
     /// PolicyTicket: replays an earlier PolicySigned/PolicySecret while its ticket is valid.
@@ -34,10 +31,7 @@ extension TPMContext {
         ref.size = TPM2B.set(&ref.buffer, stored.policyRef)
         var name = TPM2B_NAME()
         name.size = TPM2B.set(&name.name, stored.authName)
-        var ticket = TPMT_TK_AUTH()
-        var offset = 0
-        let rc = Tss2_MU_TPMT_TK_AUTH_Unmarshal(stored.ticket, stored.ticket.count, &offset, &ticket)
-        guard rc == 0 else { throw TPMError(command: "unmarshal TPMT_TK_AUTH", code: .init(rawValue: rc)) }
+        var ticket = try Marshal.decode("TPMT_TK_AUTH", stored.ticket, as: TPMT_TK_AUTH(), Tss2_MU_TPMT_TK_AUTH_Unmarshal)
         try call("PolicyTicket") {
             Esys_PolicyTicket(esys, session.tr, Self.none, Self.none, Self.none, &timeout, &cpHash, &ref, &name, &ticket)
         }
