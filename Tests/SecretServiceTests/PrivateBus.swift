@@ -13,14 +13,29 @@ final class PrivateBus: @unchecked Sendable {
     let tpm: SoftwareTPM
     let address: String
     let store: String
+    /// The uid the bus, its provider and its clients run as (through `setpriv`); nil for this process's.
+    let user: uid_t?
+    /// The provider's arguments, as its activation file gives them.
+    let providerArguments: [String]
     private let daemon: pid_t
 
-    /// - Parameter providerArguments: the provider's arguments in the activation file from the TPM's TCTI
-    ///   and the store directory; `--store STORE --tcti TCTI` when nil.
-    init(providerArguments: ((_ tcti: String, _ store: String) -> [String])? = nil) throws {
+    /// - Parameters:
+    ///   - tpm: the software TPM under the store (a new one when nil); a keychaind's, for `--socket`.
+    ///   - user: another uid for the bus, its provider and its clients (a bus of its own in /tmp, owned by it).
+    ///   - providerArguments: the provider's arguments in the activation file from the TPM's TCTI
+    ///     and the store directory; `--store STORE --tcti TCTI` when nil.
+    init(tpm given: SoftwareTPM? = nil, user: uid_t? = nil, providerArguments: ((_ tcti: String, _ store: String) -> [String])? = nil) throws {
         _ = ignoreBrokenPipes
-        tpm = try SoftwareTPM()
-        directory = tpm.directory + "/bus"
+        tpm = try given ?? SoftwareTPM()
+        self.user = user
+        if let user {
+            directory = "/tmp/keychain-ss-bus-" + String(UUID().uuidString.prefix(13))
+            guard mkdir(directory, 0o700) == 0, chown(directory, user, user) == 0 else {
+                throw SoftwareTPMError("cannot make \(directory) for uid \(user): errno \(errno)")
+            }
+        } else {
+            directory = tpm.directory + "/bus"
+        }
         store = tpm.directory + "/store"
         try FileManager.default.createDirectory(atPath: directory + "/services", withIntermediateDirectories: true)
         let socket = directory + "/socket"
@@ -42,11 +57,19 @@ final class PrivateBus: @unchecked Sendable {
             """
         try config.write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
         let arguments = providerArguments?(tpm.tcti, store) ?? ["--store", store, "--tcti", tpm.tcti]
+        self.providerArguments = arguments
         let exec = ([Self.provider] + arguments).map { $0.contains(" ") ? "\"\($0)\"" : $0 }.joined(separator: " ")
         try "[D-BUS Service]\nName=org.freedesktop.secrets\nExec=\(exec)\n"
             .write(toFile: directory + "/services/org.freedesktop.secrets.service", atomically: true, encoding: .utf8)
+        if let user {
+            for path in [directory + "/services", directory + "/bus.conf", directory + "/services/org.freedesktop.secrets.service"] {
+                guard chown(path, user, user) == 0 else { throw SoftwareTPMError("chown \(path): errno \(errno)") }
+            }
+        }
         let daemonPath = try #require(Processes.findExecutable("dbus-daemon"), "dbus-daemon is not installed (apt-get install dbus-daemon)")
-        guard let pid = Processes.spawn(daemonPath, [daemonPath, "--config-file=\(directory)/bus.conf", "--nofork", "--nopidfile"]) else {
+        let command = [daemonPath, "--config-file=\(directory)/bus.conf", "--nofork", "--nopidfile"]
+        // setpriv execs the bus: its pid is the bus's.
+        guard let pid = user.map({ Processes.spawn(Self.setpriv, Self.asUser($0) + command) }) ?? Processes.spawn(daemonPath, command) else {
             throw SoftwareTPMError("cannot start dbus-daemon: errno \(errno)")
         }
         daemon = pid
@@ -54,34 +77,42 @@ final class PrivateBus: @unchecked Sendable {
         guard FileManager.default.fileExists(atPath: socket) else { throw SoftwareTPMError("dbus-daemon did not listen at \(socket)") }
     }
 
+    static let setpriv = "/usr/bin/setpriv"
+    /// `setpriv`'s argv up to the command: the uid and gid `user`, no supplementary groups.
+    static func asUser(_ user: uid_t) -> [String] { [setpriv, "--reuid=\(user)", "--regid=\(user)", "--clear-groups"] }
+
     deinit {
         kill(daemon, SIGTERM)
         _ = Processes.wait(daemon)
         // The provider exits when the bus goes; give it the time to close its store before the TPM stops.
         for _ in 0..<300 where providerPIDs().count > 0 { usleep(10_000) }
         for pid in providerPIDs() { kill(pid, SIGKILL) }
+        if user != nil { try? FileManager.default.removeItem(atPath: directory) }
     }
 
-    /// The provider processes serving this bus's store.
+    /// The provider processes of this bus: this bus's provider arguments, run by the bus's uid.
     func providerPIDs() -> [pid_t] {
         let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        let wanted = ([Self.provider] + providerArguments).joined(separator: "\0") + "\0"
         return entries.compactMap { entry -> pid_t? in
-            guard let pid = pid_t(entry),
+            var info = stat()
+            guard let pid = pid_t(entry), stat("/proc/\(entry)", &info) == 0, info.st_uid == (user ?? getuid()),
                   let cmdline = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline") else { return nil }
-            let text = String(decoding: cmdline, as: UTF8.self)
-            return text.hasPrefix(Self.provider) && text.contains(tpm.directory) ? pid : nil
+            return String(decoding: cmdline, as: UTF8.self).hasPrefix(wanted) ? pid : nil
         }
     }
 
     static let provider = buildDirectory.appendingPathComponent("keychain-secret-service").path
 
-    /// A client on this bus: its status, stdout and stderr.
+    /// A client on this bus (as the bus's uid): its status, stdout and stderr.
     @discardableResult
     func run(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:]) throws
         -> (status: Int32, stdout: [UInt8], stderr: String) {
         var env = environment
         env["DBUS_SESSION_BUS_ADDRESS"] = address
-        return try SecretServiceTests.run(path, args, input: input, environment: env)
+        guard let user else { return try SecretServiceTests.run(path, args, input: input, environment: env) }
+        let command = Self.asUser(user) + [path] + args
+        return try SecretServiceTests.run(Self.setpriv, Array(command.dropFirst()), input: input, environment: env)
     }
 
     /// `/usr/bin/python3` running `script` on this bus, the secret given on stdin; fails the test with its stderr.

@@ -1,0 +1,123 @@
+import Foundation
+import Keychain
+import KeychainTestSupport
+import Testing
+
+/// `--socket`: the provider serves the user's items through a real keychaind (the appliance case),
+/// and two users, each with a bus of their own (the second uid's bus, provider and clients through
+/// `setpriv`), share one keychaind and each sees only their own items.
+@Suite(.serialized) struct DaemonSocketTests {
+    /// `nobody`: dbus-daemon refuses to run as a uid with no passwd entry.
+    static let otherUser: uid_t = 65534
+    let tpm: SoftwareTPM
+    let keychaind: KeychainDaemon
+    let bus: PrivateBus
+
+    init() throws {
+        try PrivateBus.require(PrivateBus.secretTool, "libsecret-tools")
+        try PrivateBus.requirePython(module: "secretstorage", package: "python3-secretstorage")
+        tpm = try SoftwareTPM()
+        keychaind = try KeychainDaemon(tpm: tpm)
+        let socket = keychaind.socket
+        bus = try PrivateBus(tpm: tpm, providerArguments: { _, _ in ["--socket", socket] })
+    }
+
+    func store(_ bus: PrivateBus, _ attributes: [String], _ value: String) throws {
+        let result = try bus.run(PrivateBus.secretTool, ["store", "--label=\(attributes.joined(separator: " "))"] + attributes, input: Array(value.utf8))
+        #expect(result.status == 0, "secret-tool store: \(result.stderr)")
+    }
+
+    func lookup(_ bus: PrivateBus, _ attributes: [String]) throws -> String? {
+        let result = try bus.run(PrivateBus.secretTool, ["lookup"] + attributes)
+        return result.status == 0 ? String(decoding: result.stdout, as: UTF8.self) : nil
+    }
+
+    /// The item IDs keychaind keeps for the uid in the login collection's storage (`keychainctl ls` through it).
+    func keychaindItems(as user: uid_t?) throws -> [String] {
+        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
+        let command = (user.map(PrivateBus.asUser) ?? []) + [keychainctl, "ls", "org.freedesktop.secrets/login"]
+        let result = try run(command[0], Array(command.dropFirst()), environment: keychaind.environment)
+        #expect(result.status == 0, "keychainctl ls: \(result.stderr)")
+        return String(decoding: result.stdout, as: UTF8.self).split(separator: "\n").map(String.init).sorted()
+    }
+
+    /// The login collection's items as the bus's clients see them (secretstorage): item path → label.
+    func visibleItems(_ bus: PrivateBus) throws -> [String: String] {
+        let out = try bus.python("""
+            import secretstorage, json
+            conn = secretstorage.dbus_init()
+            print(json.dumps({i.item_path: i.get_label() for i in secretstorage.get_default_collection(conn).get_all_items()}))
+            """)
+        return try JSONDecoder().decode([String: String].self, from: Data(out.utf8))
+    }
+
+    @Test func theProviderServesTheUsersItemsThroughKeychaind() throws {
+        try store(bus, ["app", "through-keychaind"], "kept by keychaind")
+        #expect(try lookup(bus, ["app", "through-keychaind"]) == "kept by keychaind")
+        let provider = try #require(bus.providerPIDs().first, "the bus activated the provider")
+        // The item is keychaind's: a keychain item of this uid's login storage, in keychaind's store.
+        let ids = try keychaindItems(as: nil)
+        #expect(ids.count == 1, "\(ids)")
+        #expect(try visibleItems(bus).keys.map { $0.split(separator: "/").last.map(String.init) } == ids)
+        // The provider holds nothing of the store: none of its descriptors is a file of keychaind's store.
+        let fds = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(provider)/fd")) ?? []
+        #expect(!fds.isEmpty)
+        for fd in fds {
+            let target = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(provider)/fd/\(fd)")) ?? ""
+            #expect(!target.hasPrefix(keychaind.store) && !target.hasPrefix(tpm.directory), "the provider opened \(target)")
+        }
+        // A provider started again by activation finds the items where they are: in keychaind.
+        kill(provider, SIGTERM)
+        for _ in 0..<1000 where kill(provider, 0) == 0 { usleep(10_000) }
+        #expect(try lookup(bus, ["app", "through-keychaind"]) == "kept by keychaind")
+        #expect(bus.providerPIDs().count == 1 && bus.providerPIDs().first != provider)
+        // And keychaind started again (its items on its TPM) serves it on.
+        keychaind.kill()
+        try keychaind.start()
+        #expect(try lookup(bus, ["app", "through-keychaind"]) == "kept by keychaind")
+        #expect(try bus.run(PrivateBus.secretTool, ["clear", "app", "through-keychaind"]).status == 0)
+        #expect(try lookup(bus, ["app", "through-keychaind"]) == nil)
+        #expect(try keychaindItems(as: nil).isEmpty)
+    }
+
+    @Test func twoUsersOnTwoBusesThroughOneKeychaindSeeOnlyTheirOwnItems() throws {
+        let socket = keychaind.socket
+        let other = try PrivateBus(tpm: tpm, user: Self.otherUser, providerArguments: { _, _ in ["--socket", socket] })
+        try store(bus, ["app", "shared-name"], "first user's")
+        try store(bus, ["only", "first"], "first user's second")
+        // The same attributes on the other user's bus: another item, not the first user's.
+        try store(other, ["app", "shared-name"], "second user's")
+        #expect(try lookup(bus, ["app", "shared-name"]) == "first user's")
+        #expect(try lookup(other, ["app", "shared-name"]) == "second user's")
+        #expect(try lookup(other, ["only", "first"]) == nil)
+        // Each provider runs as its bus's uid.
+        var info = stat()
+        let otherProvider = try #require(other.providerPIDs().first)
+        #expect(stat("/proc/\(otherProvider)", &info) == 0 && info.st_uid == Self.otherUser)
+        // Each sees its own items only, as keychaind keeps them for its uid.
+        let mine = try visibleItems(bus), theirs = try visibleItems(other)
+        #expect(mine.values.sorted() == ["app shared-name", "only first"], "\(mine)")
+        #expect(theirs.values.sorted() == ["app shared-name"], "\(theirs)")
+        #expect(try keychaindItems(as: nil) == mine.keys.map { String($0.split(separator: "/").last!) }.sorted())
+        #expect(try keychaindItems(as: Self.otherUser) == theirs.keys.map { String($0.split(separator: "/").last!) }.sorted())
+        // The first user's item paths are no objects on the second user's bus.
+        for path in mine.keys {
+            let out = try other.python("""
+                import sys, secretstorage
+                from jeepney.wrappers import DBusErrorResponse
+                conn = secretstorage.dbus_init()
+                try:
+                    secretstorage.Item(conn, sys.argv[1]).get_secret(); print('read')
+                except DBusErrorResponse as e:
+                    print(e.name)
+                except secretstorage.exceptions.ItemNotFoundException:
+                    print('not found')
+                """, [path])
+            #expect(out == "not found\n", "\(path): \(out)")
+        }
+        // The second user's clear leaves the first user's item.
+        #expect(try other.run(PrivateBus.secretTool, ["clear", "app", "shared-name"]).status == 0)
+        #expect(try lookup(other, ["app", "shared-name"]) == nil)
+        #expect(try lookup(bus, ["app", "shared-name"]) == "first user's")
+    }
+}
