@@ -37,6 +37,12 @@ install -d "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/usr/sbin" "$pkg/usr/lib/keychain" 
 # keychainctl and keychainctl-full go together (the front runs the full tool from its own directory).
 install -m 0755 "$bin/keychainctl" "$bin/keychainctl-full" "$pkg/usr/bin/"
 install -m 0755 "$bin/keychaind" "$pkg/usr/sbin/"
+# The Secret Service provider: D-Bus activation, and its user unit where a systemd user manager runs.
+install -m 0755 "$bin/keychain-secret-service" "$pkg/usr/bin/"
+install -d "$pkg/usr/share/dbus-1/services" "$pkg/usr/lib/systemd/user"
+# Its own file name: gnome-keyring ships org.freedesktop.secrets.service, and both packages may be installed.
+install -m 0644 dist/dbus/org.freedesktop.secrets.service "$pkg/usr/share/dbus-1/services/org.freedesktop.secrets.keychain.service"
+install -m 0644 dist/systemd/user/keychain-secret-service.service "$pkg/usr/lib/systemd/user/"
 # The benchmark (docs/performance.md) is not a command for users: off PATH.
 install -m 0755 "$bin/keychain-bench" "$pkg/usr/lib/keychain/"
 
@@ -57,9 +63,10 @@ install -m 0644 dist/systemd/keychain.tmpfiles.conf "$pkg/usr/lib/tmpfiles.d/key
 gzip -9n <dist/man/keychainctl.1 >"$pkg/usr/share/man/man1/keychainctl.1.gz"
 echo ".so man1/keychainctl.1" | gzip -9n >"$pkg/usr/share/man/man1/keychainctl-full.1.gz"
 gzip -9n <dist/man/keychaind.8 >"$pkg/usr/share/man/man8/keychaind.8.gz"
+gzip -9n <dist/man/keychain-secret-service.1 >"$pkg/usr/share/man/man1/keychain-secret-service.1.gz"
 install -m 0644 dist/bash-completion/keychainctl "$pkg/usr/share/bash-completion/completions/keychainctl"
 install -m 0644 docs/daemon.md "$pkg/usr/share/doc/keychain/daemon.md"
-[ -f docs/credentials.md ] && install -m 0644 docs/credentials.md "$pkg/usr/share/doc/keychain/credentials.md"
+install -m 0644 docs/credentials.md docs/secret-service.md "$pkg/usr/share/doc/keychain/"
 
 # Debian's machine-readable copyright, and the changelog a native package carries.
 {

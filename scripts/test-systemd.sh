@@ -67,7 +67,7 @@ groups=$(in_container id -nG keychaind 2>&1)
 state=$(in_container systemctl is-enabled keychaind.socket; in_container systemctl is-active keychaind.socket keychaind.service)
 [ "$state" = $'enabled\nactive\ninactive' ] && pass "keychaind.socket enabled and listening, keychaind.service not started yet" \
   || fail "keychaind.socket enabled+active, keychaind.service inactive" "$state"
-for exe in /usr/bin/keychainctl /usr/bin/keychainctl-full /usr/sbin/keychaind /usr/lib/keychain/keychain-bench; do
+for exe in /usr/bin/keychainctl /usr/bin/keychainctl-full /usr/bin/keychain-secret-service /usr/sbin/keychaind /usr/lib/keychain/keychain-bench; do
   libs=$(in_container ldd "$exe" 2>&1)
   if grep -Eq 'not found|swift|Foundation|dispatch' <<<"$libs"; then fail "$exe loads only Debian's libraries" "$libs"
   else pass "$exe resolves every library from Debian 12 (no Swift toolchain in the container)"; fi
@@ -101,6 +101,58 @@ out=$(as_user alice keychainctl lock 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -q "ACCESS_DENIED" <<<"$out" && grep -q "Only root or a member of the access group 'admin'" <<<"$out" \
   && pass "an admin command (lock) refuses alice: $(head -n1 <<<"$out")" || fail "lock refuses a non-admin" "exit $rc: $out"
 out=$(in_container keychainctl lock 2>&1) && pass "root may lock" || fail "root may lock" "$out"
+
+echo "== systemd credentials"
+# A value with a NUL, a 0xff and no final newline: byte for byte or not at all.
+printf 'pa\000ss\377Zq9w' >"$(container_dir pkg)/root/root/db-password.bin"
+out=$(in_container sh -c 'keychainctl credential set db.service db-password </root/db-password.bin' 2>&1) \
+  && pass "root stores db.service's db-password (credential set, value on stdin)" || fail "credential set as root" "$out"
+out=$(in_container keychainctl credential ls db.service 2>&1)
+[ "$out" = db-password ] && pass "credential ls db.service lists db-password" || fail "credential ls db.service" "$out"
+out=$(printf x | as_user alice keychainctl credential set db.service db-password 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "ACCESS_DENIED: Only root or a member of the access group 'admin' may store, read, list or remove systemd credentials" <<<"$out" \
+  && pass "alice's credential set is refused: ACCESS_DENIED" || fail "credential set refuses a non-admin" "exit $rc: $out"
+out=$(as_user alice keychainctl credential get db.service db-password 2>&1); rc=$?
+[ $rc -ne 0 ] && ! grep -q Zq9w <<<"$out" && pass "alice's credential get is refused (exit $rc)" || fail "credential get refuses a non-admin" "$out"
+in_container sh -c 'for u in db other; do cat >/etc/systemd/system/$u.service <<UNIT
+[Service]
+Type=oneshot
+DynamicUser=yes
+LoadCredential=db-password:/run/keychain/credentials.sock
+ExecStart=/usr/bin/od -An -tx1 -v \${CREDENTIALS_DIRECTORY}/db-password
+UNIT
+done; systemctl daemon-reload'
+out=$(in_container systemctl start db.service 2>&1); rc=$?
+got=$(in_container journalctl -u db.service -o cat --no-pager | grep -E '^ *[0-9a-f]{2}( [0-9a-f]{2})*$' | tr -d ' \n')
+want=$(od -An -tx1 -v "$(container_dir pkg)/root/root/db-password.bin" | tr -d ' \n')
+[ $rc -eq 0 ] && [ "$got" = "$want" ] && pass "a DynamicUser=yes unit's \$CREDENTIALS_DIRECTORY/db-password is the value byte for byte ($want)" \
+  || fail "db.service gets its credential byte for byte" "exit $rc, got '$got', want '$want' $out"
+out=$(in_container systemctl start other.service 2>&1); rc=$?
+result=$(in_container systemctl show -p Result --value other.service)
+log=$(in_container journalctl -u keychaind.service -o cat --no-pager | grep 'unit other.service')
+[ $rc -ne 0 ] && [ "$result" != success ] && grep -q "credential db-password: no such credential" <<<"$log" \
+  && pass "other.service asking for db.service's ID fails to start ($result); keychaind: $(head -n1 <<<"$log")" \
+  || fail "a second unit asking for the first one's ID fails to start" "exit $rc result $result log '$log'"
+# whenUnlocked on a locked device: the unit must not start, and the journal says why.
+out=$(in_container sh -c 'printf "24680\n" | keychainctl passcode set && printf api-token | keychainctl credential set api.service token --accessible whenUnlocked && keychainctl lock' 2>&1) \
+  || fail "passcode set, a whenUnlocked credential, lock" "$out"
+in_container sh -c 'cat >/etc/systemd/system/api.service <<UNIT
+[Service]
+Type=oneshot
+DynamicUser=yes
+LoadCredential=token:/run/keychain/credentials.sock
+ExecStart=/usr/bin/cat \${CREDENTIALS_DIRECTORY}/token
+UNIT
+systemctl daemon-reload'
+out=$(in_container systemctl start api.service 2>&1); rc=$?
+log=$(in_container journalctl -u keychaind.service -o cat --no-pager | grep 'unit api.service')
+[ $rc -ne 0 ] && grep -q "INTERACTION_NOT_ALLOWED" <<<"$log" && ! grep -q api-token <<<"$log" \
+  && pass "a whenUnlocked credential on a locked device fails its unit; keychaind: $(head -n1 <<<"$log")" \
+  || fail "a locked device's whenUnlocked credential fails its unit" "exit $rc log '$log'"
+out=$(in_container sh -c 'printf "24680\n" | keychainctl unlock && systemctl start api.service && journalctl -u api.service -o cat --no-pager | grep -x api-token' 2>&1) \
+  && pass "unlocked, api.service starts with its token" || fail "unlocked, api.service starts with its token" "$out"
+journal=$(in_container journalctl -u keychaind.service -o cat --no-pager)
+! grep -q -e 'api-token' -e 'Zq9w' <<<"$journal" && pass "keychaind's journal never holds a value" || fail "keychaind's journal holds no value" "$journal"
 
 echo "== the service's sandbox"
 show=$(in_container systemctl show -p NRestarts -p Result -p ExecMainStatus keychaind.service)

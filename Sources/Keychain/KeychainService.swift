@@ -15,6 +15,9 @@ package enum ItemScope: Hashable, Sendable {
     case user(UInt32)
     /// keychaind: an access group's shared items (the caller is a member).
     case group(String)
+    /// keychaind: the values it hands a service manager's units (`LoadCredential=`), the unit as the
+    /// service; an administrator stores them, the manager reads them (docs/credentials.md).
+    case credentials(SystemdCredentials.Manager)
 
     /// The store's name of `service` in this scope.
     /// - Throws: `INVALID_ARGUMENT` for a service of this process that names one of keychaind's scopes.
@@ -26,7 +29,7 @@ package enum ItemScope: Hashable, Sendable {
                                                     + "and a service never chooses whose items it holds: name it without that prefix")
             }
             return service
-        case .user, .group: return storePrefix + service
+        case .user, .group, .credentials: return storePrefix + service
         }
     }
 
@@ -37,6 +40,7 @@ package enum ItemScope: Hashable, Sendable {
         case .process: ""
         case .user(let uid): "uid:\(uid)/"
         case .group(let name): "group:\(name)/"
+        case .credentials(let manager): SystemdCredentials.namespace(of: manager)
         }
     }
 
@@ -57,6 +61,7 @@ package enum ItemScope: Hashable, Sendable {
             guard !name.isEmpty, rest.first == UInt8(ascii: "/") else { return nil }
             return (.group(String(decoding: name, as: UTF8.self)), String(decoding: rest.dropFirst(), as: UTF8.self))
         }
+        if let (manager, unit) = SystemdCredentials.parse(storeName) { return (.credentials(manager), unit) }
         return nil
     }
 
@@ -68,6 +73,7 @@ package enum ItemScope: Hashable, Sendable {
         case .process: "this process"
         case .user(let uid): "uid \(uid)'s items"
         case .group(let name): "the items of the access group '\(name)'"
+        case .credentials(let manager): "the systemd credentials of the \(manager)"
         }
     }
 

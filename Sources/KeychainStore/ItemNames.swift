@@ -16,9 +16,11 @@ public enum ItemNames {
     public static let maxKeyBytes = 1024
     public static let maxLabelBytes = 4096
 
-    /// keychaind's namespaces before a caller's service in the store: `uid:N/` and `group:NAME/`.
+    /// keychaind's namespaces before a caller's service in the store: `uid:N/` and `group:NAME/`;
+    /// `credential:system/` and `credential:uid:N/` before a unit's name (systemd credentials).
     public static let uidNamespacePrefix = "uid:"
     public static let groupNamespacePrefix = "group:"
+    public static let credentialsNamespacePrefix = "credential:"
 
     public static func serviceProblem(_ service: String) -> String? {
         let length = service.utf16.count
@@ -53,6 +55,13 @@ public enum ItemNames {
         let units = Array(stored.utf16)
         let uid = Array(uidNamespacePrefix.utf16), group = Array(groupNamespacePrefix.utf16)
         let slash = "/".utf16.first!
+        let system = Array((credentialsNamespacePrefix + "system/").utf16)
+        if units.starts(with: system) { return serviceProblem(String(decoding: units[system.count...], as: UTF16.self)) }
+        let userUnits = Array((credentialsNamespacePrefix + uidNamespacePrefix).utf16)
+        if units.starts(with: userUnits), let end = units[userUnits.count...].firstIndex(of: slash), end > userUnits.count,
+           units[userUnits.count..<end].allSatisfy({ (0x30...0x39).contains($0) }) {
+            return serviceProblem(String(decoding: units[(end + 1)...], as: UTF16.self))
+        }
         if units.starts(with: uid), let end = units[uid.count...].firstIndex(of: slash), end > uid.count,
            units[uid.count..<end].allSatisfy({ (0x30...0x39).contains($0) }) {
             return serviceProblem(String(decoding: units[(end + 1)...], as: UTF16.self))

@@ -134,6 +134,10 @@ let usage = """
                                    give is skipped; a backup made --to this device needs no passphrase, and
                                    this device's passcode (next line) when it holds passcode items
 
+    systemd credentials (through keychaind, root or the access group admin only; docs/credentials.md):
+      credential set UNIT ID [--accessible A]   the value on stdin, for LoadCredential=ID:/run/keychain/credentials.sock
+      credential get UNIT ID | credential ls UNIT | credential rm UNIT ID
+
     The fingerprint reader (simulated; its own directory, --reader DIR or KEYCHAIN_READER, 'none' for no reader):
       reader enroll NAME | reader remove NAME   the device passcode on stdin when one is set
       reader delete                             the reader and its TPM key (passcode on stdin when set)

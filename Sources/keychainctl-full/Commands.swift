@@ -166,6 +166,8 @@ struct Commands {
             return try await restore()
         case "demo":
             return try await Demo().run()
+        case "credential":
+            return try await credential()
         case nil:
             throw UsageError(message: "no command given")
         case let other?:
@@ -238,7 +240,7 @@ struct Commands {
             + status.warnings.map { "warning: \($0)" }).joined(separator: "\n")
     }
 
-    private func notFound(_ args: [String]) -> Exit {
+    func notFound(_ args: [String]) -> Exit {
         if inv.json { printJSON(["error": ["code": "NOT_FOUND", "message": "No item '\(args[1])' in service '\(args[0])'"]]) }
         else { FileHandle.standardError.write(Data("keychainctl: no item '\(escaped(args[1]))' in service '\(escaped(args[0]))'\n".utf8)) }
         return .notFound

@@ -26,3 +26,17 @@ func listenUnix(path: String) throws -> Int32 {
     guard listen(fd, 1024) == 0 else { throw ListenError(description: "listen \(path): errno \(errno)") }
     return fd
 }
+
+/// The path a listening Unix socket is bound to (getsockname), nil for another kind of socket.
+func boundPath(of fd: Int32) -> String? {
+    var address = sockaddr_un()
+    var length = socklen_t(MemoryLayout<sockaddr_un>.size)
+    let named = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+    }
+    guard named == 0, address.sun_family == sa_family_t(AF_UNIX) else { return nil }
+    return withUnsafeBytes(of: &address.sun_path) { raw in
+        let bytes = raw.prefix(max(0, Int(length) - MemoryLayout<sa_family_t>.size))
+        return String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self)
+    }
+}

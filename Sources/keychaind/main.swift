@@ -6,9 +6,12 @@ let usage = """
     usage: keychaind --socket PATH --store DIR [--tcti CONF] [--groups DIR] [--reader DIR|none]
                      [--max-connections N] [--idle-timeout SECONDS] [--stall-timeout SECONDS]
                      [--pcrs 7,…] [--quota-items 4096] [--quota-bytes 32M] [--owner-auth-file FILE]
-      Under systemd socket activation (LISTEN_FDS=1, LISTEN_PID=this process) the socket is fd 3 and
-      --socket is not needed. Access groups are DIR/NAME.conf (lines: uid N, gid N, user NAME, group NAME);
-      the group 'admin' may change the device besides root. Each uid's items (and each access group's)
+                     [--credentials-socket PATH]
+      Under systemd socket activation (LISTEN_FDS, LISTEN_PID=this process) the sockets come from systemd
+      and --socket is not needed; a passed socket bound to the --credentials-socket PATH serves systemd
+      credentials (LoadCredential=ID:PATH, docs/credentials.md), the other the keychain API.
+      Access groups are DIR/NAME.conf (lines: uid N, gid N, user NAME, group NAME); the group 'admin'
+      may change the device besides root. Each uid's items (and each access group's)
       may hold at most --quota-items items and --quota-bytes bytes (K, M, G: KiB, MiB, GiB).
       --owner-auth-file (default: the systemd credential owner.auth, $CREDENTIALS_DIRECTORY/owner.auth,
       when there is one) is the owner authorization init wrote: enrolling the first finger needs it.
@@ -24,7 +27,7 @@ var arguments = CommandLine.arguments.dropFirst()
 while let arg = arguments.popFirst() {
     if arg == "--help" || arg == "-h" { print(usage); exit(0) }
     guard ["--socket", "--store", "--tcti", "--groups", "--reader", "--max-connections", "--idle-timeout",
-           "--stall-timeout", "--pcrs", "--quota-items", "--quota-bytes", "--owner-auth-file"].contains(arg) else {
+           "--stall-timeout", "--pcrs", "--quota-items", "--quota-bytes", "--owner-auth-file", "--credentials-socket"].contains(arg) else {
         fail("unknown argument \(arg)\n\(usage)")
     }
     guard let value = arguments.popFirst() else { fail("\(arg) needs a value") }
@@ -94,17 +97,31 @@ if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &files) == 0 && files.rlim_cur < fil
 }
 signal(SIGPIPE, SIG_IGN)
 
-let listener: Int32
+var listener: Int32?
+var credentialsListener: Int32?
+let credentialsPath = flags["--credentials-socket"]
 if let fds = environment["LISTEN_FDS"], let pid = environment["LISTEN_PID"], Int32(pid) == getpid() {
-    // systemd socket activation (sd_listen_fds without libsystemd): the first passed fd is 3.
-    guard fds == "1" else { fail("expected exactly one socket from systemd (LISTEN_FDS=\(fds))") }
-    listener = 3
-    _ = fcntl(listener, F_SETFD, FD_CLOEXEC)
+    // systemd socket activation (sd_listen_fds without libsystemd): the passed fds start at 3.
+    guard let count = Int32(fds), (1...2).contains(count) else {
+        fail("expected one or two sockets from systemd (LISTEN_FDS=\(fds))")
+    }
+    for fd in 3..<(3 + count) {
+        _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        if let credentialsPath, boundPath(of: fd) == credentialsPath {
+            credentialsListener = fd
+        } else if listener == nil {
+            listener = fd
+        } else {
+            fail("systemd passed two sockets and neither is bound to --credentials-socket \(credentialsPath ?? "(not given)")")
+        }
+    }
     unsetenv("LISTEN_FDS"); unsetenv("LISTEN_PID"); unsetenv("LISTEN_FDNAMES")
 } else if let path = flags["--socket"] {
     do { listener = try listenUnix(path: path) } catch { fail("\(error)", status: 3) }
-} else {
-    fail("--socket PATH is required without socket activation\n\(usage)")
+}
+guard let listener else { fail("--socket PATH is required without socket activation\n\(usage)") }
+if let credentialsPath, credentialsListener == nil {
+    do { credentialsListener = try listenUnix(path: credentialsPath) } catch { fail("\(error)", status: 3) }
 }
 
 let server = DaemonServer(configuration: configuration, groups: AccessGroups(directory: flags["--groups"]), limits: limits)
@@ -112,5 +129,9 @@ let server = DaemonServer(configuration: configuration, groups: AccessGroups(dir
 // SIGTERM and SIGINT keep their default action and end the daemon at once: every change is committed
 // (in keychain.db or its write-ahead log) before its reply, so nothing is lost, as with SIGKILL.
 // One line on stdout once the socket listens: a supervisor or a test waits for it, not for time.
+if let credentialsListener {
+    let thread = Thread { [service = server.handler.service] in serveCredentials(listener: credentialsListener, service: service) }
+    thread.start()
+}
 FileHandle.standardOutput.write(Data("keychaind: ready (store \(store))\n".utf8))
 server.serve(listener: listener)

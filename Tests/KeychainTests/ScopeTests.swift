@@ -135,6 +135,30 @@ struct RequestHandlerTests {
         #expect(backing.names == ["lock", "biometryTypes"])
     }
 
+    /// systemd credentials (`keychainctl credential`): root and the `admin` group administer them, in
+    /// the manager's credentials scope; any other uid is refused before the service.
+    @Test func systemdCredentialsAreTheScopeOnlyForAnAdministrator() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("groups-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try "uid 1700\n".write(toFile: directory + "/admin.conf", atomically: true, encoding: .utf8)
+        let groups = AccessGroups(directory: directory)
+        let backing = RecordingService()
+        let system = SystemdCredentials.accessGroup(for: .system)
+        let refused = try await respond(.getItem, service: "db.service", accessGroup: system, key: "db-password", to: backing, groups: groups)
+        let error = try KeychainError(decoding: refused)
+        #expect(error.code == .accessDenied && error.message.contains("uid 1600 is neither"))
+        #expect(backing.names.isEmpty, "a non-admin's call never reached the service")
+        let root = Peer(pid: 1, uid: 0, gid: 0, groups: [])
+        let admin = Peer(pid: 1, uid: 1700, gid: 1700, groups: [])
+        #expect(try await respond(.setItem, service: "db.service", accessGroup: system, from: root, to: backing, groups: groups).kind == WireKind.ok)
+        #expect(try await respond(.allKeys, service: "db.service", accessGroup: system, from: admin, to: backing, groups: groups).kind == WireKind.ok)
+        let users = SystemdCredentials.accessGroup(for: .user(1600))
+        #expect(try await respond(.hasItem, service: "app.service", accessGroup: users, from: root, to: backing, groups: groups).kind == WireKind.ok)
+        #expect(backing.calls.withLock { $0.map(\.scope) } == [.credentials(.system), .credentials(.system), .credentials(.user(1600))])
+        #expect(try SystemdCredentials.storage(unit: "db.service", manager: .system).storeName == "credential:system/db.service")
+    }
+
     @Test func aStorageCallWithoutOptionsOrWithBadOnesIsRefusedBeforeTheService() async throws {
         let backing = RecordingService()
         #expect(try KeychainError(decoding: try await respond(.getItem, service: nil, to: backing)).code == .invalidArgument)
@@ -147,20 +171,22 @@ struct RequestHandlerTests {
 @Suite("item scopes")
 struct ItemScopeTests {
     @Test func storeNamesParseBackToTheirScope() throws {
-        for (scope, service) in [(ItemScope.user(1600), "bank"), (.user(0), "a/b"), (.group("team"), "vpn"), (.group("x.y-z"), "uid:1/k")] {
+        for (scope, service) in [(ItemScope.user(1600), "bank"), (.user(0), "a/b"), (.group("team"), "vpn"), (.group("x.y-z"), "uid:1/k"),
+                                 (.credentials(.system), "db.service"), (.credentials(.user(1000)), "a/b.service")] {
             let name = try scope.storeName(service)
             let parsed = try #require(ItemScope.parse(name))
             #expect(parsed.0 == scope && parsed.1 == service)
             #expect(ItemScope.shown(name) == service)
         }
-        for plain in ["bank", "uid:", "uid:x/y", "uid:/y", "group:/y", "uid:12", "group:team"] {
+        for plain in ["bank", "uid:", "uid:x/y", "uid:/y", "group:/y", "uid:12", "group:team", "credential:", "credential:uid:x/y",
+                      "credential:uid:01/y", "credential:systemd/y"] {
             #expect(ItemScope.parse(plain) == nil, "\(plain)")
             #expect(try ItemScope.process.storeName(plain) == plain)
         }
     }
 
     @Test func aServiceOfThisProcessCannotNameAnotherScope() {
-        for spelled in ["uid:1600/bank", "uid:0/", "group:team/vpn"] {
+        for spelled in ["uid:1600/bank", "uid:0/", "group:team/vpn", "credential:system/db.service", "credential:uid:1000/app.service"] {
             #expect(throws: KeychainError(.invalidArgument)) { try ItemScope.process.storeName(spelled) }
             #expect(throws: KeychainError(.invalidArgument)) {
                 try StorageRef(scope: .process, options: .init(service: spelled), defaultService: "app")

@@ -51,9 +51,14 @@ package struct DaemonRequestHandler: Sendable {
         }
     }
 
-    /// The caller's own items, or its access group's when it names one it is a member of.
+    /// The caller's own items, or its access group's when it names one it is a member of; a service
+    /// manager's systemd credentials for root and the `admin` group (`SystemdCredentials.accessGroup`).
     package func scope(of options: KeychainOptions, for peer: Peer) throws(KeychainError) -> ItemScope {
         guard let group = options.accessGroup else { return .user(peer.uid) }
+        if let manager = SystemdCredentials.manager(accessGroup: group) {
+            guard groups.isAdmin(peer) else { throw SystemdCredentials.refusal(peer) }
+            return .credentials(manager)
+        }
         guard try groups.isMember(peer, of: group) else {
             throw KeychainError(.accessDenied, "uid \(peer.uid) is not a member of the access group '\(group)' (or there is no such "
                                 + "group): ask the administrator to add it to groups.d/\(group).conf")

@@ -31,7 +31,7 @@ package final class DaemonServer: Sendable {
     /// Holds the store's engine (its thread, database and the keys it opened) for the daemon's life.
     private let engine: Engine
     /// Each request as a call of the engine, in the caller's scope.
-    let handler: DaemonRequestHandler
+    package let handler: DaemonRequestHandler
     let limits: Limits
     /// Open connections, in all and per uid.
     private let open = Mutex<(total: Int, byUser: [UInt32: Int])>((0, [:]))

@@ -33,6 +33,7 @@ extension ItemScope {
         case .process: "This process"
         case .user(let uid): "uid \(uid)"
         case .group(let name): "The access group '\(name)'"
+        case .credentials(let manager): "The \(manager)'s systemd credentials"
         }
     }
 }

@@ -1,0 +1,42 @@
+import Keychain
+import KeychainCLIText
+import SecureMemory
+
+extension Commands {
+    /// `credential set|get|ls|rm`: the values keychaind hands systemd's system units
+    /// (`LoadCredential=ID:/run/keychain/credentials.sock`, docs/credentials.md). Through keychaind only,
+    /// and keychaind answers only root and the access group `admin`.
+    func credential() async throws -> Exit {
+        let args = Array(inv.command.dropFirst())
+        guard configuration.daemonSocket != nil else {
+            throw KeychainError(.unsupported, "systemd credentials are kept by keychaind: run credential commands through it "
+                                + "(without --direct, --store or --tcti; KEYCHAIN_SOCKET or \(KeychainConfiguration.systemSocket))")
+        }
+        func unit(_ name: String) throws(KeychainError) -> Keychain {
+            try createKeychain(KeychainOptions(service: name, accessGroup: SystemdCredentials.accessGroup(for: .system)),
+                               configuration: configuration)
+        }
+        switch (args.first, args.count) {
+        case ("set", 3):
+            var call = SetItemOptions()
+            if let a = inv.flags["--accessible"] { call.accessible = try Accessible(parsing: a) }
+            try await unit(args[1]).setItem(args[2], try readStdin(limit: Keychain.maxValueLength), options: call)
+            if inv.json { printJSON(["stored": true]) }
+        case ("get", 3):
+            guard let value = try await unit(args[1]).getSecureBytes(args[2]) else { return notFound(Array(args.dropFirst())) }
+            value.withUnsafeBytes { writeStdout($0) }
+        case ("ls", 2):
+            let ids = try await unit(args[1]).getAllKeys()
+            if inv.json { printJSON(ids) } else { ids.forEach { print(escaped($0)) } }
+        case ("rm", 3):
+            let store = try unit(args[1])
+            let present = try await store.hasItem(args[2])
+            try await store.removeItem(args[2])
+            if inv.json { printJSON(["removed": present]) }
+            return present ? .ok : .notFound
+        default:
+            throw UsageError(message: "credential takes: set UNIT ID [--accessible A] (the value on stdin), get UNIT ID, ls UNIT, rm UNIT ID")
+        }
+        return .ok
+    }
+}

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Times a unit's start with its credential (docs/performance.md): through keychaind's credentials socket, warm
+# (keychaind running) and cold (keychaind and its TPM stopped: socket activation starts them), against systemd's
+# own LoadCredentialEncrypted= (systemd-creds encrypt) and a plain LoadCredential= file, in the booted Debian 12
+# of scripts/systemd-container.sh with the package installed. Also the package's size and install time.
+#
+#   scripts/bench-credentials.sh [--deb FILE] [--runs N]
+#
+# Each figure is the wall time of `systemctl start` of a Type=oneshot unit whose ExecStart is /bin/true, so
+# it is the unit's start with its credential in $CREDENTIALS_DIRECTORY; the median and the spread of N runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/systemd-container.sh
+deb="" runs=20
+while (($#)); do
+  case $1 in
+    --deb) deb=$2; shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
+    *) echo "usage: $0 [--deb FILE] [--runs N]" >&2; exit 2 ;;
+  esac
+done
+[ -n "$deb" ] || deb=$(scripts/package-deb.sh | tail -n1)
+trap 'container_stop bench >/dev/null 2>&1 || true' EXIT
+container_boot bench
+inside() { container_exec bench "$@"; }
+container_put bench "$deb" /root/
+echo "package: $(basename "$deb"), $(du -k "$deb" | cut -f1) KiB; installed size $(dpkg-deb -f "$deb" Installed-Size) KiB"
+start=$(date +%s.%N)
+inside env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "/root/$(basename "$deb")" >/dev/null 2>&1
+echo "apt-get install ./$(basename "$deb"): $(echo "$(date +%s.%N) - $start" | bc) s"
+
+inside sh -c 'head -c 32 /dev/urandom >/root/secret
+keychainctl credential set bench-keychain.service secret </root/secret || echo "credential set failed" >&2
+systemd-creds encrypt --with-key=host --name=secret /root/secret /root/secret.cred
+mkdir -p /etc/credstore && cp /root/secret /etc/credstore/secret
+write() { printf "[Service]\nType=oneshot\nDynamicUser=yes\n%s\nExecStart=/bin/true\n" "$2" >/etc/systemd/system/$1.service; }
+write bench-keychain "LoadCredential=secret:/run/keychain/credentials.sock"
+write bench-encrypted "LoadCredentialEncrypted=secret:/root/secret.cred"
+write bench-plain "LoadCredential=secret:/etc/credstore/secret"
+write bench-none ""
+systemctl daemon-reload'
+
+# One figure: N starts of UNIT (before each, BEFORE runs as a command inside); milliseconds, sorted.
+measure() {
+  local unit=$1 before=${2:-true} i t0 t1
+  for i in $(seq 1 "$runs"); do
+    inside sh -c "$before" >/dev/null 2>&1
+    t0=$(date +%s%N)
+    inside systemctl start "$unit" || { echo "$unit failed to start" >&2; exit 1; }
+    t1=$(date +%s%N)
+    echo $(((t1 - t0) / 1000))
+  done | sort -n | awk '{a[NR]=$1} END {printf "median %.1f ms (min %.1f, max %.1f, n %d)\n", a[int((NR+1)/2)]/1000, a[1]/1000, a[NR]/1000, NR}'
+}
+inside systemctl start bench-keychain.service || { inside journalctl --no-pager -n 30; exit 1; }  # keychaind up, the item read once
+echo "no credential:                         $(measure bench-none)"
+echo "LoadCredential= file:                  $(measure bench-plain)"
+echo "LoadCredentialEncrypted= (host key):   $(measure bench-encrypted)"
+echo "keychaind, warm:                       $(measure bench-keychain)"
+# reset-failed: six restarts in 10 s would hit systemd's start limit (StartLimitBurst=5) and fail the unit.
+echo "keychaind, cold (stopped before each): $(measure bench-keychain 'systemctl stop keychaind.service; systemctl reset-failed keychaind.service keychaind.socket')"
