@@ -89,11 +89,22 @@ if let value = flags["--quota-bytes"] {
     limits.user.quotaBytes = bytes
 }
 
-// A thousand idle connections need a thousand descriptors: take the hard limit.
+// A thousand idle connections need a thousand descriptors: take the hard limit, then fit the
+// connections to what it gives (one uid's quarter must never take every descriptor).
 var files = rlimit()
 if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &files) == 0 && files.rlim_cur < files.rlim_max {
     files.rlim_cur = files.rlim_max
     setrlimit(Int32(RLIMIT_NOFILE.rawValue), &files)
+}
+if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &files) == 0 && files.rlim_cur != rlim_t.max {  // RLIM_INFINITY
+    do throws(KeychainError) {
+        let descriptors = Int(clamping: files.rlim_cur)
+        if let lowered = try limits.fit(descriptors: descriptors, explicit: flags["--max-connections"] != nil) {
+            DaemonLog.say(lowered)
+        }
+    } catch {
+        fail(error.message)
+    }
 }
 signal(SIGPIPE, SIG_IGN)
 

@@ -60,12 +60,12 @@ struct DaemonResourceTests {
         let (filler, hold) = try fillTasks(of: Self.daemonUser, to: 65)
 
         // A burst of 8 connections (4 slots, 1 per uid), each with a request (status) sent at once.
-        let script = """
-            import socket, struct, sys, time, select
+        let script = rawWireClient + """
+            import select
             socks = []
             for i in range(8):
                 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
-                try: s.sendall(struct.pack('>I', 2) + bytes([1, 27]))
+                try: s.sendall(frame(bytes([1, 27])))
                 except BrokenPipeError: pass  # closed already: a reply it sent is still there to read
                 socks.append(s)
             start, pending, seen = time.monotonic(), {s: b'' for s in socks}, {}
@@ -111,5 +111,55 @@ struct DaemonResourceTests {
         let other = try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", Self.keychainctl, "ls", "svc"],
                             environment: daemon.environment)
         #expect(other.status == 0, "nobody after the burst: \(other.stderr)")
+    }
+
+    /// Before, `--max-connections` was not checked against the descriptor limit: under a limit below
+    /// a quarter of it, one uid's idle connections took every descriptor, accept failed for everyone
+    /// (errno 24) until the idle timeout, and the log said so 20 times a second. A maximum chosen with
+    /// `--max-connections` that does not fit is now refused at start, naming the numbers and the fix;
+    /// the default is lowered to fit, and the log says so; one uid then holds at most its quarter.
+    @Test func maxConnectionsBeyondTheDescriptorLimitIsRefusedOrLowered() throws {
+        let tpm = try SoftwareTPM()
+        do {
+            _ = try KeychainDaemon(tpm: tpm, arguments: ["--max-connections", "4096"], processLimits: ["--nofile=200"])
+            Issue.record("keychaind started with 4096 connections on 200 descriptors")
+        } catch {
+            let text = "\(error)"
+            #expect(text.contains("--max-connections 4096 needs 4160 descriptors") && text.contains("may open 200 (RLIMIT_NOFILE)")
+                    && text.contains("at most 136") && text.contains("LimitNOFILE="), "\(text)")
+        }
+        let daemon = try KeychainDaemon(tpm: tpm, processLimits: ["--nofile=200"])
+        let log = { (try? String(contentsOfFile: daemon.directory + "/keychaind.log", encoding: .utf8)) ?? "" }
+        #expect(log().contains("--max-connections lowered from 4096 to 136 (34 per uid)"), "\(log())")
+
+        // nobody opens as many connections as there are descriptors and holds them.
+        let script = """
+            import select, socket, sys
+            socks = []
+            for i in range(200):
+                s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); socks.append(s)
+            pending, closed = set(socks), 0
+            while True:
+                ready, _, _ = select.select(list(pending), [], [], 3)
+                if not ready: break
+                for s in ready:
+                    if s.recv(1) == b'': closed += 1; pending.discard(s)
+            print(len(socks) - closed, flush=True)
+            sys.stdin.read()
+            """
+        let hold = Pipe(), out = Pipe()
+        let python = Process()
+        python.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        python.arguments = ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script, daemon.socket]
+        python.standardInput = hold
+        python.standardOutput = out
+        try python.run()
+        defer { try? hold.fileHandleForWriting.close(); python.waitUntilExit() }
+        let held = Int(String(decoding: out.fileHandleForReading.availableData, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+        #expect(held == 34, "nobody holds \(held.map(String.init) ?? "?") connections")
+        // Root is served meanwhile (bounded: before, its connection waited in the backlog).
+        let set = try run("/usr/bin/timeout", ["20", Self.keychainctl, "set", "svc", "k"], input: Array("v".utf8), environment: daemon.environment)
+        #expect(set.status == 0, "root while nobody holds its connections: \(set.status) \(set.stderr)")
+        #expect(!log().contains("errno 24"), "\(log())")
     }
 }

@@ -115,9 +115,7 @@ package struct AccessGroups: Sendable {
     /// getpwnam and getgrnam return static storage: one connection thread at a time.
     private static let names = Mutex(())
 
-    static func log(_ text: String) {
-        FileHandle.standardError.write(Data((text + "\n").utf8))
-    }
+    static func log(_ text: String) { DaemonLog.say(text) }
 }
 
 extension KeychainError.Code {

@@ -25,6 +25,40 @@ package final class DaemonServer: Sendable {
         /// Each user's quota (UserLimits.swift).
         package var user = UserLimits()
         package init() {}
+
+        /// Descriptors keychaind keeps for itself beside one per connection: the store's database,
+        /// log and locks, the TPM's connection, the listener, the reader's and group files (14 are
+        /// open in an idle daemon on the embedded TPM).
+        package static let reservedDescriptors = 64
+        /// Fewer connections than this and each uid gets none beside its first (a quarter each).
+        package static let leastConnections = 4
+
+        /// Fits `maxConnections` to the descriptors keychaind may open (RLIMIT_NOFILE), so that one
+        /// uid's quarter can never take every descriptor and keep the others out at accept.
+        ///
+        /// - Parameter explicit: whether the administrator chose `maxConnections` (`--max-connections`):
+        ///   then it is refused, not changed.
+        /// - Returns: the log's line when the default was lowered, nil when it fits.
+        /// - Throws: `INVALID_ARGUMENT` naming the numbers and the fix.
+        package mutating func fit(descriptors: Int, explicit: Bool) throws(KeychainError) -> String? {
+            let room = descriptors - Self.reservedDescriptors
+            guard maxConnections > room else { return nil }
+            let needs = "one per connection and \(Self.reservedDescriptors) for the store and the TPM"
+            let raise = "raise the limit (LimitNOFILE= in keychaind.service, ulimit -n)"
+            guard room >= Self.leastConnections else {
+                throw KeychainError(.invalidArgument, "keychaind may open only \(descriptors) descriptors (RLIMIT_NOFILE) and needs at "
+                                    + "least \(Self.reservedDescriptors + Self.leastConnections) (\(needs), for \(Self.leastConnections) "
+                                    + "connections): \(raise)")
+            }
+            guard !explicit else {
+                throw KeychainError(.invalidArgument, "--max-connections \(maxConnections) needs \(maxConnections + Self.reservedDescriptors) "
+                                    + "descriptors (\(needs)), and keychaind may open \(descriptors) (RLIMIT_NOFILE): lower "
+                                    + "--max-connections to at most \(room), or \(raise)")
+            }
+            defer { maxConnections = room }
+            return "keychaind: --max-connections lowered from \(maxConnections) to \(room) (\(max(1, room / 4)) per uid) to fit "
+                + "the descriptor limit (RLIMIT_NOFILE \(descriptors): \(needs)); \(raise) for more"
+        }
     }
 
     let configuration: KeychainConfiguration
@@ -52,16 +86,22 @@ package final class DaemonServer: Sendable {
 
     /// Accepts connections on `listener` forever.
     package func serve(listener: Int32) -> Never {
+        var starved = false
         while true {
             let fd = accept(listener, nil, nil)
             if fd < 0 {
                 let code = errno
                 if code == EMFILE || code == ENFILE || code == ENOMEM {
-                    // Out of descriptors: let connections end rather than spin.
-                    AccessGroups.log("keychaind: accept: errno \(code); waiting")
+                    // Out of descriptors: let connections end rather than spin; said once, then counted.
+                    DaemonLog.say("keychaind: accept: errno \(code) (\(String(cString: strerror(code)))); waiting for connections to end")
+                    starved = true
                     usleep(50_000)
                 }
                 continue
+            }
+            if starved {
+                DaemonLog.settle()
+                starved = false
             }
             // Keychaind starts no programs, but the embedded TPM's swtpm must not inherit a client.
             _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
