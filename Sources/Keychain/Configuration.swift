@@ -1,5 +1,6 @@
 import Foundation
 import SecureMemory
+import KeychainWire
 
 /// Where a process's keychain lives: the store directory and the TPM behind it. A value; the
 /// default comes from the environment (`KEYCHAIN_STORE`, `KEYCHAIN_TCTI`, then `TPM2TCTI`).
@@ -114,15 +115,17 @@ public struct KeychainConfiguration: Sendable {
     /// `KEYCHAIN_STORE` or `~/.local/share/keychain`; `KEYCHAIN_TCTI`, `TPM2TCTI`, `/dev/tpmrm0`,
     /// and the embedded software TPM when there is none of them. The reader is `KEYCHAIN_READER`
     /// (`none` for a device without one), or `<store>.reader`.
-    /// With `KEYCHAIN_SOCKET` set, keychaind at that socket (`daemon(socket:)`).
+    /// keychaind (`daemon(socket:)`) by the rule keychainctl uses too: at `KEYCHAIN_SOCKET` when it is
+    /// set, else at `systemSocket` when it exists and `KEYCHAIN_STORE` is not set (on a device where
+    /// keychaind owns the store, an app reaches it without configuration).
     public static var `default`: KeychainConfiguration {
         if let taskDefault { return taskDefault }
-        if let socket = ProcessInfo.processInfo.environment["KEYCHAIN_SOCKET"], !socket.isEmpty { return .daemon(socket: socket) }
+        if let socket = DaemonSocket.resolve() { return .daemon(socket: socket) }
         return direct
     }
 
     /// keychaind's socket in the units of `dist/systemd/`.
-    public static let systemSocket = "/run/keychain/keychaind.sock"
+    public static let systemSocket = DaemonSocket.system
 
     /// The environment's store and TPM in this process, as `default` without `KEYCHAIN_SOCKET`.
     public static var direct: KeychainConfiguration {

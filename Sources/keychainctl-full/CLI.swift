@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainCLIText
+import KeychainWire
 import SecureMemory
 
 /// Exit codes: 0 success (and "present" for `has`); 1 not found; 2 usage or INVALID_ARGUMENT; 3 any other error.
@@ -29,16 +30,10 @@ struct Invocation {
     }
 
     func configuration() throws(KeychainError) -> KeychainConfiguration {
-        // Through keychaind when its socket is named (KEYCHAIN_SOCKET) or, without KEYCHAIN_STORE, the
-        // system's socket exists; --direct, --store or --tcti use a store in this process.
+        // Through keychaind by the library's rule (DaemonSocket); --direct, --store or --tcti use a
+        // store in this process.
         let direct = switches.contains("--direct") || store != nil || tcti != nil
-        if !direct {
-            let env = ProcessInfo.processInfo.environment
-            if let socket = env["KEYCHAIN_SOCKET"], !socket.isEmpty { return .daemon(socket: socket) }
-            if (env["KEYCHAIN_STORE"] ?? "").isEmpty, FileManager.default.fileExists(atPath: KeychainConfiguration.systemSocket) {
-                return .daemon(socket: KeychainConfiguration.systemSocket)
-            }
-        }
+        if !direct, let socket = DaemonSocket.resolve() { return .daemon(socket: socket) }
         var configuration = KeychainConfiguration.direct
         if let store, (ProcessInfo.processInfo.environment["KEYCHAIN_READER"] ?? "").isEmpty {
             configuration.readerDirectory = store + ".reader"

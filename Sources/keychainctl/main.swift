@@ -95,16 +95,9 @@ func timesSet(_ name: String) -> Int {
     return count
 }
 
-/// keychaind's socket by keychainctl's rule (docs/daemon.md): KEYCHAIN_SOCKET when set, else the
-/// system's socket when it exists and KEYCHAIN_STORE is not set; nil for a store in the process.
-func daemonSocket() -> String? {
-    if let raw = getenv("KEYCHAIN_SOCKET"), raw.pointee != 0 { return String(cString: raw) }
-    if let raw = getenv("KEYCHAIN_STORE"), raw.pointee != 0 { return nil }
-    let system = "/run/keychain/keychaind.sock"
-    var info = stat()
-    guard stat(system, &info) == 0 else { return nil }
-    return system
-}
+/// keychaind's socket by the rule every front door shares (`DaemonSocket`); nil for a store in the
+/// process.
+func daemonSocket() -> String? { DaemonSocket.resolve() }
 
 /// The global options and the command, by the grammar both tools share; nil where the full tool
 /// reports a usage error.

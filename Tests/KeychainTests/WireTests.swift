@@ -151,4 +151,19 @@ struct WireTests {
             #expect(decoded == KeychainOptions(service: service, accessGroup: group))
         }
     }
+
+    /// The one rule that finds keychaind, shared by the library's default, both keychainctl tools and
+    /// the Secret Service provider: the named socket first, a named store keeps the process's own
+    /// store, else the system's socket only when it exists.
+    @Test func keychaindIsFoundByOneRule() {
+        func resolve(_ environment: [String: String], systemSocketExists: Bool) -> String? {
+            DaemonSocket.resolve(variable: { environment[$0] }, exists: { $0 == DaemonSocket.system && systemSocketExists })
+        }
+        #expect(resolve(["KEYCHAIN_SOCKET": "/tmp/k.sock", "KEYCHAIN_STORE": "/s"], systemSocketExists: true) == "/tmp/k.sock")
+        #expect(resolve(["KEYCHAIN_STORE": "/s"], systemSocketExists: true) == nil)
+        #expect(resolve([:], systemSocketExists: true) == "/run/keychain/keychaind.sock")
+        #expect(resolve(["KEYCHAIN_SOCKET": "", "KEYCHAIN_STORE": ""], systemSocketExists: true) == "/run/keychain/keychaind.sock")
+        #expect(resolve([:], systemSocketExists: false) == nil)
+        #expect(KeychainConfiguration.systemSocket == DaemonSocket.system)
+    }
 }
