@@ -50,7 +50,7 @@ let package = Package(
         .target(name: "KeychainCLIText"),
         // The public API.
         .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn", "COpenSSL",
-                                                 "KeychainWire"]),
+                                                 "KeychainWire", "KeychainCLIText"]),
 
         .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2"]),
         // The Secret Service API over the public Keychain API: the bus (sd-bus), the sessions' crypto, the items.

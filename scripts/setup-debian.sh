@@ -14,6 +14,7 @@ packages=(
   libp11-kit-dev softhsm2 opensc                         # the PKCS#11 backend and its tests (SoftHSM2, pkcs11-tool)
   opencryptoki                                           # TokenModuleTests: openCryptoki's software token (pkcsslotd)
   debootstrap systemd-container lintian bc binutils      # the package and its tests under a booted systemd (scripts/test-systemd.sh)
+  systemd util-linux                                     # SystemPromptTests: systemd-tty-ask-password-agent answering the ask-password protocol (script, unshare)
 )
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -4,6 +4,9 @@ public struct AccessControlCheck: Sendable, Hashable, Codable {
         case notAvailable, notEnrolled, passcodeNotSet, unsupportedOS
         /// Linux: the backend in use cannot give the value.
         case unsupported
+        /// Linux: the device can give the value, but no prompt can reach a person to read it (no
+        /// terminal or password agent: the authenticator's `reachability()`).
+        case noPrompt
     }
     public var available: Bool
     public var reason: Reason?
@@ -21,3 +24,14 @@ public func canUseAccessControl(_ value: AccessControl) async throws(KeychainErr
 
 /// The biometric sensors of the default device.
 public func getBiometryTypes() async -> [BiometryType] { KeychainDevice().biometryTypes() }
+
+extension KeychainConfiguration {
+    /// `check`, or `noPrompt` when the device can give `value` but the authenticator reaches no one
+    /// (a read would fail with `INTERACTION_NOT_ALLOWED`). No authenticator at all is the app's
+    /// choice (reads answered elsewhere, or never) and leaves `check` as it is.
+    func promptReach(for value: AccessControl, _ check: AccessControlCheck) async -> AccessControlCheck {
+        guard check.available, value != .none, let authenticator,
+              case .unreachable = await authenticator.reachability() else { return check }
+        return AccessControlCheck(available: false, reason: .noPrompt)
+    }
+}

@@ -44,7 +44,8 @@ public struct KeychainConfiguration: Sendable {
     /// nil for a device without a reader.
     public var readerDirectory: String?
     /// Shows the prompt for reads behind an access control; without one such reads fail with
-    /// `INTERACTION_NOT_ALLOWED`.
+    /// `INTERACTION_NOT_ALLOWED`. `default`, `direct` and `daemon(socket:)` have the system's
+    /// (`SystemAuthenticator`: the terminal, systemd's password agents).
     public var authenticator: (any Authenticator)?
     /// How long one TPM command may wait for the TPM's answer before the operation fails with
     /// `HARDWARE_UNAVAILABLE` (a stopped or hung software TPM; see `docs/security.md`).
@@ -62,7 +63,7 @@ public struct KeychainConfiguration: Sendable {
     package var caller: DaemonCaller?
 
     /// A configuration that reaches the keychain through keychaind at `socket`.
-    public static func daemon(socket: String, authenticator: (any Authenticator)? = nil) -> KeychainConfiguration {
+    public static func daemon(socket: String, authenticator: (any Authenticator)? = SystemAuthenticator()) -> KeychainConfiguration {
         var configuration = KeychainConfiguration(storeDirectory: "", tpm: .embedded, authenticator: authenticator)
         configuration.daemonSocket = socket
         return configuration
@@ -145,7 +146,8 @@ public struct KeychainConfiguration: Sendable {
         case let path? where !path.isEmpty: path
         default: store + ".reader"
         }
-        var configuration = KeychainConfiguration(storeDirectory: store, tpm: source, readerDirectory: reader)
+        var configuration = KeychainConfiguration(storeDirectory: store, tpm: source, readerDirectory: reader,
+                                                  authenticator: SystemAuthenticator())
         configuration.pkcs11URI = env["KEYCHAIN_PKCS11_URI"].flatMap { $0.isEmpty ? nil : $0 }
         return configuration
     }

@@ -77,7 +77,7 @@ public struct Keychain: Sendable {
     /// - Throws: `HARDWARE_UNAVAILABLE` when keychaind cannot be reached: the service is down, which
     ///   is worth a retry, not an answer.
     public func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck {
-        try await backing.canUseAccessControl(value, in: storage)
+        await configuration.promptReach(for: value, try await backing.canUseAccessControl(value, in: storage))
     }
 
     /// Whether an item exists; never prompts and never touches the TPM.
@@ -233,7 +233,7 @@ public struct KeychainDevice: Sendable {
     public func biometryTypes() -> [BiometryType] { backing.biometryTypes() }
     /// - Throws: `HARDWARE_UNAVAILABLE` when keychaind cannot be reached.
     public func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck {
-        try await backing.canUseAccessControl(value)
+        await configuration.promptReach(for: value, try await backing.canUseAccessControl(value))
     }
 
     /// Closes every store this process opened, so committed data is folded from SQLite's write-ahead

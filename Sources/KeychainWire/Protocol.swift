@@ -50,7 +50,7 @@ public enum WireTag {
                       causeText: UInt8 = 34
     public static let promptJSON: UInt8 = 40, methods: UInt8 = 41, service: UInt8 = 42, promptKey: UInt8 = 43, attempt: UInt8 = 44,
                       previousFailure: UInt8 = 45
-    public static let answerKind: UInt8 = 50, answerFinger: UInt8 = 51, answerPasscode: UInt8 = 52
+    public static let answerKind: UInt8 = 50, answerFinger: UInt8 = 51, answerPasscode: UInt8 = 52, answerReason: UInt8 = 53
 }
 
 /// The words an option field may hold: the raw values of the library's `Accessible` and

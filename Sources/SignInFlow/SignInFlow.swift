@@ -68,19 +68,31 @@ public struct SignInFlow: Sendable {
         try await vault.getItemInfo("refreshToken")?.label
     }
 
+    /// Whether the vault's prompt can reach a person (a terminal, a password agent):
+    /// without one, `INTERACTION_NOT_ALLOWED` is not "the device is locked, ask again" but "nobody can
+    /// be asked here", and the password form is the way in.
+    private var promptReachesUser: Bool {
+        get async {
+            guard let authenticator = vault.configuration.authenticator else { return false }
+            return await authenticator.reachability() == .reachable
+        }
+    }
+
     /// Where the app goes at launch or after an unlock attempt.
     public enum Outcome: Sendable, Equatable {
         /// Signed in with this access token.
         case signedIn(accessToken: String)
         /// Show the password form; the refresh token stays. `after`: the code that led here
-        /// (`USER_CANCELED`, `USER_FALLBACK`, `AUTHENTICATION_FAILED`, `LOCKOUT`, `LOCKOUT_PERMANENT`).
+        /// (`USER_CANCELED`, `USER_FALLBACK`, `AUTHENTICATION_FAILED`, `LOCKOUT`, `LOCKOUT_PERMANENT`,
+        /// or `INTERACTION_NOT_ALLOWED` when no prompt can reach the user: `reachability()`).
         case password(after: KeychainError.Code)
         /// Show the sign-in screen; with `biometricsChanged` (after `KEY_INVALIDATED`), say so
         /// ("fingerprints changed, sign in again").
         case signIn(biometricsChanged: Bool)
         /// The prompt could not finish: show the fingerprint screen again when the app is back.
         /// `after`: `SYSTEM_CANCELED` (the guide's text: ask again on return) or
-        /// `INTERACTION_NOT_ALLOWED` (the device is locked: ask again after the unlock).
+        /// `INTERACTION_NOT_ALLOWED` with a prompt that can reach the user (the device is locked: ask
+        /// again after the unlock).
         case askAgain(after: KeychainError.Code)
     }
 
@@ -106,6 +118,8 @@ public struct SignInFlow: Sendable {
             case .keyInvalidated:
                 try await turnOffBiometricSignIn()
                 return .signIn(biometricsChanged: true)
+            case .interactionNotAllowed where await !promptReachesUser:
+                return .password(after: error.code)
             case .systemCanceled, .interactionNotAllowed:
                 return .askAgain(after: error.code)
             default:

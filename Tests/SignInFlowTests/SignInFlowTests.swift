@@ -128,3 +128,28 @@ struct SignInFlowTests {
         #expect(try await app.launch() == .signIn(biometricsChanged: false))
     }
 }
+
+/// A process where no prompt can reach anyone (a service without a terminal, a desktop or an agent).
+@Suite("The sign-in guide's flow where no prompt reaches anyone")
+struct SignInFlowWithoutAPromptTests {
+    /// Prompters that can reach no one: a terminal that is not there, an agents' directory that is not.
+    static let nobody = SystemAuthenticator(prompters: [TerminalAuthenticator(path: "/nonexistent/tty"),
+                                                        AskPasswordAuthenticator(directory: "/nonexistent/ask-password")])
+
+    @Test func theSwitchIsNotOfferedAndAStoredVaultGoesToThePasswordForm() async throws {
+        let simulated = try await SimulatedDevice(passcode: SignInFlowTests.pin, fingers: ["thumb"])
+        var configuration = simulated.configuration
+        // Signed in while a prompt could reach the user: the vault holds the refresh token.
+        let before = try SignInFlow(server: FakeServer(), configuration: configuration)
+        #expect(try await before.completeSignIn(Tokens(accessToken: "at-1", refreshToken: "rt-1", username: "ivan@example.com"),
+                                                withBiometrics: true))
+        configuration.authenticator = Self.nobody
+        let flow = try SignInFlow(server: FakeServer(), configuration: configuration)
+        let offer = try await flow.biometricOffer()
+        #expect(offer.name == nil && offer.reason == .noPrompt, "\(offer)")
+        // The read cannot ask anyone: the password form, not "ask again" (which would loop forever).
+        #expect(try await flow.restoreSession { _ in true } == .password(after: .interactionNotAllowed))
+        #expect(try await flow.vault.hasItem("refreshToken"), "the refresh token stays for a launch that can ask")
+        #expect(simulated.answers.requests.isEmpty)
+    }
+}

@@ -27,6 +27,16 @@ public enum AuthenticationAnswer: Sendable {
     case fallback
     /// The prompt was interrupted (a signal, a timeout, the device locking): `SYSTEM_CANCELED`.
     case interrupted
+    /// No prompt could reach anyone (no terminal or password agent), for this reason:
+    /// `INTERACTION_NOT_ALLOWED`, at once.
+    case unavailable(String)
+}
+
+/// Whether an authenticator can reach a person now.
+public enum PromptReach: Sendable, Equatable {
+    case reachable
+    /// Why not ("no controlling terminal", "no session bus"), for the error and for logs.
+    case unreachable(String)
 }
 
 extension AuthenticationAnswer {
@@ -36,6 +46,9 @@ extension AuthenticationAnswer {
         case .cancel: KeychainError(.userCanceled, "The user canceled the prompt")
         case .fallback: KeychainError(.userFallback, "The user chose the fallback")
         case .interrupted: KeychainError(.systemCanceled, "The prompt was interrupted")
+        case .unavailable(let why):
+            KeychainError(.interactionNotAllowed, "No prompt can reach the user (\(why)): run on a terminal, "
+                          + "or answer systemd's password agents")
         case .finger, .passcode: nil
         }
     }
@@ -47,10 +60,15 @@ public protocol Authenticator: Sendable {
     func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer
     /// How many times one read may ask (after a failed match or a wrong passcode); 3 by default.
     var attemptsPerRead: Int { get }
+    /// Whether a prompt would reach a person now (a terminal, a password agent); asks
+    /// no one. `canUseAccessControl` answers `available: false, reason: .noPrompt` when it does not.
+    /// `.reachable` by default.
+    func reachability() async -> PromptReach
 }
 
 extension Authenticator {
     public var attemptsPerRead: Int { 3 }
+    public func reachability() async -> PromptReach { .reachable }
 }
 
 /// Answers from a script, in order, for tests and appliances; records what it was asked.
@@ -131,7 +149,7 @@ extension Authenticator {
                 prompt: prompt, methods: methods, service: ItemScope.shown(service), key: key, attempt: number, previousFailure: failure))
             let outcome: PromptOutcome<Value>
             switch answer {
-            case .cancel, .fallback, .interrupted: throw answer.endingError!
+            case .cancel, .fallback, .interrupted, .unavailable: throw answer.endingError!
             case .finger(let finger): outcome = try await attempt(.finger(finger))
             case .passcode(let pin): outcome = try await attempt(.passcode(pin))
             }

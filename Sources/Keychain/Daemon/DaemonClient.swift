@@ -83,6 +83,7 @@ struct DaemonClient: Sendable {
         case .cancel: message.add(WireTag.answerKind, UInt64(2))
         case .fallback: message.add(WireTag.answerKind, UInt64(3))
         case .interrupted: message.add(WireTag.answerKind, UInt64(4))
+        case .unavailable(let why): message.add(WireTag.answerKind, UInt64(5)); message.add(WireTag.answerReason, why)
         }
         return message
     }

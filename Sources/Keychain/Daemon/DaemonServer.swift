@@ -262,6 +262,7 @@ final class RemoteAuthenticator: Authenticator {
         case 1: return answer.bytes(WireTag.answerPasscode).map { .passcode(SecureBytes(copying: $0)) } ?? .interrupted
         case 2: return .cancel
         case 3: return .fallback
+        case 5: return .unavailable((try? answer.string(WireTag.answerReason)).flatMap { $0 } ?? "the client's prompt reaches no one")
         default: return .interrupted
         }
     }

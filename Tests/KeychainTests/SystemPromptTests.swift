@@ -1,0 +1,218 @@
+import Foundation
+@testable import Keychain
+import KeychainTestSupport
+import SecureMemory
+import Synchronization
+import Testing
+
+/// The system's prompts (issue 21 item 1), answered by the real agents: systemd's ask-password
+/// protocol by `systemd-tty-ask-password-agent` on a pty, the terminal by a person typing into
+/// `script(1)`'s pty; and what a process that can reach no one gets.
+@Suite("The system's prompts, answered by the real agents")
+struct SystemPromptTests {
+    static let pin = "2468"
+
+    /// A directory for the agents' files, readable by the agents (root) and no one else's to write.
+    static func agentsDirectory() throws -> String {
+        let path = NSTemporaryDirectory() + "ask-password-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: false,
+                                                attributes: [.posixPermissions: 0o755])
+        return path
+    }
+
+    /// The first `ask.*` file that appears in `directory` (within 20 s).
+    static func askFile(in directory: String) async throws -> String {
+        for _ in 0..<200 {
+            if let name = try FileManager.default.contentsOfDirectory(atPath: directory).first(where: { $0.hasPrefix("ask.") }) {
+                return directory + "/" + name
+            }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        throw SoftwareTPMError("no ask file appeared in \(directory)")
+    }
+
+    /// `systemd-tty-ask-password-agent --query` on a pty of its own (script), in a mount namespace
+    /// where `directory` is /run/systemd/ask-password (the agent reads only that one), typing `typed`.
+    static func agentQuery(_ directory: String, typed: String) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+        try run("/usr/bin/unshare", ["-m", "--propagation", "private", "/bin/sh", "-c",
+                                     "mount --bind \"$1\" /run/systemd/ask-password && exec /usr/bin/script -qec "
+                                     + "'/usr/bin/systemd-tty-ask-password-agent --query' /dev/null", "sh", directory],
+                input: Array(typed.utf8))
+    }
+
+    /// Runs a program on script(1)'s pty and types `typed` only once it has shown `prompt`, as a person
+    /// would: what the pty shows after the prompt is then what the program let the terminal echo.
+    static func typing(_ typed: String, after prompt: String, _ command: String,
+                       environment: [String: String] = [:]) throws -> (status: Int32, shown: String) {
+        var env = ProcessInfo.processInfo.environment
+        env.merge(environment) { $1 }
+        let stdin = Pipe(), stdout = Pipe()
+        guard let pid = Processes.spawn("/usr/bin/script", ["/usr/bin/script", "-qfec", command, "/dev/null"], environment: env,
+                                        stdin: stdin.fileHandleForReading.fileDescriptor,
+                                        stdout: stdout.fileHandleForWriting.fileDescriptor,
+                                        stderr: stdout.fileHandleForWriting.fileDescriptor) else {
+            throw SoftwareTPMError("cannot start script: errno \(errno)")
+        }
+        try stdin.fileHandleForReading.close()
+        try stdout.fileHandleForWriting.close()
+        let finished = Mutex(false)
+        DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(childDeadlineSeconds)) {
+            finished.withLock { done in if !done { kill(pid, SIGKILL) } }
+        }
+        var shown = Data()
+        while !String(decoding: shown, as: UTF8.self).contains(prompt) {
+            let more = stdout.fileHandleForReading.availableData
+            if more.isEmpty { break }
+            shown += more
+        }
+        try? stdin.fileHandleForWriting.write(contentsOf: Data(typed.utf8))
+        shown += stdout.fileHandleForReading.readDataToEndOfFile()
+        try? stdin.fileHandleForWriting.close()
+        let status = Processes.wait(pid)
+        finished.withLock { $0 = true }
+        return (status, String(decoding: shown, as: UTF8.self))
+    }
+
+    func device() async throws -> SimulatedDevice {
+        try await SimulatedDevice(passcode: bytes(Self.pin), fingers: ["thumb"])
+    }
+
+    @Test func aPasswordAgentAnswersAReadBehindThePasscode() async throws {
+        let d = try await device()
+        let agents = try Self.agentsDirectory()
+        var configuration = d.configuration
+        configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(60))
+        let store = try createKeychain(.init(service: "agents", accessControl: .passcode,
+                                             prompt: .init(title: "Unlock the test vault", cancel: "Use password")),
+                                       configuration: configuration)
+        try await store.setItem("k", "v")
+        async let read = store.getItem("k")
+        let ask = try await Self.askFile(in: agents)
+        let file = try String(contentsOfFile: ask, encoding: .utf8)
+        #expect(file.contains("Message=Unlock the test vault") && file.contains("Passcode (empty: Use password)"), "\(file)")
+        #expect(file.contains("Echo=0") && file.contains("PID=\(getpid())") && file.contains("NotAfter="), "\(file)")
+        // The agent shows the question on its pty; how it echoes is the agent's (Echo=0 asks it to hide).
+        let agent = try Self.agentQuery(agents, typed: Self.pin + "\n")
+        #expect(agent.status == 0, "\(agent.stderr)")
+        #expect(String(decoding: agent.stdout, as: UTF8.self).contains("Unlock the test vault"))
+        #expect(try await read == "v")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: agents).isEmpty, "the ask file or socket was left behind")
+        #expect(d.answers.requests.isEmpty)
+    }
+
+    @Test func aPasswordAgentAnswersAFingerThenThePasscodeOfABiometricOrPasscodeItem() async throws {
+        let d = try await device()
+        let agents = try Self.agentsDirectory()
+        var configuration = d.configuration
+        configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(60))
+        let store = try createKeychain(.init(service: "agents.bio", accessControl: .biometryAnyOrPasscode), configuration: configuration)
+        try await store.setItem("k", "v")
+        async let read = store.getItem("k")
+        // The finger first, shown as typed (Echo=1): the simulated reader's touch.
+        let finger = try String(contentsOfFile: try await Self.askFile(in: agents), encoding: .utf8)
+        #expect(finger.contains("Echo=1") && finger.contains("Finger to touch the reader (empty: use the passcode)"), "\(finger)")
+        #expect(try Self.agentQuery(agents, typed: "thumb\n").status == 0)
+        #expect(try await read == "v")
+
+        // Empty for the finger: then the passcode, hidden.
+        async let second = store.getItem("k")
+        _ = try await Self.askFile(in: agents)
+        #expect(try Self.agentQuery(agents, typed: "\n").status == 0)
+        let passcode = try String(contentsOfFile: try await Self.askFile(in: agents), encoding: .utf8)
+        #expect(passcode.contains("Echo=0") && passcode.contains("Passcode"), "\(passcode)")
+        #expect(try Self.agentQuery(agents, typed: Self.pin + "\n").status == 0)
+        #expect(try await second == "v")
+    }
+
+    /// An answer is taken only from root or this process's user (SCM_CREDENTIALS): another user who
+    /// can reach the socket cannot answer for the owner.
+    @Test func anAnswerFromAnotherUserIsIgnored() async throws {
+        let d = try await device()
+        let agents = try Self.agentsDirectory()
+        var configuration = d.configuration
+        configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(4))
+        let store = try createKeychain(.init(service: "agents.other", accessControl: .passcode), configuration: configuration)
+        try await store.setItem("k", "v")
+        async let read = code { try await store.getItem("k") }
+        let file = try String(contentsOfFile: try await Self.askFile(in: agents), encoding: .utf8)
+        let socket = try #require(file.split(separator: "\n").first { $0.hasPrefix("Socket=") }).dropFirst("Socket=".count)
+        #expect(chmod(String(socket), 0o777) == 0)
+        let send = "import socket,sys; s=socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.sendto(b'+' + sys.stdin.buffer.read(), sys.argv[1])"
+        let sent = try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", send, String(socket)],
+                           input: Array(Self.pin.utf8))
+        #expect(sent.status == 0, "\(sent.stderr)")
+        #expect(await read == .systemCanceled, "nobody's answer opened the item, or the prompt did not time out")
+    }
+
+    /// Nobody answers: the question ends at its timeout (`SYSTEM_CANCELED`), or at once when the
+    /// reading task is canceled, and leaves nothing in the agents' directory.
+    @Test func anUnansweredQuestionEndsAtItsTimeoutOrCancellationAndLeavesNothing() async throws {
+        let d = try await device()
+        let agents = try Self.agentsDirectory()
+        var configuration = d.configuration
+        configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(2))
+        let store = try createKeychain(.init(service: "agents.quiet", accessControl: .passcode), configuration: configuration)
+        try await store.setItem("k", "v")
+        let started = ContinuousClock.now
+        #expect(await code { try await store.getItem("k") } == .systemCanceled)
+        #expect(started.duration(to: .now) < .seconds(30))
+        #expect(try FileManager.default.contentsOfDirectory(atPath: agents).isEmpty)
+
+        configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(600))
+        let patient = try createKeychain(.init(service: "agents.quiet", accessControl: .passcode), configuration: configuration)
+        let reading = Task { await code { try await patient.getItem("k") } }
+        _ = try await Self.askFile(in: agents)
+        reading.cancel()
+        #expect(await reading.value == .systemCanceled)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: agents).isEmpty)
+    }
+
+    /// No terminal, no agent, no desktop: the read ends at once with INTERACTION_NOT_ALLOWED naming
+    /// why, asks nothing, and `canUseAccessControl` says so before the app offers the switch.
+    @Test func whenNoPromptReachesAnyoneAReadIsInteractionNotAllowedAndCanUseSaysNoPrompt() async throws {
+        let d = try await device()
+        var configuration = d.configuration
+        configuration.authenticator = SystemAuthenticator(prompters: [TerminalAuthenticator(path: "/nonexistent/tty"),
+                                                                      AskPasswordAuthenticator(directory: "/nonexistent/agents")])
+        let store = try createKeychain(.init(service: "nobody", accessControl: .biometryAnyOrPasscode), configuration: configuration)
+        try await store.setItem("k", "v")
+        do {
+            _ = try await store.getItem("k")
+            Issue.record("the read gave a value without asking anyone")
+        } catch {
+            #expect(error.code == .interactionNotAllowed)
+            #expect(error.message.contains("/nonexistent/tty") && error.message.contains("/nonexistent/agents"), "\(error.message)")
+        }
+        #expect(try await store.canUseAccessControl(.biometryAnyOrPasscode) == AccessControlCheck(available: false, reason: .noPrompt))
+        #expect(try await KeychainDevice(configuration: configuration).canUseAccessControl(.passcode).reason == .noPrompt)
+        #expect(try await store.canUseAccessControl(.none).available, "an item without access control needs no prompt")
+        #expect(try await store.hasItem("k"))
+    }
+
+    @Test func theDefaultConfigurationsShowTheSystemsPrompt() {
+        #expect(KeychainConfiguration.direct.authenticator is SystemAuthenticator)
+        #expect(KeychainConfiguration.daemon(socket: "/run/keychain/keychaind.sock").authenticator is SystemAuthenticator)
+        // Root's agents are expected only where systemd runs them; the user's where the directory exists.
+        let runtime = try? SystemPromptTests.agentsDirectory()
+        if let runtime {
+            try? FileManager.default.createDirectory(atPath: runtime + "/systemd/ask-password", withIntermediateDirectories: true)
+            #expect(AskPasswordAuthenticator.systemDirectory(environment: ["XDG_RUNTIME_DIR": runtime], isRoot: false)
+                    == runtime + "/systemd/ask-password")
+        }
+        #expect(AskPasswordAuthenticator.systemDirectory(environment: [:], isRoot: false) == nil)
+    }
+
+    /// The terminal: keychainctl-full on script(1)'s pty asks there, reads the passcode without echo.
+    @Test func theTerminalAsksForThePasscodeWithoutEcho() async throws {
+        let d = try await SimulatedDevice(passcode: bytes(Self.pin), fingers: ["thumb"], throughDaemon: true)
+        let store = try createKeychain(.init(service: "tty", accessControl: .passcode, prompt: .init(title: "Unlock on the terminal")),
+                                       configuration: d.configuration)
+        try await store.setItem("k", "v")
+        let full = buildDirectory.appendingPathComponent("keychainctl-full").path
+        let asked = try Self.typing(Self.pin + "\n", after: "Passcode (enter alone: Cancel): ", "'\(full)' get tty k",
+                                    environment: d.environment)
+        let shown = asked.shown
+        #expect(asked.status == 0 && shown.contains("Authenticate to read 'k'") && shown.hasSuffix("v"), "\(shown)")
+        #expect(!shown.contains(Self.pin), "the terminal echoed the passcode: \(shown)")
+    }
+}
