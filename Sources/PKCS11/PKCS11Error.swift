@@ -31,6 +31,8 @@ public struct PKCS11ReturnValue: RawRepresentable, Hashable, Sendable, CustomStr
     public static let aeadDecryptFailed = Self(rawValue: 0x42)
     public static let keyHandleInvalid = Self(rawValue: CKR_KEY_HANDLE_INVALID)
     public static let mechanismInvalid = Self(rawValue: CKR_MECHANISM_INVALID)
+    public static let templateInconsistent = Self(rawValue: CKR_TEMPLATE_INCONSISTENT)
+    public static let attributeValueInvalid = Self(rawValue: CKR_ATTRIBUTE_VALUE_INVALID)
     public static let mechanismParamInvalid = Self(rawValue: CKR_MECHANISM_PARAM_INVALID)
     public static let objectHandleInvalid = Self(rawValue: CKR_OBJECT_HANDLE_INVALID)
     public static let pinIncorrect = Self(rawValue: CKR_PIN_INCORRECT)

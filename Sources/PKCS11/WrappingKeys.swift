@@ -97,11 +97,9 @@ extension PKCS11Token {
                     made = [secret]
                     key = WrappingKey(scheme: scheme, label: label, id: id, secret: secret, publicKey: nil, publicPoint: nil, epoch: epoch)
                 case .rsaOAEP, .ecdhP256:
-                    let (publicKey, privateKey) = try module.generateKeyPair(
-                        session, mechanism: CK_MECHANISM_TYPE(scheme == .ecdhP256 ? CKM_EC_KEY_PAIR_GEN : CKM_RSA_PKCS_KEY_PAIR_GEN),
-                        publicTemplate: publicTemplate(label: label, id: id, scheme: scheme),
-                        privateTemplate: privateTemplate(label: label, id: id, scheme: scheme))
+                    let (publicKey, privateKey) = try generatePair(session, label: label, id: id, scheme: scheme)
                     made = [privateKey, publicKey]
+                    try checkSecretStays(session, privateKey, scheme: scheme)
                     let point = scheme == .ecdhP256 ? try ecPoint(session, publicKey) : nil
                     key = WrappingKey(scheme: scheme, label: label, id: id, secret: privateKey, publicKey: publicKey,
                                       publicPoint: point, epoch: epoch)
@@ -311,7 +309,7 @@ extension PKCS11Token {
         if oaepTakesSHA256 != false {
             do {
                 let encrypted = try withOAEP(sha1: false) { mechanism throws(PKCS11Error) in
-                    try module.encrypt(session, mechanism, key: publicKey, plaintext, overhead: 512)
+                    try oaepCiphertext(session, mechanism, publicKey: publicKey, plaintext)
                 }
                 oaepTakesSHA256 = true
                 return (.rsaOAEPSHA256, encrypted)
@@ -320,9 +318,24 @@ extension PKCS11Token {
             }
         }
         let encrypted = try withOAEP(sha1: true) { mechanism throws(PKCS11Error) in
-            try module.encrypt(session, mechanism, key: publicKey, plaintext, overhead: 512)
+            try oaepCiphertext(session, mechanism, publicKey: publicKey, plaintext)
         }
         return (.rsaOAEPSHA1, encrypted)
+    }
+
+    /// An RSA ciphertext is exactly as long as the modulus: the output buffer is that long, and a
+    /// token that says another length is refused. tpm2-pkcs11 (1.9) reports the caller's buffer size
+    /// when the buffer is larger (512 bytes for a 256-byte ciphertext, then garbage), and the sealed
+    /// key then never opened.
+    private func oaepCiphertext(_ session: CK_SESSION_HANDLE, _ mechanism: UnsafeMutablePointer<CK_MECHANISM>,
+                                publicKey: CK_OBJECT_HANDLE, _ plaintext: SecureBytes) throws(PKCS11Error) -> [UInt8] {
+        let modulus = Int(WrappingScheme.rsaBits) / 8
+        let encrypted = try module.encrypt(session, mechanism, key: publicKey, plaintext, overhead: modulus - plaintext.count)
+        guard encrypted.count == modulus else {
+            throw PKCS11Error(rv: CKR_ENCRYPTED_DATA_LEN_RANGE, operation: "seal a data key",
+                              detail: "the token's C_Encrypt gave \(encrypted.count) bytes for a \(WrappingScheme.rsaBits)-bit RSA ciphertext")
+        }
+        return encrypted
     }
 
     private func withOAEP<R>(sha1: Bool, _ body: (UnsafeMutablePointer<CK_MECHANISM>) throws(PKCS11Error) -> R) throws(PKCS11Error) -> R {
@@ -440,6 +453,65 @@ extension PKCS11Token {
 
     // MARK: Templates
 
+    /// Attributes a template sets only to narrow a new pair's usage, which a token may decide itself:
+    /// tpm2-pkcs11 gives an RSA key the TPM's sign-and-decrypt and refuses a template that says otherwise
+    /// (`User specified and TPM specified attr mismatch: 0x10a`, CKR_GENERAL_ERROR). A token that refuses
+    /// the template is asked again without them, one more each time, in this order; what keeps the secret
+    /// (sensitive, never extractable, private, on the token, its one operation) is never left out.
+    enum Narrowing: CaseIterable, Sendable {
+        case publicVerify, publicWrap, privateSign, privateUnwrap, publicDerive, privateDerive, modifiable
+
+        var name: String {
+            switch self {
+            case .publicVerify: "CKA_VERIFY=false (public key)"
+            case .publicWrap: "CKA_WRAP=false (public key)"
+            case .privateSign: "CKA_SIGN=false (private key)"
+            case .privateUnwrap: "CKA_UNWRAP=false (private key)"
+            case .publicDerive: "CKA_DERIVE=false (public key)"
+            case .privateDerive: "CKA_DERIVE=false (private key)"
+            case .modifiable: "CKA_MODIFIABLE=false"
+            }
+        }
+    }
+
+    /// The pair from the whole template, or from the template without the narrowings the token refuses.
+    /// - Throws: `CKR_TEMPLATE_INCONSISTENT` naming every attribute left out when the token refuses even that.
+    private func generatePair(_ session: CK_SESSION_HANDLE, label: String, id: [UInt8], scheme: WrappingScheme)
+        throws(PKCS11Error) -> (CK_OBJECT_HANDLE, CK_OBJECT_HANDLE) {
+        let mechanism = CK_MECHANISM_TYPE(scheme == .ecdhP256 ? CKM_EC_KEY_PAIR_GEN : CKM_RSA_PKCS_KEY_PAIR_GEN)
+        // Only the narrowings this scheme's templates hold (RSA derives nothing; EC has no private CKA_SIGN to drop first).
+        let applicable = Narrowing.allCases.filter { scheme == .ecdhP256 || ($0 != .publicDerive && $0 != .privateDerive) }
+        var leftOut: [Narrowing] = []
+        while true {
+            do {
+                return try module.generateKeyPair(session, mechanism: mechanism,
+                                                  publicTemplate: publicTemplate(label: label, id: id, scheme: scheme, without: leftOut),
+                                                  privateTemplate: privateTemplate(label: label, id: id, scheme: scheme, without: leftOut))
+            } catch where [.generalError, .templateInconsistent, .attributeValueInvalid, .attributeTypeInvalid].contains(error.returnValue) {
+                guard leftOut.count < applicable.count else {
+                    throw PKCS11Error(rv: CKR_TEMPLATE_INCONSISTENT, operation: "make the \(scheme) key pair",
+                                      detail: "the token refuses its template (\(error.name)), also without "
+                                          + leftOut.map(\.name).joined(separator: ", "))
+                }
+                leftOut.append(applicable[leftOut.count])
+            }
+        }
+    }
+
+    /// A token that took a template without its narrowings must still keep the secret half in.
+    private func checkSecretStays(_ session: CK_SESSION_HANDLE, _ privateKey: CK_OBJECT_HANDLE, scheme: WrappingScheme) throws(PKCS11Error) {
+        let wanted: [(CK_ATTRIBUTE_TYPE, Bool, String)] = [
+            (CK_ATTRIBUTE_TYPE(CKA_SENSITIVE), true, "CKA_SENSITIVE=true"), (CK_ATTRIBUTE_TYPE(CKA_EXTRACTABLE), false, "CKA_EXTRACTABLE=false"),
+            (CK_ATTRIBUTE_TYPE(CKA_PRIVATE), true, "CKA_PRIVATE=true"), (CK_ATTRIBUTE_TYPE(CKA_TOKEN), true, "CKA_TOKEN=true")]
+        for (type, value, name) in wanted {
+            let got = try module.attributeValues(session, privateKey, [type])[0]
+            guard got.first.map({ ($0 != CK_FALSE) == value }) == true else {
+                throw PKCS11Error(rv: CKR_TEMPLATE_INCONSISTENT, operation: "make the \(scheme) key pair",
+                                  detail: "the token made its private key without \(name)")
+            }
+        }
+    }
+
     private func secretTemplate(label: String, id: [UInt8]) -> AttributeTemplate {
         let template = AttributeTemplate()
         template.add(CKA_CLASS, CK_OBJECT_CLASS(CKO_SECRET_KEY))
@@ -452,47 +524,48 @@ extension PKCS11Token {
         return template
     }
 
-    private func privateTemplate(label: String, id: [UInt8], scheme: WrappingScheme) -> AttributeTemplate {
+    private func privateTemplate(label: String, id: [UInt8], scheme: WrappingScheme, without leftOut: [Narrowing] = []) -> AttributeTemplate {
         let template = AttributeTemplate()
-        Self.addSecret(template, label: label, id: id, decrypt: scheme == .rsaOAEP, derive: scheme == .ecdhP256)
+        Self.addSecret(template, label: label, id: id, decrypt: scheme == .rsaOAEP, derive: scheme == .ecdhP256, without: leftOut)
         return template
     }
 
-    private func publicTemplate(label: String, id: [UInt8], scheme: WrappingScheme) -> AttributeTemplate {
+    private func publicTemplate(label: String, id: [UInt8], scheme: WrappingScheme, without leftOut: [Narrowing] = []) -> AttributeTemplate {
         let template = AttributeTemplate()
-        Self.addIdentity(template, label: label, id: id)
-        template.add(CKA_VERIFY, false)
-        template.add(CKA_WRAP, false)
+        Self.addIdentity(template, label: label, id: id, unmodifiable: !leftOut.contains(.modifiable))
+        if !leftOut.contains(.publicVerify) { template.add(CKA_VERIFY, false) }
+        if !leftOut.contains(.publicWrap) { template.add(CKA_WRAP, false) }
         if scheme == .rsaOAEP {
             template.add(CKA_MODULUS_BITS, CK_ULONG(WrappingScheme.rsaBits))
             template.add(CKA_PUBLIC_EXPONENT, bytes: [0x01, 0x00, 0x01])
             template.add(CKA_ENCRYPT, true)
         } else {
             template.add(CKA_EC_PARAMS, bytes: Self.p256Parameters)
-            template.add(CKA_DERIVE, false)
+            if !leftOut.contains(.publicDerive) { template.add(CKA_DERIVE, false) }
         }
         return template
     }
 
     /// Every object of a service's key: its label and ID, on the token, private, not modifiable (so
     /// no usage can be widened later).
-    private static func addIdentity(_ template: AttributeTemplate, label: String, id: [UInt8]) {
+    private static func addIdentity(_ template: AttributeTemplate, label: String, id: [UInt8], unmodifiable: Bool = true) {
         template.add(CKA_LABEL, label)
         template.add(CKA_ID, bytes: id)
         template.add(CKA_TOKEN, true)
         template.add(CKA_PRIVATE, true)
-        template.add(CKA_MODIFIABLE, false)
+        if unmodifiable { template.add(CKA_MODIFIABLE, false) }
     }
 
     /// The half that holds the secret: sensitive, never extractable, one usage (decrypt or derive).
-    private static func addSecret(_ template: AttributeTemplate, label: String, id: [UInt8], decrypt: Bool, derive: Bool) {
-        addIdentity(template, label: label, id: id)
+    private static func addSecret(_ template: AttributeTemplate, label: String, id: [UInt8], decrypt: Bool, derive: Bool,
+                                  without leftOut: [Narrowing] = []) {
+        addIdentity(template, label: label, id: id, unmodifiable: !leftOut.contains(.modifiable))
         template.add(CKA_SENSITIVE, true)
         template.add(CKA_EXTRACTABLE, false)
         template.add(CKA_DECRYPT, decrypt)
-        template.add(CKA_DERIVE, derive)
-        template.add(CKA_SIGN, false)
-        template.add(CKA_UNWRAP, false)
+        if derive || !leftOut.contains(.privateDerive) { template.add(CKA_DERIVE, derive) }
+        if !leftOut.contains(.privateSign) { template.add(CKA_SIGN, false) }
+        if !leftOut.contains(.privateUnwrap) { template.add(CKA_UNWRAP, false) }
     }
 
     // MARK: Finding keys

@@ -48,6 +48,8 @@ struct TokenBackendTests {
             case .openCryptoki:
                 try stack.startOpenCryptoki()
                 env = [:]
+            case .tpm2PKCS11:
+                env = try stack.startTPM2PKCS11(in: dir)
             }
         }
 

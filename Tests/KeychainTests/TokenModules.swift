@@ -2,27 +2,75 @@ import Foundation
 import Keychain
 import KeychainTestSupport
 
-/// The PKCS#11 modules `TokenBackendTests.Token` runs on: SoftHSM2, and openCryptoki's software
-/// token, each a real stack started for one test (`TokenModuleStack`).
+/// The PKCS#11 modules `TokenBackendTests.Token` runs on: SoftHSM2, and the two a Linux device is
+/// likely to have (tpm2-pkcs11, openCryptoki's software token), each a real stack started for one
+/// test (`TokenModuleStack`).
 enum TokenModule: Sendable {
     /// `mechanisms`: SoftHSM2's `slots.mechanisms`, what the token offers (see PKCS11Tests' SoftHSM).
     case softHSM(mechanisms: String?)
     /// openCryptoki's software token (slot 3), served by pkcsslotd.
     case openCryptoki
+    /// tpm2-pkcs11 (Debian's libtpm2-pkcs11-1) on a swtpm of its own, through tpm2-abrmd on a private bus.
+    case tpm2PKCS11
 
     var path: String {
         switch self {
         case .softHSM: TokenBackendTests.module
         case .openCryptoki: "/usr/lib/x86_64-linux-gnu/opencryptoki/libopencryptoki.so.0"
+        case .tpm2PKCS11: "/usr/lib/x86_64-linux-gnu/pkcs11/libtpm2_pkcs11.so"
         }
     }
 }
 
-/// The processes behind a token (pkcsslotd, when this test started it), ended when the fixture is released.
+/// The processes behind a token (pkcsslotd, when this test started it; tpm2-pkcs11's swtpm, dbus-daemon
+/// and tpm2-abrmd), ended when the fixture is released.
 final class TokenModuleStack: @unchecked Sendable {  // mutated only while it is set up, then read by deinit
+    private var children: [pid_t] = []
+    private var tokenTPM: SoftwareTPM?
 
     deinit {
+        for pid in children.reversed() { kill(pid, SIGTERM); _ = Processes.wait(pid) }
         for pid in daemonized { kill(pid, SIGTERM) }
+    }
+
+    /// A background process of this fixture, its output to `log`.
+    private func start(_ path: String, _ args: [String], environment: [String: String], log: String) throws {
+        let null = open("/dev/null", O_RDONLY), out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0o600)
+        defer { close(null); close(out) }
+        let env = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        guard let pid = Processes.spawn(path, [path] + args, environment: env, stdin: null, stdout: out, stderr: out) else {
+            throw SoftwareTPMError("cannot start \(path): errno \(errno)")
+        }
+        children.append(pid)
+    }
+
+    /// tpm2-pkcs11's token `kc` (user PIN 1234) in `directory`, on a swtpm of its own behind tpm2-abrmd on
+    /// a bus of its own (its policy lets tpm2-abrmd own its name and every peer receive its replies).
+    /// Returns the environment the module's users need.
+    func startTPM2PKCS11(in directory: String) throws -> [String: String] {
+        let tpm = try SoftwareTPM()
+        tokenTPM = tpm
+        let bus = directory + "/bus"
+        try """
+            <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+             "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+            <busconfig><type>session</type><listen>unix:path=\(bus)</listen><auth>EXTERNAL</auth>
+            <policy context="default"><allow send_destination="*"/><allow receive_sender="*"/><allow own="*"/></policy></busconfig>
+            """.write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
+        try start("/usr/bin/dbus-daemon", ["--nofork", "--config-file=" + directory + "/bus.conf"], environment: [:],
+                  log: directory + "/dbus.log")
+        try FileManager.default.createDirectory(atPath: directory + "/store", withIntermediateDirectories: true)
+        let env = ["DBUS_SESSION_BUS_ADDRESS": "unix:path=" + bus, "TPM2_PKCS11_TCTI": "tabrmd:bus_type=session",
+                   "TPM2TOOLS_TCTI": "tabrmd:bus_type=session", "TPM2_PKCS11_STORE": directory + "/store"]
+        try waitUntil("the private bus") { access(bus, F_OK) == 0 }
+        try start("/usr/sbin/tpm2-abrmd", ["--session", "--allow-root", "--tcti=" + tpm.tcti], environment: env,
+                  log: directory + "/abrmd.log")
+        try waitUntil("tpm2-abrmd") { (try? run("/usr/bin/tpm2_getrandom", ["1"], environment: env).status) == 0 }
+        for args in [["init"], ["addtoken", "--pid=1", "--sopin=12345678", "--userpin=1234", "--label=kc"]] {
+            let made = try run("/usr/bin/tpm2_ptool", args, environment: env)
+            guard made.status == 0 else { throw SoftwareTPMError("tpm2_ptool \(args[0]): \(made.stderr)") }
+        }
+        return env
     }
 
     /// openCryptoki's software token (slot 3) initialized afresh as `kc`, user PIN 1234; pkcsslotd

@@ -173,7 +173,7 @@ final class TokenSession {
             return KeychainError(.dataCorrupted, "The token refused to \(what): the stored data failed authentication", underlying: cause)
         }
         switch error.returnValue {
-        case .mechanismInvalid:
+        case .mechanismInvalid, .templateInconsistent:
             return KeychainError(.unsupported, "The PKCS#11 token cannot \(what): \(error.detail ?? error.name)", underlying: cause)
         case .pinIncorrect, .pinInvalid, .pinLenRange:
             return KeychainError(.authenticationFailed, "Wrong token PIN: could not \(what)", underlying: cause)
