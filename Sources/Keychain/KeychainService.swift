@@ -112,8 +112,8 @@ package struct StorageRef: Sendable {
 /// (`LocalService`), keychaind over its socket (`DaemonClient`). `Keychain` and `KeychainDevice` hold
 /// one; keychaind's `DaemonRequestHandler` maps each request to one.
 ///
-/// What keychaind does not serve (backup and restore of the whole store, provisioning bundles,
-/// boot-state administration, taking TPM ownership) is not here: it needs the store's engine.
+/// What keychaind does not serve (backup and restore of the whole store, boot-state administration,
+/// taking TPM ownership) is not here: it needs the store's engine.
 package protocol KeychainService: Sendable {
     func setItem(_ key: String, _ value: SecureBytes, options: SetItemOptions?, in storage: StorageRef) async throws(KeychainError)
     /// - Parameter authenticator: asks the user when the item's access control needs it.
@@ -143,6 +143,11 @@ package protocol KeychainService: Sendable {
     func resetPasscodeTries() async throws(KeychainError)
     func takeTPMCommandCount() async -> Int
     func dropCaches() async
+    /// The device's identity document (provisions the TPM and the store first, as `initialize` does).
+    func identity() async throws(KeychainError) -> DeviceIdentity
+    /// Imports a bundle sealed to this device into `scope` (keychaind: the caller's uid, whatever the
+    /// scope passed), or into the system manager's credentials for a bundle made `--credential`.
+    func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes?, in scope: ItemScope) async throws(KeychainError) -> ImportOutcome
     /// The same service for one of keychaind's callers: its failures count against its own budgets.
     func serving(_ caller: DaemonCaller) -> any KeychainService
 }
@@ -288,4 +293,9 @@ package struct LocalService: KeychainService {
     package func resetPasscodeTries() async throws(KeychainError) { try await checked().resetPasscodeTries() }
     package func takeTPMCommandCount() async -> Int { await engine.drainCommandCount() }
     package func dropCaches() async { await engine.dropCaches() }
+    package func identity() async throws(KeychainError) -> DeviceIdentity { try await checked().identity() }
+    package func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes?,
+                              in scope: ItemScope) async throws(KeychainError) -> ImportOutcome {
+        try await checked().importBundle(bundle, passcode: passcode, readerDirectory: configuration.readerDirectory, scope: scope)
+    }
 }

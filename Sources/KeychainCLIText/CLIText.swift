@@ -7,6 +7,7 @@ public enum CLIOptions {
         "--store", "--tcti", "--accessible", "--access-control", "--label", "--auth-validity", "--pcrs", "--touch", "--reader",
         "--pkcs11-uri", "--key-storage", "--owner-auth-file", "--owner-auth-out", "--lockout-auth-out", "--service", "--out", "--cost",
         "--pcr", "--version", "--ek-ca", "--parent", "--to", "--key", "--generation", "--boot-policy-key", "--access-group",
+        "--credential",
     ]
     public static let booleans: Set<String> = [
         "--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h", "--passphrase-stdin", "--direct",

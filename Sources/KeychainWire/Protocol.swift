@@ -10,17 +10,20 @@ public enum WireOp: UInt8, CaseIterable, Sendable {
     case enrollFinger = 20, removeFinger, deleteReader, enrolledFingers, biometryTypes, deviceCanUse,
          initialize, status, resetTokenPINTries, tokenStatus, unlock, lock, setPasscode, changePasscode,
          removePasscode, resetPasscodeTries, takeTPMCommandCount, dropCaches
+    // Provisioning: the device's identity document, and a bundle sealed to it (lands in the caller's scope).
+    case identity = 40, importBundle
 
     /// A storage's call (it carries the storage's options), else a device's.
     public var isStorageCall: Bool { rawValue < WireOp.enrollFinger.rawValue }
 
     /// Device-wide changes, locking the device for every user, the fingers' names and the TPM command
-    /// count (every user's calls in it): root or the `admin` access group only (docs/security.md).
+    /// count (every user's calls in it), provisioning (the identity provisions the TPM; a bundle may
+    /// be a systemd credential): root or the `admin` access group only (docs/security.md).
     public var needsAdmin: Bool {
         switch self {
         case .enrollFinger, .removeFinger, .deleteReader, .initialize, .resetTokenPINTries, .setPasscode,
              .changePasscode, .removePasscode, .resetPasscodeTries, .dropCaches, .lock, .enrolledFingers,
-             .takeTPMCommandCount: true
+             .takeTPMCommandCount, .identity, .importBundle: true
         default: false
         }
     }
@@ -45,6 +48,8 @@ public enum WireTag {
     /// The client's authenticator's `attemptsPerRead`; absent when the client has no authenticator.
     public static let attempts: UInt8 = 10
     public static let finger: UInt8 = 11, passcode: UInt8 = 12, newPasscode: UInt8 = 13
+    /// A provisioning bundle's JSON document (`importBundle`).
+    public static let bundle: UInt8 = 14
     public static let resultBytes: UInt8 = 20, resultBool: UInt8 = 21, resultJSON: UInt8 = 22, resultNumber: UInt8 = 23
     public static let errorCode: UInt8 = 30, errorMessage: UInt8 = 31, causeKind: UInt8 = 32, causeNumber: UInt8 = 33,
                       causeText: UInt8 = 34

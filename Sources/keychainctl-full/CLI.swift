@@ -115,8 +115,12 @@ let usage = """
                                    [--parent ek|srk]  (no TPM needed) the value on stdin sealed to that device's TPM
                                    (its EK, or its SRK when it has none): a provisioning bundle on stdout; --ek-ca
                                    refuses a device whose EK certificate does not verify against CA.pem
+      seal-for IDENTITY --credential UNIT:ID [--accessible A] [--version N] …   the same, for a systemd credential:
+                                   its import makes it UNIT's credential ID (docs/credentials.md)
       import BUNDLE [--passcode-stdin]   TPM2_Import of a bundle sealed to this device; the item becomes an
-                                   ordinary item of its service; never an older --version than installed
+                                   ordinary item of its service (the caller's, through keychaind), or the
+                                   systemd credential it was sealed as; never an older --version than installed
+                                   (identity and import through keychaind: root or the access group admin only)
       backup (--passphrase-stdin | --to IDENTITY [--ek-ca CA.pem] [--parent ek|srk]) [--service S] [--out FILE]
              [--cost interactive|moderate|sensitive] [--passcode-stdin]
                                    every item of a migratable level (whenUnlocked, afterFirstUnlock, always),

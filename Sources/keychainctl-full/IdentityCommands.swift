@@ -21,10 +21,13 @@ extension Commands {
     }
 }
 
-/// `seal-for IDENTITY SERVICE KEY [...] < value > BUNDLE` (no TPM) and `import BUNDLE` (on the device).
+/// `seal-for IDENTITY SERVICE KEY [...] < value > BUNDLE` (no TPM), `seal-for IDENTITY --credential UNIT:ID`
+/// (a systemd credential) and `import BUNDLE` (on the device).
 extension Commands {
     func sealFor() async throws -> Exit {
-        let args = try arguments(3, "IDENTITY SERVICE KEY (the value on stdin)")
+        let credential = try inv.flags["--credential"].map(Self.credentialTarget)
+        let args = credential == nil ? try arguments(3, "IDENTITY SERVICE KEY (the value on stdin)")
+            : try arguments(1, "IDENTITY --credential UNIT:ID (the value on stdin)") + [credential!.unit, credential!.id]
         let ekCA = try inv.flags["--ek-ca"].map { (path: String) throws(KeychainError) in [UInt8](try readFile(path, limit: 1 << 20, what: "the EK CA file")) }
         let identity = try DeviceIdentity(json: try readFile(args[0], limit: 1 << 20, what: "the identity"))
         let accessible = try inv.flags["--accessible"].map { (t: String) throws(KeychainError) in try Accessible(parsing: t) } ?? .afterFirstUnlock
@@ -37,7 +40,7 @@ extension Commands {
         if isatty(1) == 1 { throw KeychainError.invalidArgument("seal-for writes the bundle to stdout: redirect it (> BUNDLE)") }
         let bundle = try Provisioning.seal(try readStdin(limit: Keychain.maxValueLength), service: args[1], key: args[2],
                                            accessible: accessible, accessControl: control, label: inv.flags["--label"],
-                                           version: version, for: identity,
+                                           version: version, credential: credential != nil, for: identity,
                                            parent: try inv.flags["--parent"].map { (t: String) throws(KeychainError) in try Provisioning.Parent(parsing: t) },
                                            ekCA: ekCA)
         (bundle.json() + Data("\n".utf8)).withUnsafeBytes { writeStdout($0) }
@@ -49,10 +52,25 @@ extension Commands {
         let bundle = try ProvisioningBundle(json: try readFile(args[0], limit: Keychain.maxValueLength * 2, what: "the bundle"))
         let passcode = inv.switches.contains("--passcode-stdin") ? try readLines(1).first : nil
         let outcome = try await device.importBundle(bundle, passcode: passcode)
+        if bundle.credential == true {
+            output(["outcome": outcome.rawValue, "unit": bundle.service, "credential": bundle.key]) {
+                "\($0["outcome"]!): systemd credential \(escaped(bundle.key)) of \(escaped(bundle.service)) (version \(bundle.itemVersion))"
+            }
+            return .ok
+        }
         output(["outcome": outcome.rawValue, "service": bundle.service, "key": bundle.key]) {
             "\($0["outcome"]!): \(escaped(bundle.service)) \(escaped(bundle.key)) (version \(bundle.itemVersion))"
         }
         return .ok
+    }
+
+    /// `UNIT:ID` of `--credential`: split at the last colon (a unit name may hold one; systemd's
+    /// `LoadCredential=ID:PATH` ends the ID at the first, so an ID never does).
+    static func credentialTarget(_ text: String) throws(KeychainError) -> (unit: String, id: String) {
+        guard let colon = text.lastIndex(of: ":"), colon != text.startIndex, text.index(after: colon) != text.endIndex else {
+            throw KeychainError.invalidArgument("Invalid --credential '\(text)': expected UNIT:ID, as db.service:db-password")
+        }
+        return (String(text[..<colon]), String(text[text.index(after: colon)...]))
     }
 
     /// Reads a regular file only: opened without blocking (a FIFO someone planted would hang the

@@ -59,6 +59,12 @@ final class RecordingService: KeychainService, @unchecked Sendable {
     func resetPasscodeTries() async throws(KeychainError) { try record("resetPasscodeTries") }
     func takeTPMCommandCount() async -> Int { try? record("takeTPMCommandCount"); return 7 }
     func dropCaches() async { try? record("dropCaches") }
+    func identity() async throws(KeychainError) -> DeviceIdentity { try record("identity"); throw KeychainError(.internal) }
+    func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes?, in scope: ItemScope) async throws(KeychainError) -> ImportOutcome {
+        calls.withLock { $0.append(Call(name: "importBundle", scope: scope, service: bundle.service, key: bundle.key)) }
+        if let failure { throw failure }
+        return .imported
+    }
 }
 
 /// keychaind's request handler over a recording service: each wire operation is one call of the
@@ -157,6 +163,32 @@ struct RequestHandlerTests {
         #expect(try await respond(.hasItem, service: "app.service", accessGroup: users, from: root, to: backing, groups: groups).kind == WireKind.ok)
         #expect(backing.calls.withLock { $0.map(\.scope) } == [.credentials(.system), .credentials(.system), .credentials(.user(1600))])
         #expect(try SystemdCredentials.storage(unit: "db.service", manager: .system).storeName == "credential:system/db.service")
+    }
+
+    /// keychaind's `identity` and `import`: an administrator's; a bundle lands in the caller's own scope.
+    @Test func identityAndImportNeedAnAdministratorAndImportLandsInTheCallersScope() async throws {
+        let backing = RecordingService()
+        let bundle = ProvisioningBundle(format: ProvisioningBundle.formatName, version: 1, parent: "srk", target: "00", service: "mail",
+                                        key: "token", label: nil, accessible: .afterFirstUnlock, accessControl: .none, itemVersion: 0,
+                                        pcrs: nil, publicArea: "", duplicate: "", encryptedSeed: "", nonce: "", ciphertext: "")
+        func request(_ op: WireOp) -> WireMessage {
+            var message = WireMessage(kind: op.rawValue)
+            if op == .importBundle { message.add(WireTag.bundle, [UInt8](bundle.json())) }
+            return message
+        }
+        let handler = DaemonRequestHandler(service: backing, groups: .init(directory: nil))
+        for op in [WireOp.identity, .importBundle] {
+            let refused = await handler.respond(to: request(op), from: Self.user, options: Connection().options,
+                                                authenticator: { _ in fatalError("no prompt in these tests") })
+            let error = try KeychainError(decoding: refused)
+            #expect(error.code == .accessDenied && error.message.contains("uid 1600 is neither"), "\(op): \(error)")
+        }
+        #expect(backing.names.isEmpty, "a non-admin's call never reached the service")
+        let root = Peer(pid: 1, uid: 0, gid: 0, groups: [])
+        let imported = await handler.respond(to: request(.importBundle), from: root, options: Connection().options,
+                                             authenticator: { _ in fatalError("no prompt in these tests") })
+        #expect(imported.kind == WireKind.ok)
+        #expect(backing.calls.withLock { $0.first } == .init(name: "importBundle", scope: .user(0), service: "mail", key: "token"))
     }
 
     @Test func aStorageCallWithoutOptionsOrWithBadOnesIsRefusedBeforeTheService() async throws {

@@ -256,4 +256,20 @@ extension DaemonClient: KeychainService {
         (try? await call(.takeTPMCommandCount).uint(WireTag.resultNumber)).flatMap { $0 }.map(Int.init) ?? 0
     }
     func dropCaches() async { _ = try? await call(.dropCaches) }
+    func identity() async throws(KeychainError) -> DeviceIdentity {
+        guard let document = try await call(.identity).bytes(WireTag.resultBytes) else {
+            throw KeychainError(.internal, "The keychain service's reply has no identity document")
+        }
+        return try DeviceIdentity(json: Data(document))
+    }
+    /// keychaind chooses the scope: the caller's uid (or the system's credentials for a credential bundle).
+    func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes?, in scope: ItemScope) async throws(KeychainError) -> ImportOutcome {
+        let document = [UInt8](bundle.json())
+        guard document.count < Wire.maxMessage - (64 << 10) else {
+            throw KeychainError.invalidArgument("This bundle (\(document.count) bytes) is larger than one request to the keychain service can "
+                                                + "carry: import it where the store is (keychainctl --direct --store <the service's store> import)")
+        }
+        return try await call(.importBundle) { $0.add(WireTag.bundle, document); $0.add(WireTag.passcode, passcode?.wireBytes) }
+            .result(ImportOutcome.self)
+    }
 }

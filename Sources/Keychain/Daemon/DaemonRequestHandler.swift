@@ -1,3 +1,4 @@
+import Foundation
 import KeychainWire
 import SecureMemory
 
@@ -40,6 +41,7 @@ package struct DaemonRequestHandler: Sendable {
             // The caller's failures (reader, passcode) count against its own budgets.
             let caller = DaemonRequestHandler(service: service.serving(DaemonCaller(uid: peer.uid, isAdmin: { [groups] in groups.isAdmin(peer) })),
                                               groups: groups)
+            if op == .importBundle { return try await caller.importCall(request, in: .user(peer.uid)) }
             guard op.isStorageCall else { return try await caller.deviceCall(op, request) }
             guard let options = try options(request.bytes(WireTag.options)), let service = options.service else {
                 throw KeychainError(.invalidArgument, "The keychain service got a storage call without its options")
@@ -129,8 +131,22 @@ package struct DaemonRequestHandler: Sendable {
         case .resetPasscodeTries: try await service.resetPasscodeTries()
         case .takeTPMCommandCount: reply.add(WireTag.resultNumber, UInt64(await service.takeTPMCommandCount()))
         case .dropCaches: await service.dropCaches()
+        case .identity: reply.add(WireTag.resultBytes, [UInt8](try await service.identity().json()))
         default: throw KeychainError(.internal, "not a device call: \(op)")
         }
+        return reply
+    }
+
+    /// An import of the bundle `request` carries, into `scope` (the caller's own items; the system's
+    /// credentials for a credential bundle). Who may make it was checked (`WireOp.needsAdmin`).
+    package func importCall(_ request: WireMessage, in scope: ItemScope) async throws(KeychainError) -> WireMessage {
+        guard let document = request.bytes(WireTag.bundle) else {
+            throw KeychainError(.invalidArgument, "The keychain service got an import without its bundle")
+        }
+        let bundle = try ProvisioningBundle(json: Data(document))
+        let outcome = try await service.importBundle(bundle, passcode: request.bytes(WireTag.passcode).map(secure), in: scope)
+        var reply = WireMessage(kind: WireKind.ok)
+        reply.add(WireTag.resultJSON, WireJSON.encode(outcome))
         return reply
     }
 

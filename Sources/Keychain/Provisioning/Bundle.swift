@@ -27,6 +27,10 @@ public struct ProvisioningBundle: Sendable, Hashable, Codable {
     public var accessControl: AccessControl
     /// The provisioning version (`--version`): an import never replaces a higher one.
     public var itemVersion: UInt64
+    /// A systemd credential (`seal-for --credential UNIT:ID`): `service` is the unit and `key` the
+    /// credential's ID, and the import makes it the system manager's credential (docs/credentials.md).
+    /// Absent (not false) for any other bundle, whose associated data it leaves as it was.
+    public var credential: Bool?
     /// ThisDeviceOnly: the PCR selection whose approved state (PolicyAuthorizeNV on the device's
     /// boot-state approval index) the object is bound to, as the device's own ThisDeviceOnly keys are.
     public var pcrs: [Int]?
@@ -77,6 +81,8 @@ public struct ProvisioningBundle: Sendable, Hashable, Codable {
         ad += itemVersion.bigEndianBytes
         field((pcrs ?? []).map { UInt8(clamping: $0) })
         field(objectName)
+        // After the object's name, so that a bundle without it authenticates as before.
+        if credential == true { field("systemd credential".utf8) }
         return ad
     }
 
@@ -87,6 +93,12 @@ public struct ProvisioningBundle: Sendable, Hashable, Codable {
         SealPolicy(availability: .init(accessible), pcrs: pcrs, pcrDigest: nil, bootApprovalName: pcrs == nil ? nil : bootApprovalName,
                    passcodeEpoch: nil, stateName: stateName, biometry: nil, passcode: accessControl == .passcode ? true : nil,
                    keyRef: nil, authValidity: nil)
+    }
+
+    /// Where the import puts the item: `scope`, the importer's, or the system manager's credentials
+    /// for a credential bundle (an import through keychaind is an administrator's).
+    func scope(importedIn scope: ItemScope) -> ItemScope {
+        credential == true ? .credentials(.system) : scope
     }
 
     /// The names a bundle can carry: a caller's service (never keychaind's namespace), key and label.
@@ -130,10 +142,14 @@ public enum Provisioning {
     /// (PEM, the TPM maker's CA), the EK certificate must verify against it and certify that EK, or
     /// nothing is sealed.
     public static func seal(_ value: SecureBytes, service: String, key: String, accessible: Accessible = .afterFirstUnlock,
-                            accessControl: AccessControl = .none, label: String? = nil, version: UInt64 = 0,
+                            accessControl: AccessControl = .none, label: String? = nil, version: UInt64 = 0, credential: Bool = false,
                             for identity: DeviceIdentity, parent chosen: Parent? = nil, ekCA: [UInt8]? = nil) throws(KeychainError) -> ProvisioningBundle {
         try ProvisioningBundle.check(accessible, accessControl)
         try ProvisioningBundle.checkNames(service: service, key: key, label: label)
+        if credential && accessControl != .none {
+            throw KeychainError(.invalidArgument, "A systemd credential is read at its unit's start, where nobody can answer a prompt: "
+                                + "seal it with accessControl 'none' and choose its protection with --accessible")
+        }
         guard value.count <= Engine.maxValueLength else { throw KeychainError.invalidArgument("Invalid value: at most \(Engine.maxValueLength) bytes") }
         guard let stateName = identity.nvIndices["state"].flatMap({ bytes(hex: $0.name) }),
               let approvalName = identity.nvIndices["bootApproval"].flatMap({ bytes(hex: $0.name) }),
@@ -175,6 +191,7 @@ public enum Provisioning {
             pcrs: thisDeviceOnly ? identity.bootState.pcrs : nil,
             publicArea: Data(blob.publicArea).base64EncodedString(), duplicate: Data(blob.duplicate).base64EncodedString(),
             encryptedSeed: Data(blob.encryptedSeed).base64EncodedString(), nonce: "", ciphertext: "")
+        bundle.credential = credential ? true : nil
         let nonce = Sodium.randomBytes(Sodium.xchachaNonceLength)
         bundle.nonce = Data(nonce).base64EncodedString()
         bundle.ciphertext = Data(Sodium.seal(value, key: k, nonce: nonce, associatedData: bundle.associatedData(objectName: blob.name)))
@@ -214,10 +231,12 @@ extension KeychainDevice {
     ///   a group (`uid:1600/bank`): the importer chooses whose item it becomes, never the bundle.
     /// - Parameter uid: the user whose item it becomes through keychaind (the service's store); nil
     ///   for this process's own items.
+    ///   Through keychaind (root and the access group `admin` only) it becomes the caller's item.
+    ///   A credential bundle (`seal-for --credential`) becomes the system manager's credential.
     public func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes? = nil,
                              forUser uid: UInt32? = nil) async throws(KeychainError) -> ImportOutcome {
-        try await engine.importBundle(bundle, passcode: passcode, readerDirectory: configuration.readerDirectory,
-                                      scope: uid.map(ItemScope.user) ?? .process)
+        guard let uid else { return try await backing.importBundle(bundle, passcode: passcode, in: .process) }
+        return try await engine.importBundle(bundle, passcode: passcode, readerDirectory: configuration.readerDirectory, scope: .user(uid))
     }
 }
 
@@ -228,7 +247,7 @@ extension Engine {
                       scope: ItemScope) async throws(KeychainError) -> ImportOutcome {
         try ProvisioningBundle.check(bundle.accessible, bundle.accessControl)
         try ProvisioningBundle.checkNames(service: bundle.service, key: bundle.key, label: bundle.label)
-        let service = try scope.storeName(bundle.service)
+        let service = try bundle.scope(importedIn: scope).storeName(bundle.service)
         let protection = try ItemProtection(accessible: bundle.accessible, accessControl: bundle.accessControl)
         let parts = try bundle.parts()
         let digest = sha256(parts.publicArea, parts.duplicate, parts.seed, parts.nonce, parts.ciphertext)

@@ -118,8 +118,9 @@ func hexHandle(_ value: UInt32) -> String { "0x" + String(format: "%08x", value)
 
 extension KeychainDevice {
     /// This device's identity document (provisions the TPM and the store first, as `initialize` does).
+    /// Through keychaind: root and the access group `admin` only.
     public func identity() async throws(KeychainError) -> DeviceIdentity {
-        try await engine.identity()
+        try await backing.identity()
     }
 }
 
