@@ -23,9 +23,19 @@ actor Engine {
     /// keys stay until the process ends; `whenUnlocked*` keys only while the lock generation
     /// recorded at unseal time is current (a `lock` in any process on this store bumps it). Keys
     /// behind an access control record when the user opened them: each read checks its own window.
-    var unsealed: [WrappingKeyID: (secret: SecureBytes, generation: UInt64?, opened: ContinuousClock.Instant?)] = [:]
+    /// Kept in `warm`, where a warm read finds them without the engine's thread.
+    var unsealed: [WrappingKeyID: UnsealedKey] {
+        get { warm.unsealed }
+        set { warm.unsealed = newValue }
+    }
     /// Agreed secrets per (wrapping key, item writer), so a warm read does no X25519.
-    var agreed: [AgreedID: SecureBytes] = [:]
+    var agreed: [AgreedID: SecureBytes] {
+        get { warm.agreed }
+        set { warm.agreed = newValue }
+    }
+    typealias UnsealedKey = (secret: SecureBytes, generation: UInt64?, opened: ContinuousClock.Instant?)
+    /// What a warm read needs, for any thread (`warmGet`): the open store and the keys this engine opened.
+    nonisolated let warm = WarmState()
     /// The store's lock generation when this process last saw the TPM's state index say "unlocked"
     /// (a read's pre-prompt check, or an unlock): while it is current the check needs no TPM.
     var seenUnlocked: UInt64?
@@ -34,8 +44,8 @@ actor Engine {
     /// The PKCS#11 token session, for `keyStorage: 'strongbox'` items.
     var token: TokenSession?
 
-    struct WrappingKeyID: Hashable { var service: String; var protection: String; var publicKey: [UInt8] }
-    struct AgreedID: Hashable { var wrappingPublic: [UInt8]; var writerPublic: [UInt8] }
+    struct WrappingKeyID: Hashable, Sendable { var service: String; var protection: String; var publicKey: [UInt8] }
+    struct AgreedID: Hashable, Sendable { var wrappingPublic: [UInt8]; var writerPublic: [UInt8] }
 
     /// The embedded software TPM's owner authorization, from its file, once this process checked that
     /// the TPM holds it (on start, and on first use: a crash may have left the file without the change).
@@ -105,6 +115,7 @@ actor Engine {
             _ = try TPMKeyring.selection(recorded: recorded, given: configuration.validPCRSelection)
         }
         openedStore = store
+        warm.store = store
         return store
     }
 
@@ -120,14 +131,17 @@ actor Engine {
 
     /// Closes the store: SQLite copies the write-ahead log into `keychain.db` when the last connection
     /// closes, so committed data does not depend on the `-wal` file. The next call opens it again.
-    func close() { openedStore = nil }
+    func close() {
+        openedStore = nil
+        warm.store = nil
+    }
 
     /// Closes the store of every engine of this process.
     static func closeAll() async {
         for engine in engines.withLock({ $0.values.compactMap(\.engine) }) { await engine.close() }
     }
 
-    func lockGeneration(_ store: Store) throws(KeychainError) -> UInt64 {
+    nonisolated func lockGeneration(_ store: Store) throws(KeychainError) -> UInt64 {
         do { return try store.meta(StoreMeta.lockGeneration).flatMap(UInt64.init(bigEndianBytes:)) ?? 0 }
         catch { throw KeychainError(store: error) }
     }
@@ -242,16 +256,7 @@ actor Engine {
         guard let record = try read({ try store.item(service: service, key: key) }) else { return nil }
         // A token item of the first format: its own data key, sealed by the token, in writerPublic.
         if record.salt.isEmpty { return try getFromToken(record, uri: context.pkcs11URI) }
-        // Only these tags ever have a dead key replaced (Engine.set's staleKey): others skip the lookup.
-        let retirable = record.protection.contains("CurrentSet") || record.protection.hasPrefix(Accessible.whenPasscodeSetThisDeviceOnly.rawValue)
-            || !record.protection.contains("/\(AccessControl.none.rawValue)")  // a passcode removal ends every access control
-            || record.protection.hasSuffix(TokenSession.tagSuffix)
-        let retired = !retirable ? nil
-            : try read { try Self.retiredKey(of: record, marker: store.meta(StoreMeta.retired(service: service, key: key))) }
-        let keyTag = retired.map { Self.retiredTag(record.protection, publicKey: $0) } ?? record.protection
-        guard let wrapping = try read({ try store.wrappingKey(service: service, protection: keyTag) }) else {
-            throw corrupted(record, "its wrapping key is missing from the store")
-        }
+        let wrapping = try wrappingKey(of: record, store: store).record
         let secret: SecureBytes
         do throws(KeychainError) {
             secret = try await backend(of: wrapping, readerDirectory: context.readerDirectory, pkcs11URI: context.pkcs11URI)
@@ -271,6 +276,32 @@ actor Engine {
             if agreed.count > 4096 { agreed.removeAll() }
             agreed[agreedID] = shared
         }
+        return try open(record, under: wrapping, shared: shared)
+    }
+
+    /// The wrapping key that opens `record`: a retired one when a later write replaced the key of the
+    /// item's tag and left the item with the dead key (`Engine.set`'s staleKey), else its tag's.
+    nonisolated func wrappingKey(of record: ItemRecord, store: Store) throws(KeychainError) -> (record: WrappingKeyRecord, retired: Bool) {
+        // Only these tags ever have a dead key replaced: others skip the lookup.
+        let retired = !Self.mayBeRetired(record.protection) ? nil
+            : try read { try Self.retiredKey(of: record, marker: store.meta(StoreMeta.retired(service: record.service, key: record.key))) }
+        let keyTag = retired.map { Self.retiredTag(record.protection, publicKey: $0) } ?? record.protection
+        guard let wrapping = try read({ try store.wrappingKey(service: record.service, protection: keyTag) }) else {
+            throw corrupted(record, "its wrapping key is missing from the store")
+        }
+        return (wrapping, retired != nil)
+    }
+
+    /// Tags whose key a later write may replace while items stay with the dead one (`Engine.set`'s
+    /// staleKey): CurrentSet keys (enrollment), passcode keys, every access control (a passcode
+    /// removal ends them all) and the token's.
+    static func mayBeRetired(_ tag: String) -> Bool {
+        tag.contains("CurrentSet") || tag.hasPrefix(Accessible.whenPasscodeSetThisDeviceOnly.rawValue)
+            || !tag.contains("/\(AccessControl.none.rawValue)") || tag.hasSuffix(TokenSession.tagSuffix)
+    }
+
+    /// An item's value from the secret its writer and its wrapping key agreed: the data key, the AEAD.
+    nonisolated func open(_ record: ItemRecord, under wrapping: WrappingKeyRecord, shared: SecureBytes) throws(KeychainError) -> SecureBytes {
         let dataKey = ItemEnvelope.dataKey(shared: shared, writerPublic: record.writerPublic,
                                            wrappingPublic: wrapping.publicKey, salt: record.salt)
         do {
@@ -278,6 +309,42 @@ actor Engine {
                                    associatedData: ItemEnvelope.associatedData(record))
         } catch {
             throw corrupted(record, "it failed authentication: a stored field was changed or swapped")
+        }
+    }
+
+    /// A wrapping key this engine opened that this read may still use: within the read's window (keys
+    /// behind an access control), and for a `whenUnlocked` key while the store's lock generation is
+    /// the one it was opened under (a `lock` in any process on this store bumps it). The engine's warm
+    /// path and `warmGet` both ask this, so a read answered on the caller's thread checks the same.
+    nonisolated func cachedSecret(_ id: WrappingKeyID, window: Int, store: Store) throws(KeychainError) -> SecureBytes? {
+        guard let cached = warm.unsealed(id), cached.opened.map({ $0 + .seconds(window) > ContinuousClock.now }) ?? true else {
+            return nil
+        }
+        if let generation = cached.generation, generation != (try lockGeneration(store)) { return nil }
+        return cached.secret
+    }
+
+    /// A read answered on the caller's thread, without waiting for the engine's (which may be in a TPM
+    /// command that takes seconds, or wait for a frozen TPM): a TPM item whose wrapping key and agreed
+    /// secret this engine holds and may still use (`cachedSecret`), read from the store's read
+    /// connection. nil when the read needs the engine: no key held, a retired or token key, the first
+    /// format's token items, or any error (the engine's path meets the same and reports it).
+    /// It only reads the caches: the engine alone fills and empties them, so a lock, a passcode change
+    /// or `dropCaches` is never undone by a read that was under way.
+    /// - Parameter window: the read's window for an item of a tag (`ReadContext.window(tag:)`).
+    nonisolated func warmGet(service: String, key: String, window: (String) -> Int) -> WarmRead? {
+        guard ItemNames.keyProblem(key) == nil, let store = warm.store else { return nil }
+        do throws(KeychainError) {
+            guard let record = try read({ try store.item(service: service, key: key) }) else { return .absent }
+            guard !record.salt.isEmpty else { return nil }
+            let (wrapping, retired) = try wrappingKey(of: record, store: store)
+            guard !retired, wrapping.backend == .tpm,
+                  let shared = warm.agreed(AgreedID(wrappingPublic: wrapping.publicKey, writerPublic: record.writerPublic)),
+                  try cachedSecret(WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey),
+                                   window: window(record.protection), store: store) != nil else { return nil }
+            return .value(try open(record, under: wrapping, shared: shared))
+        } catch {
+            return nil
         }
     }
 
@@ -395,11 +462,11 @@ actor Engine {
         KeychainError(.passcodeNotSet, "No device passcode is set: set one first (keychainctl passcode set)")
     }
 
-    func corrupted(_ record: ItemRecord, _ why: String) -> KeychainError {
+    nonisolated func corrupted(_ record: ItemRecord, _ why: String) -> KeychainError {
         KeychainError(.dataCorrupted, "Item '\(record.key)' of service '\(ItemScope.shown(record.service))' cannot be trusted: \(why)")
     }
 
-    func read<T>(_ body: () throws -> T) throws(KeychainError) -> T {
+    nonisolated func read<T>(_ body: () throws -> T) throws(KeychainError) -> T {
         do { return try body() } catch let error as StoreError {
             throw KeychainError(store: error)
         } catch let error as KeychainError {
@@ -418,4 +485,31 @@ actor Engine {
             throw KeychainError(.internal, "\(error)")
         }
     }
+}
+
+/// The engine's caches that a warm read uses from any thread (`Engine.warmGet`): the open store
+/// (its reads have their own connection, behind its own lock), the unsealed wrapping keys and the
+/// agreed secrets. Only the engine writes them, on its own thread; a warm read looks them up.
+final class WarmState: Sendable {
+    private struct State {
+        var store: Store?
+        var unsealed: [Engine.WrappingKeyID: Engine.UnsealedKey] = [:]
+        var agreed: [Engine.AgreedID: SecureBytes] = [:]
+    }
+    private let state = Mutex(State())
+
+    var store: Store? {
+        get { state.withLock { $0.store } }
+        set { state.withLock { $0.store = newValue } }
+    }
+    var unsealed: [Engine.WrappingKeyID: Engine.UnsealedKey] {
+        get { state.withLock { $0.unsealed } }
+        set { state.withLock { $0.unsealed = newValue } }
+    }
+    var agreed: [Engine.AgreedID: SecureBytes] {
+        get { state.withLock { $0.agreed } }
+        set { state.withLock { $0.agreed = newValue } }
+    }
+    func unsealed(_ id: Engine.WrappingKeyID) -> Engine.UnsealedKey? { state.withLock { $0.unsealed[id] } }
+    func agreed(_ id: Engine.AgreedID) -> SecureBytes? { state.withLock { $0.agreed[id] } }
 }

@@ -125,6 +125,9 @@ package protocol KeychainService: Sendable {
     func allKeys(in storage: StorageRef) async throws(KeychainError) -> [String]
     func itemInfo(_ key: String, in storage: StorageRef) async throws(KeychainError) -> ItemInfo?
     func canUseAccessControl(_ value: AccessControl, in storage: StorageRef) async throws(KeychainError) -> AccessControlCheck
+    /// A read answered at once, on the caller's thread, when it needs no TPM, prompt or write (an item
+    /// whose key was opened before); nil when it takes `getItem`. Never waits for a TPM command.
+    func warmItem(_ key: String, in storage: StorageRef) -> WarmRead?
 
     func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError)
     func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool
@@ -154,6 +157,14 @@ package protocol KeychainService: Sendable {
 
 extension KeychainService {
     package func serving(_ caller: DaemonCaller) -> any KeychainService { self }
+}
+
+/// What a read answered at once found (`KeychainService.warmItem`).
+package enum WarmRead: Sendable {
+    case value(SecureBytes)
+    case absent
+
+    var value: SecureBytes? { if case .value(let bytes) = self { bytes } else { nil } }
 }
 
 /// The store's engine in this process, as a `KeychainService`: the calls of one configuration
@@ -209,13 +220,25 @@ package struct LocalService: KeychainService {
 
     package func getItem(_ key: String, options call: GetItemOptions?, in storage: StorageRef,
                          authenticator: (any Authenticator)?) async throws(KeychainError) -> SecureBytes? {
-        // The prompt is the storage's, then the call's, field by field (seed: createKeychain). An access
-        // group's items open no window: one member's prompt would open them for every other member.
-        let context = Engine.ReadContext(prompt: storage.options.resolvedPrompt(for: call), authValidity: storage.options.authValidity,
-                                         authenticator: authenticator, readerDirectory: configuration.readerDirectory,
-                                         pkcs11URI: configuration.pkcs11URI, windowAllowed: !storage.scope.isGroup,
-                                         caller: configuration.caller)
-        return try await checked().get(service: storage.storeName, key: key, context: context)
+        let engine = try checked()
+        // No hop to the engine's thread and back for a read that needs neither.
+        if let warm = warmItem(key, in: storage) { return warm.value }
+        return try await engine.get(service: storage.storeName, key: key,
+                                    context: readContext(storage, prompt: storage.options.resolvedPrompt(for: call), authenticator))
+    }
+
+    package func warmItem(_ key: String, in storage: StorageRef) -> WarmRead? {
+        guard refusal == nil else { return nil }
+        let context = readContext(storage, prompt: Prompt(), nil)
+        return engine.warmGet(service: storage.storeName, key: key) { context.window(tag: $0) }
+    }
+
+    /// The prompt is the storage's, then the call's, field by field (seed: createKeychain). An access
+    /// group's items open no window: one member's prompt would open them for every other member.
+    private func readContext(_ storage: StorageRef, prompt: Prompt, _ authenticator: (any Authenticator)?) -> Engine.ReadContext {
+        Engine.ReadContext(prompt: prompt, authValidity: storage.options.authValidity, authenticator: authenticator,
+                           readerDirectory: configuration.readerDirectory, pkcs11URI: configuration.pkcs11URI,
+                           windowAllowed: !storage.scope.isGroup, caller: configuration.caller)
     }
 
     package func hasItem(_ key: String, in storage: StorageRef) async throws(KeychainError) -> Bool {

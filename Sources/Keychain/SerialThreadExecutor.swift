@@ -10,7 +10,14 @@ import Synchronization
 /// stays serial, and a request needs no wake-up of the executor's thread and back.
 package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @unchecked Sendable {
     private let condition = NSCondition()
-    private var jobs: [UnownedJob] = []
+    private var jobs: [(job: UnownedJob, enqueued: ContinuousClock.Instant)] = []
+    /// When the job running now was enqueued: the start of its wait for this executor. Written by the
+    /// thread that runs jobs before each one, read by that job (`waitedSinceEnqueued`).
+    private var runningEnqueued = ContinuousClock.now
+    /// The thread inside a job now (set and cleared under the lock): a job it enqueues is the same
+    /// call moving on (a task hopping from its nonisolated code onto the engine), and keeps the
+    /// time the call was enqueued, so a call's wait behind others counts once, not from each hop.
+    private var jobThread: pthread_t?
     /// A thread (the executor's or a driver) is running jobs: only it takes more.
     private var running = false
     private var stopping = false
@@ -38,10 +45,17 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
         condition.unlock()
     }
 
+    /// How long the job running now waited for this executor and has run since: from the moment the
+    /// call (or its resumption) was enqueued, so a call's TPM deadline counts the time it spent queued
+    /// behind others (`Engine.withKeyring`). Only from a job running on this executor.
+    package func waitedSinceEnqueued() -> Duration { ContinuousClock.now - runningEnqueued }
+
     package func enqueue(_ job: consuming ExecutorJob) {
         let unowned = UnownedJob(job)
+        let now = ContinuousClock.now
         condition.lock()
-        jobs.append(unowned)
+        let inJob = jobThread.map { pthread_equal($0, pthread_self()) != 0 } ?? false
+        jobs.append((unowned, inJob ? runningEnqueued : now))
         // Whoever runs jobs now takes this one too; only an idle executor wakes its thread.
         if !running { condition.signal() }
         condition.unlock()
@@ -85,11 +99,12 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
     /// Runs jobs while there are any and `done` is false, then gives the executor back: jobs left go
     /// to its thread, and the next enqueue wakes it. The caller set `running`.
     private func runJobs(until done: () -> Bool) {
-        var batch: [UnownedJob] = []
+        var batch: [(job: UnownedJob, enqueued: ContinuousClock.Instant)] = []
         var next = 0
         while true {
             let stop = done()
             condition.lock()
+            jobThread = nil
             if stop && next < batch.count {
                 jobs.insert(contentsOf: batch[next...], at: 0)
                 (batch, next) = ([], 0)
@@ -104,9 +119,11 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
                 (batch, next) = (jobs, 0)
                 jobs.removeAll(keepingCapacity: true)
             }
-            condition.unlock()
-            let job = batch[next]
+            let (job, enqueued) = batch[next]
             next += 1
+            runningEnqueued = enqueued
+            jobThread = pthread_self()
+            condition.unlock()
             job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor())
         }
     }

@@ -26,6 +26,16 @@ func runBench(_ options: BenchOptions) async -> Int32 {
     }
 }
 
+if CommandLine.arguments.count == 3, CommandLine.arguments[1] == "--warm-reads", let reads = Int(CommandLine.arguments[2]), reads > 0 {
+    do {
+        print(try await warmReadBench(reads: reads))
+        exit(0)
+    } catch {
+        FileHandle.standardError.write(Data("keychain-bench: \(error)\n".utf8))
+        exit(1)
+    }
+}
+
 do {
     let options = try BenchOptions(CommandLine.arguments.dropFirst())
     if options.daemon {

@@ -29,6 +29,7 @@ final class RecordingService: KeychainService, @unchecked Sendable {
         try record("getItem", storage, key: key)
         return SecureBytes(copying: Array("value of \(key)".utf8))
     }
+    func warmItem(_ key: String, in storage: StorageRef) -> WarmRead? { nil }
     func hasItem(_ key: String, in storage: StorageRef) async throws(KeychainError) -> Bool { try record("hasItem", storage, key: key); return true }
     func removeItem(_ key: String, in storage: StorageRef) async throws(KeychainError) { try record("removeItem", storage, key: key) }
     func clear(_ storage: StorageRef) async throws(KeychainError) { try record("clear", storage) }

@@ -197,6 +197,9 @@ extension DaemonClient: KeychainService {
         return reply.bytes(WireTag.resultBytes).map { SecureBytes(copying: $0) }
     }
 
+    /// Every read is a request: the daemon answers a warm one at once.
+    func warmItem(_ key: String, in storage: StorageRef) -> WarmRead? { nil }
+
     func hasItem(_ key: String, in storage: StorageRef) async throws(KeychainError) -> Bool {
         try await call(.hasItem, storage, key: key).resultBool()
     }

@@ -53,6 +53,25 @@ package struct DaemonRequestHandler: Sendable {
         }
     }
 
+    /// The reply to a read the service answers at once (`KeychainService.warmItem`: a key it opened,
+    /// no TPM, prompt or write), made on the caller's thread; nil for every other request, and for any
+    /// read that needs more (or fails): `respond` answers those, its checks and errors included.
+    package func respondAtOnce(to request: WireMessage, from peer: Peer,
+                               options: ([UInt8]?) throws(KeychainError) -> KeychainOptions?) -> WireMessage? {
+        guard request.kind == WireOp.getItem.rawValue else { return nil }
+        do throws(KeychainError) {
+            guard let options = try options(request.bytes(WireTag.options)), let service = options.service,
+                  let key = try wire({ () throws(WireError) in try request.string(WireTag.key) }) else { return nil }
+            let storage = try StorageRef(scope: try scope(of: options, for: peer), options: options, defaultService: service)
+            guard let read = self.service.warmItem(key, in: storage) else { return nil }
+            var reply = WireMessage(kind: WireKind.ok)
+            if case .value(let value) = read { reply.add(WireTag.resultBytes, value.wireBytes) }
+            return reply
+        } catch {
+            return nil
+        }
+    }
+
     /// The caller's own items, or its access group's when it names one it is a member of; a service
     /// manager's systemd credentials for root and the `admin` group (`SystemdCredentials.accessGroup`).
     package func scope(of options: KeychainOptions, for peer: Peer) throws(KeychainError) -> ItemScope {

@@ -180,6 +180,8 @@ package final class DaemonServer: Sendable {
     /// other thread does (`drive`): a warm read then wakes no other thread in the daemon, where a
     /// task on the shared pool took three wake-ups (pool, engine, back to this thread).
     private func respond(to request: WireMessage, from peer: Peer, connection: Connection, on fd: Int32) -> WireMessage? {
+        // A warm read on this thread: it never waits behind another call's TPM command.
+        if let reply = handler.respondAtOnce(to: request, from: peer, options: connection.options) { return reply }
         let mailbox = Mailbox()
         fairShare.enter(peer.uid)
         defer { fairShare.leave(peer.uid) }

@@ -97,11 +97,7 @@ extension Engine {
         let id = WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
         let window = context.window(tag: record.protection)
         // The warm path: no policy decoding, one meta read for whenUnlocked keys only.
-        if let cached = unsealed[id], cached.opened.map({ $0 + .seconds(window) > ContinuousClock.now }) ?? true {
-            var current = true
-            if let generation = cached.generation { current = try generation == lockGeneration(store) }
-            if current { return cached.secret }
-        }
+        if let cached = try cachedSecret(id, window: window, store: store) { return cached }
         let tag = Self.liveTag(wrapping.protection)
         guard let policy = SealPolicy.decode(wrapping.policy),
               policy.keyRef.map({ $0 == SealPolicy.keyRef(service: wrapping.service, protection: tag,

@@ -29,17 +29,26 @@ extension Engine {
             embeddedOwnerAuthorization = try prepareEmbeddedTPM(device, started: started)
             embeddedTPMChecked = true
         }
-        return try withConnection(device, store: store, flushLeftovers: turn != nil, body)
+        // The call's deadline counts from when it was made: time queued behind other calls (a frozen
+        // TPM's included) is part of it, so no call waits longer than the timeout its error names.
+        let answerTimeout = configuration.tpmTimeout - executor.waitedSinceEnqueued()
+        guard answerTimeout > .zero else {
+            throw .tpmDidNotAnswer(device, timeout: configuration.tpmTimeout,
+                                   TPMError(command: "wait for earlier calls' TPM commands", code: .success, timedOut: true))
+        }
+        return try withConnection(device, store: store, flushLeftovers: turn != nil, answerTimeout: answerTimeout, body)
     }
 
     /// The connection closes when this returns, before the turn ends.
-    func withConnection<T>(_ device: TPMDevice, store: Store, flushLeftovers: Bool,
+    /// - Parameter answerTimeout: how long each TPM exchange may wait (what is left of the call's deadline).
+    func withConnection<T>(_ device: TPMDevice, store: Store, flushLeftovers: Bool, answerTimeout: Duration,
                                    _ body: (TPMKeyring) throws(KeychainError) -> T) throws(KeychainError) -> T {
         var configuration = configuration
         if case .embedded = configuration.tpm, configuration.ownerAuthorization == nil {
             configuration.ownerAuthorization = embeddedOwnerAuthorization
         }
-        let keyring = try TPMKeyring(device: device, store: store, configuration: configuration, flushLeftovers: flushLeftovers)
+        let keyring = try TPMKeyring(device: device, store: store, configuration: configuration, answerTimeout: answerTimeout,
+                                     flushLeftovers: flushLeftovers)
         defer {
             tpmCommands += keyring.context.commandCount
             if keyring.finishedRemoval {

@@ -27,10 +27,14 @@ final class TPMKeyring {
     let pcrSelection: [Int]
 
 
-    /// - Parameter flushLeftovers: flush what killed processes left (only while holding the TPM's turn).
-    init(device: TPMDevice, store: Store, configuration: KeychainConfiguration, flushLeftovers: Bool = false) throws(KeychainError) {
+    /// - Parameters:
+    ///   - answerTimeout: how long one TPM exchange may wait (the call's deadline less what it spent
+    ///     before); errors name `configuration.tpmTimeout`, the call's whole deadline.
+    ///   - flushLeftovers: flush what killed processes left (only while holding the TPM's turn).
+    init(device: TPMDevice, store: Store, configuration: KeychainConfiguration, answerTimeout: Duration? = nil,
+         flushLeftovers: Bool = false) throws(KeychainError) {
         do {
-            context = try TPMContext(device: device, timeout: configuration.tpmTimeout)
+            context = try TPMContext(device: device, timeout: answerTimeout ?? configuration.tpmTimeout)
         } catch {
             if error.timedOut { throw .tpmDidNotAnswer(device, timeout: configuration.tpmTimeout, error) }
             throw KeychainError(.hardwareUnavailable,

@@ -1,0 +1,28 @@
+import Foundation
+import Keychain
+import KeychainTestSupport
+
+/// `--warm-reads N`: N warm in-process `getItem` calls of one item (`afterFirstUnlock`, its key
+/// opened by one read first) on a private swtpm, one caller, and nothing else. Made for
+/// `valgrind --tool=callgrind`: two runs with different N, and the difference of their instruction
+/// counts over the difference of N is the instructions of one warm read, whatever else the machine does.
+func warmReadBench(reads: Int) async throws -> String {
+    let tpm = try SoftwareTPM()
+    defer { tpm.stop() }
+    let configuration = tpm.configuration()
+    let keychain = try createKeychain(.init(service: "warm"), configuration: configuration)
+    let secret = "a secret of 32 bytes, more or less"
+    try await keychain.setItem("k0", secret)
+    guard try await keychain.getItem("k0") == secret else { throw BenchFailure("getItem returned another value") }
+    let device = KeychainDevice(configuration: configuration)
+    _ = await device.takeTPMCommandCount()
+    let started = ContinuousClock.now
+    for _ in 0..<reads {
+        guard try await keychain.getItem("k0") == secret else { throw BenchFailure("getItem returned another value") }
+    }
+    let took = ContinuousClock.now - started
+    let seconds = Double(took.components.seconds) + Double(took.components.attoseconds) / 1e18
+    let commands = await device.takeTPMCommandCount()
+    return "warm getItem, one caller: \(reads) reads in \(String(format: "%.3f", seconds)) s, "
+        + "\(Int(Double(reads) / seconds)) reads/s, \(commands) TPM commands"
+}
