@@ -49,12 +49,15 @@ let package = Package(
         // What keychainctl's front and keychainctl-full print alike (terminal-safe text, the option names).
         .target(name: "KeychainCLIText"),
         // The public API.
+        // D-Bus over sd-bus (the connection, its values, the DH session crypto): the Secret Service
+        // provider, and the keychain's desktop prompt (gcr's system prompter).
+        .target(name: "DBus", dependencies: ["CSystemd", "COpenSSL", "SecureMemory"]),
         .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn", "COpenSSL",
-                                                 "KeychainWire", "KeychainCLIText"]),
+                                                 "KeychainWire", "KeychainCLIText", "DBus"]),
 
         .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2"]),
         // The Secret Service API over the public Keychain API: the bus (sd-bus), the sessions' crypto, the items.
-        .target(name: "SecretService", dependencies: ["Keychain", "CSystemd", "COpenSSL", "SecureMemory"]),
+        .target(name: "SecretService", dependencies: ["Keychain", "DBus", "SecureMemory"]),
         // BiometricsVault: biometric sign-in as a state machine over the public Keychain API.
         .target(name: "BiometricsVault", dependencies: ["Keychain"]),
         // The seed's "sign in with Face ID" guide as code: where each token lives, the fallbacks.

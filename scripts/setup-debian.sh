@@ -15,6 +15,7 @@ packages=(
   opencryptoki                                           # TokenModuleTests: openCryptoki's software token (pkcsslotd)
   libtpm2-pkcs11-1 libtpm2-pkcs11-tools                  # TokenModuleTests: tpm2-pkcs11 (tpm2_ptool), through tpm2-abrmd
   debootstrap systemd-container lintian bc binutils      # the package and its tests under a booted systemd (scripts/test-systemd.sh)
+  gcr xvfb xdotool                                       # SystemPrompterTests: gcr-prompter under Xvfb, its dialog typed into
   systemd util-linux                                     # SystemPromptTests: systemd-tty-ask-password-agent answering the ask-password protocol (script, unshare)
 )
 missing=()

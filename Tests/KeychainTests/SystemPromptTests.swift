@@ -216,3 +216,111 @@ struct SystemPromptTests {
         #expect(!shown.contains(Self.pin), "the terminal echoed the passcode: \(shown)")
     }
 }
+
+/// gcr's system prompter on a desktop of the test's own: Xvfb, a private session bus whose only
+/// activatable service is `/usr/libexec/gcr-prompter`, and a person typing into its dialog (xdotool).
+@Suite("gcr's system prompter under Xvfb, answered by typing into its dialog")
+struct SystemPrompterTests {
+    static let pin = "2468"
+
+    /// Xvfb on a free display and a private dbus-daemon that activates gcr-prompter on it.
+    final class Desktop: @unchecked Sendable {
+        let directory: String
+        let display: String
+        let address: String
+        private var pids: [pid_t] = []
+
+        init() throws {
+            for tool in ["/usr/bin/Xvfb", "/usr/bin/xdotool", "/usr/libexec/gcr-prompter", "/usr/bin/dbus-daemon"] {
+                try #require(FileManager.default.isExecutableFile(atPath: tool), "\(tool) is missing: scripts/setup-debian.sh installs it")
+            }
+            directory = NSTemporaryDirectory() + "desktop-" + UUID().uuidString
+            try FileManager.default.createDirectory(atPath: directory + "/services", withIntermediateDirectories: true)
+            var number = 0
+            for candidate in 70..<200 where !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\(candidate)")
+                && !FileManager.default.fileExists(atPath: "/tmp/.X\(candidate)-lock") {
+                number = candidate
+                break
+            }
+            display = ":\(number)"
+            address = "unix:path=\(directory)/bus"
+            guard let x = Processes.spawn("/usr/bin/Xvfb", ["/usr/bin/Xvfb", display, "-screen", "0", "1024x768x24", "-nolisten", "tcp"],
+                                          stdout: open("/dev/null", O_WRONLY), stderr: open("/dev/null", O_WRONLY)) else {
+                throw SoftwareTPMError("cannot start Xvfb")
+            }
+            pids.append(x)
+            for _ in 0..<500 where !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\(number)") { usleep(10_000) }
+            try """
+                <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+                 "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+                <busconfig>
+                  <type>session</type>
+                  <listen>\(address)</listen>
+                  <servicedir>\(directory)/services</servicedir>
+                  <policy context="default"><allow send_destination="*" eavesdrop="true"/><allow eavesdrop="true"/><allow own="*"/></policy>
+                </busconfig>
+                """.write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
+            try "[D-BUS Service]\nName=\(SystemPrompterAuthenticator.busName)\nExec=/usr/libexec/gcr-prompter\n"
+                .write(toFile: directory + "/services/\(SystemPrompterAuthenticator.busName).service", atomically: true, encoding: .utf8)
+            var environment = ProcessInfo.processInfo.environment
+            environment["DISPLAY"] = display
+            environment["GDK_BACKEND"] = "x11"
+            environment["NO_AT_BRIDGE"] = "1"
+            environment["GSETTINGS_BACKEND"] = "memory"
+            guard let bus = Processes.spawn("/usr/bin/dbus-daemon", ["/usr/bin/dbus-daemon", "--config-file=\(directory)/bus.conf", "--nofork", "--nopidfile"],
+                                            environment: environment) else { throw SoftwareTPMError("cannot start dbus-daemon") }
+            pids.append(bus)
+            for _ in 0..<500 where !FileManager.default.fileExists(atPath: directory + "/bus") { usleep(10_000) }
+        }
+
+        deinit {
+            // gcr-prompter, activated by the bus, leaves with it.
+            for pid in pids.reversed() { kill(pid, SIGTERM); _ = Processes.wait(pid) }
+            try? FileManager.default.removeItem(atPath: directory)
+        }
+
+        /// The prompter's environment as an app on this desktop has it.
+        var environment: [String: String] { ["DISPLAY": display, "DBUS_SESSION_BUS_ADDRESS": address] }
+
+        /// Waits for the dialog titled `title`, then types `text` and Return into it, as a person would.
+        func type(_ text: String, into title: String) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+            try run("/bin/sh", ["-c", "w=$(xdotool search --sync --name \"$1\" | head -n1) && xdotool windowactivate --sync \"$w\" 2>/dev/null; "
+                                + "xdotool windowfocus --sync \"$w\" && sleep 0.3 && xdotool type --delay 40 \"$2\" && xdotool key Return",
+                                "sh", title, text], environment: ["DISPLAY": display])
+        }
+
+        func press(_ key: String, into title: String) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+            try run("/bin/sh", ["-c", "w=$(xdotool search --sync --name \"$1\" | head -n1) && xdotool windowfocus --sync \"$w\" && sleep 0.3 && xdotool key \"$2\"",
+                                "sh", title, key], environment: ["DISPLAY": display])
+        }
+    }
+
+    @Test func theDesktopPrompterReadsThePasscodeThroughItsSecretExchange() async throws {
+        let desktop = try Desktop()
+        let d = try await SimulatedDevice(passcode: bytes(Self.pin), fingers: ["thumb"])
+        var configuration = d.configuration
+        let prompter = SystemPrompterAuthenticator(timeout: .seconds(60), environment: desktop.environment)
+        #expect(await prompter.reachability() == .reachable)
+        configuration.authenticator = prompter
+        let store = try createKeychain(.init(service: "desktop", accessControl: .passcode,
+                                             prompt: .init(title: "Unlock the desktop vault", cancel: "Use password")),
+                                       configuration: configuration)
+        try await store.setItem("k", "v")
+        async let read = store.getItem("k")
+        let typed = try desktop.type(Self.pin, into: "Unlock the desktop vault")
+        #expect(typed.status == 0, "\(typed.stderr)")
+        #expect(try await read == "v")
+
+        // The dialog's cancel (Escape): the seed's USER_CANCELED, the item untouched.
+        async let canceled = code { try await store.getItem("k") }
+        #expect(try desktop.press("Escape", into: "Unlock the desktop vault").status == 0)
+        #expect(await canceled == .userCanceled)
+        #expect(try await store.hasItem("k"))
+    }
+
+    @Test func withoutADisplayOrABusTheDesktopPrompterReachesNoOne() async {
+        #expect(await SystemPrompterAuthenticator(environment: [:]).reachability() != .reachable)
+        #expect(await SystemPrompterAuthenticator(environment: ["DISPLAY": ":99", "DBUS_SESSION_BUS_ADDRESS": "unix:path=/nonexistent/bus"])
+            .reachability() != .reachable)
+    }
+}

@@ -1,11 +1,14 @@
 import Foundation
 import KeychainCLIText
+import Synchronization
 internal import CSpawn
 
 /// The system's prompt (seed: "a read shows the prompt"): the first of Linux's prompters that can
 /// reach a person, asked in this order at each read:
 /// 1. the terminal the process runs in the foreground of (`TerminalAuthenticator`);
-/// 2. the password agents of systemd's ask-password protocol (`AskPasswordAuthenticator`): on a
+/// 2. the desktop's system prompter, gcr's `org.gnome.keyring.SystemPrompter` on the session bus
+///    (`SystemPrompterAuthenticator`), when the session has a display;
+/// 3. the password agents of systemd's ask-password protocol (`AskPasswordAuthenticator`): on a
 ///    device booted with systemd (its console and wall agents are started by `.path` units) as root,
 ///    or `$XDG_RUNTIME_DIR/systemd/ask-password` when it exists for another user.
 ///
@@ -18,7 +21,8 @@ public struct SystemAuthenticator: Authenticator {
 
     /// - Parameter timeout: how long one question waits for the person (then `SYSTEM_CANCELED`).
     public init(timeout: Duration = PromptTimeout.default) {
-        var prompters: [any Authenticator] = [TerminalAuthenticator(timeout: timeout)]
+        var prompters: [any Authenticator] = [TerminalAuthenticator(timeout: timeout),
+                                              SystemPrompterAuthenticator(timeout: timeout)]
         if let agents = AskPasswordAuthenticator.systemDirectory() {
             prompters.append(AskPasswordAuthenticator(directory: agents, timeout: timeout))
         }
@@ -146,9 +150,17 @@ enum PromptWait {
             _ = pipe2(&ends, O_CLOEXEC | O_NONBLOCK)
             (fd, writeEnd) = (ends[0], ends[1])
         }
+        private let handler = Mutex<(@Sendable () -> Void)?>(nil)
+        /// Runs `body` when the task is canceled (at once if it already was).
+        func onCancel(_ body: @escaping @Sendable () -> Void) {
+            handler.withLock { $0 = body }
+            var poll = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            if Glibc.poll(&poll, 1, 0) > 0 { body() }
+        }
         func fire() {
             var one: UInt8 = 1
             _ = write(writeEnd, &one, 1)
+            handler.withLock { $0 }?()
         }
         deinit { close(fd); close(writeEnd) }
     }

@@ -39,6 +39,22 @@ public final class Bus: @unchecked Sendable {
         wake = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
     }
 
+    /// Connects to the bus at `address` (a D-Bus address: `unix:path=…`), as a client that says Hello.
+    public init(address: String) throws(DBusError) {
+        var connection: OpaquePointer?
+        var status = sd_bus_new(&connection)
+        guard status >= 0, let connection else { throw .failed("Cannot make a bus connection: \(String(cString: strerror(-status)))") }
+        status = sd_bus_set_address(connection, address)
+        if status >= 0 { status = sd_bus_set_bus_client(connection, 1) }
+        if status >= 0 { status = sd_bus_start(connection) }
+        guard status >= 0 else {
+            sd_bus_unref(connection)
+            throw .failed("Cannot connect to the bus at \(address): \(String(cString: strerror(-status)))")
+        }
+        bus = connection
+        wake = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
+    }
+
     deinit {
         sd_bus_flush_close_unref(bus)
         close(wake)
@@ -135,6 +151,39 @@ public final class Bus: @unchecked Sendable {
             }
         }
         sd_bus_flush(bus)
+    }
+
+    /// This connection's unique name (`:1.42`).
+    public var uniqueName: String {
+        var name: UnsafePointer<CChar>?
+        return sd_bus_get_unique_name(bus, &name) >= 0 && name != nil ? String(cString: name!) : ""
+    }
+
+    /// Calls a method and waits up to `timeout` for its reply (on the bus thread, or before `serve`).
+    /// The reply's buffer is wiped when freed: it may carry a secret.
+    /// - Throws: the error the callee answered with, or `failed` when the call could not be made.
+    public func call(_ destination: String, _ path: String, _ interface: String, _ member: String,
+                     _ arguments: [DBusValue] = [], timeout: Duration = .seconds(25)) throws(DBusError) -> [DBusValue] {
+        var message: OpaquePointer?
+        guard sd_bus_message_new_method_call(bus, &message, destination, path, interface, member) >= 0, let message else {
+            throw .failed("Cannot make a call of \(interface).\(member)")
+        }
+        defer { sd_bus_message_unref(message) }
+        for argument in arguments where Self.append(message, argument) < 0 {
+            throw .failed("The arguments of \(interface).\(member) could not be encoded")
+        }
+        var error = sd_bus_error()
+        defer { sd_bus_error_free(&error) }
+        var reply: OpaquePointer?
+        let micros = UInt64(timeout.components.seconds) * 1_000_000 + UInt64(timeout.components.attoseconds / 1_000_000_000_000)
+        let status = sd_bus_call(bus, message, micros, &error, &reply)
+        guard status >= 0, let reply else {
+            throw DBusError(error.name.map { String(cString: $0) } ?? "org.freedesktop.DBus.Error.Failed",
+                            error.message.map { String(cString: $0) } ?? String(cString: strerror(-status)))
+        }
+        defer { sd_bus_message_unref(reply) }
+        _ = sd_bus_message_sensitive(reply)
+        return try Self.read(reply)
     }
 
     /// Stops `serve` after the current message.

@@ -3,11 +3,33 @@ import SecureMemory
 
 /// The Secret Service's `dh-ietf1024-sha256-aes128-cbc-pkcs7` session: Diffie-Hellman in RFC 2409's
 /// second Oakley group, HKDF-SHA256 (no salt, empty info) to a 128-bit key, AES-128-CBC with PKCS#7.
+/// gcr's secret exchange (`sx-aes-1`, how its system prompter sends the password it read) is the same
+/// construction in RFC 3526's 1536-bit MODP group (`Group.modp1536`).
 ///
-/// Every libcrypto call of the provider is in this file.
+/// Every libcrypto call of the D-Bus code is in this file.
 public enum SessionCrypto {
+    /// A MODP group with generator 2.
+    public enum Group: Sendable {
+        /// RFC 2409 §6.2: the Secret Service's session.
+        case oakley1024
+        /// RFC 3526 §2: gcr's secret exchange.
+        case modp1536
+
+        var length: Int { self == .oakley1024 ? 128 : 192 }
+        var name: String { self == .oakley1024 ? "RFC 2409's second Oakley group" : "RFC 3526's 1536-bit MODP group" }
+        /// The prime, as libcrypto holds it.
+        func prime() -> OpaquePointer? {
+            switch self {
+            case .oakley1024:
+                var prime: OpaquePointer?
+                return BN_hex2bn(&prime, primeHex) > 0 ? prime : nil
+            case .modp1536: return BN_get_rfc3526_prime_1536(nil)
+            }
+        }
+    }
+
     /// RFC 2409 §6.2, the 1024-bit MODP group; the generator is 2.
-    static let primeHex = "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A0879"
+    package static let primeHex = "FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A0879"
         + "8E3404DDEF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7ED"
         + "EE386BFB5A899FA5AE9F24117C4B1FE649286651ECE65381FFFFFFFFFFFFFFFF"
     /// The prime's length in bytes: public keys and the shared secret are left-padded to it.
@@ -16,14 +38,14 @@ public enum SessionCrypto {
     /// Our public key and the session's AES key, from the client's public key (big-endian, any length up to 128).
     ///
     /// - Throws: `invalidArgs` for a public key outside 2…p−2 (0, 1 and p−1 give a known shared secret).
-    public static func agree(clientPublic: SecureBytes) throws(DBusError) -> (ourPublic: [UInt8], key: SecureBytes) {
+    public static func agree(clientPublic: SecureBytes, group: Group = .oakley1024) throws(DBusError) -> (ourPublic: [UInt8], key: SecureBytes) {
+        let primeLength = group.length
         guard clientPublic.count > 0, clientPublic.count <= primeLength else {
             throw .invalidArgs("The session's public key has \(clientPublic.count) bytes; expected 1 to \(primeLength)")
         }
         guard let context = BN_CTX_new() else { throw .failed("libcrypto could not allocate a BN_CTX") }
         defer { BN_CTX_free(context) }
-        var prime: OpaquePointer?
-        guard BN_hex2bn(&prime, primeHex) > 0, let prime else { throw .failed("libcrypto could not read the group's prime") }
+        guard let prime = group.prime() else { throw .failed("libcrypto could not read the group's prime") }
         defer { BN_free(prime) }
         guard let generator = BN_new(), BN_set_word(generator, 2) == 1 else { throw .failed("libcrypto could not make the generator") }
         defer { BN_free(generator) }
@@ -34,7 +56,7 @@ public enum SessionCrypto {
         guard let limit = BN_dup(prime), BN_sub_word(limit, 1) == 1 else { throw .failed("libcrypto failed") }
         defer { BN_free(limit) }
         guard BN_cmp(peer, generator) >= 0, BN_cmp(peer, limit) < 0 else {
-            throw .invalidArgs("The session's public key is not in 2…p−2 of RFC 2409's second Oakley group")
+            throw .invalidArgs("The session's public key is not in 2…p−2 of \(group.name)")
         }
         // The private exponent: uniform in 2…p−2, wiped when freed.
         guard let secret = BN_secure_new() else { throw .failed("libcrypto could not allocate the private key") }
@@ -60,7 +82,7 @@ public enum SessionCrypto {
     }
 
     /// HKDF-SHA256 (RFC 5869) with no salt and empty info, 16 bytes out.
-    static func hkdf(_ input: SecureBytes) throws(DBusError) -> SecureBytes {
+    package static func hkdf(_ input: SecureBytes) throws(DBusError) -> SecureBytes {
         guard let kdf = EVP_KDF_fetch(nil, "HKDF", nil) else { throw .failed("libcrypto has no HKDF") }
         defer { EVP_KDF_free(kdf) }
         guard let context = EVP_KDF_CTX_new(kdf) else { throw .failed("libcrypto could not allocate an HKDF context") }

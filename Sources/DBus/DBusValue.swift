@@ -147,4 +147,11 @@ public struct DBusSignal: Sendable {
     public var interface: String
     public var member: String
     public var arguments: [DBusValue]
+
+    public init(path: String, interface: String, member: String, arguments: [DBusValue]) {
+        self.path = path
+        self.interface = interface
+        self.member = member
+        self.arguments = arguments
+    }
 }
