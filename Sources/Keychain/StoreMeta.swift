@@ -43,6 +43,8 @@ enum StoreMeta {
     static let bootGenerationTR = "tpm.boot-generation.tr"
     /// The PCR selection (one byte per PCR) the store was set up with; every later call uses it.
     static let pcrSelection = "tpm.pcr-selection"
+    /// The attestation key (`attest init`): its TPM2B_PUBLIC then its TPM2B_PRIVATE, loadable under the RSA EK.
+    static let attestationKey = "tpm.attestation-key"
 
     // MARK: Engine
     /// How many times the device was locked (UInt64, big endian): a `whenUnlocked` key cached

@@ -94,15 +94,31 @@ public enum Duplication {
     /// A duplication blob of `secret` under `policy` for the parent whose public area is `parentPublic`:
     /// a restricted decryption ECC NIST P-256 key, nameAlg SHA-256, AES-128-CFB (the keychain's SRK).
     public static func blob(_ secret: SecureBytes, policy: [UInt8], parentPublic: [UInt8]) throws(DuplicationError) -> Blob {
+        let (seed, encryptedSeed) = try seed(to: try storageParent(parentPublic), label: "DUPLICATE")
+        let object = try sealedObject(secret, policy: policy)
+        let name = name(ofPublic: object.publicArea)
+        let body = try outerWrap(object.sensitive, seed: seed, name: name)
+        return Blob(publicArea: object.publicArea, duplicate: UInt16(body.count).bigEndianBytes + body,
+                    encryptedSeed: encryptedSeed, name: name)
+    }
+
+    /// The public area of a parent an outer wrapper can be made for: a restricted decryption key
+    /// with a SHA-256 name (the keychain's SRK, an EK of template L-1 or L-2).
+    static func storageParent(_ parentPublic: [UInt8]) throws(DuplicationError) -> TPMT_PUBLIC {
         let parent: TPM2B_PUBLIC
         do { parent = try Marshal.public(parentPublic) } catch { throw DuplicationError("the parent's public area does not parse") }
-        let area = parent.publicArea
         let restrictedDecrypt = TPMA_OBJECT_RESTRICTED | TPMA_OBJECT_DECRYPT
-        guard area.nameAlg == UInt16(TPM2_ALG_SHA256), area.objectAttributes & restrictedDecrypt == restrictedDecrypt else {
+        guard parent.publicArea.nameAlg == UInt16(TPM2_ALG_SHA256),
+              parent.publicArea.objectAttributes & restrictedDecrypt == restrictedDecrypt else {
             throw DuplicationError("the parent is not a restricted decryption key with a SHA-256 name")
         }
-        let seed: SecureBytes
-        let encryptedSeed: [UInt8]
+        return parent.publicArea
+    }
+
+    /// A seed only `area`'s private key recovers (Part 1, 11.4.10.4 and B.10.3 / C.6.4), and its
+    /// TPM2B_ENCRYPTED_SECRET: ECDH and KDFe(`label`) for P-256, random and RSA-OAEP(`label`) for RSA 2048.
+    /// `label` is "DUPLICATE" for TPM2_Import, "IDENTITY" for TPM2_ActivateCredential.
+    static func seed(to area: TPMT_PUBLIC, label: String) throws(DuplicationError) -> (seed: SecureBytes, encryptedSeed: [UInt8]) {
         if area.type == UInt16(TPM2_ALG_ECC) {
             guard area.parameters.eccDetail.curveID == UInt16(TPM2_ECC_NIST_P256),
                   area.parameters.eccDetail.symmetric.algorithm == UInt16(TPM2_ALG_AES),
@@ -113,9 +129,9 @@ public enum Duplication {
             }
             let px = TPM2B.bytes(area.unique.ecc.x.buffer, size: 32), py = TPM2B.bytes(area.unique.ecc.y.buffer, size: 32)
             let exchange = try ecdh(peerX: px, peerY: py)
-            seed = SecureBytes(copying: kdfe(z: exchange.z, use: "DUPLICATE", partyU: exchange.x, partyV: px, bits: 256))
+            let seed = SecureBytes(copying: kdfe(z: exchange.z, use: label, partyU: exchange.x, partyV: px, bits: 256))
             let point = UInt16(32).bigEndianBytes + exchange.x + UInt16(32).bigEndianBytes + exchange.y
-            encryptedSeed = UInt16(point.count).bigEndianBytes + point
+            return (seed, UInt16(point.count).bigEndianBytes + point)
         } else if area.type == UInt16(TPM2_ALG_RSA) {
             guard area.parameters.rsaDetail.keyBits == 2048,
                   area.parameters.rsaDetail.exponent == 0 || area.parameters.rsaDetail.exponent == 65537,
@@ -125,23 +141,24 @@ public enum Duplication {
                   area.unique.rsa.size == 256 else {
                 throw DuplicationError("the RSA parent is not RSA 2048 with AES-128-CFB")
             }
-            // The seed is random; RSA-OAEP (SHA-256, label "DUPLICATE\0") carries it (Part 1, B.10.3).
-            seed = SecureBytes(random: 32)
-            let sealed = try rsaOAEP(modulus: TPM2B.bytes(area.unique.rsa.buffer, size: 256), seed, label: "DUPLICATE")
-            encryptedSeed = UInt16(sealed.count).bigEndianBytes + sealed
-        } else {
-            throw DuplicationError("the parent is neither ECC nor RSA")
+            // The seed is random; RSA-OAEP (SHA-256, the label with its zero) carries it (Part 1, B.10.3).
+            let seed = SecureBytes(random: 32)
+            let sealed = try rsaOAEP(modulus: TPM2B.bytes(area.unique.rsa.buffer, size: 256), seed, label: label)
+            return (seed, UInt16(sealed.count).bigEndianBytes + sealed)
         }
-        let object = try sealedObject(secret, policy: policy)
-        let name = name(ofPublic: object.publicArea)
+        throw DuplicationError("the parent is neither ECC nor RSA")
+    }
+
+    /// The outer wrapper of `plaintext` for the object `name` (Part 1, 23.3.2.3 and 24.4): the
+    /// integrity HMAC (TPM2B_DIGEST, HMAC-SHA256 under KDFa(seed, "INTEGRITY") over the ciphertext
+    /// and the name), then the ciphertext (AES-128-CFB under KDFa(seed, "STORAGE", name)), unsized.
+    static func outerWrap(_ plaintext: SecureBytes, seed: SecureBytes, name: [UInt8]) throws(DuplicationError) -> [UInt8] {
         let seedBytes = seed.withUnsafeBytes { Array($0) }
         let symKey = kdfa(key: seedBytes, label: "STORAGE", contextU: name, contextV: [], bits: 128)
-        let encSensitive = try aes128CFB(key: symKey, object.sensitive)
+        let encrypted = try aes128CFB(key: symKey, plaintext)
         let hmacKey = SecureBytes(copying: kdfa(key: seedBytes, label: "INTEGRITY", contextU: [], contextV: [], bits: 256))
-        let outerHMAC = Sodium.hmacSHA256(key: hmacKey, message: encSensitive + name)
-        let body = UInt16(32).bigEndianBytes + outerHMAC + encSensitive
-        return Blob(publicArea: object.publicArea, duplicate: UInt16(body.count).bigEndianBytes + body,
-                    encryptedSeed: encryptedSeed, name: name)
+        let outerHMAC = Sodium.hmacSHA256(key: hmacKey, message: encrypted + name)
+        return UInt16(32).bigEndianBytes + outerHMAC + encrypted
     }
 
     /// RSA-OAEP with SHA-256 (hash and MGF1) and the label with its terminating zero, to a public
@@ -174,7 +191,7 @@ public enum Duplication {
     }
 
     /// The RSA public key (`modulus`, 65537) as OpenSSL 3.0 builds one from parameters.
-    private static func rsaPublicKey(modulus: [UInt8]) throws(DuplicationError) -> OpaquePointer {
+    static func rsaPublicKey(modulus: [UInt8]) throws(DuplicationError) -> OpaquePointer {
         let n = BN_bin2bn(modulus, Int32(modulus.count), nil), e = BN_new(), builder = OSSL_PARAM_BLD_new()
         defer { BN_free(n); BN_free(e); OSSL_PARAM_BLD_free(builder) }
         guard let n, let e, let builder, BN_set_word(e, 65537) == 1,

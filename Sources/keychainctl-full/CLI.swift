@@ -117,6 +117,13 @@ let usage = """
                                    refuses a device whose EK certificate does not verify against CA.pem
       seal-for IDENTITY --credential UNIT:ID [--accessible A] [--version N] …   the same, for a systemd credential:
                                    its import makes it UNIT's credential ID (docs/credentials.md)
+      attest init                  (device) the attestation key: restricted signing, under the RSA EK, kept in the store
+      attest request               (device) EK public and certificate, AK public and name, SRK name, PCR selection (JSON)
+      attest challenge REQUEST --state FILE   (server, no TPM) a credential for that EK and AK and a nonce (JSON on
+                                   stdout); the credential and nonce kept in FILE (made new, 0600)
+      attest respond CHALLENGE     (device) ActivateCredential, a Quote of the PCRs and a Certify of the SRK (JSON)
+      attest verify ANSWER --state FILE [--ek-ca CA.pem]   (server, no TPM) the verified identity (JSON) or
+                                   AUTHENTICATION_FAILED naming the check; FILE is removed once it verified
       import BUNDLE [--passcode-stdin]   TPM2_Import of a bundle sealed to this device; the item becomes an
                                    ordinary item of its service (the caller's, through keychaind), or the
                                    systemd credential it was sealed as; never an older --version than installed

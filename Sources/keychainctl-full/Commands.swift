@@ -158,6 +158,8 @@ struct Commands {
             return try await identity()
         case "seal-for":
             return try await sealFor()
+        case "attest":
+            return try await attest()
         case "import":
             return try await importBundle()
         case "backup":
@@ -267,7 +269,8 @@ struct KeychainCtl {
             }
             let configuration = try inv.configuration()
             if configuration.daemonSocket == nil, case .embedded = configuration.tpm, inv.command.first != "demo",
-               inv.command.first != "biometry-types", inv.command.first != "seal-for" {
+               inv.command.first != "biometry-types", inv.command.first != "seal-for",
+               !Commands.attestOnServer(inv.command) {
                 FileHandle.standardError.write(Data("keychainctl: no TPM device or --tcti: using the embedded software TPM in \(escaped(configuration.storeDirectory))/swtpm (security level: software)\n".utf8))
             }
             code = try await Commands(inv: inv, configuration: configuration).run()

@@ -172,7 +172,7 @@ func docs_guides_sign_in_with_fingerprint_1() async throws {
     if check.available, await getBiometryTypes() == [.fingerprint] {
         print("Offer: sign in with your fingerprint")
     } else {
-        print("No offer:", check.reason?.rawValue ?? "")  // notAvailable, notEnrolled, passcodeNotSet
+        print("No offer:", check.reason?.rawValue ?? "")  // notAvailable, notEnrolled, passcodeNotSet, noPrompt
     }
 }
 
@@ -374,5 +374,15 @@ struct docs_provisioning_0 {
         print("backed up \(report.backedUp.count), left out \(report.skipped.count)")
         let restored = try await b.restore(fromFile: "/var/tmp/keychain.kcb", passphrase: passphrase)
         for skip in restored.skipped { print("skipped \(skip.service)/\(skip.key): \(skip.reason.rawValue)") }
+    }
+}
+
+// docs/provisioning.md, block 2
+struct docs_provisioning_1 {
+
+    func enroll(_ request: Data, send: (Data) async throws -> Data, makerCA: [UInt8]) async throws -> VerifiedIdentity {
+        let (challenge, state) = try AttestationServer.challenge(for: try AttestationRequest(json: request))
+        let answer = try await send(challenge.json())      // to the device; its answer back
+        return try AttestationServer.verify(try AttestationAnswer(json: answer), state: state, ekCA: makerCA)
     }
 }

@@ -12,6 +12,7 @@ import Testing
             (StoreMeta.passcodeKnownSet, "tpm.passcode.known-set"), (StoreMeta.descriptorTR, "tpm.descriptor.tr"),
             (StoreMeta.lockGeneration, "lock.generation"), (StoreMeta.tokenPINAttempts, "pkcs11.pin-attempts"),
             (StoreMeta.readerKeys, "reader.keys"), (StoreMeta.passcodeBudget, "passcode.budget"), (StoreMeta.oneNamespace, "items.one-namespace"),
+            (StoreMeta.attestationKey, "tpm.attestation-key"),
             (StoreMeta.ticket(service: "svc", protection: "whenUnlocked.bio"), "ticket:svc/whenUnlocked.bio"),
             (StoreMeta.retired(service: "sé/rv", key: "k"), "retired:6:sé/rv/k"),
         ]

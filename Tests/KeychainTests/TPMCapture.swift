@@ -34,6 +34,8 @@ struct TPMCapture {
     ]
 
     private(set) var commands: [Command] = []
+    /// The code of every command sent to the TPM, decoded or not, in order.
+    private(set) var codes: [UInt32] = []
 
     init(path: String) throws {
         let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
@@ -44,6 +46,7 @@ struct TPMCapture {
             let tag = reader.u16(), size = Int(reader.u32()), code = reader.u32()
             guard size == payload.count else { throw CaptureError("a TPM message split across frames") }
             if toTPM {
+                codes.append(code)
                 let handles = (0..<(Self.handleCounts[code] ?? 0)).map { _ in reader.u32() }
                 var auths: [Authorization] = []
                 if tag == 0x8002, Self.handleCounts[code] != nil {

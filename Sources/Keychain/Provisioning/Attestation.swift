@@ -1,0 +1,408 @@
+import Foundation
+import KeychainStore
+import SecureMemory
+import TPM2
+
+/// The documents of credential activation (docs/formats.md), format 1 each: the device's request,
+/// the server's challenge and the state it keeps, the device's answer, and the verified identity.
+public struct AttestationRequest: Sendable, Hashable, Codable {
+    public static let formatName = "keychain-linux attestation request"
+
+    public struct Key: Sendable, Hashable, Codable {
+        /// Marshalled TPM2B_PUBLIC, base64.
+        public var publicArea: String
+        /// Its TPM name, hex.
+        public var name: String
+    }
+
+    public var format: String
+    public var version: Int
+    /// The RSA EK (template L-1) the AK was made under, with its certificate when the TPM holds one.
+    public var endorsementKey: DeviceIdentity.EndorsementKey
+    /// The AK: a restricted signing key, child of that EK.
+    public var attestationKey: Key
+    /// The keychain's SRK, whose certification by the AK the answer carries.
+    public var storageRootKey: DeviceIdentity.PersistentKey
+    /// The keychain's PCR selection (the SHA-256 bank), which the answer quotes.
+    public var pcrs: [Int]
+}
+
+/// What the device receives: TPM2_MakeCredential's output for its EK and AK, and a nonce.
+public struct AttestationChallenge: Sendable, Hashable, Codable {
+    public static let formatName = "keychain-linux attestation challenge"
+    public var format: String
+    public var version: Int
+    /// The AK the credential was made for (hex name): the device answers with that key only.
+    public var attestationKeyName: String
+    /// TPM2B_ID_OBJECT and TPM2B_ENCRYPTED_SECRET, base64 (`tpm2_activatecredential`'s credential blob, split).
+    public var credentialBlob: String
+    public var secret: String
+    /// 32 random bytes, base64: the quote's and the certification's qualifying data.
+    public var nonce: String
+}
+
+/// What the server keeps between challenge and answer (a file of its own, 0600): the request, the
+/// credential the device must give back, and the nonce. Secret: whoever reads it can answer.
+public struct AttestationState: Sendable, Hashable, Codable {
+    public static let formatName = "keychain-linux attestation state"
+    public var format: String
+    public var version: Int
+    public var request: AttestationRequest
+    /// The credential, base64 (32 random bytes).
+    public var credential: String
+    public var nonce: String
+    public var created: Date
+}
+
+/// The device's answer: the activated credential, a quote of its PCRs and the AK's certification of its SRK.
+public struct AttestationAnswer: Sendable, Hashable, Codable {
+    public static let formatName = "keychain-linux attestation answer"
+
+    public struct Signed: Sendable, Hashable, Codable {
+        /// TPMS_ATTEST as the TPM marshalled it, base64 (`tpm2_quote -m`).
+        public var attest: String
+        /// TPMT_SIGNATURE, base64 (`tpm2_quote -s`).
+        public var signature: String
+    }
+
+    public var format: String
+    public var version: Int
+    /// The challenge's nonce, base64.
+    public var nonce: String
+    /// The credential ActivateCredential returned, base64.
+    public var credential: String
+    public var quote: Signed
+    /// The quoted PCRs' SHA-256 values read after the quote, by index, hex.
+    public var pcrValues: [String: String]
+    public var storageRootKeyCertification: Signed
+}
+
+/// What the server proved (format 1): this EK's TPM holds this AK and this SRK (fixedTPM and
+/// fixedParent) and was in this boot state when it answered this server's challenge.
+public struct VerifiedIdentity: Sendable, Hashable, Codable {
+    public static let formatName = "keychain-linux verified identity"
+
+    public struct BootState: Sendable, Hashable, Codable {
+        public var bank: String
+        public var pcrs: [Int]
+        /// The quoted values, by index, hex, and SHA-256 over them in index order (the quote's digest).
+        public var values: [String: String]
+        public var digest: String
+        /// TPM2_Startup(CLEAR) count at the quote: a later quote with another one came after a reboot.
+        public var resetCount: UInt32
+        public var restartCount: UInt32
+    }
+
+    public var format: String
+    public var version: Int
+    public var verified: Date
+    public var endorsementKey: DeviceIdentity.EndorsementKey
+    /// `true` when the EK certificate chained to the `--ek-ca` given to the verifier; `false` when no CA was given.
+    public var endorsementCertificateVerified: Bool
+    public var attestationKey: AttestationRequest.Key
+    /// Certified by the AK, and fixedTPM/fixedParent in its public area.
+    public var storageRootKey: DeviceIdentity.PersistentKey
+    public var bootState: BootState
+}
+
+// MARK: Reading and writing
+
+/// The one reader of the attestation documents: JSON of the right format and version, or a clear error.
+public protocol AttestationDocument: Codable {
+    static var formatName: String { get }
+    var format: String { get }
+    var version: Int { get }
+}
+
+extension AttestationRequest: AttestationDocument {}
+extension AttestationChallenge: AttestationDocument {}
+extension AttestationState: AttestationDocument {}
+extension AttestationAnswer: AttestationDocument {}
+extension VerifiedIdentity: AttestationDocument {}
+
+extension AttestationDocument {
+    public static var currentVersion: Int { 1 }
+    /// The largest document read (a request with an EK certificate is about 4 KiB).
+    public static var maxLength: Int { 64 << 10 }
+
+    /// - Throws: `DATA_CORRUPTED` for what is not this document (or is larger than one can be),
+    ///   `UNSUPPORTED` for another version.
+    public init(json: Data) throws(KeychainError) {
+        let what = Self.formatName.replacingOccurrences(of: "keychain-linux ", with: "")
+        guard json.count <= Self.maxLength else { throw KeychainError(.dataCorrupted, "This is not an \(what): larger than \(Self.maxLength) bytes") }
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        let decoded: Self
+        do { decoded = try decoder.decode(Self.self, from: json) } catch {
+            throw KeychainError(.dataCorrupted, "This is not an \(what) document: \(error)")
+        }
+        guard decoded.format == Self.formatName else { throw KeychainError(.dataCorrupted, "This is not an \(what) document (format '\(decoded.format)')") }
+        guard decoded.version == Self.currentVersion else {
+            throw KeychainError(.unsupported, "This \(what) is in version \(decoded.version); this keychain reads version \(Self.currentVersion)")
+        }
+        self = decoded
+    }
+
+    /// The document as written: sorted keys, ISO 8601 dates.
+    public func json() -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
+        encoder.dateEncodingStrategy = .iso8601
+        return (try? encoder.encode(self)) ?? Data()
+    }
+}
+
+/// Base64 of a field, or DATA_CORRUPTED naming it.
+func decoded(_ base64: String, _ field: String, count: Int? = nil) throws(KeychainError) -> [UInt8] {
+    guard let data = Data(base64Encoded: base64), count.map({ data.count == $0 }) ?? true else {
+        throw KeychainError(.dataCorrupted, "The \(field) is not base64\(count.map { " of \($0) bytes" } ?? "")")
+    }
+    return [UInt8](data)
+}
+
+// MARK: The server (no TPM)
+
+/// Credential activation on a server with no TPM (docs/provisioning.md): a challenge for a
+/// device's request, and the verification of its answer into a `VerifiedIdentity`.
+public enum AttestationServer {
+    /// The checks a request passes before a challenge is made for it: the public areas parse and
+    /// match their names, the AK is a restricted fixedTPM signing key.
+    static func check(_ request: AttestationRequest) throws(KeychainError) -> (ek: [UInt8], ak: [UInt8], srk: [UInt8]) {
+        let ek = try decoded(request.endorsementKey.publicArea, "EK public area")
+        let ak = try decoded(request.attestationKey.publicArea, "AK public area")
+        let srk = try decoded(request.storageRootKey.publicArea, "SRK public area")
+        for (area, name, what) in [(ek, request.endorsementKey.name, "EK"), (ak, request.attestationKey.name, "AK"),
+                                   (srk, request.storageRootKey.name, "SRK")] where DeviceIdentity.name(ofPublic: area) != name {
+            throw KeychainError(.dataCorrupted, "The request's \(what) does not match its name")
+        }
+        guard request.endorsementKey.type == TPMContext.EndorsementKeyType.rsa2048.rawValue else {
+            throw KeychainError(.unsupported, "The request's EK is \(request.endorsementKey.type): credentials are made for the RSA 2048 EK (template L-1)")
+        }
+        do { _ = try Attestation.checkAttestationKey(ak) } catch { throw KeychainError(.dataCorrupted, "The request's \(error.description)") }
+        guard !request.pcrs.isEmpty, request.pcrs.allSatisfy({ (0..<24).contains($0) }), request.pcrs == PCRSelection(request.pcrs).indices else {
+            throw KeychainError(.dataCorrupted, "The request's PCR selection is not sorted PCR indices 0-23")
+        }
+        return (ek, ak, srk)
+    }
+
+    /// A challenge for `request`, and the state the server keeps until the answer.
+    /// - Throws: `DATA_CORRUPTED` for a malformed request, `UNSUPPORTED` for an EK that is not RSA 2048.
+    public static func challenge(for request: AttestationRequest) throws(KeychainError) -> (challenge: AttestationChallenge, state: AttestationState) {
+        let (ek, _, _) = try check(request)
+        let credential = SecureBytes(random: 32)
+        let nonce = Sodium.randomBytes(32)
+        let made: (credentialBlob: [UInt8], secret: [UInt8])
+        do {
+            made = try Attestation.makeCredential(credential, objectName: hexBytes(request.attestationKey.name), endorsementPublic: ek)
+        } catch {
+            throw KeychainError(.dataCorrupted, "Cannot make a credential for this request: \(error.description)")
+        }
+        let challenge = AttestationChallenge(format: AttestationChallenge.formatName, version: 1,
+                                             attestationKeyName: request.attestationKey.name,
+                                             credentialBlob: Data(made.credentialBlob).base64EncodedString(),
+                                             secret: Data(made.secret).base64EncodedString(), nonce: Data(nonce).base64EncodedString())
+        let state = AttestationState(format: AttestationState.formatName, version: 1, request: request,
+                                     credential: credential.withUnsafeBytes { Data($0).base64EncodedString() },
+                                     nonce: challenge.nonce, created: Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down)))
+        return (challenge, state)
+    }
+
+    /// Verifies `answer` against the challenge whose `state` the server kept.
+    /// - Parameter ekCA: the TPM maker's CA (PEM); nil leaves the EK uncertified (said in the result).
+    /// - Throws: `AUTHENTICATION_FAILED` naming the first check that fails, `DATA_CORRUPTED` for a malformed answer.
+    public static func verify(_ answer: AttestationAnswer, state: AttestationState, ekCA: [UInt8]?) throws(KeychainError) -> VerifiedIdentity {
+        let request = state.request
+        let (ek, ak, srk) = try check(request)
+        func refuse(_ why: String) -> KeychainError { KeychainError(.authenticationFailed, "The answer does not verify: \(why)") }
+        guard answer.nonce == state.nonce else { throw refuse("it answers another challenge (another nonce: replayed or stale)") }
+        let nonce = try decoded(state.nonce, "state's nonce", count: 32)
+        let expected = try decoded(state.credential, "state's credential", count: 32)
+        let given = try decoded(answer.credential, "answer's credential")
+        guard given.count == expected.count, zip(given, expected).reduce(0, { $0 | ($1.0 ^ $1.1) }) == 0 else {
+            throw refuse("the credential is not the one made for this EK and AK (activated in another TPM, or for another key)")
+        }
+        var certified = false
+        if let ekCA {
+            guard let certificate = request.endorsementKey.certificate.flatMap({ Data(base64Encoded: $0) }) else {
+                throw refuse("the request carries no EK certificate to check against the CA")
+            }
+            do { try EndorsementCertificate.verify(der: [UInt8](certificate), caPEM: ekCA, rsaModulus: Array(ek.suffix(256))) } catch {
+                throw refuse(error.description)
+            }
+            certified = true
+        }
+        let signedQuote = try signed(answer.quote, "quote")
+        let signedCertification = try signed(answer.storageRootKeyCertification, "SRK certification")
+        let quote: Attestation.Quote, certification: Attestation.Certification
+        do throws(AttestationError) {
+            quote = try Attestation.verifyQuote(signedQuote, akPublic: ak)
+            certification = try Attestation.verifyCertification(signedCertification, akPublic: ak)
+        } catch {
+            throw refuse(error.description)
+        }
+        guard quote.nonce == nonce, certification.nonce == nonce else { throw refuse("a signed statement is over another nonce") }
+        guard quote.pcrs == request.pcrs else { throw refuse("the quote covers PCRs \(quote.pcrs), the request \(request.pcrs)") }
+        guard Set(answer.pcrValues.keys) == Set(request.pcrs.map(String.init)) else { throw refuse("the PCR values are not those of the quoted PCRs") }
+        var values: [UInt8] = []
+        for pcr in request.pcrs {
+            let value = hexBytes(answer.pcrValues[String(pcr)] ?? "")
+            guard value.count == 32 else { throw KeychainError(.dataCorrupted, "PCR \(pcr)'s value is not 32 bytes of hex") }
+            values += value
+        }
+        guard sha256(values) == quote.pcrDigest else { throw refuse("the PCR values are not the ones the TPM quoted") }
+        guard certification.name == hexBytes(request.storageRootKey.name) else { throw refuse("the certified key is not the request's SRK") }
+        let fixed: Bool
+        do { fixed = try Attestation.isFixedToItsTPM(srk) } catch { throw refuse(error.description) }
+        guard fixed else { throw refuse("the certified SRK is not fixedTPM and fixedParent: it could leave its TPM") }
+        return VerifiedIdentity(
+            format: VerifiedIdentity.formatName, version: 1, verified: Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down)),
+            endorsementKey: request.endorsementKey, endorsementCertificateVerified: certified,
+            attestationKey: request.attestationKey, storageRootKey: request.storageRootKey,
+            bootState: .init(bank: "sha256", pcrs: quote.pcrs, values: answer.pcrValues, digest: hex(quote.pcrDigest),
+                             resetCount: quote.resetCount, restartCount: quote.restartCount))
+    }
+
+    private static func signed(_ s: AttestationAnswer.Signed, _ what: String) throws(KeychainError) -> TPMContext.SignedAttestation {
+        TPMContext.SignedAttestation(attest: try decoded(s.attest, "\(what)'s statement"), signature: try decoded(s.signature, "\(what)'s signature"))
+    }
+}
+
+/// Bytes of a hex string; empty for one that is not hex.
+func hexBytes(_ text: String) -> [UInt8] {
+    let digits = Array(text.utf8)
+    guard digits.count % 2 == 0 else { return [] }
+    var out: [UInt8] = []
+    out.reserveCapacity(digits.count / 2)
+    for i in stride(from: 0, to: digits.count, by: 2) {
+        guard let byte = UInt8(String(decoding: digits[i...i + 1], as: UTF8.self), radix: 16) else { return [] }
+        out.append(byte)
+    }
+    return out
+}
+
+// MARK: The device
+
+extension KeychainDevice {
+    /// Makes the attestation key (`attest init`), or returns the one the store keeps.
+    public func makeAttestationKey() async throws(KeychainError) -> (name: String, created: Bool) {
+        try await engine.makeAttestationKey()
+    }
+
+    /// The request a provisioning server challenges (`attest request`).
+    public func attestationRequest() async throws(KeychainError) -> AttestationRequest {
+        try await engine.attestationRequest()
+    }
+
+    /// The answer to a server's challenge (`attest respond`).
+    public func answer(_ challenge: AttestationChallenge) async throws(KeychainError) -> AttestationAnswer {
+        try await engine.answer(challenge)
+    }
+}
+
+extension Engine {
+    /// The AK blob in the store: its TPM2B_PUBLIC (self-sized) then its TPM2B_PRIVATE.
+    private static func attestationKey(_ keyring: TPMKeyring) throws(KeychainError) -> TPMContext.SealedBlob? {
+        let stored: [UInt8]?
+        do { stored = try keyring.store.meta(StoreMeta.attestationKey) } catch { throw KeychainError(store: error) }
+        guard let stored else { return nil }
+        guard stored.count > 2, case let publicCount = 2 + (Int(stored[0]) << 8 | Int(stored[1])), stored.count > publicCount else {
+            throw KeychainError(.dataCorrupted, "The store's attestation key is malformed")
+        }
+        return .init(publicArea: Array(stored[..<publicCount]), privateArea: Array(stored[publicCount...]))
+    }
+
+    func makeAttestationKey() throws(KeychainError) -> (name: String, created: Bool) {
+        try withKeyring { keyring throws(KeychainError) -> (name: String, created: Bool) in
+            if let blob = try Self.attestationKey(keyring) { return (DeviceIdentity.name(ofPublic: blob.publicArea) ?? "", false) }
+            let context = keyring.context
+            let blob: TPMContext.SealedBlob
+            do throws(TPMError) {
+                let ek = try context.endorsementKey(.rsa2048)
+                defer { context.flush(ek) }
+                blob = try context.createAttestationKey(endorsementKey: ek)
+            } catch {
+                throw keyring.diagnose(error, doing: "make the attestation key under the RSA endorsement key")
+            }
+            do { try keyring.store.write { tx in try tx.setMeta(StoreMeta.attestationKey, blob.publicArea + blob.privateArea) } } catch let error as StoreError {
+                throw KeychainError(store: error)
+            } catch {
+                throw KeychainError(.internal, "\(error)")
+            }
+            return (DeviceIdentity.name(ofPublic: blob.publicArea) ?? "", true)
+        }
+    }
+
+    private static func noAttestationKey() -> KeychainError {
+        KeychainError(.invalidArgument, "This device has no attestation key: make one with keychainctl attest init")
+    }
+
+    func attestationRequest() throws(KeychainError) -> AttestationRequest {
+        try configuration.checkPCRSelection()
+        return try withKeyring { keyring throws(KeychainError) -> AttestationRequest in
+            guard let blob = try Self.attestationKey(keyring), let akName = DeviceIdentity.name(ofPublic: blob.publicArea) else {
+                throw Self.noAttestationKey()
+            }
+            let context = keyring.context
+            do throws(TPMError) {
+                let type = TPMContext.EndorsementKeyType.rsa2048
+                let ekArea = try context.endorsementKeyPublic(type)
+                let certificate = try context.readWholeNV(type.certificateIndex)
+                let srkArea = try context.publicArea(of: keyring.srk)
+                return AttestationRequest(
+                    format: AttestationRequest.formatName, version: 1,
+                    endorsementKey: .init(type: type.rawValue, publicArea: Data(ekArea).base64EncodedString(),
+                                          name: DeviceIdentity.name(ofPublic: ekArea) ?? "",
+                                          certificate: certificate.map { Data($0).base64EncodedString() },
+                                          certificateIndex: hexHandle(type.certificateIndex)),
+                    attestationKey: .init(publicArea: Data(blob.publicArea).base64EncodedString(), name: akName),
+                    storageRootKey: .init(handle: hexHandle(TPMKeyring.srkHandle), publicArea: Data(srkArea).base64EncodedString(),
+                                          name: hex(try context.name(of: keyring.srk))),
+                    pcrs: keyring.pcrSelection)
+            } catch {
+                throw keyring.diagnose(error, doing: "read the attestation request")
+            }
+        }
+    }
+
+    func answer(_ challenge: AttestationChallenge) throws(KeychainError) -> AttestationAnswer {
+        try configuration.checkPCRSelection()
+        let credentialBlob = try decoded(challenge.credentialBlob, "challenge's credential blob")
+        let secret = try decoded(challenge.secret, "challenge's secret")
+        let nonce = try decoded(challenge.nonce, "challenge's nonce")
+        guard (1...32).contains(nonce.count) else { throw KeychainError(.dataCorrupted, "The challenge's nonce is not 1 to 32 bytes") }
+        return try withKeyring { keyring throws(KeychainError) -> AttestationAnswer in
+            guard let blob = try Self.attestationKey(keyring), let akName = DeviceIdentity.name(ofPublic: blob.publicArea) else {
+                throw Self.noAttestationKey()
+            }
+            guard challenge.attestationKeyName == akName else {
+                throw KeychainError(.invalidArgument, "The challenge is for the attestation key \(challenge.attestationKeyName.prefix(16))…, "
+                                    + "not this device's (\(akName.prefix(16))…): it was made for another device's request")
+            }
+            let context = keyring.context
+            let pcrs = PCRSelection(keyring.pcrSelection)
+            do throws(TPMError) {
+                let ek = try context.endorsementKey(.rsa2048)
+                defer { context.flush(ek) }
+                let ak = try context.load(blob, endorsementKey: ek)
+                defer { context.flush(ak) }
+                let credential = try context.activateCredential(ak: ak, endorsementKey: ek, credentialBlob: credentialBlob, secret: secret)
+                let quote = try context.quote(ak: ak, selection: pcrs, nonce: nonce)
+                let certification = try context.certify(keyring.srk, ak: ak, nonce: nonce)
+                let values = try context.readPCRs(pcrs)
+                func signed(_ s: TPMContext.SignedAttestation) -> AttestationAnswer.Signed {
+                    .init(attest: Data(s.attest).base64EncodedString(), signature: Data(s.signature).base64EncodedString())
+                }
+                return AttestationAnswer(
+                    format: AttestationAnswer.formatName, version: 1, nonce: challenge.nonce,
+                    credential: credential.withUnsafeBytes { Data($0).base64EncodedString() },
+                    quote: signed(quote), pcrValues: Dictionary(uniqueKeysWithValues: zip(pcrs.indices.map(String.init), values.map(hex))),
+                    storageRootKeyCertification: signed(certification))
+            } catch where error.command == "ActivateCredential" && !error.isConnectionFailure {
+                throw KeychainError(.authenticationFailed, "The TPM refused to activate the credential: the challenge was made for "
+                                    + "another TPM's EK or another key, or was changed", underlying: .tpm(error))
+            } catch {
+                throw keyring.diagnose(error, doing: "answer the attestation challenge")
+            }
+        }
+    }
+}

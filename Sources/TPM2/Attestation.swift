@@ -1,0 +1,247 @@
+internal import CTSS2
+internal import COpenSSL
+import SecureMemory
+
+/// Why an attestation does not verify, or cannot be made.
+public struct AttestationError: Error, Sendable, CustomStringConvertible {
+    public let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// The attestation key (AK) and what it signs, on the device: TPM2_Create of a restricted signing
+/// key under the EK (as `tpm2_createak` makes one), TPM2_ActivateCredential (Part 3, 12.5),
+/// TPM2_Quote (18.4) and TPM2_Certify (18.2).
+extension TPMContext {
+    /// The AK's template: RSA 2048, RSASSA-SHA256, restricted signing, fixedTPM, fixedParent,
+    /// sensitiveDataOrigin, userWithAuth (an empty authValue), noDA; no authPolicy.
+    static func attestationKeyTemplate() -> TPM2B_PUBLIC {
+        var inPublic = TPM2B_PUBLIC()
+        inPublic.publicArea.type = UInt16(TPM2_ALG_RSA)
+        inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA256)
+        inPublic.publicArea.objectAttributes = Attestation.attestationKeyAttributes
+        inPublic.publicArea.parameters.rsaDetail.symmetric.algorithm = UInt16(TPM2_ALG_NULL)
+        inPublic.publicArea.parameters.rsaDetail.scheme.scheme = UInt16(TPM2_ALG_RSASSA)
+        inPublic.publicArea.parameters.rsaDetail.scheme.details.rsassa.hashAlg = UInt16(TPM2_ALG_SHA256)
+        inPublic.publicArea.parameters.rsaDetail.keyBits = 2048
+        inPublic.publicArea.parameters.rsaDetail.exponent = 0
+        return inPublic
+    }
+
+    /// A new AK under the EK (authorized by the EK's policy); its blob loads only under that EK.
+    public func createAttestationKey(endorsementKey ek: TPMHandle) throws(TPMError) -> SealedBlob {
+        let session = try endorsementSession()
+        var used = false
+        defer { if !used { flush(session) } }
+        let blob = try create(Self.attestationKeyTemplate(), sensitive: nil, parent: ek, session: session, command: "Create(AK)")
+        used = true  // continueSession clear: the TPM closed it.
+        return blob
+    }
+
+    /// TPM2_ActivateCredential: the credential `credentialBlob` (TPM2B_ID_OBJECT) and `secret`
+    /// (TPM2B_ENCRYPTED_SECRET) protect, when they were made for this EK and the loaded `ak`'s name.
+    /// - Throws: `INTEGRITY` (or a `VALUE`/`SIZE` error) when they were made for another EK or key.
+    public func activateCredential(ak: TPMHandle, endorsementKey ek: TPMHandle,
+                                   credentialBlob: [UInt8], secret: [UInt8]) throws(TPMError) -> SecureBytes {
+        var blob = try Marshal.decode("TPM2B_ID_OBJECT", credentialBlob, as: TPM2B_ID_OBJECT(), Tss2_MU_TPM2B_ID_OBJECT_Unmarshal)
+        var encrypted = try Marshal.decode("TPM2B_ENCRYPTED_SECRET", secret, as: TPM2B_ENCRYPTED_SECRET(),
+                                           Tss2_MU_TPM2B_ENCRYPTED_SECRET_Unmarshal)
+        let session = try endorsementSession()
+        var used = false
+        defer { if !used { flush(session) } }
+        var certInfo: UnsafeMutablePointer<TPM2B_DIGEST>?
+        // The AK's role is ADMIN: with adminWithPolicy clear its (empty) authValue serves.
+        try call("ActivateCredential") {
+            Esys_ActivateCredential(esys, ak.tr, ek.tr, Self.password, session.tr, Self.none, &blob, &encrypted, &certInfo)
+        }
+        used = true
+        guard let certInfo else { throw TPMError(command: "ActivateCredential", code: .failure) }
+        defer { TPM2B.wipe(&certInfo.pointee); Esys_Free(certInfo) }
+        return withUnsafeBytes(of: certInfo.pointee.buffer) { SecureBytes(copying: $0.prefix(Int(certInfo.pointee.size))) }
+    }
+
+    /// A signed statement and its signature: TPMS_ATTEST as the TPM marshalled it (what
+    /// `tpm2_quote -m` writes) and the TPMT_SIGNATURE (`-s`).
+    public struct SignedAttestation: Sendable, Hashable {
+        public var attest: [UInt8]
+        public var signature: [UInt8]
+        public init(attest: [UInt8], signature: [UInt8]) { self.attest = attest; self.signature = signature }
+    }
+
+    /// TPM2_Quote by `ak` of the SHA-256 bank's `selection`, over `nonce` (qualifyingData).
+    public func quote(ak: TPMHandle, selection: PCRSelection, nonce: [UInt8]) throws(TPMError) -> SignedAttestation {
+        var qualifying = TPM2B_DATA()
+        qualifying.size = TPM2B.set(&qualifying.buffer, nonce)
+        var scheme = TPMT_SIG_SCHEME()
+        scheme.scheme = UInt16(TPM2_ALG_NULL)  // the key's own, RSASSA-SHA256
+        var pcrs = Marshal.pcrSelection(selection)
+        var quoted: UnsafeMutablePointer<TPM2B_ATTEST>?
+        var signature: UnsafeMutablePointer<TPMT_SIGNATURE>?
+        try call("Quote") { Esys_Quote(esys, ak.tr, Self.password, Self.none, Self.none, &qualifying, &scheme, &pcrs, &quoted, &signature) }
+        defer { Esys_Free(quoted); Esys_Free(signature) }
+        return try Self.signed(quoted, signature)
+    }
+
+    /// TPM2_Certify by `ak` of the loaded or persistent `object` (whose admin role its empty
+    /// authValue satisfies, as the SRK's), over `nonce`.
+    public func certify(_ object: TPMHandle, ak: TPMHandle, nonce: [UInt8]) throws(TPMError) -> SignedAttestation {
+        var qualifying = TPM2B_DATA()
+        qualifying.size = TPM2B.set(&qualifying.buffer, nonce)
+        var scheme = TPMT_SIG_SCHEME()
+        scheme.scheme = UInt16(TPM2_ALG_NULL)
+        var info: UnsafeMutablePointer<TPM2B_ATTEST>?
+        var signature: UnsafeMutablePointer<TPMT_SIGNATURE>?
+        try call("Certify") {
+            Esys_Certify(esys, object.tr, ak.tr, Self.password, Self.password, Self.none, &qualifying, &scheme, &info, &signature)
+        }
+        defer { Esys_Free(info); Esys_Free(signature) }
+        return try Self.signed(info, signature)
+    }
+
+    private static func signed(_ attest: UnsafeMutablePointer<TPM2B_ATTEST>?,
+                               _ signature: UnsafeMutablePointer<TPMT_SIGNATURE>?) throws(TPMError) -> SignedAttestation {
+        guard let attest, let signature else { throw TPMError(command: "attest", code: .failure) }
+        return SignedAttestation(attest: TPM2B.bytes(attest.pointee.attestationData, size: attest.pointee.size),
+                                 signature: try Marshal.encode("TPMT_SIGNATURE", signature.pointee, Tss2_MU_TPMT_SIGNATURE_Marshal))
+    }
+}
+
+/// The server's half, with no TPM: TPM2_MakeCredential computed offline, and the checks of what the
+/// AK signed.
+public enum Attestation {
+    static let attestationKeyAttributes: TPMA_OBJECT = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT
+        | TPMA_OBJECT_SENSITIVEDATAORIGIN | TPMA_OBJECT_USERWITHAUTH | TPMA_OBJECT_NODA
+        | TPMA_OBJECT_RESTRICTED | TPMA_OBJECT_SIGN_ENCRYPT
+
+    /// TPM2_MakeCredential (Part 3, 12.6) as a verifier computes it: the credential (at most 32
+    /// bytes) wrapped for the object named `objectName` in the TPM holding the EK `endorsementPublic`,
+    /// with the machinery of a duplication blob (the seed's label is "IDENTITY").
+    /// - Returns: the TPM2B_ID_OBJECT and the TPM2B_ENCRYPTED_SECRET, marshalled.
+    public static func makeCredential(_ credential: SecureBytes, objectName: [UInt8],
+                                      endorsementPublic: [UInt8]) throws(AttestationError) -> (credentialBlob: [UInt8], secret: [UInt8]) {
+        guard (1...32).contains(credential.count) else { throw AttestationError("a credential is 1 to 32 bytes") }
+        guard objectName.count == 34, objectName.starts(with: [0x00, 0x0B]) else {
+            throw AttestationError("the key's name is not a SHA-256 name (34 bytes, 000b…)")
+        }
+        do {
+            let (seed, encryptedSeed) = try Duplication.seed(to: try Duplication.storageParent(endorsementPublic), label: "IDENTITY")
+            // encIdentity covers the credential's TPM2B size field too (Part 2, 12.4.2).
+            let plaintext = credential.withUnsafeBytes { SecureBytes(copying: UInt16(credential.count).bigEndianBytes + Array($0)) }
+            let body = try Duplication.outerWrap(plaintext, seed: seed, name: objectName)
+            return (UInt16(body.count).bigEndianBytes + body, encryptedSeed)
+        } catch {
+            throw AttestationError(error.description)
+        }
+    }
+
+    /// What an AK's public area must be for its signatures to mean "this TPM": a restricted
+    /// signing RSA 2048 key (RSASSA-SHA256), fixedTPM and fixedParent, made in the TPM.
+    /// - Returns: its modulus.
+    public static func checkAttestationKey(_ publicArea: [UInt8]) throws(AttestationError) -> [UInt8] {
+        let area = try parsePublic(publicArea, what: "the attestation key").publicArea
+        let required = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT | TPMA_OBJECT_SENSITIVEDATAORIGIN
+            | TPMA_OBJECT_RESTRICTED | TPMA_OBJECT_SIGN_ENCRYPT
+        guard area.type == UInt16(TPM2_ALG_RSA), area.nameAlg == UInt16(TPM2_ALG_SHA256),
+              area.objectAttributes & required == required, area.objectAttributes & TPMA_OBJECT_DECRYPT == 0,
+              area.parameters.rsaDetail.keyBits == 2048, area.unique.rsa.size == 256,
+              area.parameters.rsaDetail.exponent == 0 || area.parameters.rsaDetail.exponent == 65537,
+              area.parameters.rsaDetail.scheme.scheme == UInt16(TPM2_ALG_RSASSA),
+              area.parameters.rsaDetail.scheme.details.rsassa.hashAlg == UInt16(TPM2_ALG_SHA256) else {
+            throw AttestationError("the attestation key is not a restricted RSA 2048 RSASSA-SHA256 signing key, fixedTPM and fixedParent, made in the TPM")
+        }
+        return TPM2B.bytes(area.unique.rsa.buffer, size: 256)
+    }
+
+    /// fixedTPM and fixedParent of a marshalled public area: an object that never leaves its TPM.
+    public static func isFixedToItsTPM(_ publicArea: [UInt8]) throws(AttestationError) -> Bool {
+        let attributes = try parsePublic(publicArea, what: "the certified key").publicArea.objectAttributes
+        let fixed = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT
+        return attributes & fixed == fixed
+    }
+
+    /// What a TPM2_Quote says, once its signature verified.
+    public struct Quote: Sendable, Hashable {
+        public var nonce: [UInt8]
+        /// The SHA-256 bank's PCR indices it covers.
+        public var pcrs: [Int]
+        /// SHA-256 of the selected PCR values in index order.
+        public var pcrDigest: [UInt8]
+        /// The TPM's clock: resets (TPM2_Startup(CLEAR), a reboot) and restarts since it was made.
+        public var resetCount: UInt32
+        public var restartCount: UInt32
+    }
+
+    /// What a TPM2_Certify says, once its signature verified: the certified object's name.
+    public struct Certification: Sendable, Hashable {
+        public var nonce: [UInt8]
+        public var name: [UInt8]
+    }
+
+    /// Verifies `signed` as a TPM2_Quote by the AK `akPublic` and reads it.
+    /// - Throws: why not: a malformed structure, not made by a TPM, not a quote, a bad signature.
+    public static func verifyQuote(_ signed: TPMContext.SignedAttestation, akPublic: [UInt8]) throws(AttestationError) -> Quote {
+        let attest = try verified(signed, akPublic: akPublic, type: TPM2_ST_ATTEST_QUOTE, what: "quote")
+        let quote = attest.attested.quote
+        guard quote.pcrSelect.count == 1, quote.pcrSelect.pcrSelections.0.hash == UInt16(TPM2_ALG_SHA256),
+              quote.pcrSelect.pcrSelections.0.sizeofSelect == 3 else {
+            throw AttestationError("the quote does not cover one SHA-256 bank of 24 PCRs")
+        }
+        let bitmap = withUnsafeBytes(of: quote.pcrSelect.pcrSelections.0.pcrSelect) { Array($0.prefix(3)) }
+        let pcrs = (0..<24).filter { bitmap[$0 / 8] & UInt8(1 << ($0 % 8)) != 0 }
+        return Quote(nonce: TPM2B.bytes(attest.extraData.buffer, size: attest.extraData.size), pcrs: pcrs,
+                     pcrDigest: TPM2B.bytes(quote.pcrDigest.buffer, size: quote.pcrDigest.size),
+                     resetCount: attest.clockInfo.resetCount, restartCount: attest.clockInfo.restartCount)
+    }
+
+    /// Verifies `signed` as a TPM2_Certify by the AK `akPublic` and reads it.
+    public static func verifyCertification(_ signed: TPMContext.SignedAttestation, akPublic: [UInt8]) throws(AttestationError) -> Certification {
+        let attest = try verified(signed, akPublic: akPublic, type: TPM2_ST_ATTEST_CERTIFY, what: "certification")
+        let name = attest.attested.certify.name
+        return Certification(nonce: TPM2B.bytes(attest.extraData.buffer, size: attest.extraData.size),
+                             name: TPM2B.bytes(name.name, size: name.size))
+    }
+
+    /// The TPMS_ATTEST of `signed`, once its RSASSA-SHA256 signature by the AK verified; of `type`
+    /// and marked TPM_GENERATED_VALUE (the TPM signs that mark only over what it made itself).
+    private static func verified(_ signed: TPMContext.SignedAttestation, akPublic: [UInt8], type: TPM2_ST,
+                                 what: String) throws(AttestationError) -> TPMS_ATTEST {
+        let modulus = try checkAttestationKey(akPublic)
+        let signature: TPMT_SIGNATURE
+        do {
+            signature = try Marshal.decode("TPMT_SIGNATURE", signed.signature, as: TPMT_SIGNATURE(), Tss2_MU_TPMT_SIGNATURE_Unmarshal)
+        } catch {
+            throw AttestationError("the \(what)'s signature is not a TPMT_SIGNATURE (\(error))")
+        }
+        guard signature.sigAlg == UInt16(TPM2_ALG_RSASSA), signature.signature.rsassa.hash == UInt16(TPM2_ALG_SHA256),
+              signature.signature.rsassa.sig.size == 256 else {
+            throw AttestationError("the \(what) is not signed with RSASSA-SHA256 by an RSA 2048 key")
+        }
+        let bytes = TPM2B.bytes(signature.signature.rsassa.sig.buffer, size: 256)
+        guard try verifyRSASSA(modulus: modulus, message: signed.attest, signature: bytes) else {
+            throw AttestationError("the \(what)'s signature does not verify with the attestation key")
+        }
+        let attest: TPMS_ATTEST
+        do { attest = try Marshal.decode("TPMS_ATTEST", signed.attest, as: TPMS_ATTEST(), Tss2_MU_TPMS_ATTEST_Unmarshal) } catch {
+            throw AttestationError("the \(what) is not a TPMS_ATTEST (\(error))")
+        }
+        guard attest.magic == 0xFF54_4347,  // TPM_GENERATED_VALUE (the header's form does not import)
+              attest.type == type else {
+            throw AttestationError("the signed statement is not a TPM-made \(what)")
+        }
+        return attest
+    }
+
+    /// RSASSA-PKCS1-v1_5 with SHA-256 under the public key (`modulus`, 65537).
+    private static func verifyRSASSA(modulus: [UInt8], message: [UInt8], signature: [UInt8]) throws(AttestationError) -> Bool {
+        let key: OpaquePointer
+        do { key = try Duplication.rsaPublicKey(modulus: modulus) } catch { throw AttestationError(error.description) }
+        defer { EVP_PKEY_free(key) }
+        guard let ctx = EVP_MD_CTX_new() else { throw AttestationError("libcrypto: no digest context") }
+        defer { EVP_MD_CTX_free(ctx) }
+        guard EVP_DigestVerifyInit(ctx, nil, EVP_sha256(), nil, key) == 1 else { throw AttestationError("libcrypto: cannot verify RSASSA") }
+        return EVP_DigestVerify(ctx, signature, signature.count, message, message.count) == 1
+    }
+
+    private static func parsePublic(_ bytes: [UInt8], what: String) throws(AttestationError) -> TPM2B_PUBLIC {
+        do { return try Marshal.public(bytes) } catch { throw AttestationError("\(what)'s public area does not parse (\(error))") }
+    }
+}

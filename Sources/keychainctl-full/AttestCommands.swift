@@ -1,0 +1,76 @@
+import Foundation
+import Keychain
+import KeychainCLIText
+
+/// `attest init|request|respond` on the device, `attest challenge|verify` on a server with no TPM
+/// (docs/provisioning.md, "Prove a device first").
+extension Commands {
+    /// The server's subcommands: they touch no TPM and no store.
+    static func attestOnServer(_ command: [String]) -> Bool {
+        command.first == "attest" && ["challenge", "verify"].contains(command.dropFirst().first ?? "")
+    }
+
+    func attest() async throws -> Exit {
+        let args = Array(inv.command.dropFirst())
+        func operands(_ n: Int, _ names: String) throws(UsageError) -> [String] {
+            guard args.count == n + 1 else { throw UsageError(message: "attest \(args.first ?? "") takes \(names)") }
+            return Array(args.dropFirst())
+        }
+        switch args.first {
+        case "init":
+            _ = try operands(0, "no arguments")
+            let made = try await device.makeAttestationKey()
+            struct Made: Encodable { let name: String; let created: Bool }
+            output(Made(name: made.name, created: made.created)) {
+                "attestation key \($0.name) (\($0.created ? "made" : "kept: the store has one"))"
+            }
+        case "request":
+            _ = try operands(0, "no arguments")
+            document(try await device.attestationRequest().json())
+        case "challenge":
+            let request = try AttestationRequest(json: try readFile(try operands(1, "REQUEST --state FILE")[0],
+                                                                    limit: AttestationRequest.maxLength, what: "the request"))
+            let statePath = try stateFlag()
+            let made = try AttestationServer.challenge(for: request)
+            // The state is the challenge's secret: made new (never over another), readable by the server only.
+            let fd = open(statePath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+            guard fd >= 0 else { throw KeychainError(.storageError, "Cannot create \(statePath) (it may exist already)", underlying: .errno(errno)) }
+            let state = made.state.json()
+            let written = state.withUnsafeBytes { write(fd, $0.baseAddress!, $0.count) }
+            let synced = fsync(fd) == 0
+            close(fd)
+            guard written == state.count, synced else {
+                unlink(statePath)
+                throw KeychainError(.storageError, "Cannot write \(statePath)", underlying: .errno(errno))
+            }
+            document(made.challenge.json())
+        case "respond":
+            let challenge = try AttestationChallenge(json: try readFile(try operands(1, "CHALLENGE")[0],
+                                                                        limit: AttestationChallenge.maxLength, what: "the challenge"))
+            document(try await device.answer(challenge).json())
+        case "verify":
+            let answer = try AttestationAnswer(json: try readFile(try operands(1, "ANSWER --state FILE [--ek-ca CA.pem]")[0],
+                                                                  limit: AttestationAnswer.maxLength, what: "the answer"))
+            let statePath = try stateFlag()
+            let state = try AttestationState(json: try readFile(statePath, limit: AttestationState.maxLength, what: "the challenge's state"))
+            let ekCA = try inv.flags["--ek-ca"].map { (path: String) throws(KeychainError) in [UInt8](try readFile(path, limit: 1 << 20, what: "the EK CA file")) }
+            let verified = try AttestationServer.verify(answer, state: state, ekCA: ekCA)
+            // One answer per challenge: the state goes once it served.
+            unlink(statePath)
+            document(verified.json())
+        default:
+            throw UsageError(message: "attest takes init, request, challenge REQUEST, respond CHALLENGE or verify ANSWER")
+        }
+        return .ok
+    }
+
+    private func stateFlag() throws(UsageError) -> String {
+        guard let path = inv.flags["--state"] else { throw UsageError(message: "attest \(inv.command[1]) needs --state FILE (the challenge's secret, kept by the server)") }
+        return path
+    }
+
+    /// A document on stdout (JSON always; `--json` changes only how errors are told).
+    private func document(_ json: Data) {
+        (json + Data("\n".utf8)).withUnsafeBytes { writeStdout($0) }
+    }
+}

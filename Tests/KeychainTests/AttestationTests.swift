@@ -1,0 +1,307 @@
+import Foundation
+@testable import Keychain
+import KeychainTestSupport
+import SecureMemory
+import Testing
+import TPM2
+
+/// Credential activation with two software TPMs as two devices, and a server with no TPM
+/// (`attest challenge`, `attest verify`) between them.
+@Suite("attestation")
+struct AttestationTests: TwoDeviceTest {
+    typealias Device = CLIDevice
+    typealias Outcome = (status: Int32, stdout: [UInt8], stderr: String)
+
+    /// The server's commands as a server runs them: no TPM in the environment, no store made.
+    func server(_ args: [String], in dir: String) throws -> Outcome {
+        let nowhere = dir + "/server-has-no-store"
+        let out = try run(ctl, ["--store", nowhere, "attest"] + args, input: [],
+                          environment: ["KEYCHAIN_TCTI": "", "TPM2TCTI": "", "KEYCHAIN_READER": "none"])
+        #expect(!FileManager.default.fileExists(atPath: nowhere), "the server touched a store (or started a TPM)")
+        return out
+    }
+
+    func write(_ bytes: some DataProtocol, _ path: String) throws -> String {
+        try Data(bytes).write(to: URL(fileURLWithPath: path))
+        return path
+    }
+
+    /// `attest init` then `attest request` on `d`: the request's path.
+    func request(_ d: Device) throws -> String {
+        let made = try cli(d, ["attest", "init"])
+        #expect(made.status == 0, "\(made.stderr)")
+        let out = try cli(d, ["attest", "request"])
+        #expect(out.status == 0, "\(out.stderr)")
+        return try write(out.stdout, d.tpm.directory + "/request-\(UUID().uuidString).json")
+    }
+
+    /// A challenge for `request`: its path and the server's state file.
+    func challenge(_ request: String, in dir: String) throws -> (challenge: String, state: String) {
+        let state = dir + "/state-\(UUID().uuidString).json"
+        let out = try server(["challenge", request, "--state", state], in: dir)
+        #expect(out.status == 0, "\(out.stderr)")
+        return (try write(out.stdout, dir + "/challenge-\(UUID().uuidString).json"), state)
+    }
+
+    func respond(_ d: Device, _ challenge: String) throws -> Outcome {
+        try cli(d, ["--json", "attest", "respond", challenge])
+    }
+
+    func fleetCA(_ d: Device) throws -> String {
+        let dir = d.tpm.directory
+        return try write(try Data(contentsOf: URL(fileURLWithPath: dir + "/ca/swtpm-localca-rootca-cert.pem"))
+                         + Data(contentsOf: URL(fileURLWithPath: dir + "/ca/issuercert.pem")), dir + "/fleet-ca.pem")
+    }
+
+    @Test func theWholeFlowProvesTheCertifiedEKsTPMHoldsTheAKAndTheSRKInThisBootState() throws {
+        let b = try Device()
+        try IdentityTests.manufacture(b.tpm)
+        let dir = b.tpm.directory
+        let requestPath = try request(b)
+        // A second init keeps the key: the server's enrolment stays valid.
+        #expect(String(decoding: try cli(b, ["--json", "attest", "init"]).stdout, as: UTF8.self).contains("\"created\":false"))
+        let request = try AttestationRequest(json: Data(contentsOf: URL(fileURLWithPath: requestPath)))
+        #expect(request.endorsementKey.certificate != nil, "swtpm_setup --create-ek-cert made one")
+
+        let (challengePath, state) = try challenge(requestPath, in: dir)
+        var info = stat()
+        #expect(stat(state, &info) == 0 && info.st_mode & 0o777 == 0o600, "the state is the server's secret")
+        let answer = try respond(b, challengePath)
+        #expect(answer.status == 0, "\(String(decoding: answer.stdout, as: UTF8.self)) \(answer.stderr)")
+        let answerPath = try write(answer.stdout, dir + "/answer.json")
+        let verified = try server(["verify", answerPath, "--state", state, "--ek-ca", try fleetCA(b)], in: dir)
+        #expect(verified.status == 0, "\(verified.stderr)")
+        let identity = try VerifiedIdentity(json: Data(verified.stdout))
+        #expect(identity.endorsementCertificateVerified && identity.endorsementKey.name == request.endorsementKey.name)
+        #expect(identity.storageRootKey.name == request.storageRootKey.name && identity.attestationKey == request.attestationKey)
+        // The boot state is the TPM's own: tpm2_pcrread of the same PCRs.
+        let pcrFile = dir + "/pcrs.bin"
+        #expect(try run("/usr/bin/tpm2_pcrread", ["sha256:" + request.pcrs.map(String.init).joined(separator: ","), "-o", pcrFile],
+                        environment: b.env).status == 0)
+        let values = [UInt8](try Data(contentsOf: URL(fileURLWithPath: pcrFile)))
+        #expect(identity.bootState.pcrs == request.pcrs && identity.bootState.digest == hex(sha256(values)))
+        // One answer per challenge: the state is gone once it served.
+        #expect(!FileManager.default.fileExists(atPath: state))
+        #expect(try server(["verify", answerPath, "--state", state], in: dir).status != 0)
+    }
+
+    /// Device A's EK paired with device B's AK: the credential is sealed to A's EK, so B's TPM cannot
+    /// activate it, and A has no such AK (nor would its TPM activate for another key's name).
+    @Test func aRequestPairingOneDevicesEKWithAnothersKeysIsRefused() throws {
+        let a = try Device(), b = try Device()
+        let dir = a.tpm.directory
+        let requestA = try AttestationRequest(json: Data(contentsOf: URL(fileURLWithPath: try request(a))))
+        let requestB = try AttestationRequest(json: Data(contentsOf: URL(fileURLWithPath: try request(b))))
+        var forged = requestA
+        forged.attestationKey = requestB.attestationKey
+        let (challengePath, _) = try challenge(try write(forged.json(), dir + "/forged.json"), in: dir)
+
+        let onB = try respond(b, challengePath)
+        #expect(errorCode(onB) == "AUTHENTICATION_FAILED" && String(decoding: onB.stdout, as: UTF8.self).contains("refused to activate"),
+                "\(String(decoding: onB.stdout, as: UTF8.self))")
+        let onA = try respond(a, challengePath)
+        #expect(errorCode(onA) == "INVALID_ARGUMENT", "\(String(decoding: onA.stdout, as: UTF8.self))")
+        // With the challenge's AK name rewritten to A's, A's TPM itself refuses: the credential names B's AK.
+        var renamed = try AttestationChallenge(json: Data(contentsOf: URL(fileURLWithPath: challengePath)))
+        renamed.attestationKeyName = requestA.attestationKey.name
+        #expect(errorCode(try respond(a, try write(renamed.json(), dir + "/renamed.json"))) == "AUTHENTICATION_FAILED")
+
+        // A's EK and AK with B's SRK: A answers, and its certification names A's SRK, not the request's.
+        var srkSwapped = requestA
+        srkSwapped.storageRootKey = requestB.storageRootKey
+        let (c2, state2) = try challenge(try write(srkSwapped.json(), dir + "/srk-swapped.json"), in: dir)
+        let answer = try respond(a, c2)
+        #expect(answer.status == 0)
+        let refused = try server(["verify", try write(answer.stdout, dir + "/a2.json"), "--state", state2], in: dir)
+        #expect(refused.status == 3 && refused.stderr.contains("not the request's SRK"), "\(refused.stderr)")
+    }
+
+    @Test func aReplayedAnswerIsRefused() throws {
+        let b = try Device()
+        let dir = b.tpm.directory
+        let requestPath = try request(b)
+        let (c1, s1) = try challenge(requestPath, in: dir)
+        let first = try write(try respond(b, c1).stdout, dir + "/first.json")
+        #expect(try server(["verify", first, "--state", s1], in: dir).status == 0)
+
+        let (_, s2) = try challenge(requestPath, in: dir)
+        let replayed = try server(["verify", first, "--state", s2], in: dir)
+        #expect(replayed.status == 3 && replayed.stderr.contains("another nonce"), "\(replayed.stderr)")
+        // The old answer with the new nonce written in: the signed statements are over the old one,
+        // and the credential is the old challenge's.
+        var relabelled = try AttestationAnswer(json: Data(contentsOf: URL(fileURLWithPath: first)))
+        relabelled.nonce = try AttestationState(json: Data(contentsOf: URL(fileURLWithPath: s2))).nonce
+        let forged = try server(["verify", try write(relabelled.json(), dir + "/relabelled.json"), "--state", s2], in: dir)
+        #expect(forged.status == 3 && forged.stderr.contains("AUTHENTICATION_FAILED"), "\(forged.stderr)")
+        #expect(FileManager.default.fileExists(atPath: s2), "a refused answer leaves the challenge open")
+    }
+
+    /// Verifiers no one here wrote: tpm2_checkquote on the quote, tpm2_makecredential's challenge answered.
+    @Test func theQuoteChecksWithTpm2ToolsAndTheirCredentialIsActivated() throws {
+        let b = try Device()
+        let dir = b.tpm.directory
+        let requestPath = try request(b)
+        let request = try AttestationRequest(json: Data(contentsOf: URL(fileURLWithPath: requestPath)))
+        let (c1, state) = try challenge(requestPath, in: dir)
+        let answer = try AttestationAnswer(json: Data(try respond(b, c1).stdout))
+        let nonce = [UInt8](Data(base64Encoded: answer.nonce)!)
+        _ = try write(Data(base64Encoded: request.attestationKey.publicArea)!, dir + "/ak.pub")
+        _ = try write(Data(base64Encoded: answer.quote.attest)!, dir + "/quote.msg")
+        _ = try write(Data(base64Encoded: answer.quote.signature)!, dir + "/quote.sig")
+        _ = try write(request.pcrs.flatMap { hexBytes(answer.pcrValues[String($0)]!) }, dir + "/quote.pcrs")
+        let list = "sha256:" + request.pcrs.map(String.init).joined(separator: ",")
+        let checked = try run("/usr/bin/tpm2_checkquote", ["-u", dir + "/ak.pub", "-m", dir + "/quote.msg", "-s", dir + "/quote.sig",
+                                                           "-f", dir + "/quote.pcrs", "-l", list, "-g", "sha256", "-q", hex(nonce)])
+        #expect(checked.status == 0, "\(checked.stderr)")
+        // The same check with another nonce fails: tpm2_checkquote does look at it.
+        #expect(try run("/usr/bin/tpm2_checkquote", ["-u", dir + "/ak.pub", "-m", dir + "/quote.msg", "-s", dir + "/quote.sig",
+                                                     "-q", hex(Array(nonce.reversed()))]).status != 0)
+        _ = state
+
+        // tpm2_makecredential with no TPM: its blob (header, TPM2B_ID_OBJECT, TPM2B_ENCRYPTED_SECRET) as our challenge.
+        _ = try write(Data(base64Encoded: request.endorsementKey.publicArea)!, dir + "/ek.pub")
+        let secret = Sodium.randomBytes(32)
+        _ = try write(secret, dir + "/secret.bin")
+        let made = try run("/usr/bin/tpm2_makecredential", ["-T", "none", "-u", dir + "/ek.pub", "-s", dir + "/secret.bin",
+                                                            "-n", request.attestationKey.name, "-o", dir + "/cred.out"])
+        #expect(made.status == 0, "\(made.stderr)")
+        let blob = [UInt8](try Data(contentsOf: URL(fileURLWithPath: dir + "/cred.out")))
+        try #require(blob.count > 12 && blob.prefix(4) == [0xBA, 0xDC, 0xC0, 0xDE])
+        let idSize = Int(blob[8]) << 8 | Int(blob[9])
+        let theirs = AttestationChallenge(format: AttestationChallenge.formatName, version: 1, attestationKeyName: request.attestationKey.name,
+                                          credentialBlob: Data(blob[8..<(10 + idSize)]).base64EncodedString(),
+                                          secret: Data(blob[(10 + idSize)...]).base64EncodedString(),
+                                          nonce: Data(Sodium.randomBytes(32)).base64EncodedString())
+        let activated = try respond(b, try write(theirs.json(), dir + "/theirs.json"))
+        #expect(activated.status == 0, "\(String(decoding: activated.stdout, as: UTF8.self))")
+        #expect(try AttestationAnswer(json: Data(activated.stdout)).credential == Data(secret).base64EncodedString())
+    }
+
+    /// Every server-side parser given what a hostile network sends: a clear KeychainError, never a crash,
+    /// never a verified identity.
+    @Test func hostileInputsToTheServerGetAClearErrorNeverAVerifiedIdentity() throws {
+        let b = try Device()
+        let dir = b.tpm.directory
+        let requestPath = try request(b)
+        let requestData = try Data(contentsOf: URL(fileURLWithPath: requestPath))
+        let request = try AttestationRequest(json: requestData)
+        let (c1, statePath) = try challenge(requestPath, in: dir)
+        let answerData = Data(try respond(b, c1).stdout)
+        let answer = try AttestationAnswer(json: answerData)
+        let state = try AttestationState(json: Data(contentsOf: URL(fileURLWithPath: statePath)))
+        #expect(throws: Never.self) { try AttestationServer.verify(answer, state: state, ekCA: nil) }
+
+        func code(_ body: () throws -> Void) -> KeychainError.Code? {
+            do { try body(); return nil } catch { return (error as? KeychainError)?.code ?? KeychainError.Code(rawValue: "NOT A KEYCHAIN ERROR") }
+        }
+        // Truncated, oversized, another version, another document.
+        for data in [requestData.prefix(requestData.count / 2), Data(repeating: 0x20, count: 70_000) + requestData, Data()] {
+            #expect(code { _ = try AttestationRequest(json: data) } == .dataCorrupted)
+        }
+        let v2 = String(decoding: requestData, as: UTF8.self).replacingOccurrences(of: "\"version\" : 1", with: "\"version\" : 2")
+        #expect(code { _ = try AttestationRequest(json: Data(v2.utf8)) } == .unsupported)
+        #expect(code { _ = try AttestationAnswer(json: requestData) } == .dataCorrupted)
+        // A request whose public areas are cut, or swapped with each other.
+        var cut = request
+        cut.attestationKey.publicArea = String(request.attestationKey.publicArea.dropLast(8))
+        #expect(code { _ = try AttestationServer.challenge(for: cut) } == .dataCorrupted)
+        var swapped = request
+        (swapped.attestationKey, swapped.storageRootKey.publicArea, swapped.storageRootKey.name)
+            = (.init(publicArea: request.storageRootKey.publicArea, name: request.storageRootKey.name), request.attestationKey.publicArea, request.attestationKey.name)
+        #expect(code { _ = try AttestationServer.challenge(for: swapped) } == .dataCorrupted, "an SRK is no attestation key")
+
+        // Each signed field of the answer: cut, emptied, grown, one byte changed, or swapped.
+        func base64(_ s: String, _ change: ([UInt8]) -> [UInt8]) -> String { Data(change([UInt8](Data(base64Encoded: s)!))).base64EncodedString() }
+        let changes: [([UInt8]) -> [UInt8]] = [{ Array($0.prefix($0.count / 2)) }, { _ in [] }, { $0 + [UInt8](repeating: 0, count: 70_000) },
+                                               { var b = $0; b[b.count / 3] ^= 0x40; return b }, { var b = $0; b[6] ^= 0x01; return b }]
+        var trials = 0
+        for change in changes {
+            for field in 0..<5 {
+                var bad = answer
+                switch field {
+                case 0: bad.quote.attest = base64(answer.quote.attest, change)
+                case 1: bad.quote.signature = base64(answer.quote.signature, change)
+                case 2: bad.storageRootKeyCertification.attest = base64(answer.storageRootKeyCertification.attest, change)
+                case 3: bad.storageRootKeyCertification.signature = base64(answer.storageRootKeyCertification.signature, change)
+                default: bad.credential = base64(answer.credential, change)
+                }
+                let got = code { _ = try AttestationServer.verify(bad, state: state, ekCA: nil) }
+                #expect(got == .authenticationFailed || got == .dataCorrupted, "field \(field): \(String(describing: got))")
+                trials += 1
+            }
+        }
+        // The quote and the certification swapped: each is the other's type.
+        var crossed = answer
+        (crossed.quote, crossed.storageRootKeyCertification) = (answer.storageRootKeyCertification, answer.quote)
+        #expect(code { _ = try AttestationServer.verify(crossed, state: state, ekCA: nil) } == .authenticationFailed)
+        // PCR values that are not the quoted ones.
+        var otherValues = answer
+        otherValues.pcrValues[String(request.pcrs[0])] = String(repeating: "ab", count: 32)
+        #expect(code { _ = try AttestationServer.verify(otherValues, state: state, ekCA: nil) } == .authenticationFailed)
+        // Random bytes in each position of the quote: fuzzed, never verified.
+        var rng = SystemRandomNumberGenerator()
+        let attest = [UInt8](Data(base64Encoded: answer.quote.attest)!)
+        for _ in 0..<300 {
+            var bytes = attest
+            bytes[Int.random(in: 0..<bytes.count, using: &rng)] = UInt8.random(in: 0...255, using: &rng)
+            if Bool.random(using: &rng) { bytes = Array(bytes.prefix(Int.random(in: 0..<bytes.count, using: &rng))) }
+            guard bytes != attest else { continue }
+            var bad = answer
+            bad.quote.attest = Data(bytes).base64EncodedString()
+            #expect(code { _ = try AttestationServer.verify(bad, state: state, ekCA: nil) } == .authenticationFailed)
+            trials += 1
+        }
+        #expect(trials > 300)
+    }
+
+    /// The TPM commands of `attest init` and of `attest respond`, as tpm2-tss's pcap TCTI records them
+    /// (each invocation also opens the keyring): one Create, and one ActivateCredential, Quote and Certify.
+    @Test func initAndTheAnswerSendTheCommandsCounted() throws {
+        let b = try Device()
+        let dir = b.tpm.directory
+        #expect(try cli(b, ["status"]).status == 0)  // provisioned first: the counts are of the attestation alone
+        func captured(_ args: [String]) throws -> [UInt32] {
+            let path = dir + "/capture-\(UUID().uuidString).pcap"
+            let out = try run(ctl, ["--store", b.store, "--tcti", "pcap:" + b.tpm.tcti] + args, environment: ["TCTI_PCAP_FILE": path])
+            #expect(out.status == 0, "\(out.stderr)")
+            return try TPMCapture(path: path).codes
+        }
+        let initCommands = try captured(["attest", "init"])
+        let create: UInt32 = 0x153, activate: UInt32 = 0x147, quote: UInt32 = 0x158, certify: UInt32 = 0x148
+        #expect(initCommands.filter { $0 == create }.count == 1)
+        let requestPath = try write(try cli(b, ["attest", "request"]).stdout, dir + "/request.json")
+        let (challengePath, _) = try challenge(requestPath, in: dir)
+        let answerCommands = try captured(["attest", "respond", challengePath])
+        #expect(answerCommands.filter { $0 == activate }.count == 1 && answerCommands.filter { $0 == quote }.count == 1
+                && answerCommands.filter { $0 == certify }.count == 1)
+        print("attest init: \(initCommands.count) TPM commands \(initCommands.map { String($0, radix: 16) }); "
+              + "attest respond: \(answerCommands.count) \(answerCommands.map { String($0, radix: 16) })")
+    }
+
+    /// The server keeps nothing but a challenge's state: each challenge is new (nonce and credential),
+    /// and the library verifies the same answer against its state every time (only the CLI removes
+    /// the state after use). Prints challenges and verifications per second on this thread.
+    @Test func theServersChallengesAreFreshAndItsVerificationKeepsNoState() throws {
+        let b = try Device()
+        let dir = b.tpm.directory
+        let requestPath = try request(b)
+        let request = try AttestationRequest(json: Data(contentsOf: URL(fileURLWithPath: requestPath)))
+        let (c1, statePath) = try challenge(requestPath, in: dir)
+        let answer = try AttestationAnswer(json: Data(try respond(b, c1).stdout))
+        let state = try AttestationState(json: Data(contentsOf: URL(fileURLWithPath: statePath)))
+        let rounds = 200
+        var nonces = Set<String>(), credentials = Set<String>()
+        let started = ContinuousClock.now
+        for _ in 0..<rounds {
+            let made = try AttestationServer.challenge(for: request)
+            nonces.insert(made.challenge.nonce)
+            credentials.insert(made.state.credential)
+        }
+        let challenged = ContinuousClock.now
+        for _ in 0..<rounds { _ = try AttestationServer.verify(answer, state: state, ekCA: nil) }
+        let verified = ContinuousClock.now
+        #expect(nonces.count == rounds && credentials.count == rounds)
+        func rate(_ d: Duration) -> Int { Int(Double(rounds) / (Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18)) }
+        print("server: \(rate(challenged - started)) challenges/s, \(rate(verified - challenged)) verifications/s (one thread)")
+    }
+}
