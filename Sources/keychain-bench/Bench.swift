@@ -298,34 +298,13 @@ final class Bench {
 
     // MARK: References: other processes on the same swtpm
 
-    /// The same 32-byte secret sealed under the keychain's SRK (persistent 0x81000001) with tpm2-tools,
-    /// and read as a shell user would: `tpm2_load … && tpm2_unseal …`, two processes per read.
-    ///
-    /// swtpm has no resource manager, so each read leaves its objects loaded; `tpm2_flushcontext -t`
-    /// clears them between reads, untimed (the kernel's resource manager would do it on a real TPM).
+    /// `tpm2_load … && tpm2_unseal …` of the same 32-byte secret under the keychain's SRK (`TPM2ToolsRead`).
     private func tpm2ToolsPipeline() throws -> Samples? {
-        let tools = ["tpm2_create", "tpm2_load", "tpm2_unseal", "tpm2_flushcontext"]
-        guard tools.allSatisfy(Subprocess.isInstalled) else { return nil }
-        let directory = tpm.directory + "/tpm2-tools"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
-                                                attributes: [.posixPermissions: 0o700])
-        let secretFile = directory + "/secret.bin", pub = directory + "/seal.pub"
-        let priv = directory + "/seal.priv", context = directory + "/seal.ctx"
-        guard FileManager.default.createFile(atPath: secretFile, contents: Data(secret.utf8),
-                                             attributes: [.posixPermissions: 0o600]) else {
-            throw BenchFailure("cannot write \(secretFile)")
-        }
-        let shell = Subprocess(directory: directory, extraEnvironment: ["TPM2TOOLS_TCTI": tpm.tcti])
-        try shell.check(["tpm2_flushcontext", "-t"])
-        try shell.check(["tpm2_create", "-C", "0x81000001", "-i", secretFile, "-u", pub, "-r", priv, "-Q"])
-
+        guard let tools = try TPM2ToolsRead(tpm: tpm, secret: secret, directory: tpm.directory + "/tpm2-tools") else { return nil }
         var samples = Samples(capacity: options.runs)
         for run in 0...options.runs {  // run 0 warms the page cache and is not kept
-            let load = try shell.check(["tpm2_load", "-C", "0x81000001", "-u", pub, "-r", priv, "-c", context, "-Q"])
-            let unseal = try shell.check(["tpm2_unseal", "-c", context])
-            guard unseal.output == Array(secret.utf8) else { throw BenchFailure("tpm2_unseal returned another value") }
-            try shell.check(["tpm2_flushcontext", "-t"])
-            if run > 0 { samples.record(load.nanoseconds + unseal.nanoseconds) }
+            let took = try tools.read()
+            if run > 0 { samples.record(took) }
         }
         return samples
     }

@@ -82,6 +82,28 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     concurrent.tpmCommands = await device.takeTPMCommandCount()
     let aggregate = Double(concurrent.count) / (Double(elapsed) / 1e9)
 
+    // 4. Cold reads through keychaind: the first read of a storage's key by a daemon that holds no
+    // key (dropCaches: what a daemon that just started holds), by a client of this process, against
+    // tpm2-tools' cheapest read of the same kind of secret under the same SRK, alternated.
+    var coldRead = Samples(capacity: runs), loadUnseal = Samples(capacity: runs)
+    let cold = try createKeychain(.init(service: "bench.cold"), configuration: configuration)
+    try await cold.setItem("k0", secret)
+    let loadAndUnseal = try TPM2ToolsRead(tpm: tpm, secret: secret, directory: scratch + "/tpm2-load-unseal")
+    _ = await device.takeTPMCommandCount()
+    for run in 0...runs {
+        await device.dropCaches()
+        let start = monotonicNanoseconds()
+        let value = try await cold.getItem("k0")
+        let took = monotonicNanoseconds() - start
+        guard value == secret else { throw BenchFailure("the daemon's cold read returned another value") }
+        let tools = try loadAndUnseal?.read()
+        if run > 0 {
+            coldRead.record(took)
+            tools.map { loadUnseal.record($0) }
+        }
+    }
+    coldRead.tpmCommands = await device.takeTPMCommandCount()
+
     var report = "## keychaind (keychain-bench --daemon)\n\n"
     report += "One run: \(ProcessInfo.processInfo.activeProcessorCount) cores, swtpm on a Unix socket, a 32-byte secret, "
         + "\(runs) process runs, \(clients) clients × \(readsPerClient) reads.\n\n"
@@ -95,10 +117,17 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     report += "| `keychainctl --help` (the front, then the full tool's start-up) | \(Format.duration(help.p50)) | \(Format.duration(help.p99)) | 0 |\n"
     report += "| `keychainctl-full --help` (the full tool's start-up alone: the front's hand-over costs the difference) | \(Format.duration(fullHelp.p50)) | \(Format.duration(fullHelp.p99)) | 0 |\n"
     report += "| `/bin/true` (the spawn-and-reap floor) | \(Format.duration(trueProcess.p50)) | \(Format.duration(trueProcess.p99)) | 0 |\n"
+    report += "| cold read through keychaind (its first read of the key: the daemon forgot every key, `dropCaches`) | \(Format.duration(coldRead.p50)) | \(Format.duration(coldRead.p99)) | \(Format.commands(Double(coldRead.tpmCommands) / Double(runs + 1))) |\n"
+    if loadUnseal.count > 0 {
+        report += "| tpm2-tools: `tpm2_load && tpm2_unseal` of a 32-byte secret under the same SRK (two processes) | \(Format.duration(loadUnseal.p50)) | \(Format.duration(loadUnseal.p99)) | — |\n"
+    }
     report += "| one read of \(clients) concurrent clients (in one process; a client keeps its connections between calls) | \(Format.duration(concurrent.p50)) | \(Format.duration(concurrent.p99)) | \(Format.commands(concurrent.commandsPerOp)) |\n\n"
     if let tools {
         report += "`keychainctl get` through keychaind vs tpm2-tools: \(Format.ratio(Double(tools.p50) / Double(get.p50))) faster (p50); "
             + "`keychainctl-full get` \(Format.ratio(Double(tools.p50) / Double(fullGet.p50))).\n"
+    }
+    if loadUnseal.count > 0 {
+        report += "Cold read through keychaind vs `tpm2_load && tpm2_unseal`: \(Format.ratio(Double(loadUnseal.p50) / Double(coldRead.p50))) faster (p50).\n"
     }
     report += "\(clients) clients × \(readsPerClient) reads: \(Format.rate(aggregate)) reads/s aggregate, "
         + "\(errors) errors, \(concurrent.tpmCommands) TPM commands in all.\n"
