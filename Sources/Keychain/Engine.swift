@@ -444,6 +444,17 @@ actor Engine {
         token?.forgetOpened()
     }
 
+    /// Ends the authValidity windows of `service`'s items: the keys kept for a window are forgotten and
+    /// the TPM tickets the store keeps for them deleted, so the next read behind an access control asks.
+    func endWindows(service: String) throws(KeychainError) {
+        unsealed = unsealed.filter { $0.key.service != service || $0.value.opened == nil }
+        let store = try store()
+        let protections = try read { try Set(store.wrappingKeys(service: service).map(\.protection)) }
+        try writeStore(store) { tx in
+            for protection in protections { try tx.deleteMeta(StoreMeta.ticket(service: service, protection: protection)) }
+        }
+    }
+
     func drainCommandCount() -> Int { defer { tpmCommands = 0 }; return tpmCommands }
     func dropCaches() {
         unsealed.removeAll(); agreed.removeAll(); writers.removeAll(); token?.forgetOpened()

@@ -95,6 +95,13 @@ public struct Keychain: Sendable {
         try await backing.clear(storage)
     }
 
+    /// Ends the authValidity window of this storage's items: the next read of one behind an access
+    /// control asks the user again, in this process and in every other (the key this process keeps
+    /// for the window is forgotten, the TPM tickets the store keeps for it deleted). Never prompts.
+    public func endAuthenticationWindow() async throws(KeychainError) {
+        try await backing.endWindows(in: storage)
+    }
+
     /// The keys of this storage's items, sorted; never prompts and never touches the TPM.
     public func getAllKeys() async throws(KeychainError) -> [String] {
         try await backing.allKeys(in: storage)

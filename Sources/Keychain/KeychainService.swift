@@ -128,6 +128,7 @@ package protocol KeychainService: Sendable {
     /// A read answered at once, on the caller's thread, when it needs no TPM, prompt or write (an item
     /// whose key was opened before); nil when it takes `getItem`. Never waits for a TPM command.
     func warmItem(_ key: String, in storage: StorageRef) -> WarmRead?
+    func endWindows(in storage: StorageRef) async throws(KeychainError)
 
     func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError)
     func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool
@@ -274,6 +275,10 @@ package struct LocalService: KeychainService {
     }
 
     // MARK: The device
+
+    package func endWindows(in storage: StorageRef) async throws(KeychainError) {
+        try await checked().endWindows(service: storage.storeName)
+    }
 
     private func readerDirectory() throws(KeychainError) -> String {
         guard let dir = configuration.readerDirectory else {

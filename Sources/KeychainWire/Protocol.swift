@@ -5,7 +5,7 @@
 /// A request's kind: one keychain call.
 public enum WireOp: UInt8, CaseIterable, Sendable {
     // A storage's calls: the options (service resolved by the client) travel with each.
-    case setItem = 1, getItem, hasItem, removeItem, clear, allKeys, itemInfo, storageCanUse
+    case setItem = 1, getItem, hasItem, removeItem, clear, allKeys, itemInfo, storageCanUse, endWindows
     // The device's.
     case enrollFinger = 20, removeFinger, deleteReader, enrolledFingers, biometryTypes, deviceCanUse,
          initialize, status, resetTokenPINTries, tokenStatus, unlock, lock, setPasscode, changePasscode,

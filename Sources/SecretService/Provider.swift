@@ -5,7 +5,8 @@ import Keychain
 /// (service `org.freedesktop.secrets/<name>`), an item a keychain item of it (docs/secret-service.md).
 ///
 /// Used from one thread, the bus's: calls are answered in order; keychain work is awaited there (a
-/// thread of its own, never Swift's shared pool), and prompts finish through `post`.
+/// thread of its own, never Swift's shared pool), except a prompt's read, which may wait for a person:
+/// it runs off the bus thread and finishes through `post`.
 public final class SecretServiceProvider: @unchecked Sendable {
     public static let busName = "org.freedesktop.secrets"
     static let base = "/org/freedesktop/secrets"
@@ -64,6 +65,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
         let storage: Keychain?
         var items: [String: ItemEntry] = [:]
         var locked: Bool
+        /// Counts `Lock` calls: a prompt that was answered after a `Lock` opens nothing.
+        var locks = 0
 
         init(record: CollectionRecord, storage: Keychain?) {
             name = record.name
@@ -253,14 +256,14 @@ public final class SecretServiceProvider: @unchecked Sendable {
         case (Self.propertiesInterface, "Get"):
             let (name, property) = (a[0].string!, a[1].string!)
             guard name.isEmpty || name == own else { throw .unknownProperty("\(call.path) has no interface \(name)") }
-            guard let value = try properties(of: object).first(where: { $0.0 == property })?.1 else {
+            guard let value = self.property(property, of: object) else {
                 throw .unknownProperty("\(own) has no property \(property)")
             }
             return .init([.variant(value)])
         case (Self.propertiesInterface, "GetAll"):
             let name = a[0].string!
             guard name.isEmpty || name == own else { return .init([.properties([])]) }
-            return .init([.properties(try properties(of: object))])
+            return .init([.properties(properties(Self.propertyNames(of: object), of: object))])
         case (Self.propertiesInterface, "Set"):
             let (name, property) = (a[0].string!, a[1].string!)
             guard name.isEmpty || name == own else { throw .unknownProperty("\(call.path) has no interface \(name)") }
@@ -327,6 +330,11 @@ public final class SecretServiceProvider: @unchecked Sendable {
             var done: [String] = []
             for path in a[0].pathList! {
                 guard let collection = try? owningCollection(path) else { continue }
+                collection.locks += 1
+                // The keychain's window ends too: its next read asks, in this process and any other.
+                if collection.record.accessControl != .none, let storage = collection.storage {
+                    try Self.blocking { try await storage.endAuthenticationWindow() }
+                }
                 if !collection.locked {
                     collection.locked = true
                     changed(collection, properties: ["Locked"])
@@ -611,32 +619,63 @@ public final class SecretServiceProvider: @unchecked Sendable {
             return .init([])
         case "Prompt":
             prompts[path] = nil
-            // Completed follows Prompt's reply, as the spec orders them.
-            post { [self] in answer(prompt, path) }
+            // Completed follows Prompt's reply, as the spec orders them: it is emitted from the bus
+            // thread after this call returns.
+            ask(prompt, path)
             return .init([])
         default:
             throw .unknownMethod("No method \(call.member) on a prompt")
         }
     }
 
-    /// Asks through the keychain's authenticator: one read of a locked collection's item opens its window.
-    func answer(_ prompt: Prompt, _ path: String) {
+    /// What a prompt's read found for one collection: nothing to read (no item yet), the item's
+    /// stored value, or a refusal (a wrong or canceled answer, a window that passed).
+    enum PromptRead: Sendable { case empty, opened(String, SecureBytes), refused }
+
+    /// Asks through the keychain's authenticator, off the bus thread (other callers are served while
+    /// the person answers): one read of an item of each locked collection opens its window.
+    func ask(_ prompt: Prompt, _ path: String) {
+        let reads = prompt.collections.compactMap { name -> (String, Keychain?, String?, Int)? in
+            guard let collection = collections[name] else { return nil }
+            return (name, collection.storage, collection.items.keys.sorted().first, collection.locks)
+        }
+        Task.detached { [self] in
+            var found: [(String, PromptRead, Int)] = []
+            for (name, storage, id, locks) in reads {
+                guard let storage, let id else {
+                    found.append((name, .empty, locks))
+                    continue
+                }
+                let stored = try? await storage.getSecureBytes(id)
+                found.append((name, stored.map { .opened(id, $0) } ?? .refused, locks))
+            }
+            post { [self, found] in answered(path, found) }
+        }
+    }
+
+    /// A prompt's reads are done (bus thread): the collections they opened are unlocked, unless a
+    /// `Lock` came in the meantime, and `Completed` says which.
+    func answered(_ path: String, _ found: [(String, PromptRead, Int)]) {
         var opened: [String] = []
-        for name in prompt.collections {
-            guard let collection = collections[name] else { continue }
-            guard let id = collection.items.keys.sorted().first else {
+        for (name, read, locks) in found {
+            guard let collection = collections[name], collection.locks == locks else { continue }
+            switch read {
+            case .empty:
                 // No item to read: nothing to protect yet, and the next write needs no secret.
                 collection.locked = false
-                opened.append(collection.path)
+            case .opened(let id, let stored):
+                collection.locked = false
+                if let item = SealedItem(decoding: stored), collection.items[id] != nil {
+                    collection.items[id]?.label = item.label
+                    collection.items[id]?.contentType = item.contentType
+                    collection.items[id]?.attributes = item.attributes
+                }
+            case .refused:
+                collection.locked = true
                 continue
             }
-            collection.locked = false
-            if (try? open(collection, id)) != nil {
-                opened.append(collection.path)
-                changed(collection, properties: ["Locked"])
-            } else {
-                collection.locked = true
-            }
+            opened.append(collection.path)
+            changed(collection, properties: ["Locked"])
         }
         let dismissed = opened.isEmpty
         emit(.init(path: path, interface: Self.promptInterface, member: "Completed", arguments: [.bool(dismissed), .variant(.paths(opened))]))
@@ -644,23 +683,53 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     // MARK: - Properties
 
-    func properties(of object: Object) throws(DBusError) -> [(String, DBusValue)] {
+    /// An object's properties, in `GetAll`'s order.
+    static func propertyNames(of object: Object) -> [String] {
+        switch object {
+        case .service: ["Collections"]
+        case .collection: ["Items", "Label", "Locked", "Created", "Modified"]
+        case .item: ["Locked", "Attributes", "Label", "Type", "Created", "Modified"]
+        case .session, .prompt, .node: []
+        }
+    }
+
+    /// One property, computed alone: only an item's label, attributes and type may need a read of the
+    /// item (once, while its collection is unlocked); nil when the object has no such property.
+    func property(_ name: String, of object: Object) -> DBusValue? {
         switch object {
         case .service:
-            return [("Collections", .paths(collections.values.map(\.path).sorted()))]
+            return name == "Collections" ? .paths(collections.values.map(\.path).sorted()) : nil
         case .collection(let collection):
-            return [("Items", .paths(collection.items.keys.sorted().map { collection.path + "/" + $0 })),
-                    ("Label", .string(collection.record.label)), ("Locked", .bool(collection.locked)),
-                    ("Created", .uint64(collection.record.created)), ("Modified", .uint64(collection.modified))]
+            switch name {
+            case "Items": return .paths(collection.items.keys.sorted().map { collection.path + "/" + $0 })
+            case "Label": return .string(collection.record.label)
+            case "Locked": return .bool(collection.locked)
+            case "Created": return .uint64(collection.record.created)
+            case "Modified": return .uint64(collection.modified)
+            default: return nil
+            }
         case .item(let collection, let id):
-            var entry = collection.items[id]!
-            if entry.attributes == nil, !collection.locked, (try? open(collection, id)) != nil { entry = collection.items[id]! }
-            return [("Locked", .bool(collection.locked)), ("Attributes", .stringMap(entry.attributes ?? [:])),
-                    ("Label", .string(entry.label ?? "")), ("Type", .string(entry.contentType ?? "")),
-                    ("Created", .uint64(entry.created)), ("Modified", .uint64(entry.modified))]
+            guard var entry = collection.items[id] else { return nil }
+            switch name {
+            case "Locked": return .bool(collection.locked)
+            case "Created": return .uint64(entry.created)
+            case "Modified": return .uint64(entry.modified)
+            case "Attributes", "Label", "Type":
+                if entry.attributes == nil, !collection.locked, (try? open(collection, id)) != nil, let read = collection.items[id] {
+                    entry = read
+                }
+                return name == "Attributes" ? .stringMap(entry.attributes ?? [:])
+                    : .string((name == "Label" ? entry.label : entry.contentType) ?? "")
+            default: return nil
+            }
         case .session, .prompt, .node:
-            return []
+            return nil
         }
+    }
+
+    /// The named properties of `object` (all of them for `GetAll`).
+    func properties(_ names: [String], of object: Object) -> [(String, DBusValue)] {
+        names.compactMap { name in property(name, of: object).map { (name, $0) } }
     }
 
     func setProperty(_ name: String, _ value: DBusValue, on object: Object) throws(DBusError) {
@@ -705,8 +774,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     func propertiesChanged(_ path: String, _ interface: String, _ names: [String]) {
-        guard let object = try? resolve(path), let all = try? properties(of: object) else { return }
-        let changed = all.filter { names.contains($0.0) }
+        guard let object = try? resolve(path) else { return }
+        let changed = properties(names, of: object)
         emit(.init(path: path, interface: Self.propertiesInterface, member: "PropertiesChanged",
                    arguments: [.string(interface), .properties(changed), .array(element: "s", [])]))
     }

@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import Keychain
 import SecretService
+import Synchronization
 
 /// keychain-secret-service: the freedesktop Secret Service (org.freedesktop.secrets) on the caller's
 /// session bus, its collections stored in the keychain (docs/secret-service.md).
@@ -11,7 +12,8 @@ let usage = """
       --tcti CONF    the TPM for --store (device:/dev/tpmrm0, swtpm:host=…,port=…)
       --socket PATH  the user's items through keychaind at PATH
       --prompter scripted:FILE   answer Unlock's prompts from FILE, one answer a line, in order:
-                     passcode:PIN, finger:NAME, cancel, fallback (tests and appliances)
+                     passcode:PIN, finger:NAME, cancel, fallback (tests and appliances);
+                     a line delay:SECONDS makes the next answer come that much later
       --replace      take org.freedesktop.secrets from the provider that owns it
     Without --store or --socket: the environment's keychain (KEYCHAIN_SOCKET, KEYCHAIN_STORE, KEYCHAIN_TCTI).
 
@@ -48,23 +50,51 @@ while let argument = arguments.popFirst() {
 if socket != nil, store != nil || tcti != nil { fail("--socket and --store/--tcti are two different keychains: give one\n\(usage)", code: 2) }
 if tcti != nil, store == nil { fail("--tcti goes with --store\n\(usage)", code: 2) }
 
+/// Scripted answers, each after its delay (a person taking their time, for tests).
+final class PacedAuthenticator: Authenticator {
+    let answers: ScriptedAuthenticator
+    let delays: Mutex<[Duration]>
+
+    init(answers: ScriptedAuthenticator, delays: [Duration]) {
+        self.answers = answers
+        self.delays = Mutex(delays)
+    }
+
+    func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer {
+        let delay = delays.withLock { $0.isEmpty ? .zero : $0.removeFirst() }
+        if delay > .zero { try? await Task.sleep(for: delay) }
+        return await answers.authenticate(request)
+    }
+    var attemptsPerRead: Int { answers.attemptsPerRead }
+}
+
 /// The answers of `--prompter scripted:FILE`; the file is read once, at start.
-func scriptedAnswers(_ spec: String) -> ScriptedAuthenticator {
+func scriptedAnswers(_ spec: String) -> PacedAuthenticator {
     guard spec.hasPrefix("scripted:") else { fail("--prompter takes scripted:FILE, got '\(spec)'", code: 2) }
     let path = String(spec.dropFirst("scripted:".count))
     guard let data = FileManager.default.contents(atPath: path) else { fail("--prompter: cannot read \(path)", code: 2) }
     var answers: [AuthenticationAnswer] = []
+    var delays: [Duration] = []
+    var delay = Duration.zero
     for line in data.split(separator: UInt8(ascii: "\n")) where !line.isEmpty {
         let text = line.starts(with: Array("passcode:".utf8)) ? "passcode:" : String(decoding: line, as: UTF8.self)
         switch text {
         case "passcode:": answers.append(.passcode(SecureBytes(copying: line.dropFirst("passcode:".utf8.count))))
+        case let pause where pause.hasPrefix("delay:"):
+            guard let seconds = Double(pause.dropFirst("delay:".count)), seconds >= 0, seconds <= 3600 else {
+                fail("--prompter: \(path) has a delay that is not 0 to 3600 seconds", code: 2)
+            }
+            delay = .milliseconds(Int(seconds * 1000))
+            continue
         case "cancel": answers.append(.cancel)
         case "fallback": answers.append(.fallback)
         case let finger where finger.hasPrefix("finger:"): answers.append(.finger(String(finger.dropFirst("finger:".count))))
-        default: fail("--prompter: \(path) has a line that is not passcode:PIN, finger:NAME, cancel or fallback", code: 2)
+        default: fail("--prompter: \(path) has a line that is not passcode:PIN, finger:NAME, cancel, fallback or delay:SECONDS", code: 2)
         }
+        delays.append(delay)
+        delay = .zero
     }
-    return ScriptedAuthenticator(answers)
+    return PacedAuthenticator(answers: ScriptedAuthenticator(answers), delays: delays)
 }
 let authenticator = prompter.map(scriptedAnswers)
 

@@ -24,6 +24,7 @@ final class RecordingService: KeychainService, @unchecked Sendable {
     func setItem(_ key: String, _ value: SecureBytes, options: SetItemOptions?, in storage: StorageRef) async throws(KeychainError) {
         try record("setItem", storage, key: key)
     }
+    func endWindows(in storage: StorageRef) async throws(KeychainError) { try record("endWindows", storage) }
     func getItem(_ key: String, options: GetItemOptions?, in storage: StorageRef,
                  authenticator: (any Authenticator)?) async throws(KeychainError) -> SecureBytes? {
         try record("getItem", storage, key: key)

@@ -206,4 +206,41 @@ import Testing
         #expect(out == "ok\n")
         #expect(Date().timeIntervalSince(start) < 20, "warm reads waited for the stopped TPM")
     }
+
+    @Test func propertiesGetComputesOnlyThePropertyAsked() throws {
+        #expect(try bus.run(PrivateBus.secretTool, ["store", "--label=one-property", "get", "1"], input: Array("value".utf8)).status == 0)
+        // A provider started again knows the item's hashes and dates, not its label: reading that needs the TPM.
+        for pid in bus.providerPIDs() { kill(pid, SIGTERM) }
+        for _ in 0..<1000 where !bus.providerPIDs().isEmpty { usleep(10_000) }
+        let item = try bus.python(Self.prelude + """
+            [found], [] = call(BASE, SVC, 'SearchItems', 'a{ss}', ({'get': '1'},))
+            print(found)
+            """).trimmingCharacters(in: .whitespacesAndNewlines)
+        let swtpm = bus.tpm.processIdentifier
+        try #require(swtpm > 0)
+        // With the TPM stopped, a property that needs no read answers at once (one that did would wait
+        // for the keychain's 30 s TPM timeout, past the call's 10 s).
+        kill(swtpm, SIGSTOP)
+        var stopped = true
+        defer { if stopped { kill(swtpm, SIGCONT) } }
+        let out = try bus.python(Self.prelude + """
+            import sys, time
+            start = time.monotonic()
+            for name in ['Locked', 'Created', 'Modified']:
+                msg = new_method_call(DBusAddress(sys.argv[1], 'org.freedesktop.secrets', 'org.freedesktop.DBus.Properties'),
+                                      'Get', 'ss', (ITEM, name))
+                reply = conn.send_and_get_reply(msg, timeout=10)
+                assert reply.header.message_type != MessageType.error, (name, reply.body)
+            assert time.monotonic() - start < 10
+            print('ok')
+            """, [item])
+        #expect(out == "ok\n")
+        kill(swtpm, SIGCONT)
+        stopped = false
+        let label = try bus.python(Self.prelude + """
+            import sys
+            print(call(sys.argv[1], 'org.freedesktop.DBus.Properties', 'Get', 'ss', (ITEM, 'Label'))[0][1])
+            """, [item])
+        #expect(label == "one-property\n")
+    }
 }

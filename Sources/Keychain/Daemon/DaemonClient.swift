@@ -218,6 +218,8 @@ extension DaemonClient: KeychainService {
         try await call(.storageCanUse, storage) { $0.add(WireTag.accessControl, value.rawValue) }.result(AccessControlCheck.self)
     }
 
+    func endWindows(in storage: StorageRef) async throws(KeychainError) { _ = try await call(.endWindows, storage) }
+
     func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) {
         _ = try await call(.enrollFinger) { $0.add(WireTag.finger, name); $0.add(WireTag.passcode, passcode?.wireBytes) }
     }

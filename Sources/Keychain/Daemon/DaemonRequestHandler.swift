@@ -112,6 +112,7 @@ package struct DaemonRequestHandler: Sendable {
             if let info = try await service.itemInfo(key, in: storage) { reply.add(WireTag.resultJSON, WireJSON.encode(info)) }
         case .storageCanUse:
             reply.add(WireTag.resultJSON, WireJSON.encode(try await service.canUseAccessControl(try accessControl(request), in: storage)))
+        case .endWindows: try await service.endWindows(in: storage)
         default: throw KeychainError(.internal, "not a storage call: \(op)")
         }
         return reply
