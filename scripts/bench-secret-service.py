@@ -5,7 +5,7 @@ Prints one JSON object: the median milliseconds of each measure. With --freeze P
 (the provider's TPM) is stopped with SIGSTOP during the warm measures: a TPM command there would hang.
 """
 import json, os, signal, statistics, subprocess, sys, time
-import secretstorage, keyring
+import secretstorage, secretstorage.util, keyring
 from keyring.backends import SecretService
 
 def median_ms(samples):
@@ -52,6 +52,24 @@ try:
     result['secretstorage search_items, %d results' % n_items] = median_ms(timed(lambda: list(coll.search_items({'bench': tag})), 5))
     assert keyring.get_password('bench-service', 'alice') == 'kr-value'
     result['keyring.get_password'] = median_ms(timed(lambda: keyring.get_password('bench-service', 'alice'), 30))
+    # The same call step by step (what keyring's SecretService backend does), to see where its time goes.
+    steps = {}
+    def step(name, fn):
+        t = time.perf_counter(); value = fn(); steps.setdefault(name, []).append(time.perf_counter() - t)
+        return value
+    for _ in range(30):
+        bus = step('connect (auth, Hello)', secretstorage.dbus_init)
+        collection = step('default collection (Get Label)', lambda: secretstorage.get_default_collection(bus))
+        step('collection Get Locked', collection.is_locked)
+        [found] = step('SearchItems + Item (Get Label)', lambda: list(collection.search_items({'username': 'alice', 'service': 'bench-service'})))
+        step('Unlock of the item', found.unlock)
+        step('item Get Locked', found.is_locked)
+        session = step('OpenSession (DH)', lambda: secretstorage.util.open_session(bus))
+        found.session = session
+        assert step('GetSecret + AES', found.get_secret) == b'kr-value'
+        step('close', bus.close)
+    for name, samples in steps.items():
+        result['keyring step: ' + name] = median_ms(samples)
     def lookup():
         out = subprocess.run(['secret-tool', 'lookup', 'bench-lookup', '1'], capture_output=True, check=True).stdout
         assert out == b'lookup-value', out
