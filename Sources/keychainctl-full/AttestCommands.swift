@@ -49,12 +49,15 @@ extension Commands {
                                                                         limit: AttestationChallenge.maxLength, what: "the challenge"))
             document(try await device.answer(challenge).json())
         case "verify":
-            let answer = try AttestationAnswer(json: try readFile(try operands(1, "ANSWER --state FILE [--ek-ca CA.pem]")[0],
+            let answer = try AttestationAnswer(json: try readFile(try operands(1, "ANSWER --state FILE [--ek-ca CA.pem] [--expect-boot-state VERIFIED]")[0],
                                                                   limit: AttestationAnswer.maxLength, what: "the answer"))
             let statePath = try stateFlag()
             let state = try AttestationState(json: try readFile(statePath, limit: AttestationState.maxLength, what: "the challenge's state"))
             let ekCA = try inv.flags["--ek-ca"].map { (path: String) throws(KeychainError) in [UInt8](try readFile(path, limit: 1 << 20, what: "the EK CA file")) }
-            let verified = try AttestationServer.verify(answer, state: state, ekCA: ekCA)
+            let expected = try inv.flags["--expect-boot-state"].map { (path: String) throws(KeychainError) in
+                try VerifiedIdentity(json: try readFile(path, limit: VerifiedIdentity.maxLength, what: "the expected boot state (a verified identity)")).bootState
+            }
+            let verified = try AttestationServer.verify(answer, state: state, ekCA: ekCA, expectedBootState: expected)
             // One answer per challenge: the state goes once it served.
             unlink(statePath)
             document(verified.json())

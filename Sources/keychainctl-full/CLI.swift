@@ -122,8 +122,10 @@ let usage = """
       attest challenge REQUEST --state FILE   (server, no TPM) a credential for that EK and AK and a nonce (JSON on
                                    stdout); the credential and nonce kept in FILE (made new, 0600)
       attest respond CHALLENGE     (device) ActivateCredential, a Quote of the PCRs and a Certify of the SRK (JSON)
-      attest verify ANSWER --state FILE [--ek-ca CA.pem]   (server, no TPM) the verified identity (JSON) or
-                                   AUTHENTICATION_FAILED naming the check; FILE is removed once it verified
+      attest verify ANSWER --state FILE [--ek-ca CA.pem] [--expect-boot-state VERIFIED]   (server, no TPM) the
+                                   verified identity (JSON) or AUTHENTICATION_FAILED naming the check; with
+                                   --expect-boot-state, the PCR values must be those of that verified identity;
+                                   FILE is removed once it verified
       import BUNDLE [--passcode-stdin]   TPM2_Import of a bundle sealed to this device; the item becomes an
                                    ordinary item of its service (the caller's, through keychaind), or the
                                    systemd credential it was sealed as; never an older --version than installed

@@ -136,6 +136,36 @@ struct AttestationTests: TwoDeviceTest {
         #expect(FileManager.default.fileExists(atPath: s2), "a refused answer leaves the challenge open")
     }
 
+    /// A quote made in another boot state shows its PCR values and is refused against the expected one.
+    @Test func anAnswerFromAnotherBootStateIsRefusedAgainstTheExpectedOne() throws {
+        let b = try Device()
+        let dir = b.tpm.directory
+        let requestPath = try request(b)
+        let request = try AttestationRequest(json: Data(contentsOf: URL(fileURLWithPath: requestPath)))
+        let (c1, s1) = try challenge(requestPath, in: dir)
+        let good = try server(["verify", try write(try respond(b, c1).stdout, dir + "/good.json"), "--state", s1], in: dir)
+        let goodPath = try write(good.stdout, dir + "/good-boot.verified.json")
+        // The same boot: accepted against itself.
+        let (c2, s2) = try challenge(requestPath, in: dir)
+        let same = try server(["verify", try write(try respond(b, c2).stdout, dir + "/same.json"), "--state", s2,
+                               "--expect-boot-state", goodPath], in: dir)
+        #expect(same.status == 0, "\(same.stderr)")
+        // Another boot: the first selected PCR extended.
+        let pcr = request.pcrs[0]
+        #expect(try run("/usr/bin/tpm2_pcrextend", ["\(pcr):sha256=" + String(repeating: "5a", count: 32)], environment: b.env).status == 0)
+        let (c3, s3) = try challenge(requestPath, in: dir)
+        let otherAnswer = try write(try respond(b, c3).stdout, dir + "/other.json")
+        let refused = try server(["verify", otherAnswer, "--state", s3, "--expect-boot-state", goodPath], in: dir)
+        let expected = try VerifiedIdentity(json: Data(contentsOf: URL(fileURLWithPath: goodPath))).bootState.values[String(pcr)]!
+        #expect(refused.status == 3 && refused.stderr.contains("another boot state: PCR \(pcr) is ") && refused.stderr.contains("(expected \(expected))"),
+                "\(refused.stderr)")
+        // Without an expectation it verifies, and the document shows the new values.
+        let shown = try server(["verify", otherAnswer, "--state", s3], in: dir)
+        #expect(shown.status == 0, "\(shown.stderr)")
+        let shownValue = try VerifiedIdentity(json: Data(shown.stdout)).bootState.values[String(pcr)]
+        #expect(shownValue != nil && shownValue != expected)
+    }
+
     /// Verifiers no one here wrote: tpm2_checkquote on the quote, tpm2_makecredential's challenge answered.
     @Test func theQuoteChecksWithTpm2ToolsAndTheirCredentialIsActivated() throws {
         let b = try Device()

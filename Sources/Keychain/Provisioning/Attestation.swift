@@ -208,9 +208,13 @@ public enum AttestationServer {
     }
 
     /// Verifies `answer` against the challenge whose `state` the server kept.
-    /// - Parameter ekCA: the TPM maker's CA (PEM); nil leaves the EK uncertified (said in the result).
+    /// - Parameters:
+    ///   - ekCA: the TPM maker's CA (PEM); nil leaves the EK uncertified (said in the result).
+    ///   - expectedBootState: the boot state the device must be in (an earlier verified identity's,
+    ///     from a known-good boot); nil reports the quoted values without judging them.
     /// - Throws: `AUTHENTICATION_FAILED` naming the first check that fails, `DATA_CORRUPTED` for a malformed answer.
-    public static func verify(_ answer: AttestationAnswer, state: AttestationState, ekCA: [UInt8]?) throws(KeychainError) -> VerifiedIdentity {
+    public static func verify(_ answer: AttestationAnswer, state: AttestationState, ekCA: [UInt8]?,
+                              expectedBootState: VerifiedIdentity.BootState? = nil) throws(KeychainError) -> VerifiedIdentity {
         let request = state.request
         let (ek, ak, srk) = try check(request)
         func refuse(_ why: String) -> KeychainError { KeychainError(.authenticationFailed, "The answer does not verify: \(why)") }
@@ -250,6 +254,15 @@ public enum AttestationServer {
             values += value
         }
         guard sha256(values) == quote.pcrDigest else { throw refuse("the PCR values are not the ones the TPM quoted") }
+        if let expected = expectedBootState {
+            guard expected.pcrs == quote.pcrs else { throw refuse("the quote covers PCRs \(quote.pcrs), the expected boot state \(expected.pcrs)") }
+            let changed = quote.pcrs.filter { answer.pcrValues[String($0)] != expected.values[String($0)] }
+            guard changed.isEmpty else {
+                throw refuse("the TPM is in another boot state: " + changed.map {
+                    "PCR \($0) is \(answer.pcrValues[String($0)] ?? "") (expected \(expected.values[String($0)] ?? "none"))"
+                }.joined(separator: "; "))
+            }
+        }
         guard certification.name == hexBytes(request.storageRootKey.name) else { throw refuse("the certified key is not the request's SRK") }
         let fixed: Bool
         do { fixed = try Attestation.isFixedToItsTPM(srk) } catch { throw refuse(error.description) }
