@@ -144,12 +144,7 @@ extension AttestationDocument {
     }
 
     /// The document as written: sorted keys, ISO 8601 dates.
-    public func json() -> Data {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
-        encoder.dateEncodingStrategy = .iso8601
-        return (try? encoder.encode(self)) ?? Data()
-    }
+    public func json() -> Data { ProvisioningJSON.document(self) }
 }
 
 /// Base64 of a field, or DATA_CORRUPTED naming it.

@@ -43,11 +43,7 @@ public struct ProvisioningBundle: Sendable, Hashable, Codable {
     public var nonce: String
     public var ciphertext: String
 
-    public func json() -> Data {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
-        return (try? encoder.encode(self)) ?? Data()
-    }
+    public func json() -> Data { ProvisioningJSON.document(self) }
 
     /// - Throws: `DATA_CORRUPTED` for a document that is not a bundle, `UNSUPPORTED` for a newer version.
     public init(json: Data) throws(KeychainError) {

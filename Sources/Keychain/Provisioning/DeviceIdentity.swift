@@ -98,12 +98,7 @@ extension DeviceIdentity {
     }
 
     /// The document as written: sorted keys, ISO 8601 dates.
-    public func json() -> Data {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
-        encoder.dateEncodingStrategy = .iso8601
-        return (try? encoder.encode(self)) ?? Data()
-    }
+    public func json() -> Data { ProvisioningJSON.document(self) }
 
     /// The TPM name of a marshalled TPM2B_PUBLIC with nameAlg SHA-256, hex; nil when it is not one.
     static func name(ofPublic bytes: [UInt8]) -> String? {
@@ -170,5 +165,16 @@ extension Engine {
                 throw keyring.diagnose(error, doing: "read the device identity")
             }
         }
+    }
+}
+
+/// How the provisioning documents (identity, bundle, attestation) are written: one JSON form, keys
+/// sorted and dates in ISO 8601, so the same document always has the same bytes.
+enum ProvisioningJSON {
+    static func document<T: Encodable>(_ value: T) -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
+        encoder.dateEncodingStrategy = .iso8601
+        return (try? encoder.encode(value)) ?? Data()
     }
 }
