@@ -57,13 +57,14 @@ struct SeedContractTests {
 
     // MARK: Item 1: the window is the item's
 
-    /// Written with a per-call authValidity of 60 by a storage without a window; read by a storage
+    /// Written with a per-call authValidity of 600 by a storage without a window; read by a storage
     /// without one: asked once, then not again, in this process or in a new one (a TPM ticket).
+    /// Ten minutes, so that the whole suite's load never ends the window between the reads.
     @Test(arguments: [AccessControl.biometryAny, .passcode])
     func aWindowGivenAtTheWriteIsHonouredByAReaderWithoutOne(control: AccessControl) async throws {
         let d = try await Device()
         let writer = try storage(d, control)
-        try await writer.setItem("k", "v", options: .init(authValidity: 60))
+        try await writer.setItem("k", "v", options: .init(authValidity: 600))
         let reader = try storage(d, control)
         d.answers.push(control == .passcode ? .passcode(bytes(Self.pin)) : .finger("thumb"))
         #expect(try await reader.getItem("k") == "v")
@@ -73,9 +74,9 @@ struct SeedContractTests {
         #expect(try await reader.getItem("k") == "v")
         #expect(d.answers.requests.count == 1, "a read inside the item's window asked again")
         let ticket = try #require(try storedTicket(d))
-        #expect(ticket.expires - (ticket.issued ?? 0) == 60_000, "the ticket's window is the item's")
-        #expect(try wrappingKey(d).protection.hasSuffix("/60"))
-        #expect(SealPolicy.decode(try wrappingKey(d).policy)?.authValidity == 60)
+        #expect(ticket.expires - (ticket.issued ?? 0) == 600_000, "the ticket's window is the item's")
+        #expect(try wrappingKey(d).protection.hasSuffix("/600"))
+        #expect(SealPolicy.decode(try wrappingKey(d).policy)?.authValidity == 600)
     }
 
     /// Written without a window: a reading storage of 300 s cannot widen it; every read asks.

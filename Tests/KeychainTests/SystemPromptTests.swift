@@ -22,7 +22,7 @@ struct SystemPromptTests {
 
     /// The first `ask.*` file that appears in `directory` (within 20 s).
     static func askFile(in directory: String) async throws -> String {
-        for _ in 0..<200 {
+        for _ in 0..<1200 {  // up to two minutes: the full suite's load delays the asking thread
             if let name = try FileManager.default.contentsOfDirectory(atPath: directory).first(where: { $0.hasPrefix("ask.") }) {
                 return directory + "/" + name
             }
@@ -81,7 +81,7 @@ struct SystemPromptTests {
         let d = try await device()
         let agents = try Self.agentsDirectory()
         var configuration = d.configuration
-        configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(60))
+        configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(300))
         let store = try createKeychain(.init(service: "agents", accessControl: .passcode,
                                              prompt: .init(title: "Unlock the test vault", cancel: "Use password")),
                                        configuration: configuration)
@@ -104,7 +104,7 @@ struct SystemPromptTests {
         let d = try await device()
         let agents = try Self.agentsDirectory()
         var configuration = d.configuration
-        configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(60))
+        configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(300))
         let store = try createKeychain(.init(service: "agents.bio", accessControl: .biometryAnyOrPasscode), configuration: configuration)
         try await store.setItem("k", "v")
         async let read = store.getItem("k")

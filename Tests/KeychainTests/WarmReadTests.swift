@@ -30,7 +30,7 @@ struct WarmReadTests {
         var configuration = tpm.configuration()
         // Long enough that the warm reads below end before it on a loaded machine: a warm read that
         // waited for the frozen TPM would end at it or after it (firstDone below), not before.
-        let deadline = Duration.seconds(20)
+        let deadline = Duration.seconds(90)
         configuration.tpmTimeout = deadline
         let warm = try createKeychain(.init(service: "warm"), configuration: configuration)
         let unlocked = try createKeychain(.init(service: "warm.unlocked", accessible: .whenUnlocked), configuration: configuration)
