@@ -36,6 +36,20 @@ trap 'fail "interrupted"; finish' INT TERM
 in_container() { container_exec pkg "$@"; }
 # `as_user NAME CMD…`: the command inside the container as NAME (its uid, gid and groups), as a login would.
 as_user() { local user=$1; shift; in_container setpriv --reuid="$user" --regid="$user" --init-groups -- env HOME=/home/"$user" "$@"; }
+# A DynamicUser=yes oneshot unit NAME.service given the credential ID from keychaind's credentials
+# socket, its ExecStart= the rest of the arguments run on the credential's file:
+# `credential_unit db db-password /usr/bin/cat` writes db.service and reloads the manager.
+credential_unit() {
+  local unit=$1 id=$2; shift 2
+  in_container sh -c "cat >/etc/systemd/system/$unit.service <<UNIT
+[Service]
+Type=oneshot
+DynamicUser=yes
+LoadCredential=$id:/run/keychain/credentials.sock
+ExecStart=$* \\\${CREDENTIALS_DIRECTORY}/$id
+UNIT
+systemctl daemon-reload"
+}
 
 if [ "$(id -u)" -ne 0 ]; then fail "needs root (debootstrap, systemd-nspawn, overlay mounts)"; finish; fi
 
@@ -114,14 +128,7 @@ out=$(printf x | as_user alice keychainctl credential set db.service db-password
   && pass "alice's credential set is refused: ACCESS_DENIED" || fail "credential set refuses a non-admin" "exit $rc: $out"
 out=$(as_user alice keychainctl credential get db.service db-password 2>&1); rc=$?
 [ $rc -ne 0 ] && ! grep -q Zq9w <<<"$out" && pass "alice's credential get is refused (exit $rc)" || fail "credential get refuses a non-admin" "$out"
-in_container sh -c 'for u in db other; do cat >/etc/systemd/system/$u.service <<UNIT
-[Service]
-Type=oneshot
-DynamicUser=yes
-LoadCredential=db-password:/run/keychain/credentials.sock
-ExecStart=/usr/bin/od -An -tx1 -v \${CREDENTIALS_DIRECTORY}/db-password
-UNIT
-done; systemctl daemon-reload'
+for unit in db other; do credential_unit $unit db-password /usr/bin/od -An -tx1 -v; done
 out=$(in_container systemctl start db.service 2>&1); rc=$?
 got=$(in_container journalctl -u db.service -o cat --no-pager | grep -E '^ *[0-9a-f]{2}( [0-9a-f]{2})*$' | tr -d ' \n')
 want=$(od -An -tx1 -v "$(container_dir pkg)/root/root/db-password.bin" | tr -d ' \n')
@@ -136,14 +143,7 @@ log=$(in_container journalctl -u keychaind.service -o cat --no-pager | grep 'uni
 # whenUnlocked on a locked device: the unit must not start, and the journal says why.
 out=$(in_container sh -c 'printf "24680\n" | keychainctl passcode set && printf api-token | keychainctl credential set api.service token --accessible whenUnlocked && keychainctl lock' 2>&1) \
   || fail "passcode set, a whenUnlocked credential, lock" "$out"
-in_container sh -c 'cat >/etc/systemd/system/api.service <<UNIT
-[Service]
-Type=oneshot
-DynamicUser=yes
-LoadCredential=token:/run/keychain/credentials.sock
-ExecStart=/usr/bin/cat \${CREDENTIALS_DIRECTORY}/token
-UNIT
-systemctl daemon-reload'
+credential_unit api token /usr/bin/cat
 out=$(in_container systemctl start api.service 2>&1); rc=$?
 log=$(in_container journalctl -u keychaind.service -o cat --no-pager | grep 'unit api.service')
 [ $rc -ne 0 ] && grep -q "INTERACTION_NOT_ALLOWED" <<<"$log" && ! grep -q api-token <<<"$log" \
@@ -170,14 +170,7 @@ out=$(as_user alice keychainctl import /tmp/bundled.bundle 2>&1); rc=$?
 out=$(in_container keychainctl import /tmp/bundled.bundle 2>&1)
 grep -q "imported: systemd credential api-key of bundled.service" <<<"$out" && pass "root imports it through keychaind: $out" \
   || fail "root imports a credential bundle through keychaind" "$out"
-in_container sh -c 'cat >/etc/systemd/system/bundled.service <<UNIT
-[Service]
-Type=oneshot
-DynamicUser=yes
-LoadCredential=api-key:/run/keychain/credentials.sock
-ExecStart=/usr/bin/od -An -tx1 -v \${CREDENTIALS_DIRECTORY}/api-key
-UNIT
-systemctl daemon-reload'
+credential_unit bundled api-key /usr/bin/od -An -tx1 -v
 out=$(in_container systemctl start bundled.service 2>&1); rc=$?
 got=$(in_container journalctl -u bundled.service -o cat --no-pager | grep -E '^ *[0-9a-f]{2}( [0-9a-f]{2})*$' | tr -d ' \n')
 want=$(od -An -tx1 -v "$(container_dir pkg)/root/root/bundled.bin" | tr -d ' \n')
@@ -204,14 +197,7 @@ direct() { in_container setpriv --reuid=keychaind --regid=keychaind --init-group
   keychainctl --direct --store /var/lib/keychain/store "$@"; }
 out=$(printf 'tdo-value' | in_container keychainctl credential set tdo.service token --accessible afterFirstUnlockThisDeviceOnly 2>&1) \
   || fail "credential set --accessible afterFirstUnlockThisDeviceOnly" "$out"
-in_container sh -c 'cat >/etc/systemd/system/tdo.service <<UNIT
-[Service]
-Type=oneshot
-DynamicUser=yes
-LoadCredential=token:/run/keychain/credentials.sock
-ExecStart=/usr/bin/cat \${CREDENTIALS_DIRECTORY}/token
-UNIT
-systemctl daemon-reload'
+credential_unit tdo token /usr/bin/cat
 out=$(in_container sh -c 'systemctl start tdo.service && journalctl -u tdo.service -o cat --no-pager | grep -x tdo-value' 2>&1) \
   && pass "tdo.service starts with its ThisDeviceOnly credential on the approved boot state" || fail "tdo.service starts on the approved boot state" "$out"
 other=$(printf 'ab%.0s' $(seq 32))

@@ -17,23 +17,9 @@ package typealias ChildResult = (status: Int32, stdout: [UInt8], stderr: String)
 /// fails its test instead of holding the whole run; its stderr then says so.
 package func runChild(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:],
                       deadline: Int = 120) throws -> ChildResult {
-    _ = ignoreBrokenPipesInTests
-    var env = ProcessInfo.processInfo.environment
-    env.merge(environment) { $1 }
     let stdin = Pipe(), stdout = Pipe(), stderr = Pipe()
-    guard let pid = Processes.spawn(path, [path] + args, environment: env,
-                                    stdin: stdin.fileHandleForReading.fileDescriptor,
-                                    stdout: stdout.fileHandleForWriting.fileDescriptor,
-                                    stderr: stderr.fileHandleForWriting.fileDescriptor) else {
-        throw SoftwareTPMError("cannot start \(path): errno \(errno)")
-    }
-    try stdin.fileHandleForReading.close()
-    try stdout.fileHandleForWriting.close()
-    try stderr.fileHandleForWriting.close()
-    let finished = Mutex(false)
-    DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(deadline)) {
-        finished.withLock { done in if !done { kill(pid, SIGKILL) } }
-    }
+    let child = try Child(path, [path] + args, environment: environment, deadline: deadline,
+                          stdin: stdin, stdout: stdout.fileHandleForWriting, stderr: stderr.fileHandleForWriting)
     let written = DispatchSemaphore(value: 0), errorRead = DispatchSemaphore(value: 0)
     let err = Mutex(Data())
     DispatchQueue.global().async {
@@ -47,12 +33,66 @@ package func runChild(_ path: String, _ args: [String], input: [UInt8] = [], env
         errorRead.signal()
     }
     let out = stdout.fileHandleForReading.readDataToEndOfFile()
-    let status = Processes.wait(pid)
-    let killed = finished.withLock { done in defer { done = true }; return status == -1 }
+    let (status, killed) = child.wait()
     written.wait()
     errorRead.wait()
     let said = String(decoding: err.withLock { $0 }, as: UTF8.self)
     return (status, Array(out), said + (killed ? "\n[killed: a signal ended it, or it ran past \(deadline) s]" : ""))
+}
+
+/// Runs a program with stdout and stderr on one pipe, as a terminal shows both, and types `typed`
+/// on its stdin only once that output has shown `prompt`, as a person would; returns its exit status
+/// and everything it showed (what follows the prompt is then what the program let the terminal
+/// echo). Killed after `deadline` seconds like `runChild`'s children.
+package func runChild(_ path: String, _ args: [String], typing typed: [UInt8], after prompt: String,
+                      environment: [String: String] = [:], deadline: Int = 120) throws -> (status: Int32, shown: String) {
+    let stdin = Pipe(), output = Pipe()
+    let child = try Child(path, [path] + args, environment: environment, deadline: deadline,
+                          stdin: stdin, stdout: output.fileHandleForWriting, stderr: output.fileHandleForWriting)
+    var shown = Data()
+    while !String(decoding: shown, as: UTF8.self).contains(prompt) {
+        let more = output.fileHandleForReading.availableData
+        if more.isEmpty { break }
+        shown += more
+    }
+    try? stdin.fileHandleForWriting.write(contentsOf: Data(typed))
+    shown += output.fileHandleForReading.readDataToEndOfFile()
+    try? stdin.fileHandleForWriting.close()
+    let (status, killed) = child.wait()
+    return (status, String(decoding: shown, as: UTF8.self) + (killed ? "\n[killed: a signal ended it, or it ran past \(deadline) s]" : ""))
+}
+
+/// A child of a test started through `Processes.spawn` (so it holds no descriptor of another test),
+/// with this process's environment merged with `environment`, stdin from `stdin`'s read end and the
+/// given write ends as stdout and stderr (the parent's copies closed), killed if it still runs after
+/// `deadline` seconds.
+private final class Child: Sendable {
+    let pid: pid_t
+    private let finished = Mutex(false)
+
+    init(_ path: String, _ argv: [String], environment: [String: String], deadline: Int,
+         stdin: Pipe, stdout: FileHandle, stderr: FileHandle) throws {
+        _ = ignoreBrokenPipesInTests
+        var env = ProcessInfo.processInfo.environment
+        env.merge(environment) { $1 }
+        guard let pid = Processes.spawn(path, argv, environment: env, stdin: stdin.fileHandleForReading.fileDescriptor,
+                                        stdout: stdout.fileDescriptor, stderr: stderr.fileDescriptor) else {
+            throw SoftwareTPMError("cannot start \(path): errno \(errno)")
+        }
+        self.pid = pid
+        try stdin.fileHandleForReading.close()
+        try stdout.close()
+        if stderr !== stdout { try stderr.close() }
+        DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(deadline)) { [self] in
+            finished.withLock { done in if !done { kill(pid, SIGKILL) } }
+        }
+    }
+
+    /// Its exit status (-1 when a signal ended it) and whether the deadline or a signal ended it.
+    func wait() -> (status: Int32, killed: Bool) {
+        let status = Processes.wait(pid)
+        return (status, finished.withLock { done in defer { done = true }; return status == -1 })
+    }
 }
 
 /// SIGPIPE ignored in the test process, once (children still start with the default).

@@ -133,30 +133,9 @@ struct DaemonResourceTests {
         #expect(log().contains("--max-connections lowered from 4096 to 136 (34 per uid)"), "\(log())")
 
         // nobody opens as many connections as there are descriptors and holds them.
-        let script = """
-            import select, socket, sys
-            socks = []
-            for i in range(200):
-                s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); socks.append(s)
-            pending, closed = set(socks), 0
-            while True:
-                ready, _, _ = select.select(list(pending), [], [], 3)
-                if not ready: break
-                for s in ready:
-                    if s.recv(1) == b'': closed += 1; pending.discard(s)
-            print(len(socks) - closed, flush=True)
-            sys.stdin.read()
-            """
-        let hold = Pipe(), out = Pipe()
-        let python = Process()
-        python.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
-        python.arguments = ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script, daemon.socket]
-        python.standardInput = hold
-        python.standardOutput = out
-        try python.run()
-        defer { try? hold.fileHandleForWriting.close(); python.waitUntilExit() }
-        let held = Int(String(decoding: out.fileHandleForReading.availableData, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
-        #expect(held == 34, "nobody holds \(held.map(String.init) ?? "?") connections")
+        let nobody = try IdleConnections(socket: daemon.socket, count: 200, uid: 65534)
+        defer { nobody.release() }
+        #expect(nobody.held == 34, "nobody holds \(nobody.held.map(String.init) ?? "?") connections")
         // Root is served meanwhile (bounded: before, its connection waited in the backlog).
         let set = try run("/usr/bin/timeout", ["20", Self.keychainctl, "set", "svc", "k"], input: Array("v".utf8), environment: daemon.environment)
         #expect(set.status == 0, "root while nobody holds its connections: \(set.status) \(set.stderr)")

@@ -153,32 +153,9 @@ struct DaemonUserTests {
     @Test func oneUsersIdleConnectionsDoNotFillTheDaemon() throws {
         let tpm = try SoftwareTPM()
         let small = try KeychainDaemon(tpm: tpm, arguments: ["--max-connections", "40"])
-        let script = """
-            import select, socket, sys
-            socks = []
-            for i in range(40):
-                s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); socks.append(s)
-            # A connection the daemon refused reads EOF; one it serves stays silent. Wait for the
-            # refusals (at most 3 s without one), then count what is left.
-            pending, closed = set(socks), 0
-            while closed < 30:
-                ready, _, _ = select.select(list(pending), [], [], 3)
-                if not ready: break
-                for s in ready:
-                    if s.recv(1) == b'': closed += 1; pending.discard(s)
-            print(len(socks) - closed, flush=True)
-            sys.stdin.read()
-            """
-        let held = Pipe(), out = Pipe()
-        let python = Process()
-        python.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
-        python.arguments = ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups", "/usr/bin/python3", "-c", script, small.socket]
-        python.standardInput = held
-        python.standardOutput = out
-        try python.run()
-        defer { try? held.fileHandleForWriting.close(); python.waitUntilExit() }
-        let line = String(decoding: out.fileHandleForReading.availableData, as: UTF8.self)
-        #expect(line.hasPrefix("10"), "nobody holds \(line) connections")
+        let nobody = try IdleConnections(socket: small.socket, count: 40, uid: Self.nobody)
+        defer { nobody.release() }
+        #expect(nobody.held == 10, "nobody holds \(nobody.held.map(String.init) ?? "?") connections")
         let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
         let result = try run(keychainctl, ["set", "svc", "k"], input: Array("v".utf8), environment: small.environment)
         #expect(result.status == 0, "root refused while nobody's connections stay open: \(result.stderr)")

@@ -119,3 +119,44 @@ let rawWireClient = """
         return out
 
     """
+
+/// `count` connections to a daemon's socket opened by another uid (python3 through setpriv) and
+/// held open without a byte sent, as an idle client we did not write holds them, until `release()`.
+/// `held` is how many the daemon kept: a refused connection reads EOF, so the count is taken once
+/// no refusal came for 3 s.
+final class IdleConnections {
+    let held: Int?
+    private let process = Process()
+    private let stdin = Pipe()
+
+    init(socket: String, count: Int, uid: UInt32) throws {
+        let script = """
+            import select, socket, sys
+            socks = []
+            for i in range(\(count)):
+                s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); socks.append(s)
+            pending, closed = set(socks), 0
+            while pending:
+                ready, _, _ = select.select(list(pending), [], [], 3)
+                if not ready: break
+                for s in ready:
+                    if s.recv(1) == b'': closed += 1; pending.discard(s)
+            print(len(socks) - closed, flush=True)
+            sys.stdin.read()
+            """
+        let stdout = Pipe()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        process.arguments = ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", "/usr/bin/python3", "-c", script, socket]
+        process.standardInput = stdin
+        process.standardOutput = stdout
+        try process.run()
+        held = Int(String(decoding: stdout.fileHandleForReading.availableData, as: UTF8.self)
+            .trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    /// Closes every connection and waits for the holder to end.
+    func release() {
+        try? stdin.fileHandleForWriting.close()
+        process.waitUntilExit()
+    }
+}

@@ -2,7 +2,6 @@ import Foundation
 @testable import Keychain
 import KeychainTestSupport
 import SecureMemory
-import Synchronization
 import Testing
 
 /// The system's prompts (issue 21 item 1), answered by the real agents: systemd's ask-password
@@ -44,33 +43,8 @@ struct SystemPromptTests {
     /// would: what the pty shows after the prompt is then what the program let the terminal echo.
     static func typing(_ typed: String, after prompt: String, _ command: String,
                        environment: [String: String] = [:]) throws -> (status: Int32, shown: String) {
-        var env = ProcessInfo.processInfo.environment
-        env.merge(environment) { $1 }
-        let stdin = Pipe(), stdout = Pipe()
-        guard let pid = Processes.spawn("/usr/bin/script", ["/usr/bin/script", "-qfec", command, "/dev/null"], environment: env,
-                                        stdin: stdin.fileHandleForReading.fileDescriptor,
-                                        stdout: stdout.fileHandleForWriting.fileDescriptor,
-                                        stderr: stdout.fileHandleForWriting.fileDescriptor) else {
-            throw SoftwareTPMError("cannot start script: errno \(errno)")
-        }
-        try stdin.fileHandleForReading.close()
-        try stdout.fileHandleForWriting.close()
-        let finished = Mutex(false)
-        DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(childDeadlineSeconds)) {
-            finished.withLock { done in if !done { kill(pid, SIGKILL) } }
-        }
-        var shown = Data()
-        while !String(decoding: shown, as: UTF8.self).contains(prompt) {
-            let more = stdout.fileHandleForReading.availableData
-            if more.isEmpty { break }
-            shown += more
-        }
-        try? stdin.fileHandleForWriting.write(contentsOf: Data(typed.utf8))
-        shown += stdout.fileHandleForReading.readDataToEndOfFile()
-        try? stdin.fileHandleForWriting.close()
-        let status = Processes.wait(pid)
-        finished.withLock { $0 = true }
-        return (status, String(decoding: shown, as: UTF8.self))
+        try runChild("/usr/bin/script", ["-qfec", command, "/dev/null"], typing: Array(typed.utf8), after: prompt,
+                     environment: environment, deadline: childDeadlineSeconds)
     }
 
     func device() async throws -> SimulatedDevice {
@@ -250,16 +224,8 @@ struct SystemPrompterTests {
             }
             pids.append(x)
             for _ in 0..<500 where !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\(number)") { usleep(10_000) }
-            try """
-                <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
-                 "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-                <busconfig>
-                  <type>session</type>
-                  <listen>\(address)</listen>
-                  <servicedir>\(directory)/services</servicedir>
-                  <policy context="default"><allow send_destination="*" eavesdrop="true"/><allow eavesdrop="true"/><allow own="*"/></policy>
-                </busconfig>
-                """.write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
+            try privateSessionBusConfiguration(listen: address, serviceDirectory: directory + "/services")
+                .write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
             try "[D-BUS Service]\nName=\(SystemPrompterAuthenticator.busName)\nExec=/usr/libexec/gcr-prompter\n"
                 .write(toFile: directory + "/services/\(SystemPrompterAuthenticator.busName).service", atomically: true, encoding: .utf8)
             var environment = ProcessInfo.processInfo.environment

@@ -51,12 +51,8 @@ final class TokenModuleStack: @unchecked Sendable {  // mutated only while it is
         let tpm = try SoftwareTPM()
         tokenTPM = tpm
         let bus = directory + "/bus"
-        try """
-            <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
-             "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-            <busconfig><type>session</type><listen>unix:path=\(bus)</listen><auth>EXTERNAL</auth>
-            <policy context="default"><allow send_destination="*"/><allow receive_sender="*"/><allow own="*"/></policy></busconfig>
-            """.write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
+        try privateSessionBusConfiguration(listen: "unix:path=" + bus)
+            .write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
         try start("/usr/bin/dbus-daemon", ["--nofork", "--config-file=" + directory + "/bus.conf"], environment: [:],
                   log: directory + "/dbus.log")
         try FileManager.default.createDirectory(atPath: directory + "/store", withIntermediateDirectories: true)

@@ -40,21 +40,8 @@ final class PrivateBus: @unchecked Sendable {
         try FileManager.default.createDirectory(atPath: directory + "/services", withIntermediateDirectories: true)
         let socket = directory + "/socket"
         address = "unix:path=" + socket
-        let config = """
-            <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
-             "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-            <busconfig>
-              <type>session</type>
-              <listen>\(address)</listen>
-              <servicedir>\(directory)/services</servicedir>
-              <policy context="default">
-                <allow send_destination="*" eavesdrop="true"/>
-                <allow eavesdrop="true"/>
-                <allow own="*"/>
-              </policy>
-              <limit name="max_message_size">67108864</limit>
-            </busconfig>
-            """
+        let config = privateSessionBusConfiguration(listen: address, serviceDirectory: directory + "/services",
+                                                    maxMessageSize: 67_108_864)
         try config.write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
         let arguments = providerArguments?(tpm.tcti, store) ?? ["--store", store, "--tcti", tpm.tcti]
         self.providerArguments = arguments
