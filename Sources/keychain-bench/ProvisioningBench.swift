@@ -16,7 +16,7 @@ func provisioningBench(items: Int, seals: Int, imports: Int) async throws -> Str
     for parent in Provisioning.Parent.allCases {
         let start = ContinuousClock.now
         for n in 0..<seals {
-            _ = try Provisioning.seal(value, service: "bench", key: "k\(n)", accessible: .whenUnlocked, for: identity, parent: parent)
+            _ = try Provisioning.seal(value, service: "bench", key: "k\(n)", accessible: .whenUnlocked, for: identity, parent: parent, unattestedSRK: parent == .storageRootKey)
         }
         let seconds = (ContinuousClock.now - start).seconds
         report += "| seal-for to the \(parent == .endorsementKey ? "EK (RSA-OAEP)" : "SRK (P-256 ECDH)"), one core | \(Int(Double(seals) / seconds)) bundles/s |\n"
@@ -28,7 +28,7 @@ func provisioningBench(items: Int, seals: Int, imports: Int) async throws -> Str
         var commands: [Int] = []
         for n in 0..<imports {
             let bundle = try Provisioning.seal(value, service: "import-\(parent.rawValue)", key: "k\(n)", accessible: .afterFirstUnlock,
-                                               for: identity, parent: parent)
+                                               for: identity, parent: parent, unattestedSRK: parent == .storageRootKey)
             _ = await b.takeTPMCommandCount()
             let start = ContinuousClock.now
             _ = try await b.importBundle(bundle)

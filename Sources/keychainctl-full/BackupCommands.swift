@@ -39,10 +39,11 @@ extension Commands {
             let identity = try DeviceIdentity(json: try readFile(sealedTo, limit: 1 << 20, what: "the identity"))
             let ekCA = try inv.flags["--ek-ca"].map { (path: String) throws(KeychainError) in [UInt8](try readFile(path, limit: 1 << 20, what: "the EK CA file")) }
             let parent = try inv.flags["--parent"].map { (t: String) throws(KeychainError) in try Provisioning.Parent(parsing: t) }
+            let unattestedSRK = inv.switches.contains("--unattested-srk")
             report = if let out {
-                try await device.backup(toFile: out, sealedTo: identity, parent: parent, ekCA: ekCA, service: service)
+                try await device.backup(toFile: out, sealedTo: identity, parent: parent, ekCA: ekCA, unattestedSRK: unattestedSRK, service: service)
             } else {
-                try await device.backup(to: 1, sealedTo: identity, parent: parent, ekCA: ekCA, service: service)
+                try await device.backup(to: 1, sealedTo: identity, parent: parent, ekCA: ekCA, unattestedSRK: unattestedSRK, service: service)
             }
         } else if let out {
             report = try await device.backup(toFile: out, passphrase: passphrase!, service: service, cost: cost)

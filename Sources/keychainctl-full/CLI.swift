@@ -112,9 +112,10 @@ let usage = """
       identity [--out FILE]        the device's identity document (JSON): EK public keys and certificates,
                                    SRK public area and name, the keychain's NV indices, the boot state
       seal-for IDENTITY SERVICE KEY [--accessible A] [--access-control none|passcode] [--label L] [--version N] [--ek-ca CA.pem]
-                                   [--parent ek|srk]  (no TPM needed) the value on stdin sealed to that device's TPM
-                                   (its EK, or its SRK when it has none): a provisioning bundle on stdout; --ek-ca
-                                   refuses a device whose EK certificate does not verify against CA.pem
+                                   [--parent ek|srk] [--unattested-srk]  (no TPM needed) the value on stdin sealed to that
+                                   device's TPM (its EK, or its SRK when it has none): a provisioning bundle on stdout; --ek-ca
+                                   refuses a device whose EK certificate does not verify against CA.pem; IDENTITY may be
+                                   a verified identity (attest verify), else an SRK bundle needs --unattested-srk
       seal-for IDENTITY --credential UNIT:ID [--accessible A] [--version N] …   the same, for a systemd credential:
                                    its import makes it UNIT's credential ID (docs/credentials.md)
       attest init                  (device) the attestation key: restricted signing, under the RSA EK, kept in the store

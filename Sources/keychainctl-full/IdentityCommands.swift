@@ -29,7 +29,8 @@ extension Commands {
         let args = credential == nil ? try arguments(3, "IDENTITY SERVICE KEY (the value on stdin)")
             : try arguments(1, "IDENTITY --credential UNIT:ID (the value on stdin)") + [credential!.unit, credential!.id]
         let ekCA = try inv.flags["--ek-ca"].map { (path: String) throws(KeychainError) in [UInt8](try readFile(path, limit: 1 << 20, what: "the EK CA file")) }
-        let identity = try DeviceIdentity(json: try readFile(args[0], limit: 1 << 20, what: "the identity"))
+        let identityFile = try readFile(args[0], limit: 1 << 20, what: "the identity")
+        let unattestedSRK = inv.switches.contains("--unattested-srk")
         let accessible = try inv.flags["--accessible"].map { (t: String) throws(KeychainError) in try Accessible(parsing: t) } ?? .afterFirstUnlock
         let control = try inv.flags["--access-control"].map { (t: String) throws(KeychainError) in try AccessControl(parsing: t) } ?? AccessControl.none
         var version: UInt64 = 0
@@ -38,13 +39,28 @@ extension Commands {
             version = n
         }
         if isatty(1) == 1 { throw KeychainError.invalidArgument("seal-for writes the bundle to stdout: redirect it (> BUNDLE)") }
-        let bundle = try Provisioning.seal(try readStdin(limit: Keychain.maxValueLength), service: args[1], key: args[2],
-                                           accessible: accessible, accessControl: control, label: inv.flags["--label"],
-                                           version: version, credential: credential != nil, for: identity,
-                                           parent: try inv.flags["--parent"].map { (t: String) throws(KeychainError) in try Provisioning.Parent(parsing: t) },
-                                           ekCA: ekCA)
+        let parent = try inv.flags["--parent"].map { (t: String) throws(KeychainError) in try Provisioning.Parent(parsing: t) }
+        let value = try readStdin(limit: Keychain.maxValueLength)
+        // A verified identity (attest verify) or a device's own identity document.
+        let bundle: ProvisioningBundle
+        if Self.documentFormat(identityFile) == VerifiedIdentity.formatName {
+            if unattestedSRK { throw UsageError(message: "--unattested-srk is for a device's own identity; this one is verified") }
+            bundle = try Provisioning.seal(value, service: args[1], key: args[2], accessible: accessible, accessControl: control,
+                                           label: inv.flags["--label"], version: version, credential: credential != nil,
+                                           for: try VerifiedIdentity(json: identityFile), parent: parent, ekCA: ekCA)
+        } else {
+            bundle = try Provisioning.seal(value, service: args[1], key: args[2], accessible: accessible, accessControl: control,
+                                           label: inv.flags["--label"], version: version, credential: credential != nil,
+                                           for: try DeviceIdentity(json: identityFile), parent: parent, ekCA: ekCA, unattestedSRK: unattestedSRK)
+        }
         (bundle.json() + Data("\n".utf8)).withUnsafeBytes { writeStdout($0) }
         return .ok
+    }
+
+    /// The `format` of a JSON document, nil for anything else.
+    static func documentFormat(_ json: Data) -> String? {
+        struct Format: Decodable { let format: String }
+        return try? JSONDecoder().decode(Format.self, from: json).format
     }
 
     func importBundle() async throws -> Exit {

@@ -85,6 +85,79 @@ struct AttestationTests: TwoDeviceTest {
         #expect(try server(["verify", answerPath, "--state", state], in: dir).status != 0)
     }
 
+    /// `attest challenge`, `respond` and `verify` on `d`: the verified identity's path.
+    func verifiedIdentity(_ d: Device) throws -> String {
+        let dir = d.tpm.directory
+        let (challengePath, state) = try challenge(try request(d), in: dir)
+        let answer = try respond(d, challengePath)
+        #expect(answer.status == 0, "\(String(decoding: answer.stdout, as: UTF8.self))")
+        let verified = try server(["verify", try write(answer.stdout, dir + "/answer-\(UUID().uuidString).json"), "--state", state,
+                                   "--ek-ca", try fleetCA(d)], in: dir)
+        #expect(verified.status == 0, "\(verified.stderr)")
+        return try write(verified.stdout, dir + "/verified-\(UUID().uuidString).json")
+    }
+
+    /// seal-for as the server runs it (no TPM, no store), the value on stdin.
+    func sealFor(_ identity: String, _ args: [String], _ value: String, in dir: String) throws -> Outcome {
+        let nowhere = dir + "/server-has-no-store"
+        let out = try run(ctl, ["--store", nowhere, "seal-for", identity] + args, input: Array(value.utf8),
+                          environment: ["KEYCHAIN_TCTI": "", "TPM2TCTI": "", "KEYCHAIN_READER": "none"])
+        #expect(!FileManager.default.fileExists(atPath: nowhere), "seal-for touched a store (or started a TPM)")
+        return out
+    }
+
+    /// seal-for with the identity `attest verify` wrote: an SRK bundle for the SRK the server proved
+    /// is in that EK's TPM, which imports there and nowhere else; a device's own identity needs
+    /// --unattested-srk for that, and the bundle says which it was.
+    @Test func aBundleSealedForTheVerifiedIdentityImportsOnThatDeviceOnly() throws {
+        let a = try Device(), b = try Device()
+        try IdentityTests.manufacture(a.tpm)
+        try IdentityTests.manufacture(b.tpm)
+        let dir = b.tpm.directory
+        let verifiedB = try verifiedIdentity(b)
+        for args in [["--parent", "srk"], ["--parent", "srk", "--accessible", "whenUnlockedThisDeviceOnly", "--access-control", "passcode"], []] {
+            let sealed = try sealFor(verifiedB, ["svc", "k\(args.count)"] + args, "for-b-\(args.count)", in: dir)
+            #expect(sealed.status == 0, "\(args): \(sealed.stderr)")
+            let bundle = try ProvisioningBundle(json: Data(sealed.stdout))
+            #expect(bundle.attested == true && bundle.parent == (args.isEmpty ? "ek-rsa2048" : "srk"), "\(args)")
+        }
+        let bundlePath = try write(try sealFor(verifiedB, ["svc", "key", "--parent", "srk"], "only-b", in: dir).stdout, dir + "/b.bundle")
+        let bundle = try ProvisioningBundle(json: Data(contentsOf: URL(fileURLWithPath: bundlePath)))
+        let requestB = try AttestationRequest(json: try Data(contentsOf: URL(fileURLWithPath: request(b))))
+        #expect(bundle.target == requestB.storageRootKey.name)
+
+        // The same bundle on another swtpm: refused by name, and with the name rewritten to A's SRK, by A's TPM.
+        let onA = try cli(a, ["--json", "import", bundlePath])
+        #expect(errorCode(onA) == "INVALID_ARGUMENT" && String(decoding: onA.stdout, as: UTF8.self).contains("another device's TPM"),
+                "\(String(decoding: onA.stdout, as: UTF8.self))")
+        var retargeted = bundle
+        retargeted.target = try AttestationRequest(json: try Data(contentsOf: URL(fileURLWithPath: request(a)))).storageRootKey.name
+        let forged = try cli(a, ["--json", "import", try write(retargeted.json(), dir + "/retargeted.bundle")])
+        #expect(errorCode(forged) == "DATA_CORRUPTED" && String(decoding: forged.stdout, as: UTF8.self).contains("TPM refused"),
+                "\(String(decoding: forged.stdout, as: UTF8.self))")
+        #expect(try cli(a, ["get", "svc", "key"]).status != 0, "nothing was stored on A")
+        // On B it imports, and is the value sealed.
+        #expect(try cli(b, ["import", bundlePath]).status == 0)
+        #expect(try text(b, ["get", "svc", "key"]) == "only-b")
+
+        // A device's own identity: an SRK bundle needs --unattested-srk, and says so; its mark cannot be changed.
+        let plainB = dir + "/identity.json"
+        #expect(try cli(b, ["identity", "--out", plainB]).status == 0)
+        let refused = try sealFor(plainB, ["--json", "svc", "plain", "--parent", "srk"], "v", in: dir)
+        #expect(errorCode(refused) == "INVALID_ARGUMENT" && String(decoding: refused.stdout, as: UTF8.self).contains("--unattested-srk"),
+                "\(String(decoding: refused.stdout, as: UTF8.self))")
+        let unattested = try sealFor(plainB, ["svc", "plain", "--parent", "srk", "--unattested-srk"], "plain-b", in: dir)
+        var plainBundle = try ProvisioningBundle(json: Data(unattested.stdout))
+        #expect(plainBundle.attested == false)
+        #expect(try ProvisioningBundle(json: Data(try sealFor(plainB, ["svc", "ek"], "v", in: dir).stdout)).attested == nil,
+                "an EK bundle from an identity is as before")
+        plainBundle.attested = true
+        let relabelled = try cli(b, ["--json", "import", try write(plainBundle.json(), dir + "/relabelled.bundle")])
+        #expect(errorCode(relabelled) == "DATA_CORRUPTED", "\(String(decoding: relabelled.stdout, as: UTF8.self))")
+        #expect(try cli(b, ["import", try write(unattested.stdout, dir + "/plain.bundle")]).status == 0)
+        #expect(try text(b, ["get", "svc", "plain"]) == "plain-b")
+    }
+
     /// Device A's EK paired with device B's AK: the credential is sealed to A's EK, so B's TPM cannot
     /// activate it, and A has no such AK (nor would its TPM activate for another key's name).
     @Test func aRequestPairingOneDevicesEKWithAnothersKeysIsRefused() throws {
@@ -282,6 +355,85 @@ struct AttestationTests: TwoDeviceTest {
             trials += 1
         }
         #expect(trials > 300)
+    }
+
+    /// `attest init` and `attest respond` killed after each of their TPM commands in turn
+    /// (KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS): a killed run wrote no document and no half key, left
+    /// no persistent handle, and the run again works. For init, each kill starts from the same
+    /// device (the swtpm's state and the store copied back); for respond, the same challenge is
+    /// answered again and verifies.
+    @Test func initAndRespondKilledAtEveryTPMCommandLeaveNothingHalfDone() throws {
+        let b = try Device()
+        try IdentityTests.manufacture(b.tpm)
+        let dir = b.tpm.directory
+        #expect(try cli(b, ["status"]).status == 0)  // provisioned: the kills fall in the attestation's own commands
+        func getcap(_ what: String) throws -> String {
+            let out = try run("/usr/bin/tpm2_getcap", [what], environment: b.env)
+            #expect(out.status == 0, "\(out.stderr)")
+            return String(decoding: out.stdout, as: UTF8.self)
+        }
+        let persistent = try getcap("handles-persistent")
+        func killed(_ args: [String], after n: Int) throws -> Outcome {
+            try run(ctl, ["--store", b.store, "--tcti", b.tpm.tcti] + args, environment: ["KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS": "\(n)"])
+        }
+        func shell(_ script: String) throws {
+            let out = try run("/bin/sh", ["-c", script])
+            #expect(out.status == 0, "\(script): \(out.stderr)")
+        }
+        b.tpm.stop()
+        try shell("cp -a '\(dir)/state' '\(dir)/state.before' && cp -a '\(b.store)' '\(b.store).before'")
+        try b.tpm.reboot()
+
+        var initKills = 0
+        for n in 1...40 {
+            let out = try killed(["--json", "attest", "init"], after: n)
+            #expect(out.status == 134 || out.status == 0, "kill \(n): \(out.stderr)")
+            if out.status == 0 { break }
+            initKills += 1
+            #expect(out.stdout.isEmpty, "kill \(n): a killed init wrote \(String(decoding: out.stdout, as: UTF8.self))")
+            // No half key: the store has none (attest request says so), and no handle was made persistent.
+            let request = try cli(b, ["--json", "attest", "request"])
+            #expect(errorCode(request) == "INVALID_ARGUMENT" && String(decoding: request.stdout, as: UTF8.self).contains("attest init"),
+                    "kill \(n): \(String(decoding: request.stdout, as: UTF8.self))")
+            #expect(try getcap("handles-persistent") == persistent, "kill \(n)")
+            // The run again makes the key, whole: a request, a second init keeps it.
+            let again = try cli(b, ["--json", "attest", "init"])
+            #expect(again.status == 0 && String(decoding: again.stdout, as: UTF8.self).contains("\"created\":true"), "after kill \(n): \(again.stderr)")
+            #expect(try cli(b, ["attest", "request"]).status == 0, "after kill \(n)")
+            #expect(String(decoding: try cli(b, ["--json", "attest", "init"]).stdout, as: UTF8.self).contains("\"created\":false"))
+            #expect(try getcap("handles-persistent") == persistent, "after kill \(n)")
+            b.tpm.stop()
+            try shell("rm -rf '\(dir)/state' '\(b.store)' && cp -a '\(dir)/state.before' '\(dir)/state' && cp -a '\(b.store).before' '\(b.store)'")
+            try b.tpm.reboot()
+        }
+        #expect(initKills >= 5, "attest init sent \(initKills) TPM commands")
+
+        let requestPath = try write(try cli(b, ["attest", "request"]).stdout, dir + "/request.json")
+        let (challengePath, statePath) = try challenge(requestPath, in: dir)
+        let state = try AttestationState(json: Data(contentsOf: URL(fileURLWithPath: statePath)))
+        var respondKills = 0
+        for n in 1...60 {
+            let out = try killed(["--json", "attest", "respond", challengePath], after: n)
+            #expect(out.status == 134 || out.status == 0, "kill \(n): \(out.stderr)")
+            if out.status == 0 {
+                #expect(throws: Never.self) { try AttestationServer.verify(try AttestationAnswer(json: Data(out.stdout)), state: state, ekCA: nil) }
+                break
+            }
+            respondKills += 1
+            #expect(out.stdout.isEmpty, "kill \(n): a killed answer wrote \(String(decoding: out.stdout, as: UTF8.self))")
+            #expect(try getcap("handles-persistent") == persistent, "kill \(n)")
+            // The same challenge is answered again, and the answer verifies.
+            let again = try respond(b, challengePath)
+            #expect(again.status == 0, "after kill \(n): \(String(decoding: again.stdout, as: UTF8.self))")
+            #expect(throws: Never.self, "after kill \(n)") {
+                try AttestationServer.verify(try AttestationAnswer(json: Data(again.stdout)), state: state, ekCA: nil)
+            }
+            #expect(try getcap("handles-persistent") == persistent, "after kill \(n)")
+        }
+        #expect(respondKills >= 10, "attest respond sent \(respondKills) TPM commands")
+        // What the kills left in the TPM (transient objects, sessions) the next runs flushed.
+        #expect(try getcap("handles-transient").trimmingCharacters(in: .whitespacesAndNewlines).isEmpty)
+        print("attest init killed after each of \(initKills) TPM commands, attest respond after each of \(respondKills)")
     }
 
     /// The TPM commands of `attest init` and of `attest respond`, as tpm2-tss's pcap TCTI records them

@@ -131,7 +131,7 @@ struct ProvisioningTests: TwoDeviceTest {
         let idB = try identity(b)
         let dir = b.tpm.directory
         func parts(_ name: String, _ args: [String]) throws -> ProvisioningBundle {
-            let bundle = try ProvisioningBundle(json: Data(try sealFor(idB, ["svc", name, "--parent", "srk"] + args, "secret-\(name)", in: dir).stdout))
+            let bundle = try ProvisioningBundle(json: Data(try sealFor(idB, ["svc", name, "--parent", "srk", "--unattested-srk"] + args, "secret-\(name)", in: dir).stdout))
             try Data(base64Encoded: bundle.publicArea)!.write(to: URL(fileURLWithPath: "\(dir)/\(name).pub"))
             try Data(base64Encoded: bundle.duplicate)!.write(to: URL(fileURLWithPath: "\(dir)/\(name).dup"))
             try Data(base64Encoded: bundle.encryptedSeed)!.write(to: URL(fileURLWithPath: "\(dir)/\(name).seed"))

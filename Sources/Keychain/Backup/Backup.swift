@@ -92,16 +92,16 @@ extension KeychainDevice {
 
     /// A backup with no passphrase: its master key is sealed to the TPM of `identity`'s device by the
     /// machinery of `seal-for` (a provisioning bundle, `whenUnlocked`, in the file's header), so it
-    /// restores on that device only. `parent` and `ekCA` as for `Provisioning.seal`. When it holds a
+    /// restores on that device only. `parent`, `ekCA` and `unattestedSRK` as for `Provisioning.seal`. When it holds a
     /// passcode item the key is sealed under that device's passcode too: the file never opens with
     /// less than the restored item will.
     public func backup(to fd: Int32, sealedTo identity: DeviceIdentity, parent: Provisioning.Parent? = nil, ekCA: [UInt8]? = nil,
-                       service: String? = nil) async throws(KeychainError) -> BackupReport {
+                       unattestedSRK: Bool = false, service: String? = nil) async throws(KeychainError) -> BackupReport {
         let master = SecureBytes(random: 32)
         return try await backup(to: fd, service: service) { plan throws(KeychainError) in
             let bundle = try Provisioning.seal(master, service: "keychain-backup", key: "master", accessible: .whenUnlocked,
                                                accessControl: plan.needsPasscode ? .passcode : .none,
-                                               for: identity, parent: parent, ekCA: ekCA)
+                                               for: identity, parent: parent, ekCA: ekCA, unattestedSRK: unattestedSRK)
             return try BackupWriter(fd: fd, master: master, header: BackupFile.Header(sealedKey: [UInt8](bundle.json()), check: [], streamHeader: []))
         }
     }
@@ -140,9 +140,9 @@ extension KeychainDevice {
     }
 
     public func backup(toFile path: String, sealedTo identity: DeviceIdentity, parent: Provisioning.Parent? = nil,
-                       ekCA: [UInt8]? = nil, service: String? = nil) async throws(KeychainError) -> BackupReport {
+                       ekCA: [UInt8]? = nil, unattestedSRK: Bool = false, service: String? = nil) async throws(KeychainError) -> BackupReport {
         try await backup(toFile: path) { fd throws(KeychainError) in
-            try await backup(to: fd, sealedTo: identity, parent: parent, ekCA: ekCA, service: service)
+            try await backup(to: fd, sealedTo: identity, parent: parent, ekCA: ekCA, unattestedSRK: unattestedSRK, service: service)
         }
     }
 

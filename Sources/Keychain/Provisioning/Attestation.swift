@@ -25,6 +25,9 @@ public struct AttestationRequest: Sendable, Hashable, Codable {
     public var storageRootKey: DeviceIdentity.PersistentKey
     /// The keychain's PCR selection (the SHA-256 bank), which the answer quotes.
     public var pcrs: [Int]
+    /// The keychain's NV indices by role, as in the identity: what a bundle's policy names (`seal-for`
+    /// with the verified identity). Absent from the first requests.
+    public var nvIndices: [String: DeviceIdentity.NVIndex]?
 }
 
 /// What the device receives: TPM2_MakeCredential's output for its EK and AK, and a nonce.
@@ -103,6 +106,8 @@ public struct VerifiedIdentity: Sendable, Hashable, Codable {
     /// Certified by the AK, and fixedTPM/fixedParent in its public area.
     public var storageRootKey: DeviceIdentity.PersistentKey
     public var bootState: BootState
+    /// The request's NV indices by role (as the device reported them), for `seal-for`.
+    public var nvIndices: [String: DeviceIdentity.NVIndex]?
 }
 
 // MARK: Reading and writing
@@ -267,7 +272,8 @@ public enum AttestationServer {
             endorsementKey: request.endorsementKey, endorsementCertificateVerified: certified,
             attestationKey: request.attestationKey, storageRootKey: request.storageRootKey,
             bootState: .init(bank: "sha256", pcrs: quote.pcrs, values: answer.pcrValues, digest: hex(quote.pcrDigest),
-                             resetCount: quote.resetCount, restartCount: quote.restartCount))
+                             resetCount: quote.resetCount, restartCount: quote.restartCount),
+            nvIndices: request.nvIndices)
     }
 
     private static func signed(_ s: AttestationAnswer.Signed, _ what: String) throws(KeychainError) -> TPMContext.SignedAttestation {
@@ -365,7 +371,7 @@ extension Engine {
                     attestationKey: .init(publicArea: Data(blob.publicArea).base64EncodedString(), name: akName),
                     storageRootKey: .init(handle: hexHandle(TPMKeyring.srkHandle), publicArea: Data(srkArea).base64EncodedString(),
                                           name: hex(try context.name(of: keyring.srk))),
-                    pcrs: keyring.pcrSelection)
+                    pcrs: keyring.pcrSelection, nvIndices: try keyring.nvIndexNames())
             } catch {
                 throw keyring.diagnose(error, doing: "read the attestation request")
             }

@@ -31,6 +31,11 @@ public struct ProvisioningBundle: Sendable, Hashable, Codable {
     /// credential's ID, and the import makes it the system manager's credential (docs/credentials.md).
     /// Absent (not false) for any other bundle, whose associated data it leaves as it was.
     public var credential: Bool?
+    /// Which identity the bundle was sealed from: `true`, a verified identity (`attest verify`: the SRK
+    /// proved to be in the EK's TPM); `false`, an SRK bundle from a plain identity, sealed only because
+    /// the sealer said so (`--unattested-srk`). Absent for an EK bundle from a plain identity (the
+    /// bytes of the first bundles). Covered by the associated data: it can be neither changed nor taken out.
+    public var attested: Bool?
     /// ThisDeviceOnly: the PCR selection whose approved state (PolicyAuthorizeNV on the device's
     /// boot-state approval index) the object is bound to, as the device's own ThisDeviceOnly keys are.
     public var pcrs: [Int]?
@@ -79,6 +84,7 @@ public struct ProvisioningBundle: Sendable, Hashable, Codable {
         field(objectName)
         // After the object's name, so that a bundle without it authenticates as before.
         if credential == true { field("systemd credential".utf8) }
+        if let attested { field((attested ? "attested identity" : "unattested SRK").utf8) }
         return ad
     }
 
@@ -117,10 +123,8 @@ public struct ProvisioningBundle: Sendable, Hashable, Codable {
     }
 }
 
+/// Seals a value for one device's TPM; needs no TPM.
 public enum Provisioning {
-    /// Seals `value` for the device of `identity`; needs no TPM.
-    /// - Throws: `UNSUPPORTED` for a biometric access control or `whenPasscodeSetThisDeviceOnly`;
-    ///   `DATA_CORRUPTED` for an identity whose SRK is not an ECC P-256 storage key.
     /// What a bundle is duplicated to.
     public enum Parent: String, Sendable, CaseIterable {
         /// The endorsement key (RSA 2048, template L-1), which an EK certificate can vouch for.
@@ -134,12 +138,63 @@ public enum Provisioning {
         }
     }
 
+    /// What a bundle is sealed to, from a device identity or a verified identity.
+    struct Target {
+        var rsaEK: DeviceIdentity.EndorsementKey?
+        var srk: DeviceIdentity.PersistentKey
+        var nvIndices: [String: DeviceIdentity.NVIndex]
+        var pcrs: [Int]
+        /// The SRK was proved to be in the EK's TPM (a verified identity).
+        var attested: Bool
+    }
+
     /// To the EK (RSA 2048) when the identity has one, else to the SRK (`parent` chooses). With `ekCA`
     /// (PEM, the TPM maker's CA), the EK certificate must verify against it and certify that EK, or
-    /// nothing is sealed.
+    /// nothing is sealed. Nothing ties a plain identity's SRK to its EK: an SRK bundle from it is
+    /// sealed only with `unattestedSRK` (and says so); seal from a `VerifiedIdentity` instead.
+    /// - Throws: `UNSUPPORTED` for a biometric access control or `whenPasscodeSetThisDeviceOnly`;
+    ///   `INVALID_ARGUMENT` for an SRK bundle without `unattestedSRK`; `DATA_CORRUPTED` for an
+    ///   identity whose SRK is not an ECC P-256 storage key.
     public static func seal(_ value: SecureBytes, service: String, key: String, accessible: Accessible = .afterFirstUnlock,
                             accessControl: AccessControl = .none, label: String? = nil, version: UInt64 = 0, credential: Bool = false,
-                            for identity: DeviceIdentity, parent chosen: Parent? = nil, ekCA: [UInt8]? = nil) throws(KeychainError) -> ProvisioningBundle {
+                            for identity: DeviceIdentity, parent chosen: Parent? = nil, ekCA: [UInt8]? = nil,
+                            unattestedSRK: Bool = false) throws(KeychainError) -> ProvisioningBundle {
+        let target = Target(rsaEK: identity.endorsementKeys.first(where: { $0.type == TPMContext.EndorsementKeyType.rsa2048.rawValue }),
+                            srk: identity.storageRootKey, nvIndices: identity.nvIndices, pcrs: identity.bootState.pcrs, attested: false)
+        let toSRK = chosen == .storageRootKey || (chosen == nil && target.rsaEK == nil)
+        if toSRK && !unattestedSRK {
+            throw KeychainError(.invalidArgument, "This identity's SRK is not attested: nothing ties it to the device's EK, so a bundle "
+                                + "sealed to it is only as trustworthy as the channel that delivered the identity. Seal for the verified "
+                                + "identity 'keychainctl attest verify' wrote, or accept that with --unattested-srk")
+        }
+        if unattestedSRK && !toSRK {
+            throw KeychainError.invalidArgument("--unattested-srk is for a bundle sealed to the SRK (--parent srk)")
+        }
+        return try seal(value, service: service, key: key, accessible: accessible, accessControl: accessControl, label: label,
+                        version: version, credential: credential, to: target, parent: chosen, ekCA: ekCA)
+    }
+
+    /// To the device `verified` proved (`AttestationServer.verify`): its SRK is in the TPM of its EK,
+    /// so an SRK bundle (`parent` `.storageRootKey`) opens in that TPM only. The bundle says it was
+    /// sealed from a verified identity (`attested`). The default parent is the EK, as for an identity.
+    /// - Throws: as `seal(_:…for:)`; `DATA_CORRUPTED` for a verified identity without its NV indices
+    ///   (one from a first request: verify the device again).
+    public static func seal(_ value: SecureBytes, service: String, key: String, accessible: Accessible = .afterFirstUnlock,
+                            accessControl: AccessControl = .none, label: String? = nil, version: UInt64 = 0, credential: Bool = false,
+                            for verified: VerifiedIdentity, parent chosen: Parent? = nil, ekCA: [UInt8]? = nil) throws(KeychainError) -> ProvisioningBundle {
+        guard let nvIndices = verified.nvIndices else {
+            throw KeychainError(.dataCorrupted, "This verified identity lacks the keychain's NV indices (its request came from an "
+                                + "earlier keychain): attest the device again")
+        }
+        let target = Target(rsaEK: verified.endorsementKey, srk: verified.storageRootKey, nvIndices: nvIndices,
+                            pcrs: verified.bootState.pcrs, attested: true)
+        return try seal(value, service: service, key: key, accessible: accessible, accessControl: accessControl, label: label,
+                        version: version, credential: credential, to: target, parent: chosen, ekCA: ekCA)
+    }
+
+    static func seal(_ value: SecureBytes, service: String, key: String, accessible: Accessible, accessControl: AccessControl,
+                     label: String?, version: UInt64, credential: Bool, to target: Target, parent chosen: Parent?,
+                     ekCA: [UInt8]?) throws(KeychainError) -> ProvisioningBundle {
         try ProvisioningBundle.check(accessible, accessControl)
         try ProvisioningBundle.checkNames(service: service, key: key, label: label)
         if credential && accessControl != .none {
@@ -147,16 +202,16 @@ public enum Provisioning {
                                 + "seal it with accessControl 'none' and choose its protection with --accessible")
         }
         guard value.count <= Engine.maxValueLength else { throw KeychainError.invalidArgument("Invalid value: at most \(Engine.maxValueLength) bytes") }
-        guard let stateName = identity.nvIndices["state"].flatMap({ bytes(hex: $0.name) }),
-              let approvalName = identity.nvIndices["bootApproval"].flatMap({ bytes(hex: $0.name) }),
-              let srk = Data(base64Encoded: identity.storageRootKey.publicArea) else {
+        guard let stateName = target.nvIndices["state"].flatMap({ bytes(hex: $0.name) }),
+              let approvalName = target.nvIndices["bootApproval"].flatMap({ bytes(hex: $0.name) }),
+              let srk = Data(base64Encoded: target.srk.publicArea) else {
             throw KeychainError(.dataCorrupted, "The identity lacks its state index, its boot-state approval index or its SRK")
         }
         let thisDeviceOnly = accessible.isThisDeviceOnly
         let policy = ProvisioningBundle.policy(accessible: accessible, accessControl: accessControl, stateName: stateName,
-                                               pcrs: thisDeviceOnly ? identity.bootState.pcrs : nil, bootApprovalName: approvalName)
-        var parent = (kind: "srk", name: identity.storageRootKey.name, publicArea: [UInt8](srk))
-        let rsaEK = identity.endorsementKeys.first(where: { $0.type == TPMContext.EndorsementKeyType.rsa2048.rawValue })
+                                               pcrs: thisDeviceOnly ? target.pcrs : nil, bootApprovalName: approvalName)
+        var parent = (kind: "srk", name: target.srk.name, publicArea: [UInt8](srk))
+        let rsaEK = target.rsaEK
         if chosen == .endorsementKey && rsaEK == nil {
             throw KeychainError.invalidArgument("The identity has no RSA 2048 endorsement key: seal to its SRK (--parent srk)")
         }
@@ -184,10 +239,11 @@ public enum Provisioning {
         var bundle = ProvisioningBundle(
             format: ProvisioningBundle.formatName, version: ProvisioningBundle.currentVersion, parent: parent.kind, target: parent.name,
             service: service, key: key, label: label, accessible: accessible, accessControl: accessControl, itemVersion: version,
-            pcrs: thisDeviceOnly ? identity.bootState.pcrs : nil,
+            pcrs: thisDeviceOnly ? target.pcrs : nil,
             publicArea: Data(blob.publicArea).base64EncodedString(), duplicate: Data(blob.duplicate).base64EncodedString(),
             encryptedSeed: Data(blob.encryptedSeed).base64EncodedString(), nonce: "", ciphertext: "")
         bundle.credential = credential ? true : nil
+        bundle.attested = target.attested ? true : parent.kind == "srk" ? false : nil
         let nonce = Sodium.randomBytes(Sodium.xchachaNonceLength)
         bundle.nonce = Data(nonce).base64EncodedString()
         bundle.ciphertext = Data(Sodium.seal(value, key: k, nonce: nonce, associatedData: bundle.associatedData(objectName: blob.name)))

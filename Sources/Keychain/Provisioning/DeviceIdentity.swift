@@ -141,15 +141,7 @@ extension Engine {
                                       certificateIndex: hexHandle(type.certificateIndex)))
                 }
                 let srkArea = try context.publicArea(of: keyring.srk)
-                var indices: [String: DeviceIdentity.NVIndex] = [:]
-                // Names as policies use them: with TPMA_NV_WRITTEN (the state index is unwritten until the first unlock).
-                indices["pin"] = .init(index: hexHandle(DeviceLockLayout.pinIndex), name: hex(DeviceLockLayout.pinName))
-                indices["state"] = .init(index: hexHandle(DeviceLockLayout.stateIndex), name: hex(keyring.stateName))
-                indices["epoch"] = .init(index: hexHandle(DeviceLockLayout.epochIndex), name: hex(DeviceLockLayout.epochPublic.name(written: true)))
-                indices["descriptor"] = .init(index: hexHandle(DeviceLockLayout.descriptorIndex),
-                                              name: hex(try context.name(of: try context.resource(forPersistent: DeviceLockLayout.descriptorIndex))))
-                // The boot-state approval index (issue 12) may not exist yet; its name is fixed (written).
-                indices["bootApproval"] = .init(index: hexHandle(BootApprovalLayout.index), name: hex(BootApprovalLayout.name))
+                let indices = try keyring.nvIndexNames()
                 let values = try context.readPCRs(PCRSelection(pcrs))
                 return DeviceIdentity(
                     format: DeviceIdentity.formatName, version: DeviceIdentity.currentVersion,
@@ -165,6 +157,22 @@ extension Engine {
                 throw keyring.diagnose(error, doing: "read the device identity")
             }
         }
+    }
+}
+
+extension TPMKeyring {
+    /// The keychain's NV indices by role, with their names as policies use them: with TPMA_NV_WRITTEN
+    /// (the state index is unwritten until the first unlock). An identity and an attestation request carry them.
+    func nvIndexNames() throws(TPMError) -> [String: DeviceIdentity.NVIndex] {
+        var indices: [String: DeviceIdentity.NVIndex] = [:]
+        indices["pin"] = .init(index: hexHandle(DeviceLockLayout.pinIndex), name: hex(DeviceLockLayout.pinName))
+        indices["state"] = .init(index: hexHandle(DeviceLockLayout.stateIndex), name: hex(stateName))
+        indices["epoch"] = .init(index: hexHandle(DeviceLockLayout.epochIndex), name: hex(DeviceLockLayout.epochPublic.name(written: true)))
+        indices["descriptor"] = .init(index: hexHandle(DeviceLockLayout.descriptorIndex),
+                                      name: hex(try context.name(of: try context.resource(forPersistent: DeviceLockLayout.descriptorIndex))))
+        // The boot-state approval index (issue 12) may not exist yet; its name is fixed (written).
+        indices["bootApproval"] = .init(index: hexHandle(BootApprovalLayout.index), name: hex(BootApprovalLayout.name))
+        return indices
     }
 }
 
