@@ -1,5 +1,6 @@
 import Foundation
 public import Keychain
+public import Observation
 import Synchronization
 
 /// Biometric sign-in for app and appliance code (seed: BiometricsVault), built only on the public
@@ -17,27 +18,59 @@ import Synchronization
 /// ```
 ///
 /// The calls the seed makes synchronous (`init`, `state`, `biometricsAvailable`,
-/// `enableKeychainVault(saving:)`, `lock()`, `resetEverything()`) never prompt; they wait for the
-/// keychain on a thread of the vault's own, never on Swift's shared pool, so they are safe from any
-/// thread, task or actor. Each one costs what its keychain calls cost (a store read and, the first
-/// time, one TPM unseal: milliseconds; see docs/performance.md), so call them off a UI thread that
-/// must not stall. The calls that may prompt are `async`.
+/// `enableKeychainVault(saving:)`, `lock()`, `downgradeBiometricsToKeychain()`,
+/// `disableBiometricsSecureVault()`, `resetEverything()`) never prompt; they wait for the keychain
+/// on a thread of the vault's own, never on Swift's shared pool, so they are safe from any thread,
+/// task or actor. Each one costs what its keychain calls cost (a store read and, the first time,
+/// one TPM unseal: milliseconds; see docs/performance.md), so call them off a UI thread that must
+/// not stall. The calls that may prompt are `async`.
+///
+/// The vault is `Observable` (Observation, as the seed's `ObservableObject` with a `@Published`
+/// state): a SwiftUI view or `withObservationTracking` that read `state` or `biometricsAvailable`
+/// is told when either changes, after the change, on the thread of the call that made it (never
+/// with the vault's lock held, so the handler may read the vault). `states` is the same as an
+/// `AsyncStream`.
 ///
 /// A transition that is not allowed throws `VaultError` and changes nothing; one that fails in the
 /// keychain (a canceled prompt, `KEY_INVALIDATED`) throws that `KeychainError` after the state was
 /// settled to match what is stored. When locked, the credentials are not in memory.
-public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable {
+public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable, Observable {
     public let key: String
     typealias Machine = VaultStateMachine<Credentials>
     private let storages: Result<Storages, KeychainError>
     private let device: KeychainDevice
-    /// Nil until the stored state is first read (by `state`, or the first transition).
-    private let machine = Mutex<Machine?>(nil)
+    private let shared = Mutex(Shared())
+    private let registrar = ObservationRegistrar()
 
     private struct Storages: Sendable {
         let plain: Keychain
         let biometric: Keychain
     }
+
+    /// What the vault's calls share, behind one lock.
+    private struct Shared: Sendable {
+        /// Nil until the stored state is first read (by `state`, or the first transition).
+        var machine: Machine?
+        /// A `state` read answered `unavailable` because the stored state could not be read: the
+        /// first successful read is then a change.
+        var answeredUnreadable = false
+        /// The `states` streams, by id.
+        var streams: [Int: AsyncStream<VaultState<Credentials>>.Continuation] = [:]
+        var nextStream = 0
+        /// What changed and is not yet told to the observers (`publish()`).
+        var unpublished: Set<Observed> = []
+
+        /// Records `changed` for the observers; the streams get the new state now.
+        mutating func changed(_ changed: Set<Observed>) {
+            unpublished.formUnion(changed)
+            if changed.contains(.state), let state = machine?.state {
+                for stream in streams.values { stream.yield(state) }
+            }
+        }
+    }
+
+    /// The observable properties.
+    private enum Observed: Sendable, Hashable { case state, biometricsAvailable }
 
     /// Touches nothing yet: the state is read from the keychain, without a prompt, on first use.
     /// - Parameters:
@@ -61,40 +94,117 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable {
         }
     }
 
+    deinit {
+        for stream in shared.withLock({ $0.streams.values }) { stream.finish() }
+    }
+
     /// The vault's state. The first read asks the keychain what is stored (no prompt); when that
     /// fails (no TPM, before the first unlock) it is `unavailable` and the next read asks again.
-    public var state: VaultState<Credentials> { (try? started().state) ?? .unavailable }
+    /// In `ready` and `unavailable`, which only say whether biometrics can be used, each read asks
+    /// the device again (as `biometricsAvailable` does), so a finger enrolled meanwhile turns
+    /// `unavailable` into `ready`.
+    public var state: VaultState<Credentials> {
+        registrar.access(self, keyPath: \.state)
+        defer { publish() }
+        if let machine = shared.withLock({ $0.machine }), !Self.followsAvailability(machine.state) { return machine.state }
+        do {
+            return try VaultThread.shared.wait { try await self.refreshedMachine() }.state
+        } catch {
+            // The last state known, or `unavailable` when the stored state was never read.
+            return shared.withLock { s in
+                if s.machine == nil { s.answeredUnreadable = true }
+                return s.machine?.state ?? .unavailable
+            }
+        }
+    }
 
-    /// Whether the device can protect the credentials with biometrics now.
-    public var biometricsAvailable: Bool { (try? started().biometricsAvailable) ?? false }
+    /// `ready` and `unavailable` store nothing: they only say whether biometrics can be used.
+    private static func followsAvailability(_ state: VaultState<Credentials>) -> Bool {
+        switch state {
+        case .ready, .unavailable: true
+        case .keychainSecured, .biometricsSecured, .locked: false
+        }
+    }
 
-    /// Asks the device again whether biometrics can be used (after an enrollment, say).
+    /// Every state from now on: the current one first, then each change, in order. The stream ends
+    /// when the vault goes or the consumer stops iterating.
+    public var states: AsyncStream<VaultState<Credentials>> {
+        let current = state
+        let (stream, continuation) = AsyncStream<VaultState<Credentials>>.makeStream()
+        let id = shared.withLock { s in
+            defer { s.nextStream += 1 }
+            // Read again under the lock: a change after `current` was read is yielded once, here or by `update`.
+            continuation.yield(s.machine?.state ?? current)
+            s.streams[s.nextStream] = continuation
+            return s.nextStream
+        }
+        continuation.onTermination = { [weak self] _ in self?.shared.withLock { _ = $0.streams.removeValue(forKey: id) } }
+        return stream
+    }
+
+    /// Whether the device can protect the credentials with biometrics now (a reader, an enrolled
+    /// finger, a passcode, a prompt that reaches the user). Asked again at each read, as the seed's
+    /// `LAContext.canEvaluatePolicy`: after the user enrolls a finger the next read is true, and
+    /// `ready` and `unavailable` follow. No prompt, no TPM command once the passcode state is known.
+    public var biometricsAvailable: Bool {
+        registrar.access(self, keyPath: \.biometricsAvailable)
+        defer { publish() }
+        do {
+            return try VaultThread.shared.wait { try await self.refreshedMachine() }.biometricsAvailable
+        } catch {
+            return shared.withLock { $0.machine?.biometricsAvailable } ?? false
+        }
+    }
+
+    /// Whether the credentials are behind biometrics and in memory (seed: `biometricsEnabled`).
+    public var biometricsEnabled: Bool { state.isBiometricsSecured }
+
+    /// Asks the device again whether biometrics can be used, and tells the observers when it
+    /// changed: for an app that observes the vault without reading it (call it when the app
+    /// comes back to the foreground). Reading `biometricsAvailable` or `state` does the same.
     public func refreshAvailability() async {
-        let available = (try? await device.canUseAccessControl(.biometryCurrentSet))?.available ?? false
-        _ = try? await startedAsync()
-        machine.withLock { $0?.biometricsAvailabilityChanged(available) }
+        defer { publish() }
+        _ = try? await refreshedMachine()
     }
 
     public func enableKeychainVault(saving credentials: Credentials) throws {
+        defer { publish() }
         try VaultThread.shared.wait {
             try await self.run { (m: inout Machine) throws(VaultError) in try m.enableKeychainVault(saving: credentials) }
         }
     }
+    /// Stores the credentials behind biometrics "with biometric verification", as the seed's
+    /// library: the copy is read back with the user's finger (the prompt) before the plain item is
+    /// removed. A touch that fails or is canceled throws its code (`USER_CANCELED`,
+    /// `AUTHENTICATION_FAILED`, `LOCKOUT`, …) after the copy was removed: the state stays
+    /// `keychainSecured` and the plain item is untouched.
     public func upgradeKeychainWithBiometrics() async throws {
-        try await run { (m: inout Machine) throws(VaultError) in try m.upgradeKeychainWithBiometrics() }
+        defer { publish() }
+        try await run(needingBiometrics: true) { (m: inout Machine) throws(VaultError) in try m.upgradeKeychainWithBiometrics() }
     }
+    /// Stores the credentials behind biometrics and reads them back with the user's finger (the
+    /// prompt), as the seed's library verifies first; a touch that fails or is canceled throws its
+    /// code after they were removed again: the state stays `ready`.
     public func enableSecureVaultWithBiometrics(saving credentials: Credentials) async throws {
-        try await run { (m: inout Machine) throws(VaultError) in try m.enableSecureVaultWithBiometrics(saving: credentials) }
+        defer { publish() }
+        try await run(needingBiometrics: true) { (m: inout Machine) throws(VaultError) in
+            try m.enableSecureVaultWithBiometrics(saving: credentials)
+        }
     }
     /// Forgets the credentials in memory; needs no keychain operation.
-    public func lock() throws {
+    /// - Returns: true, as the seed's (which throws instead of returning false).
+    @discardableResult
+    public func lock() throws -> Bool {
+        defer { publish() }
         try VaultThread.shared.wait { try await self.run { (m: inout Machine) throws(VaultError) in try m.lock() } }
+        return true
     }
     /// The prompt; the credentials it opened.
     @discardableResult
     public func unlockWithBiometrics() async throws -> Credentials {
+        defer { publish() }
         try await run { (m: inout Machine) throws(VaultError) in try m.unlockWithBiometrics() }
-        guard let credentials = machine.withLock({ $0?.state.credentials }) else {
+        guard let credentials = shared.withLock({ $0.machine?.state.credentials }) else {
             throw KeychainError(.internal, "The vault unlocked without credentials")
         }
         return credentials
@@ -102,12 +212,14 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable {
     /// Synchronous, as in the seed: the credentials are in memory (`biometricsSecured`), so the plain
     /// write and the removal need no prompt.
     public func downgradeBiometricsToKeychain() throws {
+        defer { publish() }
         try VaultThread.shared.wait {
             try await self.run { (m: inout Machine) throws(VaultError) in try m.downgradeBiometricsToKeychain() }
         }
     }
     /// Synchronous, as in the seed: removes the biometric item, no prompt.
     public func disableBiometricsSecureVault() throws {
+        defer { publish() }
         try VaultThread.shared.wait {
             try await self.run { (m: inout Machine) throws(VaultError) in try m.disableBiometricsSecureVault() }
         }
@@ -115,12 +227,14 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable {
     /// Sign-out, or "change account": removes both items, from any state. It does not throw, as in
     /// the seed: a removal that fails leaves the state matching what is still stored.
     public func resetEverything() {
+        defer { publish() }
         try? VaultThread.shared.wait { try await self.run { (m: inout Machine) throws(VaultError) in try m.resetEverything() } }
     }
     /// After a biometric lockout: the device passcode, which ends it; the vault stays `locked`.
     /// - Returns: true once the passcode was accepted.
     @discardableResult
     public func reauthenticateOwner() async throws -> Bool {
+        defer { publish() }
         try await run { (m: inout Machine) throws(VaultError) in try m.reauthenticateOwner() }
         return true
     }
@@ -136,30 +250,66 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable {
 
     /// The machine, started from what is stored (no prompt) on first use.
     private func startedAsync() async throws -> Machine {
-        if let current = machine.withLock({ $0 }) { return current }
+        if let current = shared.withLock({ $0.machine }) { return current }
         let storages = try storagesOrThrow()
         let stored = Machine.Stored(
             keychainItem: try await storages.plain.getData(key).map { try JSONDecoder().decode(Credentials.self, from: $0) },
             biometricItemExists: try await storages.biometric.hasItem(key))
         let available = try await device.canUseAccessControl(.biometryCurrentSet).available
-        return machine.withLock { current in
-            if current == nil { current = Machine(startupFound: stored, biometricsAvailable: available) }
-            return current!
+        return shared.withLock { s in
+            if s.machine == nil {
+                let started = Machine(startupFound: stored, biometricsAvailable: available)
+                s.machine = started
+                if s.answeredUnreadable && started.state.kind != .unavailable { s.changed([.state]) }
+            }
+            return s.machine!
         }
     }
 
-    private func started() throws -> Machine {
-        if let current = machine.withLock({ $0 }) { return current }
-        return try VaultThread.shared.wait { try await self.startedAsync() }
+    /// The machine after asking the device whether biometrics can be used now (a machine started
+    /// here has just asked).
+    private func refreshedMachine() async throws -> Machine {
+        if shared.withLock({ $0.machine == nil }) { return try await startedAsync() }
+        let available = try await device.canUseAccessControl(.biometryCurrentSet).available
+        return try update { $0.biometricsAvailabilityChanged(available) }.machine
+    }
+
+    /// Changes the machine under the lock and records what the observers must be told; the
+    /// `states` streams get the new state at once, in order.
+    @discardableResult
+    private func update<T: Sendable>(_ change: (inout Machine) throws(VaultError) -> T) throws(VaultError) -> (result: T, machine: Machine) {
+        try shared.withLock { (s: inout Shared) throws(VaultError) in
+            let before = s.machine!
+            let result = try change(&s.machine!)
+            let after = s.machine!
+            var changed: Set<Observed> = []
+            if after.state.kind != before.state.kind { changed.insert(.state) }
+            if after.biometricsAvailable != before.biometricsAvailable { changed.insert(.biometricsAvailable) }
+            s.changed(changed)
+            return (result, after)
+        }
+    }
+
+    /// Tells the observers what changed since the last call, outside the lock and off the vault's
+    /// thread (each public call ends with it), so a handler may read the vault again.
+    private func publish() {
+        let changed = shared.withLock { s in
+            defer { s.unpublished = [] }
+            return s.unpublished
+        }
+        if changed.contains(.state) { registrar.withMutation(of: self, keyPath: \.state) {} }
+        if changed.contains(.biometricsAvailable) { registrar.withMutation(of: self, keyPath: \.biometricsAvailable) {} }
     }
 
     /// Starts a transition, performs the machine's actions on the keychain, feeding back each
     /// outcome, until `.none`. The first keychain failure is rethrown once the machine has settled.
-    private func run(_ start: (inout Machine) throws(VaultError) -> Machine.Action) async throws {
-        _ = try await startedAsync()
-        var action = try machine.withLock { (m: inout Machine?) throws(VaultError) in try start(&m!) }
+    /// - Parameter needingBiometrics: ask the device first, as the seed's library does before it
+    ///   stores behind biometrics (a finger enrolled since the last read counts).
+    private func run(needingBiometrics: Bool = false, _ start: (inout Machine) throws(VaultError) -> Machine.Action) async throws {
+        if needingBiometrics { _ = try await refreshedMachine() } else { _ = try await startedAsync() }
+        var action = try update(start).result
         func next(_ event: (inout Machine) throws(VaultError) -> Machine.Action) throws(VaultError) {
-            action = try machine.withLock { (m: inout Machine?) throws(VaultError) in try event(&m!) }
+            action = try update(event).result
         }
         let storages = try storagesOrThrow()
         func storage(_ protection: VaultProtection) -> Keychain { protection == .keychain ? storages.plain : storages.biometric }
@@ -180,6 +330,12 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable {
                     let data = try await storage(protection).getData(key)
                     let credentials = try data.map { try JSONDecoder().decode(Credentials.self, from: $0) }
                     try next { m throws(VaultError) in try m.credentialsRead(credentials) }
+                case .verify(let protection):
+                    guard try await storage(protection).getData(key) != nil else {
+                        throw KeychainError(.storageError, "The credentials just stored behind \(protection) were gone when read "
+                                            + "back (removed by another process?); nothing moved")
+                    }
+                    try next { m throws(VaultError) in try m.operationSucceeded() }
                 case .remove(let protection):
                     try await storage(protection).removeItem(key)
                     try next { m throws(VaultError) in try m.operationSucceeded() }

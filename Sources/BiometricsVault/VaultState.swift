@@ -29,6 +29,17 @@ public enum VaultState<Credentials: Codable & Sendable>: Sendable {
         case .unavailable, .ready, .locked: nil
         }
     }
+
+    /// The seed's tests of a state.
+    public var isBiometricsSecured: Bool { kind == .biometricsSecured }
+    public var isKeychainSecured: Bool { kind == .keychainSecured }
+    public var isReady: Bool { kind == .ready }
+}
+
+/// A state prints as its kind, never with the credentials: a state written to a log shows no token.
+extension VaultState: CustomStringConvertible, CustomDebugStringConvertible {
+    public var description: String { kind.rawValue }
+    public var debugDescription: String { "VaultState.\(kind.rawValue)" }
 }
 
 extension VaultState: Equatable where Credentials: Equatable {}

@@ -13,6 +13,12 @@ public import Keychain
 /// other transition throws `operationInProgress`. `lock()` needs no keychain operation and takes
 /// effect at once.
 ///
+/// The two transitions that put the credentials behind biometrics verify the user as the seed's
+/// library does (it asks for the finger before it stores): the biometric copy is written, then read
+/// back, which prompts (`verify`), and only a finger that opens it completes the transition. A
+/// failed or canceled touch removes the copy again, so the credentials are never left behind a
+/// finger the user cannot give, and the transition ends where it started.
+///
 /// States (`VaultState`): `unavailable` and `ready` (nothing stored), `keychainSecured` and
 /// `biometricsSecured` (signed in, credentials in memory), `locked` (stored behind biometrics, not
 /// in memory). The state always matches what is stored:
@@ -44,8 +50,10 @@ public import Keychain
 ///     Ready --> Unavailable: biometricsAvailabilityChanged(false)
 ///     Ready --> KeychainSecured: enableKeychainVault
 ///     Unavailable --> KeychainSecured: enableKeychainVault
-///     Ready --> BiometricsSecured: enableSecureVaultWithBiometrics
-///     KeychainSecured --> BiometricsSecured: upgradeKeychainWithBiometrics
+///     Ready --> BiometricsSecured: enableSecureVaultWithBiometrics (a finger opens the copy)
+///     KeychainSecured --> BiometricsSecured: upgradeKeychainWithBiometrics (a finger opens the copy)
+///     Ready --> Ready: enableSecureVaultWithBiometrics, the touch fails or is canceled
+///     KeychainSecured --> KeychainSecured: upgradeKeychainWithBiometrics, the touch fails or is canceled
 ///     BiometricsSecured --> KeychainSecured: downgradeBiometricsToKeychain
 ///     BiometricsSecured --> Locked: lock
 ///     Locked --> BiometricsSecured: unlockWithBiometrics
@@ -75,6 +83,10 @@ public struct VaultStateMachine<Credentials: Codable & Sendable>: Sendable {
         case store(Credentials, protection: VaultProtection)
         /// Read the item of `protection` (a biometric read prompts), then `credentialsRead(_:)`.
         case read(VaultProtection)
+        /// Read the item of `protection` just written, to prove the user can open it (a biometric
+        /// read prompts); then `operationSucceeded()` when it opened, `operationFailed(_:)` when it
+        /// did not (a read that finds no item is a failure too).
+        case verify(VaultProtection)
         /// Remove the item of `protection` (no prompt); removing an absent item succeeds.
         case remove(VaultProtection)
         /// Ask for the device passcode, which ends a biometric lockout (the seed's `reauthenticateOwner`).
@@ -130,25 +142,28 @@ public struct VaultStateMachine<Credentials: Codable & Sendable>: Sendable {
         }
     }
 
-    /// `keychainSecured` → `biometricsSecured`: stores a biometric copy, then removes the keychain item.
+    /// `keychainSecured` → `biometricsSecured`: stores a biometric copy, reads it back with the
+    /// user's finger (`verify`), then removes the keychain item.
     ///
-    /// The copy comes first, so the user stays signed in whatever fails.
+    /// The copy comes first, so the user stays signed in whatever fails; a touch that fails or is
+    /// canceled removes the copy and stays `keychainSecured`.
     public mutating func upgradeKeychainWithBiometrics() throws(VaultError) -> Action {
         try checkIdle(.upgradeKeychainWithBiometrics)
         guard case .keychainSecured(let credentials) = state else {
             throw refusal(.upgradeKeychainWithBiometrics)
         }
         try checkBiometrics(.upgradeKeychainWithBiometrics)
-        operation = .upgrading(credentials, removingKeychainItem: false)
+        operation = .upgrading(credentials, step: .storing)
         return .store(credentials, protection: .biometrics)
     }
 
-    /// `ready` → `biometricsSecured`: stores the credentials behind biometrics.
+    /// `ready` → `biometricsSecured`: stores the credentials behind biometrics and reads them back
+    /// with the user's finger (`verify`); a touch that fails or is canceled removes them again.
     public mutating func enableSecureVaultWithBiometrics(saving credentials: Credentials) throws(VaultError) -> Action {
         try checkIdle(.enableSecureVaultWithBiometrics)
         guard case .ready = state else { throw refusal(.enableSecureVaultWithBiometrics) }
         try checkBiometrics(.enableSecureVaultWithBiometrics)
-        operation = .enablingSecureVault(credentials)
+        operation = .enablingSecureVault(credentials, step: .storing)
         return .store(credentials, protection: .biometrics)
     }
 
@@ -219,18 +234,28 @@ public struct VaultStateMachine<Credentials: Codable & Sendable>: Sendable {
         normalize()
     }
 
-    /// The `store`, `remove` or `authenticateOwner` action succeeded.
+    /// The `store`, `verify`, `remove` or `authenticateOwner` action succeeded.
     public mutating func operationSucceeded() throws(VaultError) -> Action {
         switch operation {
         case .enablingKeychainVault(let credentials):
             settle(.keychainSecured(credentials))
-        case .enablingSecureVault(let credentials):
+        case .enablingSecureVault(let credentials, .storing):
+            operation = .enablingSecureVault(credentials, step: .verifying)
+            return .verify(.biometrics)
+        case .enablingSecureVault(let credentials, .verifying):
             settle(.biometricsSecured(credentials))
-        case .upgrading(let credentials, removingKeychainItem: false):
-            operation = .upgrading(credentials, removingKeychainItem: true)
+        case .enablingSecureVault(_, .removingCopy):
+            settle(.ready)
+        case .upgrading(let credentials, .storing):
+            operation = .upgrading(credentials, step: .verifying)
+            return .verify(.biometrics)
+        case .upgrading(let credentials, .verifying):
+            operation = .finishingUpgrade(credentials)
             return .remove(.keychain)
-        case .upgrading(let credentials, removingKeychainItem: true):
+        case .finishingUpgrade(let credentials):
             settle(.biometricsSecured(credentials))
+        case .upgrading(let credentials, .removingCopy):
+            settle(.keychainSecured(credentials))
         case .downgrading(let credentials, removingBiometricItem: false):
             operation = .downgrading(credentials, removingBiometricItem: true)
             return .remove(.biometrics)
@@ -264,6 +289,11 @@ public struct VaultStateMachine<Credentials: Codable & Sendable>: Sendable {
     ///
     /// - A failed write or removal changed nothing (the keychain's writes are atomic), so the
     ///   transition ends where it started, except after its first step:
+    ///   - upgrade or enabling biometrics: the biometric copy didn't open with the user's finger
+    ///     (`verify`: `USER_CANCELED`, `AUTHENTICATION_FAILED`, `LOCKOUT`, …) → it is removed
+    ///     (`remove(.biometrics)`), then the state it started from; if that removal fails too, the
+    ///     copy stays: → `keychainSecured` after an upgrade (both are stored), `locked` after
+    ///     enabling (only the copy is);
     ///   - upgrade: the keychain item couldn't be removed, so both are stored → `keychainSecured`;
     ///   - downgrade: the biometric item couldn't be removed, so both are stored → `keychainSecured`;
     ///   - reset: the biometric item is gone, the keychain item may remain → `keychainSecured` from
@@ -278,7 +308,15 @@ public struct VaultStateMachine<Credentials: Codable & Sendable>: Sendable {
             biometricsAvailable = false
         }
         switch operation {
-        case .upgrading(let credentials, removingKeychainItem: true),
+        case .upgrading(let credentials, .verifying):
+            self.operation = .upgrading(credentials, step: .removingCopy)
+            return .remove(.biometrics)
+        case .enablingSecureVault(let credentials, .verifying):
+            self.operation = .enablingSecureVault(credentials, step: .removingCopy)
+            return .remove(.biometrics)
+        case .enablingSecureVault(_, .removingCopy):
+            settle(.locked)
+        case .finishingUpgrade(let credentials), .upgrading(let credentials, .removingCopy),
              .downgrading(let credentials, removingBiometricItem: true):
             settle(.keychainSecured(credentials))
         case .resetting(removingKeychainItem: true):
@@ -297,8 +335,10 @@ public struct VaultStateMachine<Credentials: Codable & Sendable>: Sendable {
     /// A transition waiting for its keychain operation, with what its next steps need.
     fileprivate enum Operation: Sendable {
         case enablingKeychainVault(Credentials)
-        case enablingSecureVault(Credentials)
-        case upgrading(Credentials, removingKeychainItem: Bool)
+        case enablingSecureVault(Credentials, step: BiometricWrite)
+        case upgrading(Credentials, step: BiometricWrite)
+        /// The finger opened the biometric copy; the keychain item is being removed.
+        case finishingUpgrade(Credentials)
         case downgrading(Credentials, removingBiometricItem: Bool)
         case disabling
         case unlocking
@@ -309,7 +349,7 @@ public struct VaultStateMachine<Credentials: Codable & Sendable>: Sendable {
             switch self {
             case .enablingKeychainVault: .enableKeychainVault
             case .enablingSecureVault: .enableSecureVaultWithBiometrics
-            case .upgrading: .upgradeKeychainWithBiometrics
+            case .upgrading, .finishingUpgrade: .upgradeKeychainWithBiometrics
             case .downgrading: .downgradeBiometricsToKeychain
             case .disabling: .disableBiometricsSecureVault
             case .unlocking: .unlockWithBiometrics
@@ -317,6 +357,16 @@ public struct VaultStateMachine<Credentials: Codable & Sendable>: Sendable {
             case .reauthenticating: .reauthenticateOwner
             }
         }
+    }
+
+    /// Where a transition that puts the credentials behind biometrics is.
+    fileprivate enum BiometricWrite: Sendable, Equatable {
+        /// The biometric copy is being written.
+        case storing
+        /// The copy is being read back with the user's finger.
+        case verifying
+        /// The finger did not open the copy; it is being removed again.
+        case removingCopy
     }
 
     private func checkIdle(_ event: VaultEvent) throws(VaultError) {

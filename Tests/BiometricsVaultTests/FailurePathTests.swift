@@ -64,9 +64,36 @@ import Keychain
         var subject = try machine(in: .keychainSecured)
         _ = try subject.upgradeKeychainWithBiometrics()
         _ = try subject.operationSucceeded()
+        #expect(try subject.operationSucceeded() == .remove(.keychain))
         #expect(try subject.operationFailed(code) == .none)
         #expect(subject.state == .keychainSecured(token))
         // What a restart finds: both items, hence the same state.
+        let restarted = Machine(startupFound: .init(keychainItem: token, biometricItemExists: true), biometricsAvailable: true)
+        #expect(restarted.state == subject.state)
+    }
+
+    /// The seed's library asks for the finger before it stores: a touch that fails or is canceled
+    /// leaves the credentials where they were, not behind a finger the user cannot give.
+    @Test(arguments: seedCodes + unavailabilityCodes)
+    func anUpgradeWhoseTouchFailsRemovesTheCopyAndStaysKeychainSecured(code: KeychainError.Code) throws {
+        var subject = try machine(in: .keychainSecured)
+        _ = try subject.upgradeKeychainWithBiometrics()
+        #expect(try subject.operationSucceeded() == .verify(.biometrics))
+        #expect(try subject.operationFailed(code) == .remove(.biometrics))
+        #expect(subject.pending == .upgradeKeychainWithBiometrics)
+        #expect(try subject.operationSucceeded() == .none)
+        #expect(subject.state == .keychainSecured(token))
+        #expect(subject.pending == nil)
+        #expect(subject.biometricsAvailable == !unavailabilityCodes.contains(code))
+    }
+
+    @Test func anUpgradeWhoseCopyCannotBeRemovedAfterAFailedTouchStaysKeychainSecuredWithBothItemsStored() throws {
+        var subject = try machine(in: .keychainSecured)
+        _ = try subject.upgradeKeychainWithBiometrics()
+        _ = try subject.operationSucceeded()
+        _ = try subject.operationFailed(.userCanceled)
+        #expect(try subject.operationFailed(.storageError) == .none)
+        #expect(subject.state == .keychainSecured(token))
         let restarted = Machine(startupFound: .init(keychainItem: token, biometricItemExists: true), biometricsAvailable: true)
         #expect(restarted.state == subject.state)
     }
@@ -96,6 +123,29 @@ import Keychain
         _ = try subject.enableSecureVaultWithBiometrics(saving: newToken)
         #expect(try subject.operationFailed(code) == .none)
         #expect(subject.state == expected)
+    }
+
+    @Test(arguments: seedCodes)
+    func enablingBiometricsWhoseTouchFailsRemovesTheCopyAndEndsWithNothingStored(code: KeychainError.Code) throws {
+        var subject = try machine(in: .ready)
+        _ = try subject.enableSecureVaultWithBiometrics(saving: newToken)
+        #expect(try subject.operationSucceeded() == .verify(.biometrics))
+        #expect(try subject.operationFailed(code) == .remove(.biometrics))
+        #expect(try subject.operationSucceeded() == .none)
+        #expect(subject.state == .ready)
+        #expect(!holdsCredentials(subject))
+    }
+
+    @Test func enablingBiometricsWhoseCopyCannotBeRemovedAfterAFailedTouchEndsLockedAsWhatIsStored() throws {
+        var subject = try machine(in: .ready)
+        _ = try subject.enableSecureVaultWithBiometrics(saving: newToken)
+        _ = try subject.operationSucceeded()
+        _ = try subject.operationFailed(.userCanceled)
+        #expect(try subject.operationFailed(.storageError) == .none)
+        #expect(subject.state == .locked)
+        #expect(!holdsCredentials(subject))
+        let restarted = Machine(startupFound: .init(biometricItemExists: true), biometricsAvailable: true)
+        #expect(restarted.state == subject.state)
     }
 
     @Test func aDowngradeWhoseKeychainWriteFailsStaysBiometricsSecured() throws {

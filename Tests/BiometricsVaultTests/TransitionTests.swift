@@ -20,10 +20,12 @@ import Keychain
         #expect(subject.state == .keychainSecured(newToken))
     }
 
-    @Test func upgradeStoresTheBiometricCopyBeforeRemovingTheKeychainItem() throws {
+    @Test func upgradeStoresTheBiometricCopyAndOpensItWithAFingerBeforeRemovingTheKeychainItem() throws {
         var subject = try machine(in: .keychainSecured)
         #expect(try subject.upgradeKeychainWithBiometrics() == .store(token, protection: .biometrics))
         #expect(subject.pending == .upgradeKeychainWithBiometrics)
+        #expect(try subject.operationSucceeded() == .verify(.biometrics))
+        #expect(subject.state == .keychainSecured(token))
         #expect(try subject.operationSucceeded() == .remove(.keychain))
         #expect(subject.state == .keychainSecured(token))
         #expect(try subject.operationSucceeded() == .none)
@@ -31,9 +33,11 @@ import Keychain
         #expect(subject.pending == nil)
     }
 
-    @Test func enableSecureVaultWithBiometricsFromReadyStoresBehindBiometrics() throws {
+    @Test func enableSecureVaultWithBiometricsFromReadyStoresBehindBiometricsAndOpensItWithAFinger() throws {
         var subject = try machine(in: .ready)
         #expect(try subject.enableSecureVaultWithBiometrics(saving: newToken) == .store(newToken, protection: .biometrics))
+        #expect(try subject.operationSucceeded() == .verify(.biometrics))
+        #expect(subject.state == .ready)
         #expect(try subject.operationSucceeded() == .none)
         #expect(subject.state == .biometricsSecured(newToken))
     }
@@ -105,6 +109,7 @@ import Keychain
         #expect(try subject.enableKeychainVault(saving: newToken) == .store(newToken, protection: .keychain))
         #expect(try subject.operationSucceeded() == .none)
         #expect(try subject.upgradeKeychainWithBiometrics() == .store(newToken, protection: .biometrics))
+        #expect(try subject.operationSucceeded() == .verify(.biometrics))
         #expect(try subject.operationSucceeded() == .remove(.keychain))
         #expect(try subject.operationSucceeded() == .none)
         #expect(try subject.lock() == .none)

@@ -33,10 +33,12 @@ struct VaultIntegrationTests {
         #expect(vault.state == .keychainSecured(Self.alice))
         vault = d.vault()  // restart
         #expect(vault.state == .keychainSecured(Self.alice))
+        d.answers.push(.finger("thumb"))
         try await vault.upgradeKeychainWithBiometrics()
         #expect(vault.state == .biometricsSecured(Self.alice))
-        #expect(d.answers.requests.isEmpty, "storing behind biometrics never prompts")
-        try vault.lock()
+        #expect(d.answers.requests.map(\.methods) == [[.fingerprint]], "the upgrade asks for the finger once")
+        let locked: Bool = try vault.lock()  // the seed's `lock() throws -> Bool`
+        #expect(locked)
         #expect(vault.state == .locked)
         vault = d.vault()  // restart: found locked, without a prompt
         #expect(vault.state == .locked)
@@ -46,9 +48,11 @@ struct VaultIntegrationTests {
         #expect(vault.state == .biometricsSecured(Self.alice))
         try Self.turnBiometricsOff(vault, keepingACopy: true)
         #expect(vault.state == .keychainSecured(Self.alice))
+        d.answers.push(.finger("thumb"))
         try await vault.upgradeKeychainWithBiometrics()
         try Self.turnBiometricsOff(vault, keepingACopy: false)
         #expect(vault.state == .ready)
+        d.answers.push(.finger("thumb"))
         try await vault.enableSecureVaultWithBiometrics(saving: Self.alice)
         #expect(vault.state == .biometricsSecured(Self.alice))
         vault.resetEverything()
@@ -73,6 +77,7 @@ struct VaultIntegrationTests {
     @Test func aCanceledUnlockStaysLockedAndACanceledPromptIsReported() async throws {
         let d = try await Device()
         let vault = d.vault()
+        d.answers.push(.finger("thumb"))
         try await vault.enableSecureVaultWithBiometrics(saving: Self.alice)
         try vault.lock()
         d.answers.push(.cancel)
@@ -83,6 +88,7 @@ struct VaultIntegrationTests {
     @Test func aLockoutIsEndedByReauthenticatingTheOwner() async throws {
         let d = try await Device()
         let vault = d.vault()
+        d.answers.push(.finger("thumb"))
         try await vault.enableSecureVaultWithBiometrics(saving: Self.alice)
         try vault.lock()
         d.answers.push(.finger("pinky"), .finger("pinky"), .finger("pinky"))
@@ -100,6 +106,7 @@ struct VaultIntegrationTests {
     @Test func anEnrollmentChangeWhileBiometricsSecuredEndsInReadyAfterKeyInvalidated() async throws {
         let d = try await Device()
         let vault = d.vault()
+        d.answers.push(.finger("thumb"))
         try await vault.enableSecureVaultWithBiometrics(saving: Self.alice)
         try await d.device.enrollFinger("index", passcode: Self.pin)
         try vault.lock()
@@ -118,6 +125,7 @@ struct VaultIntegrationTests {
         #expect(vault.state == .keychainSecured(Self.alice))
         try await d.device.enrollFinger("thumb", passcode: Self.pin)
         await vault.refreshAvailability()
+        d.answers.push(.finger("thumb"))
         try await vault.upgradeKeychainWithBiometrics()
         #expect(vault.state == .biometricsSecured(Self.alice))
     }

@@ -3,6 +3,7 @@ import BiometricsVault
 import Foundation
 import Keychain
 import KeychainTestSupport
+import Observation
 import Testing
 
 // README.md, block 1
@@ -126,12 +127,29 @@ func docs_guides_biometrics_vault_6() async throws {
     let vault = BiometricsVault<Credentials>(key: "credentials")
     try vault.enableKeychainVault(saving: Credentials(user: "ivan", token: "t-1"))
     if vault.biometricsAvailable {
-        try await vault.upgradeKeychainWithBiometrics()   // no prompt: the write never asks
+        try await vault.upgradeKeychainWithBiometrics()   // the prompt: the finger opens the copy first
     }
 }
 
 // docs/guides/biometrics-vault.md, block 8
 func docs_guides_biometrics_vault_7() async throws {
+
+    struct Credentials: Codable, Sendable { var user: String; var token: String }
+
+    let vault = BiometricsVault<Credentials>(key: "credentials")
+    withObservationTracking {
+        print(vault.state, vault.biometricsAvailable)   // what a view shows
+    } onChange: {
+        print("changed: draw again")                    // once, after the next change
+    }
+
+    for await state in vault.states {                   // or as a stream
+        print("now", state)
+    }
+}
+
+// docs/guides/biometrics-vault.md, block 9
+func docs_guides_biometrics_vault_8() async throws {
 
     struct Credentials: Codable, Sendable { var user: String; var token: String }
 

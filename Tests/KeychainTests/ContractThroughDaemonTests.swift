@@ -10,7 +10,7 @@ import Testing
 @Suite("The contract through keychaind")
 struct ContractThroughDaemonTests {
     static let suites = ["SeedContractTests", "AccessibleLevelTests", "AccessControlTests", "OptionsTests", "VaultIntegrationTests",
-                         "SignInFlowTests"]
+                         "SeedLibraryTests", "SignInFlowTests"]
 
     @Test(arguments: suites)
     func suitePassesThroughTheDaemon(_ suite: String) throws {
