@@ -104,7 +104,7 @@ package struct StorageRef: Sendable {
         storeName = try scope.storeName(service)
         var resolved = self.options
         resolved.service = service
-        wireOptions = forWire ? WireJSON.encode(resolved) : []
+        wireOptions = forWire ? resolved.wire.encoded() : []
     }
 }
 

@@ -40,10 +40,11 @@ public enum WireKind {
 
 /// Field tags; a request carries only those its call needs.
 public enum WireTag {
-    /// The storage's options as JSON (`KeychainOptions`, service resolved).
+    /// The storage's options (`WireStorageOptions`, service resolved).
     public static let options: UInt8 = 1, key: UInt8 = 2, value: UInt8 = 3
     public static let accessible: UInt8 = 4, accessControl: UInt8 = 5, authValidity: UInt8 = 6, label: UInt8 = 7,
                       synchronizable: UInt8 = 8
+    /// A read's own prompt texts (`WirePrompt`).
     public static let prompt: UInt8 = 9
     /// The client's authenticator's `attemptsPerRead`; absent when the client has no authenticator.
     public static let attempts: UInt8 = 10
@@ -53,7 +54,8 @@ public enum WireTag {
     public static let resultBytes: UInt8 = 20, resultBool: UInt8 = 21, resultJSON: UInt8 = 22, resultNumber: UInt8 = 23
     public static let errorCode: UInt8 = 30, errorMessage: UInt8 = 31, causeKind: UInt8 = 32, causeNumber: UInt8 = 33,
                       causeText: UInt8 = 34
-    public static let promptJSON: UInt8 = 40, methods: UInt8 = 41, service: UInt8 = 42, promptKey: UInt8 = 43, attempt: UInt8 = 44,
+    /// keychaind's prompt: its texts (`WirePrompt`), the methods (JSON), the item, the attempt, the last failure.
+    public static let promptTexts: UInt8 = 40, methods: UInt8 = 41, service: UInt8 = 42, promptKey: UInt8 = 43, attempt: UInt8 = 44,
                       previousFailure: UInt8 = 45
     public static let answerKind: UInt8 = 50, answerFinger: UInt8 = 51, answerPasscode: UInt8 = 52, answerReason: UInt8 = 53
 }
@@ -103,29 +105,109 @@ public struct WireSetOptions: Sendable, Equatable {
     }
 }
 
-/// The storage options a client without Foundation sends (`WireTag.options`): the service and the
-/// access group, as the JSON keychaind reads (the library sends every `KeychainOptions` field).
-public enum WireStorageOptions {
-    public static func json(service: String, accessGroup: String?) -> [UInt8] {
-        var text = "{\"service\":\(jsonString(service))"
-        if let accessGroup { text += ",\"accessGroup\":\(jsonString(accessGroup))" }
-        return Array((text + "}").utf8)
+/// The words a storage's `keyStorage` may hold: the raw values of the library's `KeyStorage`.
+extension WireValues {
+    public static let keyStorage = ["tee", "strongbox"]
+}
+
+/// Which fields a nested options message (`WireStorageOptions`, `WirePrompt`) carries: a message of
+/// this kind inside one field of a request or prompt, with its own tags.
+extension WireKind {
+    public static let fields: UInt8 = 0
+}
+
+/// Prompt texts as fields (a storage's, a read's, the one keychaind asks with), each absent when it
+/// keeps the system's (or the storage's) text.
+public struct WirePrompt: Sendable, Equatable {
+    public var title: String?
+    public var subtitle: String?
+    public var description: String?
+    public var cancel: String?
+
+    enum Tag { static let title: UInt8 = 1, subtitle: UInt8 = 2, description: UInt8 = 3, cancel: UInt8 = 4 }
+
+    public init(title: String? = nil, subtitle: String? = nil, description: String? = nil, cancel: String? = nil) {
+        (self.title, self.subtitle, self.description, self.cancel) = (title, subtitle, description, cancel)
     }
 
-    /// A JSON string literal: `"` and `\` escaped, control characters as `\u00xx`.
-    static func jsonString(_ text: String) -> String {
-        var out = "\""
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case _ where scalar.value < 0x20:
-                let digits = String(scalar.value, radix: 16)
-                out += "\\u00" + String(repeating: "0", count: 2 - digits.count) + digits
-            default: out.unicodeScalars.append(scalar)
-            }
-        }
-        return out + "\""
+    /// The nested message a field carries.
+    public func encoded() -> [UInt8] {
+        var message = WireMessage(kind: WireKind.fields)
+        message.add(Tag.title, title)
+        message.add(Tag.subtitle, subtitle)
+        message.add(Tag.description, description)
+        message.add(Tag.cancel, cancel)
+        return message.encoded()
+    }
+
+    public init(decoding bytes: [UInt8]) throws(WireError) {
+        let message = try WireMessage.decodeFields(bytes, of: "prompt")
+        title = try message.string(Tag.title)
+        subtitle = try message.string(Tag.subtitle)
+        description = try message.string(Tag.description)
+        cancel = try message.string(Tag.cancel)
+    }
+}
+
+/// A storage's options as fields (`WireTag.options`), the service resolved by the client; a field is
+/// absent when the storage keeps the library's default. The words are `WireValues`' and are checked
+/// by whoever reads them. keychainctl's front sends the service and access group only; the library
+/// sends every field.
+public struct WireStorageOptions: Sendable, Equatable {
+    public var service: String?
+    public var accessible: String?
+    public var accessControl: String?
+    public var authValidity: Int?
+    public var synchronizable: Bool?
+    public var accessGroup: String?
+    public var prompt: WirePrompt?
+    /// Android's `keyStorage`.
+    public var keyStorage: String?
+
+    enum Tag {
+        static let service: UInt8 = 1, accessible: UInt8 = 2, accessControl: UInt8 = 3, authValidity: UInt8 = 4,
+                   synchronizable: UInt8 = 5, accessGroup: UInt8 = 6, prompt: UInt8 = 7, keyStorage: UInt8 = 8
+    }
+
+    public init(service: String?, accessible: String? = nil, accessControl: String? = nil, authValidity: Int? = nil,
+                synchronizable: Bool? = nil, accessGroup: String? = nil, prompt: WirePrompt? = nil, keyStorage: String? = nil) {
+        (self.service, self.accessible, self.accessControl, self.authValidity) = (service, accessible, accessControl, authValidity)
+        (self.synchronizable, self.accessGroup, self.prompt, self.keyStorage) = (synchronizable, accessGroup, prompt, keyStorage)
+    }
+
+    /// The nested message `WireTag.options` carries.
+    public func encoded() -> [UInt8] {
+        var message = WireMessage(kind: WireKind.fields)
+        message.add(Tag.service, service)
+        message.add(Tag.accessible, accessible)
+        message.add(Tag.accessControl, accessControl)
+        message.add(Tag.authValidity, authValidity.map { UInt64(bitPattern: Int64($0)) })
+        message.add(Tag.synchronizable, synchronizable)
+        message.add(Tag.accessGroup, accessGroup)
+        message.add(Tag.prompt, prompt?.encoded())
+        message.add(Tag.keyStorage, keyStorage)
+        return message.encoded()
+    }
+
+    public init(decoding bytes: [UInt8]) throws(WireError) {
+        let message = try WireMessage.decodeFields(bytes, of: "storage options")
+        service = try message.string(Tag.service)
+        accessible = try message.string(Tag.accessible)
+        accessControl = try message.string(Tag.accessControl)
+        authValidity = try message.uint(Tag.authValidity).map { Int(Int64(bitPattern: $0)) }
+        synchronizable = try message.bool(Tag.synchronizable)
+        accessGroup = try message.string(Tag.accessGroup)
+        prompt = try message.bytes(Tag.prompt).map { bytes throws(WireError) in try WirePrompt(decoding: bytes) }
+        keyStorage = try message.string(Tag.keyStorage)
+    }
+}
+
+extension WireMessage {
+    /// A nested message of `WireKind.fields` (its own version byte, checked like a request's).
+    static func decodeFields(_ bytes: [UInt8], of what: String) throws(WireError) -> WireMessage {
+        let message = try WireMessage.decode(bytes)
+        guard message.kind == WireKind.fields else { throw WireError(.malformed, "the \(what) field is not a list of fields") }
+        return message
     }
 }
 

@@ -2,14 +2,15 @@
 import Glibc
 #endif
 
-/// The keychaind protocol, version 1: what travels on the daemon's Unix socket.
+/// The keychaind protocol, version 2: what travels on the daemon's Unix socket (version 1 carried a
+/// storage's options and prompts as JSON; 2 carries them as nested fields, `WireStorageOptions`).
 ///
 /// A frame is a 4-byte big-endian length, then that many bytes of message (at most `maxMessage`).
 /// A message is `[version][kind]`, then fields `[tag][4-byte big-endian length][bytes]` with tags
 /// strictly increasing, so one message has exactly one encoding and a decoder never guesses.
 /// No Foundation here: a small client links this module alone.
 public enum Wire {
-    public static let version: UInt8 = 1
+    public static let version: UInt8 = 2
     /// The largest message: a 16 MiB value plus room for the options and key.
     public static let maxMessage = 16 * 1024 * 1024 + 64 * 1024
 }

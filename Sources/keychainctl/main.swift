@@ -327,7 +327,7 @@ func main() -> Never {
           let fast = FastCommand(inv) else {
         runFullTool()
     }
-    let options = WireStorageOptions.json(service: fast.service, accessGroup: fast.accessGroup)
+    let options = WireStorageOptions(service: fast.service, accessGroup: fast.accessGroup).encoded()
     func request(_ op: WireOp) -> WireMessage {
         var message = WireMessage(kind: op.rawValue)
         message.add(WireTag.options, options)

@@ -19,7 +19,7 @@ struct DaemonConnectionTests {
     /// getItem on `fd` with these options; the reply's value, or its error code.
     func get(_ fd: Int32, _ options: KeychainOptions, _ key: String) throws -> (value: String?, error: String?) {
         var request = WireMessage(kind: WireOp.getItem.rawValue)
-        request.add(WireTag.options, WireJSON.encode(options))
+        request.add(WireTag.options, options.wire.encoded())
         request.add(WireTag.key, key)
         try WireSocket.send(fd, request)
         let reply = try WireSocket.receive(fd, idle: 60, stall: 60)

@@ -127,8 +127,7 @@ struct DaemonLimitTests {
                 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
                 i = 0
                 while not stop.is_set():
-                    opts = ('{"service":"flood-%d-%d"}' % (n, i)).encode()
-                    body = bytes([1, 1]) + field(1, opts) + field(2, b'k') + field(3, b'x' * 64)
+                    body = bytes([V, 1]) + field(1, options('flood-%d-%d' % (n, i))) + field(2, b'k') + field(3, b'x' * 64)
                     request(s, body)
                     with lock: done.append(time.monotonic())
                     i += 1
@@ -141,7 +140,7 @@ struct DaemonLimitTests {
             """
         let reads = rawWireClient + """
             s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
-            body = bytes([1, 2]) + field(1, b'{"service":"mine"}') + field(2, b'k')
+            body = bytes([V, 2]) + field(1, options('mine')) + field(2, b'k')
             time.sleep(1.0)  # the flood is under way
             for _ in range(20):
                 start = time.monotonic()

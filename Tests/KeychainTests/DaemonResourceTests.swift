@@ -65,7 +65,7 @@ struct DaemonResourceTests {
             socks = []
             for i in range(8):
                 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
-                try: s.sendall(frame(bytes([1, 27])))
+                try: s.sendall(frame(bytes([V, 27])))
                 except BrokenPipeError: pass  # closed already: a reply it sent is still there to read
                 socks.append(s)
             start, pending, seen = time.monotonic(), {s: b'' for s in socks}, {}

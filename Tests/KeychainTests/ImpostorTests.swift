@@ -28,7 +28,7 @@ struct ImpostorTests {
                 def record(line):
                     with open(log, 'ab') as f: f.write(line + b'\\n')
                 def frame(kind, fields):
-                    body = bytes([1, kind]) + b''.join(bytes([t]) + struct.pack('>I', len(d)) + d for t, d in fields)
+                    body = bytes([\(Wire.version), kind]) + b''.join(bytes([t]) + struct.pack('>I', len(d)) + d for t, d in fields)
                     return struct.pack('>I', len(body)) + body
                 s = socket.socket(socket.AF_UNIX); s.bind(path); os.chmod(path, 0o777); s.listen(64)
                 record(b'listening')

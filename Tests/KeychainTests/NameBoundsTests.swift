@@ -26,7 +26,7 @@ struct NameBoundsTests: TwoDeviceTest {
         #expect(try run(keychainctl, ["set", "vpn", "psk"], input: Array("root's".utf8), environment: daemon.environment).status == 0)
         let script = rawWireClient + """
             service = ('a' + '\\u0301' * 300) * 256
-            body = bytes([1, 1]) + field(1, json.dumps({'service': service}).encode()) + field(2, b'k') + field(3, b'v')
+            body = bytes([V, 1]) + field(1, options(service)) + field(2, b'k') + field(3, b'v')
             s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
             reply = request(s, body)
             print(json.dumps({'kind': reply[1], 'fields': fields(reply)}))

@@ -20,6 +20,8 @@ final class RecordingService: KeychainService, @unchecked Sendable {
         if let failure { throw failure }
     }
     var names: [String] { calls.withLock { $0.map(\.name) } }
+    /// Each getItem's storage options and the read's own prompt, as the service was handed them.
+    let reads = Mutex<[(options: KeychainOptions, prompt: Prompt?)]>([])
 
     func setItem(_ key: String, _ value: SecureBytes, options: SetItemOptions?, in storage: StorageRef) async throws(KeychainError) {
         try record("setItem", storage, key: key)
@@ -28,6 +30,7 @@ final class RecordingService: KeychainService, @unchecked Sendable {
     func getItem(_ key: String, options: GetItemOptions?, in storage: StorageRef,
                  authenticator: (any Authenticator)?) async throws(KeychainError) -> SecureBytes? {
         try record("getItem", storage, key: key)
+        reads.withLock { $0.append((storage.options, options?.prompt)) }
         return SecureBytes(copying: Array("value of \(key)".utf8))
     }
     func warmItem(_ key: String, in storage: StorageRef) -> WarmRead? { nil }
@@ -78,7 +81,7 @@ struct RequestHandlerTests {
     func respond(_ op: WireOp, service: String? = "mail", accessGroup: String? = nil, key: String? = "token", from peer: Peer = Self.user,
                  to backing: RecordingService, groups: AccessGroups = .init(directory: nil)) async throws -> WireMessage {
         var request = WireMessage(kind: op.rawValue)
-        if op.isStorageCall { request.add(WireTag.options, WireJSON.encode(KeychainOptions(service: service, accessGroup: accessGroup))) }
+        if op.isStorageCall { request.add(WireTag.options, KeychainOptions(service: service, accessGroup: accessGroup).wire.encoded()) }
         if op.isStorageCall { request.add(WireTag.key, key) }
         let handler = DaemonRequestHandler(service: backing, groups: groups)
         return await handler.respond(to: try WireMessage.decode(request.encoded()), from: peer, options: Connection().options,
@@ -198,6 +201,31 @@ struct RequestHandlerTests {
         #expect(try KeychainError(decoding: try await respond(.getItem, service: nil, to: backing)).code == .invalidArgument)
         #expect(try KeychainError(decoding: try await respond(.getItem, service: "", to: backing)).code == .invalidArgument)
         #expect(backing.names.isEmpty)
+    }
+
+    /// The options and a read's prompt arrive typed, every field as the client set it; a word that is
+    /// none of the library's is INVALID_ARGUMENT naming it, and the service is never called.
+    @Test func optionsArriveTypedAndAnUnknownWordIsRefusedBeforeTheService() async throws {
+        let backing = RecordingService()
+        let handler = DaemonRequestHandler(service: backing, groups: .init(directory: nil))
+        func get(_ options: [UInt8], prompt: Prompt? = nil) async throws -> WireMessage {
+            var request = WireMessage(kind: WireOp.getItem.rawValue)
+            request.add(WireTag.options, options)
+            request.add(WireTag.key, "token")
+            request.add(WireTag.prompt, prompt?.wire.encoded())
+            return await handler.respond(to: try WireMessage.decode(request.encoded()), from: Self.user, options: Connection().options,
+                                         authenticator: { _ in fatalError("no prompt in these tests") })
+        }
+        let options = KeychainOptions(service: "mail", accessible: .whenUnlocked, accessControl: .biometryAnyOrPasscode, authValidity: 30,
+                                      prompt: Prompt(title: "Sign in", cancel: "Use password"), android: .init(keyStorage: .strongbox))
+        #expect(try await get(options.wire.encoded(), prompt: Prompt(subtitle: "for the mail")).kind == WireKind.ok)
+        let read = try #require(backing.reads.withLock { $0.first })
+        #expect(read.options == options && read.prompt == Prompt(subtitle: "for the mail"))
+
+        let refused = try KeychainError(decoding: try await get(WireStorageOptions(service: "mail", accessControl: "faceID").encoded()))
+        #expect(refused.code == .invalidArgument)
+        #expect(refused.message == "The keychain service could not read the request: unknown AccessControl 'faceID'")
+        #expect(backing.names == ["getItem"])
     }
 }
 

@@ -1,5 +1,6 @@
 import Foundation
 import Keychain
+import KeychainWire
 import KeychainTestSupport
 import SecureMemory
 import Synchronization
@@ -96,10 +97,13 @@ func startBenchUntilItNamesItsStore(environment: [String: String]? = nil) throws
 /// `field(tag, data)` makes one field, `read(s, n)` reads exactly n bytes (exits with "closed" when
 /// the daemon closes first), `frame(body)` prefixes a request's length, `request(s, body)` sends one
 /// and returns the reply's body, and `fields(reply)` maps a reply's tags (as strings) to text.
-/// A test's script is this followed by its own lines.
+/// `V` is the protocol's version (a message's first byte), `options(service)` a storage's options
+/// field naming only its service. A test's script is this followed by its own lines.
 let rawWireClient = """
     import json, os, socket, struct, sys, threading, time
+    V = \(Wire.version)
     def field(tag, data): return bytes([tag]) + struct.pack('>I', len(data)) + data
+    def options(service): return bytes([V, 0]) + field(1, service.encode())
     def read(s, n):
         out = b''
         while len(out) < n:

@@ -21,7 +21,7 @@ struct WireTests {
 
     static func sample() -> WireMessage {
         var message = WireMessage(kind: WireOp.setItem.rawValue)
-        message.add(WireTag.options, WireJSON.encode(KeychainOptions(service: "svc", accessControl: .passcode)))
+        message.add(WireTag.options, KeychainOptions(service: "svc", accessControl: .passcode).wire.encoded())
         message.add(WireTag.key, "k")
         message.add(WireTag.value, [0, 1, 2, 255])
         message.add(WireTag.accessible, "always")
@@ -43,16 +43,16 @@ struct WireTests {
 
     @Test func repeatedOrOutOfOrderFieldsAnotherVersionAndCutMessagesAreRefused() {
         let good = Self.sample().encoded()
-        #expect(throws: WireError(.version, "")) { try WireMessage.decode([2] + good.dropFirst()) }
-        #expect(throws: WireError(.malformed, "")) { try WireMessage.decode([1]) }
+        #expect(throws: WireError(.version, "")) { try WireMessage.decode([Wire.version + 1] + good.dropFirst()) }
+        #expect(throws: WireError(.malformed, "")) { try WireMessage.decode([Wire.version]) }
         for cut in 3..<good.count where !Self.endsAField(good, at: cut) {
             #expect(throws: WireError(.malformed, "")) { try WireMessage.decode(Array(good.prefix(cut))) }
         }
-        let twice: [UInt8] = [1, 2, 2, 0, 0, 0, 1, 65, 2, 0, 0, 0, 1, 66]
+        let twice: [UInt8] = [Wire.version, 2, 2, 0, 0, 0, 1, 65, 2, 0, 0, 0, 1, 66]
         #expect(throws: WireError(.malformed, "")) { try WireMessage.decode(twice) }
-        let backwards: [UInt8] = [1, 2, 3, 0, 0, 0, 0, 2, 0, 0, 0, 0]
+        let backwards: [UInt8] = [Wire.version, 2, 3, 0, 0, 0, 0, 2, 0, 0, 0, 0]
         #expect(throws: WireError(.malformed, "")) { try WireMessage.decode(backwards) }
-        let huge: [UInt8] = [1, 2, 2, 0xFF, 0xFF, 0xFF, 0xFF, 0]
+        let huge: [UInt8] = [Wire.version, 2, 2, 0xFF, 0xFF, 0xFF, 0xFF, 0]
         #expect(throws: WireError(.malformed, "")) { try WireMessage.decode(huge) }
     }
 
@@ -91,7 +91,7 @@ struct WireTests {
             accepted += 1
             #expect(message.encoded() == input)
             _ = try? SetItemOptions(wire: message)
-            _ = try? WireJSON.decode(KeychainOptions.self, message.bytes(WireTag.options))
+            _ = try? message.bytes(WireTag.options).map { bytes throws(WireError) in try KeychainOptions(wire: WireStorageOptions(decoding: bytes)) }
             _ = try? KeychainError(decoding: message)
             for tag in message.fields.map(\.tag) { _ = try? message.string(tag); _ = try? message.uint(tag); _ = try? message.bool(tag) }
         }
@@ -112,7 +112,7 @@ struct WireTests {
             for _ in 0..<Int.random(in: 1...3, using: &random) {
                 input[Int.random(in: 0..<input.count, using: &random)] = UInt8.random(in: 0...255, using: &random)
             }
-            input[0] = 1
+            input[0] = Wire.version
             guard case .success(let fd) = WireSocket.connect(path: daemon.socket) else { Issue.record("connect"); return }
             defer { close(fd) }
             let frame = [UInt8(input.count >> 24 & 0xFF), UInt8(input.count >> 16 & 0xFF), UInt8(input.count >> 8 & 0xFF),
@@ -129,6 +129,7 @@ struct WireTests {
     @Test func theWiresValueSetsAreTheLibrarysEnums() {
         #expect(WireValues.accessible == Accessible.allCases.map(\.rawValue))
         #expect(WireValues.accessControl == AccessControl.allCases.map(\.rawValue))
+        #expect(WireValues.keyStorage == KeyStorage.allCases.map(\.rawValue))
     }
 
     /// Every cause survives the error codec, and reads as the library writes it.
@@ -144,12 +145,52 @@ struct WireTests {
         #expect(KeychainError.Cause.tpm(code: 0x98E, name: "X").description == "TPM X (0x0000098E)")
     }
 
-    /// The front's storage options (no Foundation) decode to the options the library sends.
-    @Test func theFrontsStorageOptionsAreTheLibrarysJSON() throws {
-        for (service, group) in [("mail", nil), ("a\"b\\c\u{1}\u{1F}é/", "team"), ("x", "g\n")] as [(String, String?)] {
-            let decoded = try WireJSON.decode(KeychainOptions.self, WireStorageOptions.json(service: service, accessGroup: group))
-            #expect(decoded == KeychainOptions(service: service, accessGroup: group))
+    /// A storage's options cross the socket as typed fields: every field, each away from its default,
+    /// and the defaults, come back as they were sent (inside a request, through its encoding).
+    @Test func aStoragesOptionsRoundTripAsFields() throws {
+        let every = KeychainOptions(service: "mail", accessible: .whenPasscodeSetThisDeviceOnly, accessControl: .biometryCurrentSetOrPasscode,
+                                    authValidity: -5, synchronizable: true, accessGroup: "team",
+                                    prompt: Prompt(title: "T", subtitle: "S", description: "D", cancel: "C"),
+                                    android: AndroidOptions(keyStorage: .strongbox))
+        let some = KeychainOptions(service: "a\"b\\c\u{1}é/", prompt: Prompt(title: "only the title"))
+        for options in [every, some, KeychainOptions(service: "x")] {
+            var request = WireMessage(kind: WireOp.getItem.rawValue)
+            request.add(WireTag.options, options.wire.encoded())
+            let carried = try #require(try WireMessage.decode(request.encoded()).bytes(WireTag.options))
+            #expect(try KeychainOptions(wire: WireStorageOptions(decoding: carried)) == options)
         }
+        #expect(try WireStorageOptions(decoding: every.wire.encoded()).prompt == WirePrompt(title: "T", subtitle: "S", description: "D", cancel: "C"))
+        #expect(try WirePrompt(decoding: Prompt(cancel: "Use password").wire.encoded()) == WirePrompt(cancel: "Use password"))
+    }
+
+    /// keychainctl's front (no Foundation) sends the service and access group alone: they read as the
+    /// library's options with every other field its default.
+    @Test func theFrontsStorageOptionsAreTheLibrarysOptions() throws {
+        for (service, group) in [("mail", nil), ("a\"b\\c\u{1}\u{1F}é/", "team"), ("x", "g\n")] as [(String, String?)] {
+            let sent = WireStorageOptions(service: service, accessGroup: group).encoded()
+            #expect(try KeychainOptions(wire: WireStorageOptions(decoding: sent)) == KeychainOptions(service: service, accessGroup: group))
+        }
+    }
+
+    /// A word that is none of the library's, a field of the wrong shape or a nested message of
+    /// another kind is refused, naming it; never a default in its place.
+    @Test func aWrongOptionsFieldIsRefusedNamingIt() {
+        func refusal(_ bytes: [UInt8]) -> String? {
+            do { _ = try KeychainOptions(wire: WireStorageOptions(decoding: bytes)); return nil } catch { return error.detail }
+        }
+        #expect(refusal(WireStorageOptions(service: "s", accessible: "sometimes").encoded()) == "unknown Accessible 'sometimes'")
+        #expect(refusal(WireStorageOptions(service: "s", accessControl: "faceID").encoded()) == "unknown AccessControl 'faceID'")
+        #expect(refusal(WireStorageOptions(service: "s", keyStorage: "cloud").encoded()) == "unknown KeyStorage 'cloud'")
+        var notFields = WireMessage(kind: WireOp.getItem.rawValue)
+        notFields.add(1, "s")
+        #expect(refusal(notFields.encoded()) == "the storage options field is not a list of fields")
+        var badBool = WireMessage(kind: WireKind.fields)
+        badBool.add(5, [2])
+        #expect(refusal(badBool.encoded()) == "field 5 is not a boolean")
+        var badText = WireMessage(kind: WireKind.fields)
+        badText.add(1, [0xFF])
+        #expect(refusal(badText.encoded()) == "field 1 is not UTF-8")
+        #expect(refusal(Array(#"{"service":"mail"}"#.utf8)) == "protocol version 123, this side speaks \(Wire.version)")
     }
 
     /// The one rule that finds keychaind, shared by the library's default, both keychainctl tools and

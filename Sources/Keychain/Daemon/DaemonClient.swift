@@ -68,7 +68,8 @@ struct DaemonClient: Sendable {
         let request: AuthenticationRequest
         do {
             request = AuthenticationRequest(
-                prompt: try WireJSON.decode(Prompt.self, prompt.bytes(WireTag.promptJSON)) ?? Prompt(),
+                prompt: try prompt.bytes(WireTag.promptTexts).map { bytes throws(WireError) in Prompt(wire: try WirePrompt(decoding: bytes)) }
+                    ?? Prompt(),
                 methods: try WireJSON.decode([AuthenticationMethod].self, prompt.bytes(WireTag.methods)) ?? [],
                 service: try prompt.string(WireTag.service) ?? "", key: try prompt.string(WireTag.promptKey) ?? "",
                 attempt: Int(try prompt.uint(WireTag.attempt) ?? 1), previousFailure: try prompt.string(WireTag.previousFailure))
@@ -190,7 +191,7 @@ extension DaemonClient: KeychainService {
     func getItem(_ key: String, options call: GetItemOptions?, in storage: StorageRef,
                  authenticator: (any Authenticator)?) async throws(KeychainError) -> SecureBytes? {
         var reply = try await self.call(.getItem, storage, key: key, authenticator: authenticator) { message in
-            message.add(WireTag.prompt, call?.prompt.map { WireJSON.encode($0) })
+            message.add(WireTag.prompt, call?.prompt?.wire.encoded())
             message.add(WireTag.attempts, authenticator.map { UInt64(max(1, $0.attemptsPerRead)) })
         }
         defer { reply.wipe() }

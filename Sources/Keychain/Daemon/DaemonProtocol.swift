@@ -45,7 +45,8 @@ extension KeychainError.Cause {
     }
 }
 
-/// JSON for the non-secret structured values (options, prompts, results).
+/// JSON for the structured results (keys, item info, statuses) and a prompt's methods; options and
+/// prompt texts travel as fields (`KeychainOptions.wire`, `Prompt.wire`).
 enum WireJSON {
     static func encode<T: Encodable>(_ value: T) -> [UInt8] {
         // Encoding these plain value types cannot fail.
@@ -56,6 +57,40 @@ enum WireJSON {
         do { return try JSONDecoder().decode(type, from: Data(bytes)) } catch {
             throw WireError(.malformed, "a \(T.self) field does not decode: \(error)")
         }
+    }
+}
+
+/// A word of the wire as the library's enum, or `malformed` naming it.
+private func parsed<T: RawRepresentable>(_ raw: String?, _: T.Type) throws(WireError) -> T? where T.RawValue == String {
+    guard let raw else { return nil }
+    guard let value = T(rawValue: raw) else { throw WireError(.malformed, "unknown \(T.self) '\(raw)'") }
+    return value
+}
+
+extension KeychainOptions {
+    /// Every field as keychaind's requests carry it (`service` resolved by the caller).
+    var wire: WireStorageOptions {
+        WireStorageOptions(service: service, accessible: accessible.rawValue, accessControl: accessControl.rawValue,
+                           authValidity: authValidity, synchronizable: synchronizable, accessGroup: accessGroup, prompt: prompt?.wire,
+                           keyStorage: android.keyStorage.rawValue)
+    }
+
+    /// The options a request carries, an absent field the default; not validated (`StorageRef` does).
+    init(wire fields: WireStorageOptions) throws(WireError) {
+        let defaults = KeychainOptions()
+        self.init(service: fields.service, accessible: try parsed(fields.accessible, Accessible.self) ?? defaults.accessible,
+                  accessControl: try parsed(fields.accessControl, AccessControl.self) ?? defaults.accessControl,
+                  authValidity: fields.authValidity ?? defaults.authValidity,
+                  synchronizable: fields.synchronizable ?? defaults.synchronizable, accessGroup: fields.accessGroup,
+                  prompt: fields.prompt.map(Prompt.init(wire:)),
+                  android: AndroidOptions(keyStorage: try parsed(fields.keyStorage, KeyStorage.self) ?? defaults.android.keyStorage))
+    }
+}
+
+extension Prompt {
+    var wire: WirePrompt { WirePrompt(title: title, subtitle: subtitle, description: description, cancel: cancel) }
+    init(wire fields: WirePrompt) {
+        self.init(title: fields.title, subtitle: fields.subtitle, description: fields.description, cancel: fields.cancel)
     }
 }
 
@@ -70,11 +105,6 @@ extension SetItemOptions {
     /// nil when the request carried none of its fields.
     init?(wire message: WireMessage) throws(WireError) {
         guard let fields = try WireSetOptions(wire: message) else { return nil }
-        func parsed<T: RawRepresentable>(_ raw: String?, _: T.Type) throws(WireError) -> T? where T.RawValue == String {
-            guard let raw else { return nil }
-            guard let value = T(rawValue: raw) else { throw WireError(.malformed, "unknown \(T.self) '\(raw)'") }
-            return value
-        }
         self.init(accessible: try parsed(fields.accessible, Accessible.self),
                   accessControlOverride: try parsed(fields.accessControl, AccessControl.self),
                   authValidity: fields.authValidity, label: fields.label, synchronizable: fields.synchronizable)

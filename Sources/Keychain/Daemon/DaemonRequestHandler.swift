@@ -99,7 +99,9 @@ package struct DaemonRequestHandler: Sendable {
             let call = try wire { () throws(WireError) in try SetItemOptions(wire: request) }
             try await service.setItem(key, SecureBytes(copying: bytes), options: call, in: storage)
         case .getItem:
-            let prompt = try wire { () throws(WireError) in try WireJSON.decode(Prompt.self, request.bytes(WireTag.prompt)) }
+            let prompt = try wire { () throws(WireError) in
+                try request.bytes(WireTag.prompt).map { bytes throws(WireError) in Prompt(wire: try WirePrompt(decoding: bytes)) }
+            }
             if let value = try await service.getItem(key, options: prompt.map { GetItemOptions(prompt: $0) }, in: storage,
                                                      authenticator: authenticator) {
                 reply.add(WireTag.resultBytes, value.wireBytes)

@@ -226,15 +226,15 @@ package final class DaemonServer: Sendable {
 /// reply), so a request's task is the only one that touches it.
 final class Connection: @unchecked Sendable {
     /// The options of the last storage call and their decoding: a client sends the same bytes with
-    /// every call of a storage, and JSONDecoder cost more than the rest of a warm read. Only the
-    /// decoding is kept; every check (namespace, access group, lock state) runs for each request.
+    /// every call of a storage. Only the decoding is kept; every check (validation, namespace, access
+    /// group, lock state) runs for each request.
     private var lastOptions: (bytes: [UInt8], options: KeychainOptions)?
 
     func options(_ bytes: [UInt8]?) throws(KeychainError) -> KeychainOptions? {
         guard let bytes else { return nil }
         if let lastOptions, lastOptions.bytes == bytes { return lastOptions.options }
         let options: KeychainOptions?
-        do { options = try WireJSON.decode(KeychainOptions.self, bytes) } catch { throw KeychainError(wire: error) }
+        do { options = try KeychainOptions(wire: WireStorageOptions(decoding: bytes)) } catch { throw KeychainError(wire: error) }
         lastOptions = options.map { (bytes, $0) }
         return options
     }
@@ -251,7 +251,7 @@ final class RemoteAuthenticator: Authenticator {
 
     func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer {
         var prompt = WireMessage(kind: WireKind.prompt)
-        prompt.add(WireTag.promptJSON, WireJSON.encode(request.prompt))
+        prompt.add(WireTag.promptTexts, request.prompt.wire.encoded())
         prompt.add(WireTag.methods, WireJSON.encode(request.methods))
         prompt.add(WireTag.service, request.service)
         prompt.add(WireTag.promptKey, request.key)
