@@ -290,3 +290,203 @@ struct SystemPrompterTests {
             .reachability() != .reachable)
     }
 }
+
+/// gcr's prompter protocol attacked on a private session bus (no display needed): the prompter is a
+/// program of the test's own that owns `org.gnome.keyring.SystemPrompter` and speaks gcr's
+/// `org.gnome.keyring.internal.Prompter` with the real secret exchange (python3's `cryptography`),
+/// answering honestly (the control), with the passcode in clear, or not at all while a second client
+/// of the bus answers for it with everything the prompter knows.
+@Suite("gcr's system prompter protocol, attacked")
+struct SystemPrompterAttackTests {
+    static let pin = "2468"
+
+    /// A private dbus-daemon, and the prompter of the test's own on it in `mode`.
+    final class Bus: @unchecked Sendable {
+        let directory: String
+        let address: String
+        var state: String { directory + "/prompter.json" }
+        var script: String { directory + "/prompter.py" }
+        private var pids: [pid_t] = []
+
+        init(prompter mode: String) throws {
+            try #require(FileManager.default.isExecutableFile(atPath: "/usr/bin/dbus-daemon"), "scripts/setup-debian.sh installs dbus")
+            directory = NSTemporaryDirectory() + "prompter-bus-" + UUID().uuidString
+            try FileManager.default.createDirectory(atPath: directory + "/services", withIntermediateDirectories: true)
+            address = "unix:path=\(directory)/bus"
+            try privateSessionBusConfiguration(listen: address, serviceDirectory: directory + "/services")
+                .write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
+            guard let bus = Processes.spawn("/usr/bin/dbus-daemon", ["/usr/bin/dbus-daemon", "--config-file=\(directory)/bus.conf",
+                                                                      "--nofork", "--nopidfile"]) else {
+                throw SoftwareTPMError("cannot start dbus-daemon")
+            }
+            pids.append(bus)
+            for _ in 0..<500 where !FileManager.default.fileExists(atPath: directory + "/bus") { usleep(10_000) }
+            try Self.prompterScript.write(toFile: script, atomically: true, encoding: .utf8)
+            guard let prompter = Processes.spawn("/usr/bin/python3", ["/usr/bin/python3", script, mode, address, state, pin]) else {
+                throw SoftwareTPMError("cannot start the test's prompter")
+            }
+            pids.append(prompter)
+            for _ in 0..<2000 where !FileManager.default.fileExists(atPath: state + ".ready") { usleep(10_000) }
+            try #require(FileManager.default.fileExists(atPath: state + ".ready"), "the test's prompter did not take the name")
+        }
+
+        deinit {
+            for pid in pids.reversed() { kill(pid, SIGTERM); _ = Processes.wait(pid) }
+            try? FileManager.default.removeItem(atPath: directory)
+        }
+
+        /// A storage behind the passcode whose reads ask the prompter on this bus.
+        func storage(on d: SimulatedDevice) throws -> Keychain {
+            var configuration = d.configuration
+            configuration.authenticator = SystemPrompterAuthenticator(timeout: .seconds(120),
+                                                                      environment: ["DISPLAY": ":0", "DBUS_SESSION_BUS_ADDRESS": address])
+            return try createKeychain(.init(service: "desktop", accessControl: .passcode), configuration: configuration)
+        }
+
+        /// The prompter's script (python3 with dbus, gi and cryptography, as Debian ships them).
+        static let prompterScript = #"""
+import base64, json, os, sys, time
+import dbus, dbus.service, dbus.mainloop.glib
+from gi.repository import GLib
+from cryptography.hazmat.primitives import hashes, padding
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+P = int("FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020BBEA63B139B22514A08798E3404DDEF9519B3CD3A431B302B0A6DF25F14374FE1356D6D51C245E485B576625E7EC6F44C42E9A637ED6B0BFF5CB6F406B7EDEE386BFB5A899FA5AE9F24117C4B1FE649286651ECE45B3DC2007CB8A163BF0598DA48361C55D39A69163FA8FD24CF5F83655D23DCA3AD961C62F356208552BB9ED529077096966D670C354E4ABC9804F1746C08CA237327FFFFFFFFFFFFFFFF", 16)
+CALLBACK = "org.gnome.keyring.internal.Prompter.Callback"
+
+def fields(text):
+    out, group = {}, False
+    for line in text.split("\n"):
+        if line.startswith("["): group = line == "[sx-aes-1]"; continue
+        if group and "=" in line: k, v = line.split("=", 1); out[k] = v
+    return out
+
+def key_for(private, peer_public):
+    shared = pow(int.from_bytes(peer_public, "big"), private, P).to_bytes(192, "big")
+    return HKDF(algorithm=hashes.SHA256(), length=16, salt=None, info=b"").derive(shared)
+
+def encrypted(key, secret):
+    iv = os.urandom(16)
+    padder = padding.PKCS7(128).padder()
+    data = padder.update(secret) + padder.finalize()
+    enc = Cipher(algorithms.AES(key), modes.CBC(iv)).encryptor()
+    return iv, enc.update(data) + enc.finalize()
+
+def answer(bus, caller, callback, reply, exchange):
+    bus.get_object(caller, callback, introspect=False).PromptReady(
+        reply, dbus.Dictionary({}, signature="sv"), exchange, dbus_interface=CALLBACK,
+        reply_handler=lambda *a: None, error_handler=lambda e: print("answer refused:", e, flush=True))
+
+class Prompter(dbus.service.Object):
+    """gcr's org.gnome.keyring.internal.Prompter, answering as `mode` says."""
+    def __init__(self, bus, mode, state, passcode):
+        super().__init__(bus, "/org/gnome/keyring/Prompter")
+        self.bus, self.mode, self.state, self.passcode = bus, mode, state, passcode
+        self.private = int.from_bytes(os.urandom(32), "big")
+        self.public = pow(2, self.private, P).to_bytes(192, "big")
+
+    @dbus.service.method("org.gnome.keyring.internal.Prompter", in_signature="o", sender_keyword="caller")
+    def BeginPrompting(self, callback, caller):
+        ex = "[sx-aes-1]\npublic=%s\n" % base64.b64encode(self.public).decode()
+        GLib.idle_add(lambda: answer(self.bus, caller, callback, "", ex) and False)
+
+    @dbus.service.method("org.gnome.keyring.internal.Prompter", in_signature="osa{sv}s", sender_keyword="caller")
+    def PerformPrompt(self, callback, kind, properties, exchange, caller):
+        key = key_for(self.private, base64.b64decode(fields(exchange)["public"]))
+        with open(self.state + ".tmp", "w") as f:
+            json.dump({"caller": caller, "callback": callback, "key": key.hex(), "title": str(properties.get("title", ""))}, f)
+        os.rename(self.state + ".tmp", self.state)
+        pub = base64.b64encode(self.public).decode()
+        if self.mode == "honest":
+            iv, secret = encrypted(key, self.passcode)
+            ex = "[sx-aes-1]\npublic=%s\nsecret=%s\niv=%s\n" % (pub, base64.b64encode(secret).decode(), base64.b64encode(iv).decode())
+            GLib.idle_add(lambda: answer(self.bus, caller, callback, "yes", ex) and False)
+        elif self.mode == "plaintext":
+            ex = "[sx-aes-1]\npublic=%s\nsecret=%s\niv=%s\n" % (pub, base64.b64encode(self.passcode).decode(),
+                                                               base64.b64encode(os.urandom(16)).decode())
+            GLib.idle_add(lambda: answer(self.bus, caller, callback, "yes", ex) and False)
+        elif self.mode == "cancel-after-attack":
+            def later():
+                if not os.path.exists(self.state + ".attacked"): return True
+                answer(self.bus, caller, callback, "no", "[sx-aes-1]\n")
+                return False
+            GLib.timeout_add(50, later)
+
+    @dbus.service.method("org.gnome.keyring.internal.Prompter", in_signature="o")
+    def StopPrompting(self, callback):
+        pass
+
+def attack(bus, state, passcode):
+    """Another client of the same session bus answers the prompt, knowing everything the prompter knows."""
+    s = json.load(open(state))
+    iv, secret = encrypted(bytes.fromhex(s["key"]), passcode)
+    ex = "[sx-aes-1]\nsecret=%s\niv=%s\n" % (base64.b64encode(secret).decode(), base64.b64encode(iv).decode())
+    try:
+        bus.get_object(s["caller"], s["callback"], introspect=False).PromptReady(
+            "yes", dbus.Dictionary({}, signature="sv"), ex, dbus_interface=CALLBACK)
+    except dbus.DBusException as e:
+        print(e.get_dbus_name(), flush=True)
+        sys.exit(3 if e.get_dbus_name() == "org.freedesktop.DBus.Error.AccessDenied" else 4)
+    print("accepted", flush=True)
+
+if __name__ == "__main__":
+    role, address, state, passcode = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].encode()
+    dbus.mainloop.glib.DBusGMainLoop(set_as_default=True)
+    bus = dbus.bus.BusConnection(address)
+    if role == "attacker":
+        attack(bus, state, passcode)
+    else:
+        name = dbus.service.BusName("org.gnome.keyring.SystemPrompter", bus)
+        prompter = Prompter(bus, role, state, passcode)
+        open(state + ".ready", "w").close()
+        GLib.MainLoop().run()
+"""#
+    }
+
+    /// The control: the test's prompter does the exchange as gcr does, and its answer opens the item,
+    /// so the refusals below are of the attack, not of a prompter that cannot talk.
+    @Test func theTestsPrompterAnsweringAsGcrDoesOpensTheItem() async throws {
+        let bus = try Bus(prompter: "honest")
+        let d = try await SimulatedDevice(passcode: bytes(Self.pin), fingers: [])
+        let store = try bus.storage(on: d)
+        try await store.setItem("k", "v")
+        #expect(try await store.getItem("k") == "v")
+    }
+
+    /// A prompter whose reply is not encrypted to this read's key (the passcode in clear, as a
+    /// prompter without the exchange, or a bus that was read, would send it) is refused: nothing is
+    /// tried with it, the item stays.
+    @Test func aReplyNotEncryptedToOurKeyIsRefused() async throws {
+        let bus = try Bus(prompter: "plaintext")
+        let d = try await SimulatedDevice(passcode: bytes(Self.pin), fingers: [])
+        let store = try bus.storage(on: d)
+        try await store.setItem("k", "v")
+        do {
+            let value = try await store.getItem("k")
+            Issue.record("a reply in clear opened the item: \(value ?? "nil")")
+        } catch {
+            #expect(error.code == .interactionNotAllowed)
+            #expect(error.message.contains("does not decrypt"), "\(error.message)")
+        }
+        #expect(try await store.hasItem("k"))
+    }
+
+    /// Another client of the session bus answers the prompt first, knowing the callback's path, our
+    /// name and the exchange's key (everything the prompter knows): the callback refuses it
+    /// (AccessDenied, the sender is not the name's owner), and the user's own answer, the dialog's
+    /// cancel, is what the read gets.
+    @Test func anAnswerFromAnotherClientOfTheBusIsRefused() async throws {
+        let bus = try Bus(prompter: "cancel-after-attack")
+        let d = try await SimulatedDevice(passcode: bytes(Self.pin), fingers: [])
+        let store = try bus.storage(on: d)
+        try await store.setItem("k", "v")
+        let read = Task { await code { try await store.getItem("k") } }
+        for _ in 0..<2400 where !FileManager.default.fileExists(atPath: bus.state) { try await Task.sleep(for: .milliseconds(50)) }
+        let attack = try run("/usr/bin/python3", [bus.script, "attacker", bus.address, bus.state, Self.pin])
+        #expect(attack.status == 3, "the attacker's answer was not refused: \(String(decoding: attack.stdout, as: UTF8.self)) \(attack.stderr)")
+        #expect(FileManager.default.createFile(atPath: bus.state + ".attacked", contents: nil))
+        #expect(await read.value == .userCanceled, "the read took the attacker's answer")
+        #expect(try await store.hasItem("k"))
+    }
+}
