@@ -25,7 +25,7 @@ public struct BootStateStatus: Sendable, Hashable, Codable {
     public var revokedGenerations: [Int]?
 }
 
-extension KeychainDevice {
+extension KeychainAdministration {
     /// The selection, the approved and current PCR values, and whether they match.
     public func bootState() async throws(KeychainError) -> BootStateStatus { try await engine.bootState() }
 
@@ -42,7 +42,7 @@ extension KeychainDevice {
     }
 }
 
-extension KeychainDevice {
+extension KeychainAdministration {
     /// Makes this store's `ThisDeviceOnly` keys accept any boot policy signed by the vendor's key (a PEM
     /// P-256 public key): keys sealed from now on need an installed signed policy, not a local approval.
     /// Needs the owner authorization once per TPM (the generation index).

@@ -173,7 +173,8 @@ public struct DeviceStatus: Sendable, Hashable, Codable {
     public var warnings: [String]
 }
 
-/// The device: its passcode and lock, shared by every storage of a store.
+/// The device: its passcode and lock, shared by every storage of a store; in this process or through
+/// keychaind alike. What keychaind does not serve is `KeychainAdministration`'s.
 public struct KeychainDevice: Sendable {
     /// The engine in this process, or keychaind (`configuration.daemonSocket`).
     let backing: any KeychainService
@@ -181,20 +182,6 @@ public struct KeychainDevice: Sendable {
     public init(configuration: KeychainConfiguration = .default) {
         backing = configuration.daemonSocket.map { DaemonClient(socketPath: $0) } ?? LocalService(configuration: configuration)
         self.configuration = configuration
-    }
-
-    /// The store's engine in this process, for what keychaind does not serve (backup and restore of
-    /// the whole store, provisioning, boot-state administration): through keychaind such calls are
-    /// refused rather than run on a store this process does not own.
-    var engine: Engine {
-        get throws(KeychainError) {
-            guard let local = backing as? LocalService else {
-                throw KeychainError(.unsupported, "The keychain service does not serve this call: run it where the store is, as "
-                                    + "the service's user (keychainctl --direct --store <the service's store> …)")
-            }
-            if let refusal = local.refusal { throw refusal }
-            return local.engine
-        }
     }
 
     /// Asks the owner for the device passcode (the authenticator, passcode only) and proves it to the
@@ -254,23 +241,6 @@ public struct KeychainDevice: Sendable {
         try await backing.initialize()
     }
 
-    /// Provisions as `initialize()`, then takes ownership of the TPM as a provisioning tool does: each
-    /// empty owner or lockout authorization with a file in `ownership` is set to 32 random bytes,
-    /// written there first (`hex:…`, 0600, never overwritten); an empty one without a file is refused
-    /// with `INVALID_ARGUMENT` unless `ownership.allowEmpty`. The embedded software TPM is taken on
-    /// its first start without asking (its files are in `<store>/swtpm/`).
-    @discardableResult
-    public func initialize(takingOwnership ownership: Ownership) async throws(KeychainError) -> DeviceStatus {
-        guard backing is LocalService else {
-            // The authorization files are the TPM owner's, on the daemon's side: provision there.
-            throw KeychainError(.unsupported, "Taking TPM ownership is not done through the keychain service: run "
-                                + "'keychainctl --direct --store <the service's store> init …' as the service's user")
-        }
-        let engine = try engine
-        _ = try await engine.initialize()
-        try await engine.takeOwnership(ownership)
-        return try await engine.status()
-    }
     public func status() async throws(KeychainError) -> DeviceStatus {
         try await backing.status()
     }

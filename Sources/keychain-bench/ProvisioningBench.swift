@@ -7,7 +7,7 @@ import SecureMemory
 /// and backup / restore of many items (time and the process's peak memory), on two private swtpms.
 func provisioningBench(items: Int, seals: Int, imports: Int) async throws -> String {
     let tpmA = try SoftwareTPM(), tpmB = try SoftwareTPM()
-    let a = KeychainDevice(configuration: tpmA.configuration()), b = KeychainDevice(configuration: tpmB.configuration())
+    let a = try KeychainAdministration(configuration: tpmA.configuration()), b = KeychainDevice(configuration: tpmB.configuration())
     let identity = try await b.identity()
     var report = "## Provisioning and backup (keychain-bench --provisioning)\n\n| operation | figure |\n|---|---|\n"
 
@@ -54,7 +54,7 @@ func provisioningBench(items: Int, seals: Int, imports: Int) async throws -> Str
     _ = try await a.backup(toFile: sealedFile, sealedTo: identity)
     report += "| backup of \(items) items, --to B | \(milliseconds(ContinuousClock.now - start)), peak RSS \(peakMemory()) |\n"
     start = ContinuousClock.now
-    let restored = try await b.restore(fromFile: file, passphrase: passphrase)
+    let restored = try await KeychainAdministration(configuration: tpmB.configuration()).restore(fromFile: file, passphrase: passphrase)
     report += "| restore of \(restored.restored.count) items on B | \(milliseconds(ContinuousClock.now - start)), peak RSS \(peakMemory()) |\n"
     let size = (try? FileManager.default.attributesOfItem(atPath: file)[.size] as? Int) ?? 0
     report += "| backup file | \(size) bytes |\n"

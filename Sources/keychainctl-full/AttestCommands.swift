@@ -19,14 +19,14 @@ extension Commands {
         switch args.first {
         case "init":
             _ = try operands(0, "no arguments")
-            let made = try await device.makeAttestationKey()
+            let made = try await administration.makeAttestationKey()
             struct Made: Encodable { let name: String; let created: Bool }
             output(Made(name: made.name, created: made.created)) {
                 "attestation key \($0.name) (\($0.created ? "made" : "kept: the store has one"))"
             }
         case "request":
             _ = try operands(0, "no arguments")
-            document(try await device.attestationRequest().json())
+            document(try await administration.attestationRequest().json())
         case "challenge":
             let request = try AttestationRequest(json: try readFile(try operands(1, "REQUEST --state FILE")[0],
                                                                     limit: AttestationRequest.maxLength, what: "the request"))
@@ -47,7 +47,7 @@ extension Commands {
         case "respond":
             let challenge = try AttestationChallenge(json: try readFile(try operands(1, "CHALLENGE")[0],
                                                                         limit: AttestationChallenge.maxLength, what: "the challenge"))
-            document(try await device.answer(challenge).json())
+            document(try await administration.answer(challenge).json())
         case "verify":
             let answer = try AttestationAnswer(json: try readFile(try operands(1, "ANSWER --state FILE [--ek-ca CA.pem] [--expect-boot-state VERIFIED]")[0],
                                                                   limit: AttestationAnswer.maxLength, what: "the answer"))

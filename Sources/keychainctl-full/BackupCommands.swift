@@ -32,7 +32,7 @@ extension Commands {
         } else {
             configuration.authenticator = nil
         }
-        let device = KeychainDevice(configuration: configuration)
+        let administration = { () throws(KeychainError) in try KeychainAdministration(configuration: configuration) }
         let service = inv.flags["--service"]
         let report: BackupReport
         if let sealedTo {
@@ -41,14 +41,14 @@ extension Commands {
             let parent = try inv.flags["--parent"].map { (t: String) throws(KeychainError) in try Provisioning.Parent(parsing: t) }
             let unattestedSRK = inv.switches.contains("--unattested-srk")
             report = if let out {
-                try await device.backup(toFile: out, sealedTo: identity, parent: parent, ekCA: ekCA, unattestedSRK: unattestedSRK, service: service)
+                try await administration().backup(toFile: out, sealedTo: identity, parent: parent, ekCA: ekCA, unattestedSRK: unattestedSRK, service: service)
             } else {
-                try await device.backup(to: 1, sealedTo: identity, parent: parent, ekCA: ekCA, unattestedSRK: unattestedSRK, service: service)
+                try await administration().backup(to: 1, sealedTo: identity, parent: parent, ekCA: ekCA, unattestedSRK: unattestedSRK, service: service)
             }
         } else if let out {
-            report = try await device.backup(toFile: out, passphrase: passphrase!, service: service, cost: cost)
+            report = try await administration().backup(toFile: out, passphrase: passphrase!, service: service, cost: cost)
         } else {
-            report = try await device.backup(to: 1, passphrase: passphrase!, service: service, cost: cost)
+            report = try await administration().backup(to: 1, passphrase: passphrase!, service: service, cost: cost)
         }
         // With the file on stdout, the report goes to stderr.
         var text: String
@@ -81,7 +81,7 @@ extension Commands {
             passphrase = line
         }
         guard lines.count == expected else { throw KeychainError.invalidArgument("--passcode-stdin: give the device passcode on its line of stdin") }
-        let report = try await device.restore(fromFile: args[0], passphrase: passphrase, passcode: withPasscode ? lines[expected - 1] : nil)
+        let report = try await administration.restore(fromFile: args[0], passphrase: passphrase, passcode: withPasscode ? lines[expected - 1] : nil)
         output(report) { report in
             var lines = report.restored.map { "restored: \(escaped($0.service)) \(escaped($0.key))" }
             lines += report.skipped.map { "skipped: \(Self.named($0)) (\(Self.why($0)))" }

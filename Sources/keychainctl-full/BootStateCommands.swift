@@ -8,17 +8,17 @@ extension Commands {
         let args = Array(inv.command.dropFirst())
         switch args.first {
         case nil, "status":
-            let status = try await device.bootState()
+            let status = try await administration.bootState()
             output(status) { bootStateText($0) }
         case "approve":
             guard args.count == 1 else { throw UsageError(message: "boot-state approve takes options only: [--pcr N=HEX]…") }
             let predicted = try predictedValues()
             let status: BootStateStatus
             if inv.flags["--owner-auth-file"] != nil {
-                status = try await device.approveBootStateAsOwner(predicted: predicted)
+                status = try await administration.approveBootStateAsOwner(predicted: predicted)
             } else {
                 let pin = try readLines(1).first
-                status = try await device.approveBootState(predicted: predicted, passcode: pin.flatMap { $0.count == 0 ? nil : $0 })
+                status = try await administration.approveBootState(predicted: predicted, passcode: pin.flatMap { $0.count == 0 ? nil : $0 })
             }
             output(status) { "approved\n" + bootStateText($0) }
         case "sign":
@@ -30,22 +30,22 @@ extension Commands {
                 return n
             } ?? 0
             let key = SecureBytes(copying: Array(pem))
-            let policy = try KeychainDevice.signBootPolicy(pcrs: try predictedValues(), generation: generation, privateKeyPEM: key)
+            let policy = try KeychainAdministration.signBootPolicy(pcrs: try predictedValues(), generation: generation, privateKeyPEM: key)
             policy.withUnsafeBytes { writeStdout($0) }
             print("")
         case "install":
             guard args.count == 2, let data = FileManager.default.contents(atPath: args[1]) else {
                 throw UsageError(message: "boot-state install takes POLICY, a file boot-state sign wrote")
             }
-            let status = try await device.installBootPolicy(Array(data))
+            let status = try await administration.installBootPolicy(Array(data))
             output(status) { "installed\n" + bootStateText($0) }
         case "revoke-before":
             guard args.count == 2, let generation = Int(args[1]) else { throw UsageError(message: "boot-state revoke-before takes N, a generation") }
             if inv.flags["--owner-auth-file"] != nil {
-                try await device.revokeBootPoliciesAsOwner(before: generation)
+                try await administration.revokeBootPoliciesAsOwner(before: generation)
             } else {
                 let pin = try readLines(1).first
-                try await device.revokeBootPolicies(before: generation, passcode: pin.flatMap { $0.count == 0 ? nil : $0 })
+                try await administration.revokeBootPolicies(before: generation, passcode: pin.flatMap { $0.count == 0 ? nil : $0 })
             }
             done("revoked signed boot policies of generations below \(generation)")
         default:

@@ -8,6 +8,8 @@ struct Commands {
     let configuration: KeychainConfiguration
 
     var device: KeychainDevice { KeychainDevice(configuration: configuration) }
+    /// What keychaind does not serve: UNSUPPORTED through keychaind, at the call that needs it.
+    var administration: KeychainAdministration { get throws(KeychainError) { try KeychainAdministration(configuration: configuration) } }
 
     func storage(_ service: String, _ options: KeychainOptions = .init()) throws(KeychainError) -> Keychain {
         var options = options
@@ -40,13 +42,13 @@ struct Commands {
                                       allowEmpty: inv.switches.contains("--allow-empty-owner-auth"))
             // Through keychaind the service's own provisioning took ownership (it holds the files).
             var status = configuration.daemonSocket != nil ? try await device.initialize()
-                : try await device.initialize(takingOwnership: ownership)
+                : try await administration.initialize(takingOwnership: ownership)
             if let key = inv.flags["--boot-policy-key"] {
                 // Vendor-signed boot states (docs/boot-state.md): after provisioning, before any item.
                 guard let pem = FileManager.default.contents(atPath: key) else {
                     throw KeychainError.invalidArgument("Cannot read the boot-policy key \(key)")
                 }
-                try await device.useBootPolicyKey(publicKeyPEM: Array(pem))
+                try await administration.useBootPolicyKey(publicKeyPEM: Array(pem))
                 status = try await device.status()
             }
             output(status) {
@@ -56,7 +58,7 @@ struct Commands {
         case "status":
             struct Status: Encodable { let device: DeviceStatus; let token: TokenStatus?; let bootState: BootStateStatus? }
             let status = Status(device: try await device.status(), token: try await device.tokenStatus(),
-                                bootState: try? await device.bootState())
+                                bootState: try? await administration.bootState())
             output(status) {
                 var text = "tpm: \($0.device.tpm)\nsecurity level: \($0.device.securityLevel.rawValue)\n"
                     + "passcode: \($0.device.passcodeSet ? "set" : "not set")\nlock: \($0.device.lockState.rawValue)\n"

@@ -387,7 +387,7 @@ struct docs_guides_testing_with_swtpm_1 {
 // docs/provisioning.md, block 1
 struct docs_provisioning_0 {
 
-    func moveItems(from a: KeychainDevice, to b: KeychainDevice, passphrase: SecureBytes) async throws {
+    func moveItems(from a: KeychainAdministration, to b: KeychainAdministration, passphrase: SecureBytes) async throws {
         let report = try await a.backup(toFile: "/var/tmp/keychain.kcb", passphrase: passphrase)
         print("backed up \(report.backedUp.count), left out \(report.skipped.count)")
         let restored = try await b.restore(fromFile: "/var/tmp/keychain.kcb", passphrase: passphrase)

@@ -68,9 +68,9 @@ struct BootApprovalTests {
         #expect(status.stdout.contains("NOT approved (PCR 7 differs)"), "\(status.stdout)")
         #expect(try cli(f, ["status"]).stdout.contains("boot state: NOT approved"))
         // A wrong passcode approves nothing (and the TPM counts it).
-        #expect(await code { try await f.device.approveBootState(passcode: bytes("1111")) } == .authenticationFailed)
+        #expect(await code { try await f.administration.approveBootState(passcode: bytes("1111")) } == .authenticationFailed)
         #expect(await code { try await storage.getItem("k") } == .deviceStateChanged)
-        let approved = try await f.device.approveBootState(passcode: bytes(Self.passcode))
+        let approved = try await f.administration.approveBootState(passcode: bytes(Self.passcode))
         #expect(approved.matches && approved.differing.isEmpty)
         #expect(try await storage.getItem("k") == "v")
         try await fresh.setItem("k", "v")
@@ -85,7 +85,7 @@ struct BootApprovalTests {
         try f.extendPCR(7)
         await f.device.dropCaches()
         #expect(await code { try await storage.getItem("k") } == .deviceStateChanged)
-        _ = try await f.device.approveBootStateAsOwner()
+        _ = try await f.administration.approveBootStateAsOwner()
         #expect(try await storage.getItem("k") == "v")
     }
 
@@ -147,7 +147,7 @@ struct BootApprovalTests {
         let migrated = try policy(f, service: "old", accessible: .afterFirstUnlockThisDeviceOnly)
         #expect(!migrated.isLiteralBootBinding && migrated.bootApprovalName == BootApprovalLayout.name)
         // Now an update approved in advance keeps it readable (a literal key would be lost).
-        _ = try await f.device.approveBootState(predicted: [7: try predictedPCR7(f)], passcode: bytes(Self.passcode))
+        _ = try await f.administration.approveBootState(predicted: [7: try predictedPCR7(f)], passcode: bytes(Self.passcode))
         try f.extendPCR(7)
         await f.device.dropCaches()
         #expect(try await storage.getItem("k") == "v")
@@ -160,7 +160,7 @@ struct BootApprovalTests {
         let storage = try f.storage("old", accessible: .alwaysThisDeviceOnly)
         try await storage.setItem("k", "v")
         _ = try makeLiteral(f, service: "old", accessible: .alwaysThisDeviceOnly)
-        _ = try await f.device.approveBootStateAsOwner(predicted: [7: try predictedPCR7(f)])
+        _ = try await f.administration.approveBootStateAsOwner(predicted: [7: try predictedPCR7(f)])
         await f.device.dropCaches()
         #expect(try await storage.getItem("k") == "v")
         #expect(try policy(f, service: "old", accessible: .alwaysThisDeviceOnly).isLiteralBootBinding)
@@ -311,7 +311,7 @@ struct BootApprovalTests {
             return status == 0
         }
         #expect(try unsealWithTools(), "the control: the approved state unseals")
-        _ = try await f.device.approveBootState(predicted: [7: try predictedPCR7(f)], passcode: bytes(Self.passcode))
+        _ = try await f.administration.approveBootState(predicted: [7: try predictedPCR7(f)], passcode: bytes(Self.passcode))
         #expect(!(try unsealWithTools()), "the old state, approved before, was revoked")
         try f.extendPCR(7)
         #expect(try unsealWithTools(), "the newly approved state unseals")

@@ -283,7 +283,8 @@ struct BundleScopeTests {
         await #expect(throws: KeychainError(.invalidArgument)) { try await device.importBundle(planted) }
         // The importer names the user: the bundle's service is that user's service.
         let given = try Provisioning.seal(SecureBytes(copying: Array("provisioned".utf8)), service: "bank", key: "pin", for: identity)
-        #expect(try await device.importBundle(given, forUser: Self.victim) == .imported)
+        let administration = try KeychainAdministration(configuration: tpm.configuration(store: daemon.store))
+        #expect(try await administration.importBundle(given, forUser: Self.victim) == .imported)
 
         #expect(try ctl(daemon, ["get", "bank", "token"], uid: Self.victim).out == "the user's own")
         #expect(try ctl(daemon, ["get", "bank", "pin"], uid: Self.victim).out == "provisioned")

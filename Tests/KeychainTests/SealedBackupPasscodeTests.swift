@@ -34,8 +34,8 @@ extension BackupTests {
         defer { close(fd) }
         let (header, headerBytes) = try BackupReader.header(fd)
         let bundle = try ProvisioningBundle(json: Data(try #require(header.sealedKey)))
-        let attacker = KeychainDevice(configuration: KeychainConfiguration(storeDirectory: b.tpm.directory + "/attacker", tpm: .tcti(b.tpm.tcti)))
-        let engine = try attacker.engine
+        let attacker = try KeychainAdministration(configuration: KeychainConfiguration(storeDirectory: b.tpm.directory + "/attacker", tpm: .tcti(b.tpm.tcti)))
+        let engine = attacker.engine
         let master: SecureBytes?
         do { master = try await engine.openBundle(bundle, passcode: nil) } catch { master = nil }
         #expect(master == nil, "the backup's key opened on B without B's passcode")

@@ -28,6 +28,9 @@ struct Fixture {
         device = KeychainDevice(configuration: configuration)
     }
 
+    /// What keychaind does not serve, on this fixture's store in this process.
+    var administration: KeychainAdministration { get throws(KeychainError) { try KeychainAdministration(configuration: configuration) } }
+
     func storage(_ service: String = "tests", accessible: Accessible = .afterFirstUnlock) throws -> Keychain {
         try createKeychain(.init(service: service, accessible: accessible), configuration: configuration)
     }

@@ -29,7 +29,7 @@ struct VendorBootPolicyTests {
         }
 
         func sign(_ pcr7: [UInt8], generation: Int) throws -> [UInt8] {
-            try KeychainDevice.signBootPolicy(pcrs: [7: pcr7], generation: generation, privateKeyPEM: privatePEM)
+            try KeychainAdministration.signBootPolicy(pcrs: [7: pcr7], generation: generation, privateKeyPEM: privatePEM)
         }
     }
 
@@ -40,7 +40,7 @@ struct VendorBootPolicyTests {
         let f = try Fixture()
         try await f.device.initialize()
         let vendor = try Vendor(f.tpm.directory, name: "vendor")
-        try await f.device.useBootPolicyKey(publicKeyPEM: vendor.publicPEM)
+        try await f.administration.useBootPolicyKey(publicKeyPEM: vendor.publicPEM)
         return (f, vendor)
     }
 
@@ -51,20 +51,20 @@ struct VendorBootPolicyTests {
         do { try await storage.setItem("k", "v"); Issue.record("sealed without a signed policy") } catch {
             #expect(error.code == .deviceStateChanged && error.message.contains("boot-state install"), "\(error.message)")
         }
-        _ = try await f.device.installBootPolicy(try vendor.sign(try pcr7(f), generation: 0))
+        _ = try await f.administration.installBootPolicy(try vendor.sign(try pcr7(f), generation: 0))
         try await storage.setItem("k", "v")
         let sealedRecord = try #require(try Store(directory: f.configuration.storeDirectory)
             .wrappingKey(service: "tdo", protection: try ItemProtection(accessible: .afterFirstUnlockThisDeviceOnly).storageTag))
         let sealed = try #require(SealPolicy.decode(sealedRecord.policy))
         #expect(sealed.bootVendorKeyName != nil && sealed.bootApprovalName == nil && sealed.pcrDigest == nil)
         // The next release's policy, installed before the update: nobody on the device approves anything.
-        _ = try await f.device.installBootPolicy(try vendor.sign(try predictedPCR7(f), generation: 1))
+        _ = try await f.administration.installBootPolicy(try vendor.sign(try predictedPCR7(f), generation: 1))
         await f.device.dropCaches()
         #expect(try await storage.getItem("k") == "v", "the current state's policy still opens")
         try f.extendPCR(7)  // the update
         await f.device.dropCaches()
         #expect(try await storage.getItem("k") == "v")
-        #expect(try await f.device.bootState().matches)
+        #expect(try await f.administration.bootState().matches)
         // A state nobody signed: DEVICE_STATE_CHANGED, item kept.
         try f.extendPCR(7)
         await f.device.dropCaches()
@@ -77,11 +77,11 @@ struct VendorBootPolicyTests {
     @Test func aPolicySignedByAnotherKeyIsRefusedByTheTPM() async throws {
         let (f, vendor) = try await vendorFixture()
         let other = try Vendor(f.tpm.directory, name: "other")
-        _ = try await f.device.installBootPolicy(try vendor.sign(try pcr7(f), generation: 0))
+        _ = try await f.administration.installBootPolicy(try vendor.sign(try pcr7(f), generation: 0))
         try await f.storage("tdo", accessible: .alwaysThisDeviceOnly).setItem("k", "v")
         try f.extendPCR(7)
         let forged = try other.sign(try pcr7(f), generation: 0)
-        do { _ = try await f.device.installBootPolicy(forged); Issue.record("installed a policy of another key") } catch {
+        do { _ = try await f.administration.installBootPolicy(forged); Issue.record("installed a policy of another key") } catch {
             #expect(error.code == .authenticationFailed && error.message.contains("not signed by"), "\(error.message)")
         }
         let store = try Store(directory: f.configuration.storeDirectory)
@@ -128,7 +128,7 @@ struct VendorBootPolicyTests {
     @Test func aRevokedGenerationIsRefusedByTheTPMAlsoWhenReplayed() async throws {
         let (f, vendor) = try await vendorFixture()
         try await f.device.setPasscode(bytes(Self.passcode))
-        _ = try await f.device.installBootPolicy(try vendor.sign(try pcr7(f), generation: 1))
+        _ = try await f.administration.installBootPolicy(try vendor.sign(try pcr7(f), generation: 1))
         let storage = try f.storage("tdo", accessible: .alwaysThisDeviceOnly)
         try await storage.setItem("k", "v")
         let store = try Store(directory: f.configuration.storeDirectory)
@@ -138,8 +138,8 @@ struct VendorBootPolicyTests {
         let record = try #require(try store.wrappingKey(service: "tdo", protection: try ItemProtection(accessible: .alwaysThisDeviceOnly).storageTag))
         // The replay opens the key while generation 1 stands: what it runs is what a read runs.
         #expect(try replay(f, record, installed).count > 0)
-        #expect(await code { try await f.device.revokeBootPolicies(before: 2, passcode: bytes("1111")) } == .authenticationFailed)
-        try await f.device.revokeBootPolicies(before: 2, passcode: bytes(Self.passcode))
+        #expect(await code { try await f.administration.revokeBootPolicies(before: 2, passcode: bytes("1111")) } == .authenticationFailed)
+        try await f.administration.revokeBootPolicies(before: 2, passcode: bytes(Self.passcode))
         await f.device.dropCaches()
         do { _ = try await storage.getItem("k"); Issue.record("a revoked generation opened the item") } catch {
             #expect(error.code == .deviceStateChanged && error.message.contains("revoked"), "\(error.message)")
@@ -155,7 +155,7 @@ struct VendorBootPolicyTests {
         let env = ["TPM2TOOLS_TCTI": f.tpm.tcti]
         #expect(try run("/usr/bin/tpm2_nvsetbits", ["0x01004B55", "-C", "0x01004B55", "-i", "0x4"], environment: env).status != 0)
         // A newer generation for the same state opens the item again.
-        _ = try await f.device.installBootPolicy(try vendor.sign(try pcr7(f), generation: 2))
+        _ = try await f.administration.installBootPolicy(try vendor.sign(try pcr7(f), generation: 2))
         #expect(try await storage.getItem("k") == "v")
     }
 
@@ -245,7 +245,7 @@ struct VendorBootPolicyTests {
     /// ticket): 2 commands more than a literal key, with one policy installed.
     @Test func aVendorKeyCostsTwoCommandsMoreThanALiteralOne() async throws {
         let (f, vendor) = try await vendorFixture()
-        _ = try await f.device.installBootPolicy(try vendor.sign(try pcr7(f), generation: 0))
+        _ = try await f.administration.installBootPolicy(try vendor.sign(try pcr7(f), generation: 0))
         try await f.storage("tdo", accessible: .alwaysThisDeviceOnly).setItem("k", "v")
         let store = try Store(directory: f.configuration.storeDirectory)
         let record = try #require(try store.wrappingKey(service: "tdo", protection: try ItemProtection(accessible: .alwaysThisDeviceOnly).storageTag))
@@ -268,8 +268,8 @@ struct VendorBootPolicyTests {
         let path = f.tpm.directory + "/rsa.pem"
         #expect(try run("/usr/bin/openssl", ["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", path]).status == 0)
         let pub = try run("/usr/bin/openssl", ["pkey", "-in", path, "-pubout"]).stdout
-        #expect(await code { try await f.device.useBootPolicyKey(publicKeyPEM: pub) } == .invalidArgument)
-        #expect(await code { try await f.device.useBootPolicyKey(publicKeyPEM: Array("not a key".utf8)) } == .invalidArgument)
+        #expect(await code { try await f.administration.useBootPolicyKey(publicKeyPEM: pub) } == .invalidArgument)
+        #expect(await code { try await f.administration.useBootPolicyKey(publicKeyPEM: Array("not a key".utf8)) } == .invalidArgument)
     }
 }
 

@@ -74,7 +74,7 @@ public struct RestoreReport: Sendable, Hashable, Codable {
     public var skipped: [BackupSkip]
 }
 
-extension KeychainDevice {
+extension KeychainAdministration {
     /// Writes an encrypted backup of every item of a migratable level (`whenUnlocked`,
     /// `afterFirstUnlock`, `always`) to `fd`, one item in memory at a time: never a `ThisDeviceOnly`
     /// item, never one behind a biometric access control, never a token's. Passcode items ask the
@@ -108,7 +108,6 @@ extension KeychainDevice {
 
     private func backup(to fd: Int32, service: String?, writer makeWriter: (Engine.BackupPlan) throws(KeychainError) -> BackupWriter)
         async throws(KeychainError) -> BackupReport {
-        let engine = try engine
         let plan = try await engine.backupPlan(service: service)
         if plan.needsUnlocked, try await engine.status().lockState != .unlocked {
             throw KeychainError(.interactionNotAllowed, "Some items to back up are 'whenUnlocked' and the device is locked: "
@@ -208,7 +207,6 @@ extension KeychainDevice {
         // Pass 1: authenticate every chunk and check every item; nothing is written.
         while let item = try reader.next() { try Self.check(item) }
         try reader.rewind()
-        let engine = try engine
         let passcodeAvailable = await engine.canUse(.passcode, readerDirectory: configuration.readerDirectory).available
         var report = RestoreReport(restored: [], skipped: [])
         do throws(KeychainError) {

@@ -296,7 +296,7 @@ func hexBytes(_ text: String) -> [UInt8] {
 
 // MARK: The device
 
-extension KeychainDevice {
+extension KeychainAdministration {
     /// Makes the attestation key (`attest init`), or returns the one the store keeps.
     public func makeAttestationKey() async throws(KeychainError) -> (name: String, created: Bool) {
         try await engine.makeAttestationKey()

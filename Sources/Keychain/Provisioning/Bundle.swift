@@ -281,14 +281,20 @@ extension KeychainDevice {
     ///   authentication); `INTERACTION_NOT_ALLOWED` when the device is locked; `AUTHENTICATION_FAILED`
     ///   for a wrong passcode; `INVALID_ARGUMENT` for a service that names keychaind's scope of a user or
     ///   a group (`uid:1600/bank`): the importer chooses whose item it becomes, never the bundle.
-    /// - Parameter uid: the user whose item it becomes through keychaind (the service's store); nil
-    ///   for this process's own items.
-    ///   Through keychaind (root and the access group `admin` only) it becomes the caller's item.
-    ///   A credential bundle (`seal-for --credential`) becomes the system manager's credential.
+    ///   In this process it becomes this process's item; through keychaind (root and the access
+    ///   group `admin` only) the caller's. A credential bundle (`seal-for --credential`) becomes the
+    ///   system manager's credential.
+    public func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes? = nil) async throws(KeychainError) -> ImportOutcome {
+        try await backing.importBundle(bundle, passcode: passcode, in: .process)
+    }
+}
+
+extension KeychainAdministration {
+    /// Imports a bundle as `KeychainDevice.importBundle` does, into the items of `uid` in keychaind's
+    /// store (this store, opened where it is): the administrator chooses the user, never the bundle.
     public func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes? = nil,
-                             forUser uid: UInt32? = nil) async throws(KeychainError) -> ImportOutcome {
-        guard let uid else { return try await backing.importBundle(bundle, passcode: passcode, in: .process) }
-        return try await engine.importBundle(bundle, passcode: passcode, readerDirectory: configuration.readerDirectory, scope: .user(uid))
+                             forUser uid: UInt32) async throws(KeychainError) -> ImportOutcome {
+        try await engine.importBundle(bundle, passcode: passcode, readerDirectory: configuration.readerDirectory, scope: .user(uid))
     }
 }
 

@@ -1,0 +1,35 @@
+/// What keychaind does not serve, done in this process on the store itself: backup and restore of
+/// the whole store, provisioning (taking TPM ownership, importing a bundle for one of keychaind's
+/// users, the attestation key), boot-state administration. `KeychainDevice` and `Keychain` reach the
+/// store in this process or through keychaind alike and have none of these calls; this type holds
+/// the store's engine, so whoever has one runs where the store is, as its user.
+public struct KeychainAdministration: Sendable {
+    let engine: Engine
+    let configuration: KeychainConfiguration
+
+    /// The store of `configuration`, opened in this process.
+    /// - Throws: `UNSUPPORTED` for a configuration that reaches the store through keychaind (its store
+    ///   is the service's: run where it is, as the service's user); the configuration's refusal of the
+    ///   store's engine (another setting than the engine's in this process) as a storage would.
+    public init(configuration: KeychainConfiguration = .default) throws(KeychainError) {
+        guard configuration.daemonSocket == nil else {
+            throw KeychainError(.unsupported, "The keychain service does not serve this call: run it where the store is, as "
+                                + "the service's user (keychainctl --direct --store <the service's store> …)")
+        }
+        let local = LocalService(configuration: configuration)
+        if let refusal = local.refusal { throw refusal }
+        (engine, self.configuration) = (local.engine, configuration)
+    }
+
+    /// Provisions as `KeychainDevice.initialize()`, then takes ownership of the TPM as a provisioning
+    /// tool does: each empty owner or lockout authorization with a file in `ownership` is set to 32
+    /// random bytes, written there first (`hex:…`, 0600, never overwritten); an empty one without a
+    /// file is refused with `INVALID_ARGUMENT` unless `ownership.allowEmpty`. The embedded software TPM
+    /// is taken on its first start without asking (its files are in `<store>/swtpm/`).
+    @discardableResult
+    public func initialize(takingOwnership ownership: Ownership) async throws(KeychainError) -> DeviceStatus {
+        _ = try await engine.initialize()
+        try await engine.takeOwnership(ownership)
+        return try await engine.status()
+    }
+}
