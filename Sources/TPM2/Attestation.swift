@@ -69,31 +69,54 @@ extension TPMContext {
 
     /// TPM2_Quote by `ak` of the SHA-256 bank's `selection`, over `nonce` (qualifyingData).
     public func quote(ak: TPMHandle, selection: PCRSelection, nonce: [UInt8]) throws(TPMError) -> SignedAttestation {
-        var qualifying = TPM2B_DATA()
-        qualifying.size = TPM2B.set(&qualifying.buffer, nonce)
-        var scheme = TPMT_SIG_SCHEME()
-        scheme.scheme = UInt16(TPM2_ALG_NULL)  // the key's own, RSASSA-SHA256
         var pcrs = Marshal.pcrSelection(selection)
-        var quoted: UnsafeMutablePointer<TPM2B_ATTEST>?
-        var signature: UnsafeMutablePointer<TPMT_SIGNATURE>?
-        try call("Quote") { Esys_Quote(esys, ak.tr, Self.password, Self.none, Self.none, &qualifying, &scheme, &pcrs, &quoted, &signature) }
-        defer { Esys_Free(quoted); Esys_Free(signature) }
-        return try Self.signed(quoted, signature)
+        return try statement("Quote", nonce: nonce) { qualifying, scheme, quoted, signature in
+            Esys_Quote(esys, ak.tr, Self.password, Self.none, Self.none, qualifying, scheme, &pcrs, quoted, signature)
+        }
     }
 
     /// TPM2_Certify by `ak` of the loaded or persistent `object` (whose admin role its empty
     /// authValue satisfies, as the SRK's), over `nonce`.
     public func certify(_ object: TPMHandle, ak: TPMHandle, nonce: [UInt8]) throws(TPMError) -> SignedAttestation {
+        try statement("Certify", nonce: nonce) { qualifying, scheme, info, signature in
+            Esys_Certify(esys, object.tr, ak.tr, Self.password, Self.password, Self.none, qualifying, scheme, info, signature)
+        }
+    }
+
+    /// TPM2_CertifyCreation by `ak` of the loaded `object` (Part 3, 18.3), over `nonce`: that this
+    /// TPM made the object whose creation data hashes to `creation.hash`. Needs no authorization of
+    /// the object (a wrapping key's ADMIN role is its policy, which has no Certify branch).
+    public func certifyCreation(_ object: TPMHandle, ak: TPMHandle, creation: Creation, nonce: [UInt8]) throws(TPMError) -> SignedAttestation {
+        var hash = TPM2B_DIGEST()
+        hash.size = TPM2B.set(&hash.buffer, creation.hash)
+        var ticket = try Marshal.decode("TPMT_TK_CREATION", creation.ticket, as: TPMT_TK_CREATION(), Tss2_MU_TPMT_TK_CREATION_Unmarshal)
+        return try statement("CertifyCreation", nonce: nonce) { qualifying, scheme, info, signature in
+            Esys_CertifyCreation(esys, ak.tr, object.tr, Self.password, Self.none, Self.none, qualifying, &hash, scheme, &ticket, info, signature)
+        }
+    }
+
+    /// TPM2_NV_Certify by `ak` of the whole of the NV index `index` (read with its empty authValue:
+    /// TPMA_NV_AUTHREAD), over `nonce` (Part 3, 31.16).
+    public func certifyNV(_ index: TPMHandle, size: UInt16, ak: TPMHandle, nonce: [UInt8]) throws(TPMError) -> SignedAttestation {
+        try statement("NV_Certify", nonce: nonce) { qualifying, scheme, info, signature in
+            Esys_NV_Certify(esys, ak.tr, index.tr, index.tr, Self.password, Self.password, Self.none, qualifying, scheme, size, 0, info, signature)
+        }
+    }
+
+    /// What every attestation command shares: the nonce as qualifyingData, the AK's own scheme
+    /// (RSASSA-SHA256), a TPM2B_ATTEST and a TPMT_SIGNATURE out, freed on every path.
+    private func statement(_ command: String, nonce: [UInt8],
+                           _ body: (UnsafePointer<TPM2B_DATA>, UnsafePointer<TPMT_SIG_SCHEME>,
+                                    UnsafeMutablePointer<UnsafeMutablePointer<TPM2B_ATTEST>?>,
+                                    UnsafeMutablePointer<UnsafeMutablePointer<TPMT_SIGNATURE>?>) -> TSS2_RC) throws(TPMError) -> SignedAttestation {
         var qualifying = TPM2B_DATA()
         qualifying.size = TPM2B.set(&qualifying.buffer, nonce)
         var scheme = TPMT_SIG_SCHEME()
         scheme.scheme = UInt16(TPM2_ALG_NULL)
         var info: UnsafeMutablePointer<TPM2B_ATTEST>?
         var signature: UnsafeMutablePointer<TPMT_SIGNATURE>?
-        try call("Certify") {
-            Esys_Certify(esys, object.tr, ak.tr, Self.password, Self.password, Self.none, &qualifying, &scheme, &info, &signature)
-        }
         defer { Esys_Free(info); Esys_Free(signature) }
+        try call(command) { body(&qualifying, &scheme, &info, &signature) }
         return try Self.signed(info, signature)
     }
 
@@ -190,6 +213,74 @@ public enum Attestation {
         return Quote(nonce: TPM2B.bytes(attest.extraData.buffer, size: attest.extraData.size), pcrs: pcrs,
                      pcrDigest: TPM2B.bytes(quote.pcrDigest.buffer, size: quote.pcrDigest.size),
                      resetCount: attest.clockInfo.resetCount, restartCount: attest.clockInfo.restartCount)
+    }
+
+    /// What a TPM2_CertifyCreation says: the TPM made the object `name`, with creation data hashing to `creationHash`.
+    public struct CreationCertification: Sendable, Hashable {
+        public var nonce: [UInt8]
+        public var name: [UInt8]
+        public var creationHash: [UInt8]
+    }
+
+    /// What a TPM2_NV_Certify says: the index's name (its public area, attributes and policy) and contents.
+    public struct NVCertification: Sendable, Hashable {
+        public var nonce: [UInt8]
+        public var indexName: [UInt8]
+        public var offset: UInt16
+        public var contents: [UInt8]
+    }
+
+    /// Verifies `signed` as a TPM2_CertifyCreation by the AK `akPublic` and reads it.
+    public static func verifyCreationCertification(_ signed: TPMContext.SignedAttestation,
+                                                   akPublic: [UInt8]) throws(AttestationError) -> CreationCertification {
+        let attest = try verified(signed, akPublic: akPublic, type: TPM2_ST_ATTEST_CREATION, what: "creation certification")
+        let info = attest.attested.creation
+        return CreationCertification(nonce: TPM2B.bytes(attest.extraData.buffer, size: attest.extraData.size),
+                                     name: TPM2B.bytes(info.objectName.name, size: info.objectName.size),
+                                     creationHash: TPM2B.bytes(info.creationHash.buffer, size: info.creationHash.size))
+    }
+
+    /// Verifies `signed` as a TPM2_NV_Certify by the AK `akPublic` and reads it.
+    public static func verifyNVCertification(_ signed: TPMContext.SignedAttestation, akPublic: [UInt8]) throws(AttestationError) -> NVCertification {
+        let attest = try verified(signed, akPublic: akPublic, type: TPM2_ST_ATTEST_NV, what: "NV certification")
+        let info = attest.attested.nv
+        return NVCertification(nonce: TPM2B.bytes(attest.extraData.buffer, size: attest.extraData.size),
+                               indexName: TPM2B.bytes(info.indexName.name, size: info.indexName.size), offset: info.offset,
+                               contents: TPM2B.bytes(info.nvContents.buffer, size: info.nvContents.size))
+    }
+
+    /// The parent's name in a marshalled TPM2B_CREATION_DATA whose TPMS_CREATION_DATA hashes (SHA-256) to `hash`.
+    public static func creationParent(_ creationData: [UInt8], hash: [UInt8]) throws(AttestationError) -> [UInt8] {
+        guard creationData.count > 2, Int(creationData[0]) << 8 | Int(creationData[1]) == creationData.count - 2,
+              sha256(Array(creationData[2...])) == hash else {
+            throw AttestationError("the key's creation data is not the one the TPM certified")
+        }
+        let data: TPM2B_CREATION_DATA
+        do {
+            data = try Marshal.decode("TPM2B_CREATION_DATA", creationData, as: TPM2B_CREATION_DATA(), Tss2_MU_TPM2B_CREATION_DATA_Unmarshal)
+        } catch { throw AttestationError("the key's creation data does not parse (\(error))") }
+        return TPM2B.bytes(data.creationData.parentName.name, size: data.creationData.parentName.size)
+    }
+
+    /// What a sealed object's public area says: its attributes as flags, and its authPolicy.
+    public struct SealedObject: Sendable, Hashable {
+        public var fixedTPM: Bool
+        public var fixedParent: Bool
+        public var userWithAuth: Bool
+        public var adminWithPolicy: Bool
+        public var authPolicy: [UInt8]
+    }
+
+    /// A keyedHash (sealed data) public area, read.
+    public static func sealedObject(_ publicArea: [UInt8]) throws(AttestationError) -> SealedObject {
+        let area = try parsePublic(publicArea, what: "the wrapping key").publicArea
+        guard area.type == UInt16(TPM2_ALG_KEYEDHASH), area.nameAlg == UInt16(TPM2_ALG_SHA256) else {
+            throw AttestationError("the wrapping key is not a sealed data object with a SHA-256 name")
+        }
+        let a = area.objectAttributes
+        return SealedObject(fixedTPM: a & TPMA_OBJECT_FIXEDTPM != 0, fixedParent: a & TPMA_OBJECT_FIXEDPARENT != 0,
+                            userWithAuth: a & TPMA_OBJECT_USERWITHAUTH != 0, adminWithPolicy: a & TPMA_OBJECT_ADMINWITHPOLICY != 0,
+                            authPolicy: TPM2B.bytes(area.authPolicy.buffer, size: area.authPolicy.size))
     }
 
     /// Verifies `signed` as a TPM2_Certify by the AK `akPublic` and reads it.

@@ -101,7 +101,21 @@ extension TPMContext {
         /// Marshalled TPM2B_PUBLIC and TPM2B_PRIVATE, as stored.
         public var publicArea: [UInt8]
         public var privateArea: [UInt8]
-        public init(publicArea: [UInt8], privateArea: [UInt8]) { self.publicArea = publicArea; self.privateArea = privateArea }
+        /// What TPM2_Create said of the object it made (nil for a blob read back from a store).
+        public var creation: Creation?
+        public init(publicArea: [UInt8], privateArea: [UInt8], creation: Creation? = nil) {
+            (self.publicArea, self.privateArea, self.creation) = (publicArea, privateArea, creation)
+        }
+    }
+
+    /// TPM2_Create's creation outputs, marshalled: TPM2B_CREATION_DATA (the parent's name and
+    /// qualified name among them), the TPM2B_DIGEST of it, and the TPMT_TK_CREATION ticket with which
+    /// TPM2_CertifyCreation (Part 3, 18.3) later proves that this TPM made the object.
+    public struct Creation: Sendable, Hashable, Codable {
+        public var data: [UInt8]
+        public var hash: [UInt8]
+        public var ticket: [UInt8]
+        public init(data: [UInt8], hash: [UInt8], ticket: [UInt8]) { (self.data, self.hash, self.ticket) = (data, hash, ticket) }
     }
 
     /// Seals `secret` under `parent` with an authorization policy.
@@ -143,13 +157,22 @@ extension TPMContext {
         var creationPCR = TPML_PCR_SELECTION()
         var outPrivate: UnsafeMutablePointer<TPM2B_PRIVATE>?
         var outPublic: UnsafeMutablePointer<TPM2B_PUBLIC>?
+        var creationData: UnsafeMutablePointer<TPM2B_CREATION_DATA>?
+        var creationHash: UnsafeMutablePointer<TPM2B_DIGEST>?
+        var creationTicket: UnsafeMutablePointer<TPMT_TK_CREATION>?
         try call(command) {
             Esys_Create(esys, parent.tr, session?.tr ?? Self.password, Self.none, Self.none, &inSensitive, &inPublic,
-                        &outsideInfo, &creationPCR, &outPrivate, &outPublic, nil, nil, nil)
+                        &outsideInfo, &creationPCR, &outPrivate, &outPublic, &creationData, &creationHash, &creationTicket)
         }
-        defer { Esys_Free(outPrivate); Esys_Free(outPublic) }
+        defer { Esys_Free(outPrivate); Esys_Free(outPublic); Esys_Free(creationData); Esys_Free(creationHash); Esys_Free(creationTicket) }
+        var creation: Creation?
+        if let creationData, let creationHash, let creationTicket {
+            creation = Creation(data: try Marshal.encode("TPM2B_CREATION_DATA", creationData.pointee, Tss2_MU_TPM2B_CREATION_DATA_Marshal),
+                                hash: TPM2B.bytes(creationHash.pointee.buffer, size: creationHash.pointee.size),
+                                ticket: try Marshal.encode("TPMT_TK_CREATION", creationTicket.pointee, Tss2_MU_TPMT_TK_CREATION_Marshal))
+        }
         return SealedBlob(publicArea: try Marshal.public(outPublic!.pointee),
-                          privateArea: try Marshal.private(outPrivate!.pointee))
+                          privateArea: try Marshal.private(outPrivate!.pointee), creation: creation)
     }
 
     /// Loads a sealed blob under `parent`; the returned handle must be flushed.

@@ -7,7 +7,7 @@ import KeychainCLIText
 extension Commands {
     /// The server's subcommands: they touch no TPM and no store.
     static func attestOnServer(_ command: [String]) -> Bool {
-        command.first == "attest" && ["challenge", "verify"].contains(command.dropFirst().first ?? "")
+        command.first == "attest" && ["challenge", "verify", "verify-key"].contains(command.dropFirst().first ?? "")
     }
 
     func attest() async throws -> Exit {
@@ -61,10 +61,39 @@ extension Commands {
             // One answer per challenge: the state goes once it served.
             unlink(statePath)
             document(verified.json())
+        case "key":
+            let service = try operands(1, "SERVICE --nonce HEX [--accessible A] [--access-control C] [--auth-validity N]")[0]
+            let accessible = try inv.flags["--accessible"].map { (t: String) throws(KeychainError) in try Accessible(parsing: t) } ?? .afterFirstUnlock
+            let control = try inv.flags["--access-control"].map { (t: String) throws(KeychainError) in try AccessControl(parsing: t) } ?? AccessControl.none
+            var window = 0
+            if let v = inv.flags["--auth-validity"] {
+                guard let n = Int(v) else { throw KeychainError.invalidArgument("Invalid authValidity: expected a whole number of seconds, got '\(v)'") }
+                window = n
+            }
+            let protection = try ItemProtection(accessible: accessible, accessControl: control, authValidity: window)
+            document(try await device.attestKey(service: service, protection: protection, nonce: try nonceFlag()).json())
+        case "verify-key":
+            let attestation = try KeyAttestation(json: try readFile(try operands(1, "KEY-ATTESTATION --identity VERIFIED --nonce HEX")[0],
+                                                                    limit: KeyAttestation.maxLength, what: "the key attestation"))
+            guard let identityPath = inv.flags["--identity"] else {
+                throw UsageError(message: "attest verify-key needs --identity VERIFIED (the verified identity of the device, from attest verify)")
+            }
+            let identity = try VerifiedIdentity(json: try readFile(identityPath, limit: VerifiedIdentity.maxLength, what: "the verified identity"))
+            let report = try AttestationServer.verifyKey(attestation, identity: identity, nonce: try nonceFlag())
+            document(report.json())
+            // Weaker (or other) than claimed: said in the report, and in the exit status.
+            if !report.matchesClaim { return .failure }
         default:
-            throw UsageError(message: "attest takes init, request, challenge REQUEST, respond CHALLENGE or verify ANSWER")
+            throw UsageError(message: "attest takes init, request, challenge REQUEST, respond CHALLENGE, verify ANSWER, key SERVICE or verify-key ATTESTATION")
         }
         return .ok
+    }
+
+    /// `--nonce HEX`: the caller's, 1 to 32 bytes.
+    private func nonceFlag() throws(KeychainError) -> [UInt8] {
+        guard let text = inv.flags["--nonce"] else { throw KeychainError.invalidArgument("attest \(inv.command[1]) needs --nonce HEX (1 to 32 bytes, the caller's)") }
+        guard let bytes = hexBytes(text), bytes.count <= 32 else { throw KeychainError.invalidArgument("Invalid --nonce '\(text)': expected 1 to 32 bytes of hex") }
+        return bytes
     }
 
     private func stateFlag() throws(UsageError) -> String {

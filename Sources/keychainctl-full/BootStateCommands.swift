@@ -69,7 +69,7 @@ extension Commands {
         return predicted
     }
 
-    private func hexBytes(_ text: String) -> [UInt8]? {
+    func hexBytes(_ text: String) -> [UInt8]? {
         let digits = Array(text.utf8)
         guard digits.count % 2 == 0, !digits.isEmpty else { return nil }
         var bytes: [UInt8] = []

@@ -127,6 +127,10 @@ let usage = """
                                    verified identity (JSON) or AUTHENTICATION_FAILED naming the check; with
                                    --expect-boot-state, the PCR values must be those of that verified identity;
                                    FILE is removed once it verified
+      attest key SERVICE --nonce HEX [--accessible A] [--access-control C] [--auth-validity N]   (device) the AK's
+                                   CertifyCreation of the wrapping key of SERVICE's items of that protection (JSON)
+      attest verify-key ATTESTATION --identity VERIFIED --nonce HEX   (verifier, no TPM) what the TPM enforces on
+                                   that key, in words and JSON; exit status 3 when it does not match its claim
       import BUNDLE [--passcode-stdin]   TPM2_Import of a bundle sealed to this device; the item becomes an
                                    ordinary item of its service (the caller's, through keychaind), or the
                                    systemd credential it was sealed as; never an older --version than installed

@@ -280,6 +280,130 @@ struct AttestationTests: TwoDeviceTest {
         #expect(try AttestationAnswer(json: Data(activated.stdout)).credential == Data(secret).base64EncodedString())
     }
 
+    /// `attest key` and `verify-key` of each of the six access controls at two levels: the verifier
+    /// says in words what the TPM enforces (docs/security.md's table), and for ThisDeviceOnly that the
+    /// certified approval index approves the verified boot state. Refused: another nonce, another
+    /// device's AK, a key claimed ThisDeviceOnly whose public area lacks fixedTPM. Reported as not
+    /// matching: a key whose stored policy was edited.
+    @Test func keyAttestationSaysWhatTheTPMEnforcesOnEachProtection() throws {
+        let b = try Device()
+        try IdentityTests.manufacture(b.tpm)
+        let dir = b.tpm.directory
+        #expect(try cli(b, ["passcode", "set"], "2468\n").status == 0)
+        #expect(try cli(b, ["reader", "enroll", "thumb"], "2468\n").status == 0)
+        let identityPath = try verifiedIdentity(b)
+        let nonce = hex(Sodium.randomBytes(32))
+        func attest(_ service: String, _ level: Accessible, _ control: AccessControl, nonce: String = nonce) throws -> Outcome {
+            try cli(b, ["--json", "attest", "key", service, "--accessible", level.rawValue, "--access-control", control.rawValue, "--nonce", nonce])
+        }
+        func verify(_ attestation: [UInt8], nonce: String = nonce, identity: String? = nil) throws -> Outcome {
+            try server(["verify-key", try write(attestation, dir + "/key-\(UUID().uuidString).json"), "--identity", identity ?? identityPath,
+                        "--nonce", nonce], in: dir)
+        }
+        let words: [AccessControl: [String]] = [
+            .none: [], .passcode: ["only with the device passcode", "until the passcode is removed"],
+            .biometryAny: ["only with a finger enrolled on the reader", "until the passcode is removed"],
+            .biometryCurrentSet: ["only with a finger of the enrollment set it was made with on the reader"],
+            .biometryAnyOrPasscode: ["only with a finger enrolled on the reader", "or the device passcode"],
+            .biometryCurrentSetOrPasscode: ["a finger of the enrollment set it was made with", "or the device passcode"],
+        ]
+        for level in [Accessible.whenUnlocked, .whenUnlockedThisDeviceOnly] {
+            for control in AccessControl.allCases {
+                let service = "svc-\(control.rawValue)"
+                #expect(try cli(b, ["set", service, level.rawValue, "--accessible", level.rawValue, "--access-control", control.rawValue],
+                                "v").status == 0, "\(level) \(control)")
+                let made = try attest(service, level, control)
+                #expect(made.status == 0, "\(level) \(control): \(String(decoding: made.stdout, as: UTF8.self))")
+                let verified = try verify(made.stdout)
+                #expect(verified.status == 0, "\(level) \(control): \(verified.stderr) \(String(decoding: verified.stdout, as: UTF8.self))")
+                let report = try KeyAttestationReport(json: Data(verified.stdout))
+                #expect(report.matchesClaim && report.differences.isEmpty, "\(level) \(control): \(report.differences)")
+                var expected = words[control]! + ["while the device is unlocked"]
+                expected.append(level.isThisDeviceOnly ? "on this TPM only" : "not fixedTPM")
+                if level.isThisDeviceOnly { expected.append("the device's approval index approves") }
+                for phrase in expected { #expect(report.statement.contains(phrase), "\(level) \(control): '\(phrase)' not in '\(report.statement)'") }
+                if control == .none { #expect(!report.statement.contains("only with"), "\(report.statement)") }
+                #expect(report.approvesVerifiedBootState == (level.isThisDeviceOnly ? true : nil))
+                print("\(level.rawValue)/\(control.rawValue): \(report.statement)")
+            }
+        }
+        // Another nonce: a replayed statement.
+        let passcodeKey = try attest("svc-passcode", .whenUnlocked, .passcode)
+        let replayed = try verify(passcodeKey.stdout, nonce: hex(Sodium.randomBytes(32)))
+        #expect(replayed.status == 3 && replayed.stderr.contains("another nonce"), "\(replayed.stderr)")
+        // Another device's AK: the statement is not the verified identity's.
+        let a = try Device()
+        try IdentityTests.manufacture(a.tpm)
+        #expect(try cli(a, ["passcode", "set"], "1357\n").status == 0)
+        #expect(try cli(a, ["set", "svc-passcode", "k", "--accessible", "whenUnlocked", "--access-control", "passcode"], "v").status == 0)
+        let onA = try verifiedIdentity(a)
+        let fromA = try cli(a, ["--json", "attest", "key", "svc-passcode", "--accessible", "whenUnlocked", "--access-control", "passcode", "--nonce", nonce])
+        #expect(try verify(fromA.stdout, identity: onA).status == 0)
+        let foreign = try verify(fromA.stdout)
+        #expect(foreign.status == 3 && foreign.stderr.contains("another attestation key"), "\(foreign.stderr)")
+        // A whenUnlocked key (not fixedTPM) claimed ThisDeviceOnly: refused.
+        var claimed = try KeyAttestation(json: Data(try attest("svc-none", .whenUnlocked, .none).stdout))
+        claimed.claim.accessible = .whenUnlockedThisDeviceOnly
+        let unfixed = try verify(Array(claimed.json()))
+        #expect(unfixed.status == 3 && unfixed.stderr.contains("lacks fixedTPM"), "\(unfixed.stderr)")
+        // The stored policy of the passcode key edited (its passcode branch's policyRef): reported, exit status 3.
+        let edit = try run("/usr/bin/python3", ["-c", """
+            import json, sqlite3, sys
+            c = sqlite3.connect(sys.argv[1])
+            (policy,) = c.execute("SELECT policy FROM wrapping_keys WHERE protection = 'whenUnlocked/passcode/0' AND service LIKE '%svc-passcode'").fetchone()
+            p = json.loads(bytes(policy)); p['keyRef'][0] ^= 1
+            c.execute("UPDATE wrapping_keys SET policy = ? WHERE protection = 'whenUnlocked/passcode/0' AND service LIKE '%svc-passcode'", (json.dumps(p).encode(),))
+            c.commit()
+            """, b.store + "/keychain.db"])
+        #expect(edit.status == 0, "\(edit.stderr)")
+        let edited = try attest("svc-passcode", .whenUnlocked, .passcode)
+        #expect(edited.status == 0, "\(String(decoding: edited.stdout, as: UTF8.self))")
+        let mismatch = try verify(edited.stdout)
+        let report = try KeyAttestationReport(json: Data(mismatch.stdout))
+        #expect(mismatch.status == 3 && !report.matchesClaim && report.enforced.isEmpty
+                && report.differences.contains { $0.contains("authPolicy is not the digest") }, "\(report.differences)")
+    }
+
+    /// Our challenge answered by tpm2-tools alone: tpm2_activatecredential with our AK (its blob from
+    /// the store) under the EK, and the credential is the one the server keeps.
+    @Test func theServersChallengeIsAnsweredByTpm2Activatecredential() throws {
+        let b = try Device()
+        try IdentityTests.manufacture(b.tpm)
+        let dir = b.tpm.directory
+        let (challengePath, statePath) = try challenge(try request(b), in: dir)
+        let challenge = try AttestationChallenge(json: Data(contentsOf: URL(fileURLWithPath: challengePath)))
+        let state = try AttestationState(json: Data(contentsOf: URL(fileURLWithPath: statePath)))
+        let blob = try run("/usr/bin/sqlite3", [b.store + "/keychain.db", "SELECT hex(value) FROM meta WHERE name = 'tpm.attestation-key'"])
+        let ak = hexBytes(String(decoding: blob.stdout, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).lowercased())
+        let publicCount = 2 + (Int(ak[0]) << 8 | Int(ak[1]))
+        _ = try write(ak[..<publicCount], dir + "/ak.pub")
+        _ = try write(ak[publicCount...], dir + "/ak.priv")
+        // tpm2_makecredential's file: magic, version, then the TPM2B_ID_OBJECT and TPM2B_ENCRYPTED_SECRET.
+        _ = try write([0xBA, 0xDC, 0xC0, 0xDE, 0, 0, 0, 1] + [UInt8](Data(base64Encoded: challenge.credentialBlob)!)
+                      + [UInt8](Data(base64Encoded: challenge.secret)!), dir + "/cred.blob")
+        let script = """
+            set -e
+            cd '\(dir)'
+            # No resource manager: each tool's objects are flushed once saved (3 slots).
+            tpm2_createek -c ek.ctx -G rsa -u ek.pub
+            tpm2_flushcontext -t
+            tpm2_startauthsession --policy-session -S s.ctx
+            tpm2_policysecret -S s.ctx -c e
+            tpm2_load -C ek.ctx -u ak.pub -r ak.priv -c ak.ctx -P session:s.ctx
+            tpm2_flushcontext s.ctx
+            tpm2_flushcontext -t
+            tpm2_startauthsession --policy-session -S s.ctx
+            tpm2_policysecret -S s.ctx -c e
+            tpm2_activatecredential -c ak.ctx -C ek.ctx -i cred.blob -o cred.out -P session:s.ctx
+            tpm2_flushcontext s.ctx
+            tpm2_flushcontext -t
+            """
+        let activated = try run("/bin/sh", ["-c", script], environment: b.env)
+        #expect(activated.status == 0, "\(activated.stderr)")
+        let credential = try Data(contentsOf: URL(fileURLWithPath: dir + "/cred.out"))
+        #expect(credential.base64EncodedString() == state.credential)
+    }
+
     /// Every server-side parser given what a hostile network sends: a clear KeychainError, never a crash,
     /// never a verified identity.
     @Test func hostileInputsToTheServerGetAClearErrorNeverAVerifiedIdentity() throws {

@@ -276,7 +276,7 @@ public enum AttestationServer {
             nvIndices: request.nvIndices)
     }
 
-    private static func signed(_ s: AttestationAnswer.Signed, _ what: String) throws(KeychainError) -> TPMContext.SignedAttestation {
+    static func signed(_ s: AttestationAnswer.Signed, _ what: String) throws(KeychainError) -> TPMContext.SignedAttestation {
         TPMContext.SignedAttestation(attest: try decoded(s.attest, "\(what)'s statement"), signature: try decoded(s.signature, "\(what)'s signature"))
     }
 }
@@ -315,7 +315,7 @@ extension KeychainAdministration {
 
 extension Engine {
     /// The AK blob in the store: its TPM2B_PUBLIC (self-sized) then its TPM2B_PRIVATE.
-    private static func attestationKey(_ keyring: TPMKeyring) throws(KeychainError) -> TPMContext.SealedBlob? {
+    static func attestationKey(_ keyring: TPMKeyring) throws(KeychainError) -> TPMContext.SealedBlob? {
         let stored: [UInt8]?
         do { stored = try keyring.store.meta(StoreMeta.attestationKey) } catch { throw KeychainError(store: error) }
         guard let stored else { return nil }
@@ -346,7 +346,7 @@ extension Engine {
         }
     }
 
-    private static func noAttestationKey() -> KeychainError {
+    static func noAttestationKey() -> KeychainError {
         KeychainError(.invalidArgument, "This device has no attestation key: make one with keychainctl attest init")
     }
 

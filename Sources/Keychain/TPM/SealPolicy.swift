@@ -33,6 +33,9 @@ struct SealPolicy: Codable, Equatable {
     /// In the reader's policyRef, so a PolicySigned ticket longer than it needs a signature the reader
     /// refuses to make; 0 means no ticket at all. Nil in keys sealed before windows were stored.
     var authValidity: Int?
+    /// What TPM2_Create said of this key (`attest key` certifies it with TPM2_CertifyCreation); not
+    /// part of the digest. Nil in keys sealed before key attestation.
+    var creation: TPMContext.Creation?
 
     struct BiometryBinding: Codable, Equatable {
         /// The reader's verification key (its TPM name) and persistent handle.

@@ -325,6 +325,8 @@ extension Engine {
         guard (try? checked(secret, wrapping)) != nil,
               let blob = try? withKeyring({ keyring throws(KeychainError) in try keyring.seal(secret, policy: policy) }) else { return }
         var updated = wrapping
+        var policy = policy
+        policy.creation = blob.creation
         updated.sealedPublic = blob.publicArea
         updated.sealedPrivate = blob.privateArea
         updated.policy = policy.encoded()

@@ -277,7 +277,9 @@ final class TPMKeyring {
                 // bound to the passcode epoch that the removal bumps, so it dies in the TPM.
                 policy.passcodeEpoch = try currentPasscodeEpoch()
             }
-            return (try seal(secret, policy: policy), policy)
+            let blob = try seal(secret, policy: policy)
+            policy.creation = blob.creation
+            return (blob, policy)
         } catch let error as KeychainError {
             throw error
         } catch let error as TPMError {
@@ -287,7 +289,8 @@ final class TPMKeyring {
         }
     }
 
-    /// Seals `secret` to a policy as it is (one salted session, one Create).
+    /// Seals `secret` to a policy as it is (one salted session, one Create). The blob carries the
+    /// key's creation, which the caller stores in the policy (`SealPolicy.creation`).
     func seal(_ secret: SecureBytes, policy: SealPolicy) throws(KeychainError) -> TPMContext.SealedBlob {
         let digest = policy.digest
         do {
