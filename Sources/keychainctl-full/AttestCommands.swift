@@ -71,7 +71,7 @@ extension Commands {
                 window = n
             }
             let protection = try ItemProtection(accessible: accessible, accessControl: control, authValidity: window)
-            document(try await device.attestKey(service: service, protection: protection, nonce: try nonceFlag()).json())
+            document(try await administration.attestKey(service: service, protection: protection, nonce: try nonceFlag()).json())
         case "verify-key":
             let attestation = try KeyAttestation(json: try readFile(try operands(1, "KEY-ATTESTATION --identity VERIFIED --nonce HEX")[0],
                                                                     limit: KeyAttestation.maxLength, what: "the key attestation"))

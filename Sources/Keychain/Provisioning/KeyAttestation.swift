@@ -204,7 +204,7 @@ extension AttestationServer {
 
 // MARK: The device
 
-extension KeychainDevice {
+extension KeychainAdministration {
     /// The AK's statement of the wrapping key of `service`'s items of `protection` (`attest key`),
     /// over the caller's `nonce` (1 to 32 bytes).
     /// - Throws: `INVALID_ARGUMENT` when the service has no key of that protection, or the device no
