@@ -364,6 +364,67 @@ struct AttestationTests: TwoDeviceTest {
                 && report.differences.contains { $0.contains("authPolicy is not the digest") }, "\(report.differences)")
     }
 
+    /// The key attestation's parser and verifier given changed statements: each field cut, emptied,
+    /// grown or changed, and random bytes in the certified statement: a clear KeychainError or a
+    /// report that does not match, never a crash, never a matching report.
+    @Test func hostileKeyAttestationsGetAClearErrorNeverAMatchingReport() throws {
+        let b = try Device()
+        try IdentityTests.manufacture(b.tpm)
+        let identity = try VerifiedIdentity(json: Data(contentsOf: URL(fileURLWithPath: try verifiedIdentity(b))))
+        #expect(try cli(b, ["set", "svc", "k", "--accessible", "whenUnlockedThisDeviceOnly"], "v").status == 0)
+        let nonce = Sodium.randomBytes(32)
+        let made = try cli(b, ["--json", "attest", "key", "svc", "--accessible", "whenUnlockedThisDeviceOnly", "--nonce", hex(nonce)])
+        let good = try KeyAttestation(json: Data(made.stdout))
+        #expect(try AttestationServer.verifyKey(good, identity: identity, nonce: nonce).matchesClaim)
+        /// nil for a clear refusal or a report that does not match; the code otherwise.
+        func outcome(_ a: KeyAttestation) -> String? {
+            do { return try AttestationServer.verifyKey(a, identity: identity, nonce: nonce).matchesClaim ? "MATCHES" : nil } catch {
+                let code = error.code
+                return code == .authenticationFailed || code == .dataCorrupted ? nil : "\(error)"
+            }
+        }
+        func base64(_ s: String, _ change: ([UInt8]) -> [UInt8]) -> String { Data(change([UInt8](Data(base64Encoded: s)!))).base64EncodedString() }
+        let changes: [([UInt8]) -> [UInt8]] = [{ Array($0.prefix($0.count / 2)) }, { _ in [] }, { $0 + [UInt8](repeating: 0, count: 5_000) },
+                                               { var b = $0; b[b.count / 3] ^= 0x40; return b }, { var b = $0; b[b.count - 1] ^= 0x01; return b }]
+        for (n, change) in changes.enumerated() {
+            for field in 0..<7 {
+                var bad = good
+                switch field {
+                case 0: bad.publicArea = base64(good.publicArea, change)
+                case 1: bad.policy = base64(good.policy, change)
+                case 2: bad.creationData = base64(good.creationData, change)
+                case 3: bad.creationCertification.attest = base64(good.creationCertification.attest, change)
+                case 4: bad.creationCertification.signature = base64(good.creationCertification.signature, change)
+                case 5: bad.bootApprovalCertification!.attest = base64(good.bootApprovalCertification!.attest, change)
+                default: bad.bootApprovalCertification!.signature = base64(good.bootApprovalCertification!.signature, change)
+                }
+                #expect(outcome(bad) == nil, "change \(n) of field \(field)")
+            }
+        }
+        // The two statements swapped, the approval left out, the documents' JSON cut.
+        var swapped = good
+        (swapped.creationCertification, swapped.bootApprovalCertification) = (good.bootApprovalCertification!, good.creationCertification)
+        #expect(outcome(swapped) == nil)
+        var without = good
+        without.bootApprovalCertification = nil
+        #expect(outcome(without) == nil)
+        let json = good.json()
+        for cut in [0, 1, json.count / 2, json.count - 2] {
+            #expect(throws: KeychainError.self) { _ = try KeyAttestation(json: json.prefix(cut)) }
+        }
+        // Random bytes in the certified statement.
+        var rng = SystemRandomNumberGenerator()
+        let attest = [UInt8](Data(base64Encoded: good.creationCertification.attest)!)
+        for _ in 0..<200 {
+            var bytes = attest
+            bytes[Int.random(in: 0..<bytes.count, using: &rng)] = UInt8.random(in: 0...255, using: &rng)
+            guard bytes != attest else { continue }
+            var bad = good
+            bad.creationCertification.attest = Data(bytes).base64EncodedString()
+            #expect(outcome(bad) == nil)
+        }
+    }
+
     /// Our challenge answered by tpm2-tools alone: tpm2_activatecredential with our AK (its blob from
     /// the store) under the EK, and the credential is the one the server keeps.
     @Test func theServersChallengeIsAnsweredByTpm2Activatecredential() throws {
