@@ -7,6 +7,9 @@ let package = Package(
     platforms: [.macOS(.v13)],
     products: [
         .library(name: "Keychain", targets: ["Keychain"]),
+        // For a program that only talks to keychaind: the item calls over its socket, linking no
+        // Foundation, tpm2-tss, libcrypto, p11-kit, SQLite or libsodium (scripts/test-outside-package.sh).
+        .library(name: "KeychainClient", targets: ["KeychainClient"]),
         // The command users run: a lean front (no Foundation) that does the simple item commands through
         // keychaind itself and runs keychainctl-full, installed next to it, for everything else.
         .executable(name: "keychainctl", targets: ["keychainctl"]),
@@ -46,6 +49,8 @@ let package = Package(
         .target(name: "PKCS11", dependencies: ["CP11Kit", "SecureMemory"]),
         // keychaind's protocol: framing and messages, no Foundation (a small client links it alone).
         .target(name: "KeychainWire"),
+        // keychaind's item calls for a program that links nothing else: the wire, blocking calls.
+        .target(name: "KeychainClient", dependencies: ["KeychainWire"]),
         // What keychainctl's front and keychainctl-full print alike (terminal-safe text, the option names).
         .target(name: "KeychainCLIText"),
         // The public API.
@@ -82,7 +87,8 @@ let package = Package(
         // Unit tests of the protocol logic, and the real clients (secret-tool, python's secretstorage and keyring,
         // libsecret through python3-gi) on a private dbus-daemon.
         .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "Keychain", "SecureMemory", "KeychainTestSupport"]),
-        .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport", "KeychainWire"]),
+        .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport", "KeychainWire",
+                                                     "KeychainClient"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -231,75 +231,6 @@ func jsonEncoded(_ text: String) -> String {
     return out + "\""
 }
 
-/// A JSON array of strings as keychaind sends getAllKeys; nil for anything else (the full tool,
-/// with Foundation's decoder, then reads the reply and words the error).
-func jsonStrings(_ bytes: [UInt8]) -> [String]? {
-    guard let text = String(validating: bytes, as: UTF8.self) else { return nil }
-    var scalars = Array(text.unicodeScalars)[...]
-    func skipSpace() { while let c = scalars.first, c == " " || c == "\n" || c == "\r" || c == "\t" { scalars.removeFirst() } }
-    func hex4() -> UInt32? {
-        guard scalars.count >= 4 else { return nil }
-        var value: UInt32 = 0
-        for _ in 0..<4 {
-            guard let digit = UInt32(String(scalars.removeFirst()), radix: 16) else { return nil }
-            value = value << 4 | digit
-        }
-        return value
-    }
-    func string() -> String? {
-        guard scalars.popFirst() == "\"" else { return nil }
-        var out = String.UnicodeScalarView()
-        while let c = scalars.popFirst() {
-            switch c {
-            case "\"": return String(out)
-            case "\\":
-                switch scalars.popFirst() {
-                case "\""?: out.append("\"")
-                case "\\"?: out.append("\\")
-                case "/"?: out.append("/")
-                case "b"?: out.append("\u{8}")
-                case "f"?: out.append("\u{c}")
-                case "n"?: out.append("\n")
-                case "r"?: out.append("\r")
-                case "t"?: out.append("\t")
-                case "u"?:
-                    guard var value = hex4() else { return nil }
-                    if (0xD800..<0xDC00).contains(value) {
-                        guard scalars.popFirst() == "\\", scalars.popFirst() == "u", let low = hex4(),
-                              (0xDC00..<0xE000).contains(low) else { return nil }
-                        value = 0x10000 + ((value - 0xD800) << 10) + (low - 0xDC00)
-                    }
-                    guard let scalar = Unicode.Scalar(value) else { return nil }
-                    out.append(scalar)
-                default: return nil
-                }
-            case _ where c.value < 0x20: return nil
-            default: out.append(c)
-            }
-        }
-        return nil
-    }
-    var result: [String] = []
-    skipSpace()
-    guard scalars.popFirst() == "[" else { return nil }
-    skipSpace()
-    if scalars.first == "]" {
-        scalars.removeFirst()
-    } else {
-        while true {
-            skipSpace()
-            guard let item = string() else { return nil }
-            result.append(item)
-            skipSpace()
-            let next = scalars.popFirst()
-            if next == "]" { break }
-            guard next == "," else { return nil }
-        }
-    }
-    skipSpace()
-    return scalars.isEmpty ? result : nil
-}
-
 /// Stdin to EOF, as the full tool reads a value: at most 16 MiB (INVALID_ARGUMENT beyond, the rest
 /// unread), a read error ends the input. One buffer, never grown (no stale copies), wiped after use.
 func readValue() -> [UInt8] {
@@ -411,7 +342,7 @@ func main() -> Never {
     case .allKeys:
         guard let bytes = reply.bytes(WireTag.resultJSON) else { Failure("INTERNAL", "The keychain service's reply has no result").report() }
         // A reply this parser does not read: the full tool asks again and words it (a read changes nothing).
-        guard let keys = jsonStrings(bytes) else { close(fd); runFullTool() }
+        guard let keys = WireJSONStrings.decode(bytes) else { close(fd); runFullTool() }
         let text = fast.json ? "[" + keys.map(jsonEncoded).joined(separator: ",") + "]\n" : keys.map { escaped($0) + "\n" }.joined()
         writeAll(1, Array(text.utf8))
     case .setItem:
