@@ -51,6 +51,8 @@ actor Engine {
     /// the TPM holds it (on start, and on first use: a crash may have left the file without the change).
     var embeddedOwnerAuthorization: SecureBytes?
     var embeddedTPMChecked = false
+    /// keychaind's TPM connection, kept from one operation to the next (`withKeyring`).
+    var keptTPM: KeptTPM?
 
     private init(configuration: KeychainConfiguration) {
         self.configuration = configuration

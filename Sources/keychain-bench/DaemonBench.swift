@@ -84,25 +84,42 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
 
     // 4. Cold reads through keychaind: the first read of a storage's key by a daemon that holds no
     // key (dropCaches: what a daemon that just started holds), by a client of this process, against
-    // tpm2-tools' cheapest read of the same kind of secret under the same SRK, alternated.
-    var coldRead = Samples(capacity: runs), loadUnseal = Samples(capacity: runs)
-    let cold = try createKeychain(.init(service: "bench.cold"), configuration: configuration)
-    try await cold.setItem("k0", secret)
+    // tpm2-tools' cheapest read of the same kind of secret under the same SRK, alternated. First by a
+    // second keychaind with `--tpm-linger 0` (a TPM connection and salted session per operation, as
+    // before issue 18's kept session) on a store of its own, then by the first (its kept connection).
     let loadAndUnseal = try TPM2ToolsRead(tpm: tpm, secret: secret, directory: scratch + "/tpm2-load-unseal")
-    _ = await device.takeTPMCommandCount()
-    for run in 0...runs {
+    func coldReads(_ configuration: KeychainConfiguration) async throws -> (reads: Samples, tools: Samples) {
+        var coldRead = Samples(capacity: runs), loadUnseal = Samples(capacity: runs)
+        let device = KeychainDevice(configuration: configuration)
+        let cold = try createKeychain(.init(service: "bench.cold"), configuration: configuration)
+        try await cold.setItem("k0", secret)
         await device.dropCaches()
-        let start = monotonicNanoseconds()
-        let value = try await cold.getItem("k0")
-        let took = monotonicNanoseconds() - start
-        guard value == secret else { throw BenchFailure("the daemon's cold read returned another value") }
-        let tools = try loadAndUnseal?.read()
-        if run > 0 {
-            coldRead.record(took)
-            tools.map { loadUnseal.record($0) }
+        guard try await cold.getItem("k0") == secret else { throw BenchFailure("the daemon's cold read returned another value") }
+        _ = await device.takeTPMCommandCount()
+        for run in 0...runs {
+            await device.dropCaches()
+            let start = monotonicNanoseconds()
+            let value = try await cold.getItem("k0")
+            let took = monotonicNanoseconds() - start
+            guard value == secret else { throw BenchFailure("the daemon's cold read returned another value") }
+            let tools = try loadAndUnseal?.read()
+            if run > 0 {
+                coldRead.record(took)
+                tools.map { loadUnseal.record($0) }
+            }
         }
+        coldRead.tpmCommands = await device.takeTPMCommandCount()
+        return (coldRead, loadUnseal)
     }
-    coldRead.tpmCommands = await device.takeTPMCommandCount()
+    // The first daemon lets the TPM go after its linger (1 s), so the second does not wait for its turn.
+    try await Task.sleep(for: .seconds(2))
+    let perOperationDaemon = try KeychainDaemon(tpm: tpm, store: tpm.directory + "/store-per-operation", arguments: ["--tpm-linger", "0"])
+    let (perOperation, perOperationTools) = try await coldReads(perOperationDaemon.configuration())
+    _ = perOperationDaemon.kill()
+    let (coldRead, loadUnseal) = try await coldReads(configuration)
+
+    // 5. In-process warm getItem, one caller, in this run too (its own swtpm and store).
+    let inProcess = try await warmReadBench(reads: runs * 5_000)
 
     var report = "## keychaind (keychain-bench --daemon)\n\n"
     report += "One run: \(ProcessInfo.processInfo.activeProcessorCount) cores, swtpm on a Unix socket, a 32-byte secret, "
@@ -117,18 +134,25 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     report += "| `keychainctl --help` (the front, then the full tool's start-up) | \(Format.duration(help.p50)) | \(Format.duration(help.p99)) | 0 |\n"
     report += "| `keychainctl-full --help` (the full tool's start-up alone: the front's hand-over costs the difference) | \(Format.duration(fullHelp.p50)) | \(Format.duration(fullHelp.p99)) | 0 |\n"
     report += "| `/bin/true` (the spawn-and-reap floor) | \(Format.duration(trueProcess.p50)) | \(Format.duration(trueProcess.p99)) | 0 |\n"
-    report += "| cold read through keychaind (its first read of the key: the daemon forgot every key, `dropCaches`) | \(Format.duration(coldRead.p50)) | \(Format.duration(coldRead.p99)) | \(Format.commands(Double(coldRead.tpmCommands) / Double(runs + 1))) |\n"
+    report += "| cold read through keychaind `--tpm-linger 0` (a connection and salted session per operation, as before) | \(Format.duration(perOperation.p50)) | \(Format.duration(perOperation.p99)) | \(Format.commands(Double(perOperation.tpmCommands) / Double(runs + 1))) |\n"
+    if perOperationTools.count > 0 {
+        report += "| tpm2-tools: `tpm2_load && tpm2_unseal`, alternated with the row above | \(Format.duration(perOperationTools.p50)) | \(Format.duration(perOperationTools.p99)) | — |\n"
+    }
+    report += "| cold read through keychaind, kept connection and session (its first read of the key: the daemon forgot every key, `dropCaches`) | \(Format.duration(coldRead.p50)) | \(Format.duration(coldRead.p99)) | \(Format.commands(Double(coldRead.tpmCommands) / Double(runs + 1))) |\n"
     if loadUnseal.count > 0 {
-        report += "| tpm2-tools: `tpm2_load && tpm2_unseal` of a 32-byte secret under the same SRK (two processes) | \(Format.duration(loadUnseal.p50)) | \(Format.duration(loadUnseal.p99)) | — |\n"
+        report += "| tpm2-tools: `tpm2_load && tpm2_unseal` of a 32-byte secret under the same SRK (two processes), alternated with the row above | \(Format.duration(loadUnseal.p50)) | \(Format.duration(loadUnseal.p99)) | — |\n"
     }
     report += "| one read of \(clients) concurrent clients (in one process; a client keeps its connections between calls) | \(Format.duration(concurrent.p50)) | \(Format.duration(concurrent.p99)) | \(Format.commands(concurrent.commandsPerOp)) |\n\n"
     if let tools {
         report += "`keychainctl get` through keychaind vs tpm2-tools: \(Format.ratio(Double(tools.p50) / Double(get.p50))) faster (p50); "
             + "`keychainctl-full get` \(Format.ratio(Double(tools.p50) / Double(fullGet.p50))).\n"
     }
-    if loadUnseal.count > 0 {
-        report += "Cold read through keychaind vs `tpm2_load && tpm2_unseal`: \(Format.ratio(Double(loadUnseal.p50) / Double(coldRead.p50))) faster (p50).\n"
+    if loadUnseal.count > 0 && perOperationTools.count > 0 {
+        report += "Cold read through keychaind vs `tpm2_load && tpm2_unseal`: \(Format.ratio(Double(loadUnseal.p50) / Double(coldRead.p50))) faster (p50) "
+            + "with the kept session, \(Format.ratio(Double(perOperationTools.p50) / Double(perOperation.p50))) with a session per operation.\n"
     }
+    report += "In-process \(inProcess).\n"
+
     report += "\(clients) clients × \(readsPerClient) reads: \(Format.rate(aggregate)) reads/s aggregate, "
         + "\(errors) errors, \(concurrent.tpmCommands) TPM commands in all.\n"
     return report

@@ -30,8 +30,9 @@ struct TPMCapture {
     /// Handles each command carries before its parameters (TPM 2.0 Part 3), for the commands we decode.
     static let handleCounts: [UInt32: Int] = [
         CommandCode.startAuthSession: 2, CommandCode.policySecret: 2, CommandCode.nvChangeAuth: 1,
-        CommandCode.unseal: 1, CommandCode.nvWrite: 2,
+        CommandCode.unseal: 1, CommandCode.nvWrite: 2, Self.load: 1, Self.create: 1,
     ]
+    static let load: UInt32 = 0x157, create: UInt32 = 0x153
 
     private(set) var commands: [Command] = []
     /// The code of every command sent to the TPM, decoded or not, in order.
