@@ -32,8 +32,8 @@ struct SystemPromptTests {
 
     /// `systemd-tty-ask-password-agent --query` on a pty of its own (script), in a mount namespace
     /// where `directory` is /run/systemd/ask-password (the agent reads only that one), typing `typed`.
-    static func agentQuery(_ directory: String, typed: String) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
-        try run("/usr/bin/unshare", ["-m", "--propagation", "private", "/bin/sh", "-c",
+    static func agentQuery(_ directory: String, typed: String) async throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+        try await runOffPool("/usr/bin/unshare", ["-m", "--propagation", "private", "/bin/sh", "-c",
                                      "mount --bind \"$1\" /run/systemd/ask-password && exec /usr/bin/script -qec "
                                      + "'/usr/bin/systemd-tty-ask-password-agent --query' /dev/null", "sh", directory],
                 input: Array(typed.utf8))
@@ -66,7 +66,7 @@ struct SystemPromptTests {
         #expect(file.contains("Message=Unlock the test vault") && file.contains("Passcode (empty: Use password)"), "\(file)")
         #expect(file.contains("Echo=0") && file.contains("PID=\(getpid())") && file.contains("NotAfter="), "\(file)")
         // The agent shows the question on its pty; how it echoes is the agent's (Echo=0 asks it to hide).
-        let agent = try Self.agentQuery(agents, typed: Self.pin + "\n")
+        let agent = try await Self.agentQuery(agents, typed: Self.pin + "\n")
         #expect(agent.status == 0, "\(agent.stderr)")
         #expect(String(decoding: agent.stdout, as: UTF8.self).contains("Unlock the test vault"))
         #expect(try await read == "v")
@@ -85,16 +85,16 @@ struct SystemPromptTests {
         // The finger first, shown as typed (Echo=1): the simulated reader's touch.
         let finger = try String(contentsOfFile: try await Self.askFile(in: agents), encoding: .utf8)
         #expect(finger.contains("Echo=1") && finger.contains("Finger to touch the reader (empty: use the passcode)"), "\(finger)")
-        #expect(try Self.agentQuery(agents, typed: "thumb\n").status == 0)
+        #expect(try await Self.agentQuery(agents, typed: "thumb\n").status == 0)
         #expect(try await read == "v")
 
         // Empty for the finger: then the passcode, hidden.
         async let second = store.getItem("k")
         _ = try await Self.askFile(in: agents)
-        #expect(try Self.agentQuery(agents, typed: "\n").status == 0)
+        #expect(try await Self.agentQuery(agents, typed: "\n").status == 0)
         let passcode = try String(contentsOfFile: try await Self.askFile(in: agents), encoding: .utf8)
         #expect(passcode.contains("Echo=0") && passcode.contains("Passcode"), "\(passcode)")
-        #expect(try Self.agentQuery(agents, typed: Self.pin + "\n").status == 0)
+        #expect(try await Self.agentQuery(agents, typed: Self.pin + "\n").status == 0)
         #expect(try await second == "v")
     }
 
@@ -112,7 +112,7 @@ struct SystemPromptTests {
         let socket = try #require(file.split(separator: "\n").first { $0.hasPrefix("Socket=") }).dropFirst("Socket=".count)
         #expect(chmod(String(socket), 0o777) == 0)
         let send = "import socket,sys; s=socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.sendto(b'+' + sys.stdin.buffer.read(), sys.argv[1])"
-        let sent = try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", send, String(socket)],
+        let sent = try await runOffPool("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", send, String(socket)],
                            input: Array(Self.pin.utf8))
         #expect(sent.status == 0, "\(sent.stderr)")
         #expect(await read == .systemCanceled, "nobody's answer opened the item, or the prompt did not time out")
@@ -204,7 +204,7 @@ struct SystemPrompterTests {
         let address: String
         private var pids: [pid_t] = []
 
-        init() throws {
+        init() async throws {
             for tool in ["/usr/bin/Xvfb", "/usr/bin/xdotool", "/usr/libexec/gcr-prompter", "/usr/bin/dbus-daemon"] {
                 try #require(FileManager.default.isExecutableFile(atPath: tool), "\(tool) is missing: scripts/setup-debian.sh installs it")
             }
@@ -223,7 +223,9 @@ struct SystemPrompterTests {
                 throw SoftwareTPMError("cannot start Xvfb")
             }
             pids.append(x)
-            for _ in 0..<500 where !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\(number)") { usleep(10_000) }
+            for _ in 0..<500 where !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\(number)") {
+                try await Task.sleep(for: .milliseconds(10))
+            }
             try privateSessionBusConfiguration(listen: address, serviceDirectory: directory + "/services")
                 .write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
             try "[D-BUS Service]\nName=\(SystemPrompterAuthenticator.busName)\nExec=/usr/libexec/gcr-prompter\n"
@@ -236,7 +238,7 @@ struct SystemPrompterTests {
             guard let bus = Processes.spawn("/usr/bin/dbus-daemon", ["/usr/bin/dbus-daemon", "--config-file=\(directory)/bus.conf", "--nofork", "--nopidfile"],
                                             environment: environment) else { throw SoftwareTPMError("cannot start dbus-daemon") }
             pids.append(bus)
-            for _ in 0..<500 where !FileManager.default.fileExists(atPath: directory + "/bus") { usleep(10_000) }
+            for _ in 0..<500 where !FileManager.default.fileExists(atPath: directory + "/bus") { try await Task.sleep(for: .milliseconds(10)) }
         }
 
         deinit {
@@ -249,20 +251,21 @@ struct SystemPrompterTests {
         var environment: [String: String] { ["DISPLAY": display, "DBUS_SESSION_BUS_ADDRESS": address] }
 
         /// Waits for the dialog titled `title`, then types `text` and Return into it, as a person would.
-        func type(_ text: String, into title: String) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
-            try run("/bin/sh", ["-c", "w=$(xdotool search --sync --name \"$1\" | head -n1) && xdotool windowactivate --sync \"$w\" 2>/dev/null; "
+        /// Off the pool: the dialog it waits for needs the pool to appear.
+        func type(_ text: String, into title: String) async throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+            try await runOffPool("/bin/sh", ["-c", "w=$(xdotool search --sync --name \"$1\" | head -n1) && xdotool windowactivate --sync \"$w\" 2>/dev/null; "
                                 + "xdotool windowfocus --sync \"$w\" && sleep 0.3 && xdotool type --delay 40 \"$2\" && xdotool key Return",
                                 "sh", title, text], environment: ["DISPLAY": display])
         }
 
-        func press(_ key: String, into title: String) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
-            try run("/bin/sh", ["-c", "w=$(xdotool search --sync --name \"$1\" | head -n1) && xdotool windowfocus --sync \"$w\" && sleep 0.3 && xdotool key \"$2\"",
+        func press(_ key: String, into title: String) async throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+            try await runOffPool("/bin/sh", ["-c", "w=$(xdotool search --sync --name \"$1\" | head -n1) && xdotool windowfocus --sync \"$w\" && sleep 0.3 && xdotool key \"$2\"",
                                 "sh", title, key], environment: ["DISPLAY": display])
         }
     }
 
     @Test func theDesktopPrompterReadsThePasscodeThroughItsSecretExchange() async throws {
-        let desktop = try Desktop()
+        let desktop = try await Desktop()
         let d = try await SimulatedDevice(passcode: bytes(Self.pin), fingers: ["thumb"])
         var configuration = d.configuration
         let prompter = SystemPrompterAuthenticator(timeout: .seconds(60), environment: desktop.environment)
@@ -273,13 +276,13 @@ struct SystemPrompterTests {
                                        configuration: configuration)
         try await store.setItem("k", "v")
         async let read = store.getItem("k")
-        let typed = try desktop.type(Self.pin, into: "Unlock the desktop vault")
+        let typed = try await desktop.type(Self.pin, into: "Unlock the desktop vault")
         #expect(typed.status == 0, "\(typed.stderr)")
         #expect(try await read == "v")
 
         // The dialog's cancel (Escape): the seed's USER_CANCELED, the item untouched.
         async let canceled = code { try await store.getItem("k") }
-        #expect(try desktop.press("Escape", into: "Unlock the desktop vault").status == 0)
+        #expect(try await desktop.press("Escape", into: "Unlock the desktop vault").status == 0)
         #expect(await canceled == .userCanceled)
         #expect(try await store.hasItem("k"))
     }
@@ -308,7 +311,7 @@ struct SystemPrompterAttackTests {
         var script: String { directory + "/prompter.py" }
         private var pids: [pid_t] = []
 
-        init(prompter mode: String) throws {
+        init(prompter mode: String) async throws {
             try #require(FileManager.default.isExecutableFile(atPath: "/usr/bin/dbus-daemon"), "scripts/setup-debian.sh installs dbus")
             directory = NSTemporaryDirectory() + "prompter-bus-" + UUID().uuidString
             try FileManager.default.createDirectory(atPath: directory + "/services", withIntermediateDirectories: true)
@@ -320,13 +323,13 @@ struct SystemPrompterAttackTests {
                 throw SoftwareTPMError("cannot start dbus-daemon")
             }
             pids.append(bus)
-            for _ in 0..<500 where !FileManager.default.fileExists(atPath: directory + "/bus") { usleep(10_000) }
+            for _ in 0..<500 where !FileManager.default.fileExists(atPath: directory + "/bus") { try await Task.sleep(for: .milliseconds(10)) }
             try Self.prompterScript.write(toFile: script, atomically: true, encoding: .utf8)
             guard let prompter = Processes.spawn("/usr/bin/python3", ["/usr/bin/python3", script, mode, address, state, pin]) else {
                 throw SoftwareTPMError("cannot start the test's prompter")
             }
             pids.append(prompter)
-            for _ in 0..<2000 where !FileManager.default.fileExists(atPath: state + ".ready") { usleep(10_000) }
+            for _ in 0..<2000 where !FileManager.default.fileExists(atPath: state + ".ready") { try await Task.sleep(for: .milliseconds(10)) }
             try #require(FileManager.default.fileExists(atPath: state + ".ready"), "the test's prompter did not take the name")
         }
 
@@ -447,7 +450,7 @@ if __name__ == "__main__":
     /// The control: the test's prompter does the exchange as gcr does, and its answer opens the item,
     /// so the refusals below are of the attack, not of a prompter that cannot talk.
     @Test func theTestsPrompterAnsweringAsGcrDoesOpensTheItem() async throws {
-        let bus = try Bus(prompter: "honest")
+        let bus = try await Bus(prompter: "honest")
         let d = try await SimulatedDevice(passcode: bytes(Self.pin), fingers: [])
         let store = try bus.storage(on: d)
         try await store.setItem("k", "v")
@@ -458,7 +461,7 @@ if __name__ == "__main__":
     /// prompter without the exchange, or a bus that was read, would send it) is refused: nothing is
     /// tried with it, the item stays.
     @Test func aReplyNotEncryptedToOurKeyIsRefused() async throws {
-        let bus = try Bus(prompter: "plaintext")
+        let bus = try await Bus(prompter: "plaintext")
         let d = try await SimulatedDevice(passcode: bytes(Self.pin), fingers: [])
         let store = try bus.storage(on: d)
         try await store.setItem("k", "v")
@@ -477,13 +480,13 @@ if __name__ == "__main__":
     /// (AccessDenied, the sender is not the name's owner), and the user's own answer, the dialog's
     /// cancel, is what the read gets.
     @Test func anAnswerFromAnotherClientOfTheBusIsRefused() async throws {
-        let bus = try Bus(prompter: "cancel-after-attack")
+        let bus = try await Bus(prompter: "cancel-after-attack")
         let d = try await SimulatedDevice(passcode: bytes(Self.pin), fingers: [])
         let store = try bus.storage(on: d)
         try await store.setItem("k", "v")
         let read = Task { await code { try await store.getItem("k") } }
         for _ in 0..<2400 where !FileManager.default.fileExists(atPath: bus.state) { try await Task.sleep(for: .milliseconds(50)) }
-        let attack = try run("/usr/bin/python3", [bus.script, "attacker", bus.address, bus.state, Self.pin])
+        let attack = try await runOffPool("/usr/bin/python3", [bus.script, "attacker", bus.address, bus.state, Self.pin])
         #expect(attack.status == 3, "the attacker's answer was not refused: \(String(decoding: attack.stdout, as: UTF8.self)) \(attack.stderr)")
         #expect(FileManager.default.createFile(atPath: bus.state + ".attacked", contents: nil))
         #expect(await read.value == .userCanceled, "the read took the attacker's answer")
