@@ -6,7 +6,7 @@ import KeychainTestSupport
 /// the same kind of secret, one run side by side (docs/performance.md, "keychaind").
 func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> String {
     let tpm = try SoftwareTPM()
-    let daemon = try KeychainDaemon(tpm: tpm)
+    let daemon = try KeychainDaemon(tpm: tpm, arguments: ["--tpm-linger", "1"])
     let configuration = daemon.configuration()
     let secret = String(repeating: "s", count: 32)
     let storage = try createKeychain(.init(service: "bench"), configuration: configuration)

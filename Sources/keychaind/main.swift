@@ -15,9 +15,9 @@ let usage = """
       may hold at most --quota-items items and --quota-bytes bytes (K, M, G: KiB, MiB, GiB).
       --owner-auth-file (default: the systemd credential owner.auth, $CREDENTIALS_DIRECTORY/owner.auth,
       when there is one) is the owner authorization init wrote: enrolling the first finger needs it.
-      The TPM connection and its salted session are kept from one TPM operation to the next and
-      released after --tpm-linger seconds without one (default 1; 0: a connection per operation), so
-      other programs on a TPM without a resource manager (swtpm, /dev/tpm0) get it between bursts.
+      --tpm-linger SECONDS keeps the TPM connection and a salted session from one TPM operation to the
+      next, released after that long without one (default 0: a connection per operation; the kept
+      session measured slower per cold read so far, docs/performance.md).
     """
 
 func fail(_ message: String, status: Int32 = 2) -> Never {
@@ -68,8 +68,6 @@ if let file: String = flags["--owner-auth-file"] ?? credential {
 if let value = flags["--tpm-linger"] {
     guard let seconds = Double(value), seconds >= 0, seconds <= 3600 else { fail("--tpm-linger needs a number of seconds from 0 to 3600") }
     configuration.tpmConnectionLinger = seconds == 0 ? nil : .milliseconds(Int(seconds * 1000))
-} else {
-    configuration.tpmConnectionLinger = .seconds(1)
 }
 
 var limits = DaemonServer.Limits()
