@@ -100,6 +100,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     struct Prompt: Sendable {
         var owner: String
         var collections: [String]
+        /// The read asking the person, once `Prompt` was called; `Dismiss` and the owner's leaving cancel it.
+        var asking: Task<Void, Never>?
     }
 
     /// Opens (and the first time makes) the provider's records in the keychain of `configuration`.
@@ -140,7 +142,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// Reads a collection's index: each item's keyed hashes and dates, no value (no TPM).
     private func load(_ record: CollectionRecord) throws(DBusError) {
         let options = KeychainOptions(service: Self.service(of: record.name), accessible: record.accessible,
-                                      accessControl: record.accessControl, authValidity: record.authValidity)
+                                      accessControl: record.accessControl, authValidity: record.authValidity,
+                                      prompt: Self.prompt(record))
         let configuration = configuration
         let storage = try Self.keychainCall { () throws(KeychainError) in try createKeychain(options, configuration: configuration) }
         let collection = Collection(record: record, storage: storage)
@@ -157,6 +160,14 @@ public final class SecretServiceProvider: @unchecked Sendable {
                                               modified: UInt64(info.modified.timeIntervalSince1970))
         }
         collections[record.name] = collection
+    }
+
+    /// What the system's prompter shows when a read of the collection asks (the dialog's title and text).
+    static func prompt(_ record: CollectionRecord) -> PromptText {
+        let name = record.label.isEmpty ? record.name : record.label
+        return PromptText(title: "Unlock the keyring '\(name)'",
+                               description: "An application wants access to the keyring '\(name)', but it is locked",
+                               cancel: "Cancel")
     }
 
     private func saveRegistry() throws(DBusError) {
@@ -179,6 +190,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// A client left the bus: its sessions (and their keys) and its prompts go with it.
     public func clientVanished(_ name: String) {
         sessions = sessions.filter { $0.value.owner != name }
+        for prompt in prompts.values where prompt.owner == name { prompt.asking?.cancel() }
         prompts = prompts.filter { $0.value.owner != name }
     }
 
@@ -614,14 +626,16 @@ public final class SecretServiceProvider: @unchecked Sendable {
         guard let prompt = prompts[path] else { throw .noSuchObject("No prompt at \(path)") }
         switch call.member {
         case "Dismiss":
+            // A prompt showing is canceled: the prompter closes its dialog, and what its read finds is not used.
             prompts[path] = nil
+            prompt.asking?.cancel()
             emit(.init(path: path, interface: Self.promptInterface, member: "Completed", arguments: [.bool(true), .variant(.paths([]))]))
             return .init([])
         case "Prompt":
-            prompts[path] = nil
+            guard prompt.asking == nil else { throw .failed("The prompt at \(path) is already showing: wait for Completed, or Dismiss it") }
             // Completed follows Prompt's reply, as the spec orders them: it is emitted from the bus
             // thread after this call returns.
-            ask(prompt, path)
+            prompts[path]?.asking = ask(prompt, path)
             return .init([])
         default:
             throw .unknownMethod("No method \(call.member) on a prompt")
@@ -632,21 +646,30 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// stored value, or a refusal (a wrong or canceled answer, a window that passed).
     enum PromptRead: Sendable { case empty, opened(String, SecureBytes), refused }
 
-    /// Asks through the keychain's authenticator, off the bus thread (other callers are served while
-    /// the person answers): one read of an item of each locked collection opens its window.
-    func ask(_ prompt: Prompt, _ path: String) {
+    /// Asks through the keychain's authenticator (the system's prompters: the desktop's dialog, the
+    /// password agents), off the bus thread (other callers are served while the person answers): one
+    /// read of an item of each locked collection opens its window. Canceling the task cancels the prompt.
+    func ask(_ prompt: Prompt, _ path: String) -> Task<Void, Never> {
         let reads = prompt.collections.compactMap { name -> (String, Keychain?, String?, Int)? in
             guard let collection = collections[name] else { return nil }
             return (name, collection.storage, collection.items.keys.sorted().first, collection.locks)
         }
-        Task.detached { [self] in
+        return Task.detached { [self] in
             var found: [(String, PromptRead, Int)] = []
             for (name, storage, id, locks) in reads {
                 guard let storage, let id else {
                     found.append((name, .empty, locks))
                     continue
                 }
-                let stored = try? await storage.getSecureBytes(id)
+                var stored: SecureBytes?
+                if !Task.isCancelled {
+                    do throws(KeychainError) {
+                        stored = try await storage.getSecureBytes(id)
+                    } catch {
+                        // Why the collection stays locked (a cancel, no prompter reached, a wrong answer), never a secret.
+                        FileHandle.standardError.write(Data("keychain-secret-service: \(path) left \(name) locked: \(error.code): \(error.message)\n".utf8))
+                    }
+                }
                 found.append((name, stored.map { .opened(id, $0) } ?? .refused, locks))
             }
             post { [self, found] in answered(path, found) }
@@ -654,8 +677,18 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     /// A prompt's reads are done (bus thread): the collections they opened are unlocked, unless a
-    /// `Lock` came in the meantime, and `Completed` says which.
+    /// `Lock` came in the meantime, and `Completed` says which. A prompt dismissed (or whose client
+    /// left) while its read was asking opens nothing: a window its read opened anyway (the person
+    /// answered as the dismissal came) is ended.
     func answered(_ path: String, _ found: [(String, PromptRead, Int)]) {
+        guard prompts.removeValue(forKey: path) != nil else {
+            for (name, read, _) in found {
+                guard case .opened = read, let collection = collections[name], collection.record.authValidity > 0,
+                      let storage = collection.storage else { continue }
+                Task.detached { try? await storage.endAuthenticationWindow() }
+            }
+            return
+        }
         var opened: [String] = []
         for (name, read, locks) in found {
             guard let collection = collections[name], collection.locks == locks else { continue }
@@ -870,6 +903,9 @@ public final class SecretServiceProvider: @unchecked Sendable {
 private final class ResultBox<T>: @unchecked Sendable {
     var result: Result<T, KeychainError>?
 }
+
+/// The keychain's prompt texts (`Prompt` inside the provider is the Secret Service's object).
+typealias PromptText = Prompt
 
 extension DBusValue {
     var bool: Bool { if case .bool(let value) = self { value } else { false } }

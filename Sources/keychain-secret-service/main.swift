@@ -13,7 +13,8 @@ let usage = """
       --socket PATH  the user's items through keychaind at PATH
       --prompter scripted:FILE   answer Unlock's prompts from FILE, one answer a line, in order:
                      passcode:PIN, finger:NAME, cancel, fallback (tests and appliances);
-                     a line delay:SECONDS makes the next answer come that much later
+                     a line delay:SECONDS makes the next answer come that much later.
+                     Without it, the system's prompters: the desktop's (gcr), then the password agents
       --replace      take org.freedesktop.secrets from the provider that owns it
     Without --store or --socket: the environment's keychain (KEYCHAIN_SOCKET, KEYCHAIN_STORE, KEYCHAIN_TCTI).
 
@@ -104,7 +105,8 @@ if let socket {
     configuration = .daemon(socket: socket)
     where_ = "keychaind at \(socket)"
 } else if let store {
-    configuration = KeychainConfiguration(storeDirectory: store, tpm: tcti.map { .tcti($0) } ?? .embedded)
+    configuration = KeychainConfiguration(storeDirectory: store, tpm: tcti.map { .tcti($0) } ?? .embedded,
+                                          authenticator: SystemAuthenticator())
     where_ = "store \(configuration.storeDirectory)"
 } else {
     configuration = .default

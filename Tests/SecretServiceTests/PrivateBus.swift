@@ -24,7 +24,11 @@ final class PrivateBus: @unchecked Sendable {
     ///   - user: another uid for the bus, its provider and its clients (a bus of its own in /tmp, owned by it).
     ///   - providerArguments: the provider's arguments in the activation file from the TPM's TCTI
     ///     and the store directory; `--store STORE --tcti TCTI` when nil.
-    init(tpm given: SoftwareTPM? = nil, user: uid_t? = nil, providerArguments: ((_ tcti: String, _ store: String) -> [String])? = nil) throws {
+    ///   - display: a desktop for the provider's prompts: the bus activates gcr's prompter too, and
+    ///     both run on this display.
+    ///   - environment: more of the bus's environment, which the provider is started with.
+    init(tpm given: SoftwareTPM? = nil, user: uid_t? = nil, providerArguments: ((_ tcti: String, _ store: String) -> [String])? = nil,
+         display: TestDisplay? = nil, environment: [String: String] = [:]) throws {
         _ = ignoreBrokenPipes
         tpm = try given ?? SoftwareTPM()
         self.user = user
@@ -48,6 +52,7 @@ final class PrivateBus: @unchecked Sendable {
         let exec = ([Self.provider] + arguments).map { $0.contains(" ") ? "\"\($0)\"" : $0 }.joined(separator: " ")
         try "[D-BUS Service]\nName=org.freedesktop.secrets\nExec=\(exec)\n"
             .write(toFile: directory + "/services/org.freedesktop.secrets.service", atomically: true, encoding: .utf8)
+        if display != nil { try TestDisplay.writePrompterService(into: directory + "/services") }
         if let user {
             for path in [directory + "/services", directory + "/bus.conf", directory + "/services/org.freedesktop.secrets.service"] {
                 guard chown(path, user, user) == 0 else { throw SoftwareTPMError("chown \(path): errno \(errno)") }
@@ -56,13 +61,24 @@ final class PrivateBus: @unchecked Sendable {
         let daemonPath = try #require(Processes.findExecutable("dbus-daemon"), "dbus-daemon is not installed (apt-get install dbus-daemon)")
         let command = [daemonPath, "--config-file=\(directory)/bus.conf", "--nofork", "--nopidfile"]
         // setpriv execs the bus: its pid is the bus's.
-        guard let pid = user.map({ Processes.spawn(Self.setpriv, Self.asUser($0) + command) }) ?? Processes.spawn(daemonPath, command) else {
+        var busEnvironment = ProcessInfo.processInfo.environment
+        busEnvironment.merge(display?.prompterEnvironment ?? [:]) { $1 }
+        busEnvironment.merge(environment) { $1 }
+        // The bus's and its services' stderr (the provider's, gcr-prompter's), for a failing test to show.
+        let log = open(directory + "/bus.log", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        defer { close(log) }
+        if let user { _ = fchown(log, user, user) }
+        guard let pid = user.map({ Processes.spawn(Self.setpriv, Self.asUser($0) + command, environment: busEnvironment, stderr: log) })
+                ?? Processes.spawn(daemonPath, command, environment: busEnvironment, stderr: log) else {
             throw SoftwareTPMError("cannot start dbus-daemon: errno \(errno)")
         }
         daemon = pid
         for _ in 0..<200 where !FileManager.default.fileExists(atPath: socket) { usleep(10_000) }
         guard FileManager.default.fileExists(atPath: socket) else { throw SoftwareTPMError("dbus-daemon did not listen at \(socket)") }
     }
+
+    /// What the bus and the services it started wrote on stderr so far.
+    var log: String { (try? String(contentsOfFile: directory + "/bus.log", encoding: .utf8)) ?? "" }
 
     static let setpriv = "/usr/bin/setpriv"
     /// `setpriv`'s argv up to the command: the uid and gid `user`, no supplementary groups.
@@ -103,8 +119,8 @@ final class PrivateBus: @unchecked Sendable {
     }
 
     /// `/usr/bin/python3` running `script` on this bus, the secret given on stdin; fails the test with its stderr.
-    func python(_ script: String, input: [UInt8] = [], _ args: [String] = []) throws -> String {
-        let result = try run(Self.python3, ["-c", script] + args, input: input)
+    func python(_ script: String, input: [UInt8] = [], _ args: [String] = [], environment: [String: String] = [:]) throws -> String {
+        let result = try run(Self.python3, ["-c", script] + args, input: input, environment: environment)
         #expect(result.status == 0, "python failed: \(result.stderr)")
         return String(decoding: result.stdout, as: UTF8.self)
     }
