@@ -292,6 +292,28 @@ struct AccessControlTests {
         #expect(d.answers.requests.count == 3)
     }
 
+    /// `endAuthenticationWindow` ends the storage's window: the next read asks again, and only that
+    /// storage's (another service's window stays open). Through keychaind as well: this suite runs again
+    /// through it (ContractThroughDaemonTests), where the window is the daemon's and the call its storage call 9.
+    @Test func endingTheWindowMakesTheNextReadAskAgain() async throws {
+        let d = try await Device()
+        let store = try d.storage(.passcode, authValidity: 300)
+        let other = try d.storage(.passcode, authValidity: 300, service: "other")
+        try await store.setItem("k", "v")
+        try await other.setItem("k", "w")
+        d.answers.push(.passcode(bytes(Self.pin)), .passcode(bytes(Self.pin)))
+        #expect(try await store.getItem("k") == "v")
+        #expect(try await other.getItem("k") == "w")
+        #expect(try await store.getItem("k") == "v")
+        #expect(d.answers.requests.count == 2, "inside the windows: no question after the first of each")
+        try await store.endAuthenticationWindow()
+        d.answers.push(.passcode(bytes(Self.pin)))
+        #expect(try await store.getItem("k") == "v")
+        #expect(d.answers.requests.count == 3, "the read after the window ended did not ask")
+        #expect(try await other.getItem("k") == "w")
+        #expect(d.answers.requests.count == 3, "ending one storage's window ended another's")
+    }
+
     // MARK: Bypass with the stored blobs and direct ESAPI
 
     @Test func aBiometricKeyDoesNotUnsealWithoutTheReadersSignatureOverTheCurrentSet() async throws {
