@@ -32,12 +32,4 @@ public struct KeychainAdministration: Sendable {
         try await engine.takeOwnership(ownership)
         return try await engine.status()
     }
-
-    /// The administrator's recovery from a refused rollback of the store (`DATA_CORRUPTED` naming
-    /// rollback) or from a lost TPM counter: binds the store as it is now to its TPM counter, accepting
-    /// that what was written after the copy is lost. Run where the store is (not through keychaind).
-    /// - Returns: what was done, in words.
-    public func acceptRollback() async throws(KeychainError) -> String {
-        try await engine.acceptRollback()
-    }
 }

@@ -43,10 +43,6 @@ actor Engine {
     var writers: [[UInt8]: (publicKey: [UInt8], shared: SecureBytes)] = [:]
     /// The PKCS#11 token session, for `keyStorage: 'strongbox'` items.
     var token: TokenSession?
-    /// The store bound to its TPM counter against rollback (`Store.counter`, StoreCounterCheck.swift).
-    let storeCounter = StoreCounter()
-    /// The keyring of the operation in progress: a store write inside it uses its TPM connection.
-    var activeKeyring: TPMKeyring?
 
     struct WrappingKeyID: Hashable, Sendable { var service: String; var protection: String; var publicKey: [UInt8] }
     struct AgreedID: Hashable, Sendable { var wrappingPublic: [UInt8]; var writerPublic: [UInt8] }
@@ -97,10 +93,7 @@ actor Engine {
     // MARK: Resources
 
     func store() throws(KeychainError) -> Store {
-        if let openedStore {
-            try checkStoreCounterFloor(openedStore)
-            return openedStore
-        }
+        if let openedStore { return openedStore }
         let pinPath = EmbeddedTPM.storePin(configuration.storeDirectory)
         let pinned: [UInt8]?
         let store: Store
@@ -123,7 +116,6 @@ actor Engine {
         if let recorded = try TPMKeyring.recordedPCRSelection(store) {
             _ = try TPMKeyring.selection(recorded: recorded, given: configuration.validPCRSelection)
         }
-        store.counter = storeCounter
         openedStore = store
         warm.store = store
         return store
@@ -142,7 +134,6 @@ actor Engine {
     /// Closes the store: SQLite copies the write-ahead log into `keychain.db` when the last connection
     /// closes, so committed data does not depend on the `-wal` file. The next call opens it again.
     func close() {
-        openedStore?.counter = nil
         openedStore = nil
         warm.store = nil
     }
@@ -264,7 +255,6 @@ actor Engine {
     func get(service: String, key: String, context: ReadContext) async throws(KeychainError) -> SecureBytes? {
         try checkKey(key)
         let store = try store()
-        try checkStoreCounterOnce()
         guard let record = try read({ try store.item(service: service, key: key) }) else { return nil }
         // A token item of the first format: its own data key, sealed by the token, in writerPublic.
         if record.salt.isEmpty { return try getFromToken(record, uri: context.pkcs11URI) }
@@ -347,9 +337,6 @@ actor Engine {
     nonisolated func warmGet(service: String, key: String, window: (String) -> Int) -> WarmRead? {
         guard ItemNames.keyProblem(key) == nil, let store = warm.store else { return nil }
         do throws(KeychainError) {
-            // A store behind what this process saw of its counter (a copy put back): the engine refuses it.
-            if let floor = warm.counterFloor,
-               (CounterBinding(decoding: try read({ try store.meta(StoreMeta.storeCounter) }))?.value ?? 0) < floor { return nil }
             guard let record = try read({ try store.item(service: service, key: key) }) else { return .absent }
             guard !record.salt.isEmpty else { return nil }
             let (wrapping, retired) = try wrappingKey(of: record, store: store)
@@ -377,7 +364,7 @@ actor Engine {
 
     func removeInvalidated(_ record: ItemRecord) throws {
         let store = try store()
-        try writeStore(store) { tx in
+        try store.write { tx in
             _ = try tx.deleteItem(service: record.service, key: record.key)
             try Self.releaseRetired(service: record.service, key: record.key, tx)
             if try tx.itemCount(service: record.service, protection: record.protection) == 0 {
@@ -389,7 +376,6 @@ actor Engine {
     func has(service: String, key: String) throws(KeychainError) -> Bool {
         try checkKey(key)
         let store = try store()
-        try checkStoreCounterOnce()
         return try read { try store.hasItem(service: service, key: key) }
     }
 
@@ -430,14 +416,12 @@ actor Engine {
 
     func keys(service: String) throws(KeychainError) -> [String] {
         let store = try store()
-        try checkStoreCounterOnce()
         return try read { try store.keys(service: service) }
     }
 
     func info(service: String, key: String) throws(KeychainError) -> ItemInfo? {
         try checkKey(key)
         let store = try store()
-        try checkStoreCounterOnce()
         guard let record = try read({ try store.item(service: service, key: key) }) else { return nil }
         guard let protection = ItemProtection(storageTag: TokenSession.withoutTokenSuffix(record.protection)) else {
             throw corrupted(record, "its protection is not one this library writes")
@@ -505,15 +489,7 @@ actor Engine {
         }
     }
 
-    /// A write to the store. A store bound to its TPM counter (or not yet known not to be) is written
-    /// inside a TPM operation: its counter is read or advanced with that operation's connection and
-    /// turn, taken before the store's write lock (never the other way round: another process may hold
-    /// the turn and wait for the store).
     func writeStore<T>(_ store: Store, _ body: (Transaction) throws -> T) throws(KeychainError) -> T {
-        // (Writes while the store is being opened, a migration's, come before its counter is bound.)
-        if activeKeyring == nil, openedStore === store, storeCounter.handle != nil || !storeCounter.checked {
-            return try withKeyring { _ throws(KeychainError) in try writeStore(store, body) }
-        }
         do { return try store.write(body) } catch let error as StoreError {
             throw KeychainError(store: error)
         } catch let error as KeychainError {
@@ -530,7 +506,6 @@ actor Engine {
 final class WarmState: Sendable {
     private struct State {
         var store: Store?
-        var counterFloor: UInt64?
         var unsealed: [Engine.WrappingKeyID: Engine.UnsealedKey] = [:]
         var agreed: [Engine.AgreedID: SecureBytes] = [:]
     }
@@ -539,11 +514,6 @@ final class WarmState: Sendable {
     var store: Store? {
         get { state.withLock { $0.store } }
         set { state.withLock { $0.store = newValue } }
-    }
-    /// What the engine last saw of the store's TPM counter: a store that records less was rolled back.
-    var counterFloor: UInt64? {
-        get { state.withLock { $0.counterFloor } }
-        set { state.withLock { $0.counterFloor = newValue } }
     }
     var unsealed: [Engine.WrappingKeyID: Engine.UnsealedKey] {
         get { state.withLock { $0.unsealed } }

@@ -171,9 +171,6 @@ public struct DeviceStatus: Sendable, Hashable, Codable {
     public var storageRootKey: StorageRootKey
     /// What is weak or wrong, in words: empty authorizations and what they cost, a missing or replaced SRK.
     public var warnings: [String]
-    /// The store against rollback: "bound (NV index …, at N)", "not bound: why", or "ROLLED BACK"
-    /// (the warning says what was found and the recovery).
-    public var storeCounter: String? = nil
 }
 
 /// The device: its passcode and lock, shared by every storage of a store; in this process or through

@@ -43,11 +43,6 @@ enum StoreMeta {
     static let bootGenerationTR = "tpm.boot-generation.tr"
     /// The PCR selection (one byte per PCR) the store was set up with; every later call uses it.
     static let pcrSelection = "tpm.pcr-selection"
-    /// The store's TPM counter (CounterBinding: handle, value, the TPM's reset and restart counts),
-    /// against rollback of the store (StoreCounter).
-    static let storeCounter = "tpm.store-counter"
-    /// The handle (4 bytes) of a counter being defined, until `storeCounter` records it.
-    static let storeCounterPending = "tpm.store-counter.pending"
     /// The attestation key (`attest init`): its TPM2B_PUBLIC then its TPM2B_PRIVATE, loadable under the RSA EK.
     static let attestationKey = "tpm.attestation-key"
 

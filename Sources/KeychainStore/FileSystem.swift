@@ -314,20 +314,6 @@ public enum FileSystem {
     ///   closing any descriptor of a file drops every POSIX lock the process holds on it,
     ///   and another process may then reset the WAL index under our mapping (SIGBUS).
     ///   So the file is opened only when `O_EXCL` proves it is new, and modes are set by path.
-    /// Opens (creating it 0600) a lock file in a private directory: no link followed, a FIFO does not
-    /// block, and it must be a regular file of the caller's that nobody else can write.
-    static func openPrivateLockFile(_ path: String, what: String) throws(StoreError) -> Int32 {
-        let fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw failure(nil, path, "cannot open \(what)", errno) }
-        var info = stat()
-        guard fstat(fd, &info) == 0, info.st_mode & typeMask == regularType, info.st_uid == geteuid(),
-              info.st_mode & groupOrOtherWrite == 0 else {
-            close(fd)
-            throw untrusted(path, "\(what) \(path) is not a private regular file of this user: remove it")
-        }
-        return fd
-    }
-
     static func prepareDatabaseFile(_ path: String) throws(StoreError) {
         let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         if fd >= 0 {

@@ -1,21 +1,5 @@
 internal import CSQLite
 
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Musl)
-import Musl
-#endif
-
-/// Binds a store's committed writes to a counter outside it (`Store.counter`).
-public protocol WriteCounter: AnyObject {
-    /// Inside the write's transaction, after its body and before COMMIT: records in the store the
-    /// value the counter will have once this write is committed; throwing rolls the write back.
-    func record(_ transaction: Transaction) throws
-    /// After COMMIT: moves the counter to the value recorded. Killed or failing before it, the store
-    /// is one ahead of the counter, which the next write (or the next check) catches up.
-    func advance()
-}
-
 /// The keychain's durable store: one SQLite database, `keychain.db`, in a
 /// private directory. Safe to share between threads, and between processes
 /// using the same directory.
@@ -34,9 +18,6 @@ public final class Store: @unchecked Sendable {
     private let writer: Connection
     // Recursive so that `write` called inside a write body fails with an error instead of deadlocking.
     private let writeLock = Lock(recursive: true)
-    private var boundCounter: (any WriteCounter)?
-    /// `keychain.lock`, flocked from a counted write's BEGIN to its counter's advance (see `counter`).
-    private var counterLock: Int32 = -1
 
     /// The file beside `keychain.db` that records the store's identity outside the database.
     public static let identityFileName = "keychain.id"
@@ -266,53 +247,6 @@ public final class Store: @unchecked Sendable {
 
     // MARK: Writes
 
-    /// What binds every committed write to a monotonic counter outside the store (the TPM's, which
-    /// an older copy of the files cannot rewind): each `write` calls its `record` in the transaction,
-    /// after the body, and its `advance` after COMMIT. Between the two an exclusive `flock` on
-    /// `keychain.lock` is held from before BEGIN, so another process's write can never come between
-    /// one write's COMMIT and its counter's advance.
-    public var counter: (any WriteCounter)? {
-        get { writeLock.withLock { boundCounter } }
-        set { writeLock.withLock { boundCounter = newValue } }
-    }
-
-    public static let counterLockFileName = "keychain.lock"
-
-    private func lockForCounter() throws(StoreError) {
-        if counterLock < 0 {
-            let path = (directory.hasSuffix("/") ? directory : directory + "/") + Store.counterLockFileName
-            counterLock = try FileSystem.openPrivateLockFile(path, what: "the store's write lock")
-        }
-        while flock(counterLock, LOCK_EX) != 0 {
-            guard errno == EINTR else {
-                throw StoreError(kind: .sqlite, path: directory, message: "cannot lock \(Store.counterLockFileName) in \(directory): "
-                                 + FileSystem.describe(errno), errno: errno)
-            }
-        }
-    }
-
-    deinit { if counterLock >= 0 { close(counterLock) } }
-
-    /// Runs `body` holding `keychain.lock` shared: no counted write of another process is between its
-    /// COMMIT and its counter's advance meanwhile, so what the store records and what the counter
-    /// says, both read in `body`, belong together.
-    public func withCounterConsistency<T>(_ body: () throws -> T) throws -> T {
-        try writeLock.withLock { () throws -> T in
-            if counterLock < 0 {
-                let path = (directory.hasSuffix("/") ? directory : directory + "/") + Store.counterLockFileName
-                counterLock = try FileSystem.openPrivateLockFile(path, what: "the store's write lock")
-            }
-            while flock(counterLock, LOCK_SH) != 0 {
-                guard errno == EINTR else {
-                    throw StoreError(kind: .sqlite, path: directory, message: "cannot lock \(Store.counterLockFileName) in \(directory): "
-                                     + FileSystem.describe(errno), errno: errno)
-                }
-            }
-            defer { flock(counterLock, LOCK_UN) }
-            return try body()
-        }
-    }
-
     /// Runs `body` in one transaction: all of its changes are committed
     /// together, or, if it throws, none are (its error is rethrown unchanged).
     /// Blocks while another thread or process is writing; only gives up, with a
@@ -326,23 +260,17 @@ public final class Store: @unchecked Sendable {
                     message: "Store.write was called inside another write on the same store (\(databasePath)); "
                         + "use the Transaction passed to the outer body instead")
             }
-            let counter = boundCounter
-            if counter != nil { try lockForCounter() }
-            defer { if counter != nil { flock(counterLock, LOCK_UN) } }
             try writer.begin()
             let transaction = Transaction(writer)
             defer { transaction.close() }
             let result: T
             do {
                 result = try body(transaction)
-                try counter?.record(transaction)
                 try writer.commit()
             } catch {
                 writer.rollback()
                 throw error
             }
-            // Committed: a failure to advance leaves the store one ahead, which the next write catches up.
-            counter?.advance()
             reclaim()
             return result
         }

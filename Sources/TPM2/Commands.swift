@@ -356,20 +356,6 @@ extension TPMContext {
         try call("NV_Increment") { Esys_NV_Increment(esys, index.tr, index.tr, session.tr, Self.none, Self.none) }
     }
 
-    /// NV_Increment with the index's own (empty) authValue in a password session.
-    public func incrementNV(_ index: TPMHandle) throws(TPMError) {
-        try call("NV_Increment") { Esys_NV_Increment(esys, index.tr, index.tr, Self.password, Self.none, Self.none) }
-    }
-
-    /// The TPM's reset and restart counts (TPMS_CLOCK_INFO, from ReadClock): each TPM Reset (a boot, a
-    /// software TPM's restart) moves `resetCount`; each Restart or Resume moves `restartCount`.
-    public func restartCounts() throws(TPMError) -> (resetCount: UInt32, restartCount: UInt32) {
-        var out: UnsafeMutablePointer<TPMS_TIME_INFO>?
-        try call("ReadClock") { Esys_ReadClock(esys, Self.none, Self.none, Self.none, &out) }
-        defer { Esys_Free(out) }
-        return (out!.pointee.clockInfo.resetCount, out!.pointee.clockInfo.restartCount)
-    }
-
     // MARK: PCRs (Part 3, 22)
 
     /// Current SHA-256 values of the selected PCRs, in index order.
@@ -418,8 +404,6 @@ extension TPMContext {
     public static let propertyManufacturer: UInt32 = KC_PT_MANUFACTURER
     public static let propertyLockoutCounter: UInt32 = KC_PT_LOCKOUT_COUNTER
     public static let propertyMaxAuthFail: UInt32 = KC_PT_MAX_AUTH_FAIL
-    /// TPM_PT_ORDERLY_COUNT (PT_FIXED + 29): how many increments an ORDERLY counter may keep in RAM only.
-    public static let propertyOrderlyCount: UInt32 = 0x11D
 
     /// Sets the TPM-wide dictionary-attack limits (needs the lockout authorization).
     public func setDictionaryAttackParameters(maxTries: UInt32, recoveryTime: UInt32, lockoutRecovery: UInt32) throws(TPMError) {

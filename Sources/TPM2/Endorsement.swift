@@ -100,7 +100,7 @@ extension TPMContext {
 
 extension TPMReturnCode {
     /// TPM_RC_HANDLE or TPM_RC_VALUE in any position: the handle names nothing on this TPM.
-    public var isHandleOrValueError: Bool {
+    var isHandleOrValueError: Bool {
         let format1 = rawValue & 0x80 != 0
         let number = format1 ? rawValue & 0x3F : rawValue & 0x7F
         return format1 && (number == 0x0B || number == 0x04)

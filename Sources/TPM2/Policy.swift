@@ -157,9 +157,6 @@ public enum NVAttributes {
     public static let ownerRead: UInt32 = 0x0002_0000
     public static let authRead: UInt32 = 0x0004_0000
     public static let noDA: UInt32 = 0x0200_0000
-    /// TPMA_NV_ORDERLY: kept in RAM, saved to NV at an orderly shutdown (a counter: at least every
-    /// TPM_PT_ORDERLY_COUNT increments), so an increment usually costs no NV write.
-    public static let orderly: UInt32 = 0x0400_0000
     public static let clearSTClear: UInt32 = 0x0800_0000
     public static let written: UInt32 = 0x2000_0000
 }

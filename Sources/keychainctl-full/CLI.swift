@@ -147,10 +147,6 @@ let usage = """
                                    give is skipped; a backup made --to this device needs no passphrase, and
                                    this device's passcode (next line) when it holds passcode items
 
-      accept-rollback              after a refused rollback of the store (DATA_CORRUPTED naming rollback): keep the
-                                   store as it is and bind it to its TPM counter again; what was written after
-                                   the copy put back is lost (docs/security.md). Where the store is, as its owner
-
     systemd credentials (through keychaind, root or the access group admin only; docs/credentials.md):
       credential set UNIT ID [--accessible A]   the value on stdin, for LoadCredential=ID:/run/keychain/credentials.sock
       credential get UNIT ID | credential ls UNIT | credential rm UNIT ID

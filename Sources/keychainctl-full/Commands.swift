@@ -164,9 +164,6 @@ struct Commands {
             return try await attest()
         case "import":
             return try await importBundle()
-        case "accept-rollback":
-            _ = try arguments(0, "no arguments")
-            done(try await administration.acceptRollback())
         case "backup":
             return try await backup()
         case "restore":
@@ -244,7 +241,6 @@ struct Commands {
         (["owner authorization: \(status.ownerAuthorizationSet ? "set" : "EMPTY")",
           "lockout authorization: \(status.lockoutAuthorizationSet ? "set" : "EMPTY")",
           "storage root key: \(status.storageRootKey.rawValue)"]
-            + (status.storeCounter.map { ["store counter: \($0)"] } ?? [])
             + status.warnings.map { "warning: \($0)" }).joined(separator: "\n")
     }
 

@@ -13,7 +13,6 @@ import Testing
             (StoreMeta.lockGeneration, "lock.generation"), (StoreMeta.tokenPINAttempts, "pkcs11.pin-attempts"),
             (StoreMeta.readerKeys, "reader.keys"), (StoreMeta.passcodeBudget, "passcode.budget"), (StoreMeta.oneNamespace, "items.one-namespace"),
             (StoreMeta.attestationKey, "tpm.attestation-key"),
-            (StoreMeta.storeCounter, "tpm.store-counter"), (StoreMeta.storeCounterPending, "tpm.store-counter.pending"),
             (StoreMeta.ticket(service: "svc", protection: "whenUnlocked.bio"), "ticket:svc/whenUnlocked.bio"),
             (StoreMeta.retired(service: "sé/rv", key: "k"), "retired:6:sé/rv/k"),
         ]

@@ -62,29 +62,7 @@ extension Engine {
         try resetPasscodeBudgets()
     }
 
-    /// The device, and the store against its TPM counter: a rollback is reported (a warning and
-    /// `storeCounter`), not thrown, so that `status` shows it with the recovery.
     func status() throws(KeychainError) -> DeviceStatus {
-        var rollback = storeCounter.refusal
-        if rollback == nil {
-            do { try checkStoreCounterOnce() } catch {
-                guard let refusal = storeCounter.refusal else { throw error }
-                rollback = refusal
-            }
-        }
-        storeCounter.reporting = rollback != nil
-        defer { storeCounter.reporting = false }
-        var status = try deviceStatus()
-        status.storeCounter = storeCounterStatus()
-        if let rollback { status.warnings.append(rollback.message) }
-        else if let why = storeCounter.unboundBecause {
-            status.warnings.append("the store is not bound to a TPM counter, so a copy of its files put back (a rollback) is not "
-                                   + "detected: \(why)")
-        }
-        return status
-    }
-
-    private func deviceStatus() throws(KeychainError) -> DeviceStatus {
         try withKeyring { keyring throws(KeychainError) in
             let passcodeSet = try keyring.passcodeIsSet()
             let state = try keyring.lockState()

@@ -15,8 +15,6 @@ extension Engine {
     /// TPM (`TPMTurn`): no other process's commands interleave, and it starts by flushing what killed
     /// processes left (each kill mid-operation leaks a session; three make every read fail).
     func withKeyring<T>(_ body: (TPMKeyring) throws(KeychainError) -> T) throws(KeychainError) -> T {
-        // Inside an operation (a store write in its body): its connection and turn.
-        if let activeKeyring { return try body(activeKeyring) }
         let store = try store()
         let device: TPMDevice
         var started = false
@@ -128,12 +126,7 @@ extension Engine {
             tpmCommands += context.commandCount - before
         }
         let keyring = try TPMKeyring(context: context, store: store, configuration: configuration, flushLeftovers: flushLeftovers)
-        activeKeyring = keyring
-        storeCounter.context = keyring.context
         defer {
-            activeKeyring = nil
-            storeCounter.context = nil
-            warm.counterFloor = storeCounter.known
             if keyring.finishedRemoval {
                 unsealed = unsealed.filter { !$0.key.protection.hasPrefix(Accessible.whenPasscodeSetThisDeviceOnly.rawValue + "/") }
                 forgetSecrets(keepingLongLived: true)
@@ -151,9 +144,6 @@ extension Engine {
                     // count must stay possible. Operations that need the answer get LOCKOUT.
                 }
             }
-            // The store against its TPM counter (first in this process), or the counter caught up.
-            try checkStoreCounter(keyring)
-            if storeCounter.mustAdvance { storeCounter.advance() }
             return try body(keyring)
         } catch {
             // Whatever the step made of it: a TPM that stopped answering is the cause.
