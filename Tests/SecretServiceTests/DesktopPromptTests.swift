@@ -21,22 +21,13 @@ import Testing
         try PrivateBus.require("/usr/bin/dbus-monitor", "dbus-bin")
     }
 
-    static let script = RawCallTests.prelude + """
+    static let script = RawCallTests.prelude + PromptWindowTests.vaultCollection + """
         import secretstorage, subprocess, time
         from secretstorage.exceptions import LockedException
         from jeepney import MatchRule, message_bus
         from jeepney.io.blocking import Proxy
         PROMPT = 'org.freedesktop.Secret.Prompt'
         TITLE = sys.argv[1]
-        props = {'org.freedesktop.Secret.Collection.Label': ('s', 'Vault'),
-                 'org.freedesktop.Secret.Collection.KeychainAccessControl': ('s', 'passcode'),
-                 'org.freedesktop.Secret.Collection.KeychainAuthValidity': ('u', 300)}
-        path, _ = call(BASE, SVC, 'CreateCollection', 'a{sv}s', (props, ''))
-        def locked():
-            return call(path, 'org.freedesktop.DBus.Properties', 'Get', 'ss', (COL, 'Locked'))[0][1]
-        def lock():
-            assert call(BASE, SVC, 'Lock', 'ao', ([path],)) == ([path], '/')
-            assert locked() is True
         def shown():
             return subprocess.run(['xdotool', 'search', '--onlyvisible', '--name', TITLE], capture_output=True).returncode == 0
         client = secretstorage.dbus_init()

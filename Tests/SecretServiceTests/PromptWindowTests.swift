@@ -22,10 +22,9 @@ import Testing
         return bus
     }
 
-    /// Makes the collection `Vault` (passcode, a 300 s window) holding one item, and locks it.
-    static let vault = RawCallTests.prelude + """
-        import secretstorage
-        from secretstorage.exceptions import LockedException
+    /// After `RawCallTests.prelude`: makes the collection `Vault` (passcode, a 300 s window) at
+    /// `path`, with `locked()` (its Locked property) and `lock()` (Lock, asserted locked).
+    static let vaultCollection = """
         props = {'org.freedesktop.Secret.Collection.Label': ('s', 'Vault'),
                  'org.freedesktop.Secret.Collection.KeychainAccessControl': ('s', 'passcode'),
                  'org.freedesktop.Secret.Collection.KeychainAuthValidity': ('u', 300)}
@@ -35,6 +34,13 @@ import Testing
         def lock():
             assert call(BASE, SVC, 'Lock', 'ao', ([path],)) == ([path], '/')
             assert locked() is True
+
+        """
+
+    /// Makes the collection `Vault` (passcode, a 300 s window) holding one item, and locks it.
+    static let vault = RawCallTests.prelude + vaultCollection + """
+        import secretstorage
+        from secretstorage.exceptions import LockedException
         vault = secretstorage.Collection(secretstorage.dbus_init(), path)
         assert vault.unlock() is False  # nothing stored yet: opened without a question
         vault.create_item('v', {'vault': '1'}, b'vault-secret')
