@@ -75,6 +75,8 @@ let package = Package(
         .executableTarget(name: "keychaind", dependencies: ["Keychain"]),
         .executableTarget(name: "keychain-secret-service", dependencies: ["SecretService", "Keychain"]),
         .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport"]),
+        // The seed's BiometricsVault example as a command, one vault call per argument (the vault's kill tests run it).
+        .executableTarget(name: "vault-example", dependencies: ["BiometricsVault", "Keychain"]),
 
         .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory"]),
         .testTarget(name: "TPM2Tests", dependencies: ["TPM2", "SecureMemory", "KeychainTestSupport"]),

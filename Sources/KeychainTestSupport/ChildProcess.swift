@@ -97,3 +97,13 @@ private final class Child: Sendable {
 
 /// SIGPIPE ignored in the test process, once (children still start with the default).
 package let ignoreBrokenPipesInTests: Void = { signal(SIGPIPE, SIG_IGN) }()
+
+/// The path of the package's executable `name`, in the build directory that holds the test bundle
+/// (`.build/debug`), found by walking up from the bundle's path.
+package func builtExecutable(_ name: String) -> String {
+    var url = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+    while url.pathComponents.count > 1 && !FileManager.default.fileExists(atPath: url.appendingPathComponent(name).path) {
+        url.deleteLastPathComponent()
+    }
+    return url.appendingPathComponent(name).path
+}
