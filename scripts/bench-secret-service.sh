@@ -4,6 +4,8 @@
 # and keeps a store with the embedded software TPM, which is stopped (SIGSTOP) during the warm
 # measures: a warm read that sent a TPM command would hang. gnome-keyring runs headless
 # (--unlock --components=secrets). The two are measured in turn, ROUNDS times (default 2).
+# BEFORE=path: another keychain-secret-service (an earlier commit's build) measured in the same
+# rounds on a bus and store of its own, for a before/after in one run.
 # Needs: dbus-daemon, gnome-keyring, libsecret-tools, python3-secretstorage, python3-keyring.
 set -eu
 cd "$(dirname "$0")/.."
@@ -17,7 +19,7 @@ work=$(mktemp -d /tmp/keychain-ss-bench.XXXXXX)
 pids=""
 cleanup() {
   for p in $pids; do kill "$p" 2>/dev/null || true; done
-  [ -f "$work/ours/store/swtpm/swtpm.pid" ] && kill "$(cat "$work/ours/store/swtpm/swtpm.pid")" 2>/dev/null || true
+  for s in "$work"/*/store/swtpm/swtpm.pid; do [ -f "$s" ] && kill -CONT "$(cat "$s")" 2>/dev/null && kill "$(cat "$s")" 2>/dev/null || true; done
   sleep 0.5
   rm -rf "$work"
 }
@@ -38,13 +40,20 @@ CONF
   address="unix:path=$work/$1/socket"
 }
 
-bus ours
-printf '[D-BUS Service]\nName=org.freedesktop.secrets\nExec=%s --store %s\n' "$provider" "$work/ours/store" \
-  > "$work/ours/services/org.freedesktop.secrets.service"
-ours_address=$address
-# Start it (activation) and make the store, so the swtpm's pid is known before the first measure.
-DBUS_SESSION_BUS_ADDRESS=$ours_address secret-tool search nothing here >/dev/null 2>&1 || true
-swtpm_pid=$(cat "$work/ours/store/swtpm/swtpm.pid")
+ours() {  # ours NAME PROVIDER: a bus activating PROVIDER with a store of its own; sets $address, $swtpm_pid
+  bus "$1"
+  printf '[D-BUS Service]\nName=org.freedesktop.secrets\nExec=%s --store %s\n' "$2" "$work/$1/store" \
+    > "$work/$1/services/org.freedesktop.secrets.service"
+  # Start it (activation) and make the store, so the swtpm's pid is known before the first measure.
+  DBUS_SESSION_BUS_ADDRESS=$address secret-tool search nothing here >/dev/null 2>&1 || true
+  swtpm_pid=$(cat "$work/$1/store/swtpm/swtpm.pid")
+}
+ours ours "$provider"
+ours_address=$address ours_swtpm=$swtpm_pid
+if [ -n "${BEFORE:-}" ]; then
+  ours before "$BEFORE"
+  before_address=$address before_swtpm=$swtpm_pid
+fi
 
 bus gnome
 gnome_address=$address
@@ -58,21 +67,31 @@ rounds=${ROUNDS:-2}
 i=1
 while [ "$i" -le "$rounds" ]; do
   echo "round $i: keychain-secret-service" >&2
-  DBUS_SESSION_BUS_ADDRESS=$ours_address /usr/bin/python3 scripts/bench-secret-service.py --freeze "$swtpm_pid" > "$work/ours.$i.json"
+  DBUS_SESSION_BUS_ADDRESS=$ours_address /usr/bin/python3 scripts/bench-secret-service.py --freeze "$ours_swtpm" > "$work/ours.$i.json"
+  if [ -n "${BEFORE:-}" ]; then
+    echo "round $i: keychain-secret-service before ($BEFORE)" >&2
+    DBUS_SESSION_BUS_ADDRESS=$before_address /usr/bin/python3 scripts/bench-secret-service.py --freeze "$before_swtpm" > "$work/before.$i.json"
+  fi
   echo "round $i: gnome-keyring" >&2
   DBUS_SESSION_BUS_ADDRESS=$gnome_address HOME="$work/gnome/home" XDG_RUNTIME_DIR="$work/gnome/run" \
     /usr/bin/python3 scripts/bench-secret-service.py > "$work/gnome.$i.json"
   i=$((i + 1))
 done
-/usr/bin/python3 - "$work" "$rounds" <<'PY'
-import json, sys
-work, rounds = sys.argv[1], int(sys.argv[2])
-print('| measure (median ms) | keychain-secret-service | gnome-keyring | ratio |')
-print('|---|---|---|---|')
-ours = [json.load(open('%s/ours.%d.json' % (work, i))) for i in range(1, rounds + 1)]
-gnome = [json.load(open('%s/gnome.%d.json' % (work, i))) for i in range(1, rounds + 1)]
+/usr/bin/python3 - "$work" "$rounds" "${BEFORE:+before}" <<'PY'
+import json, os, sys
+work, rounds, before = sys.argv[1], int(sys.argv[2]), sys.argv[3] == 'before'
+def load(name):
+    return [json.load(open('%s/%s.%d.json' % (work, name, i))) for i in range(1, rounds + 1)]
+ours, gnome = load('ours'), load('gnome')
+earlier = load('before') if before else None
+print('| measure (median ms; provider CPU µs and thread switches per call) | keychain-secret-service |'
+      + (' before |' if before else '') + ' gnome-keyring | ratio |' + (' before / gnome |' if before else ''))
+print('|---|---|' + ('---|' if before else '') + '---|---|' + ('---|' if before else ''))
+def row(values): return ' / '.join('%.2f' % x for x in values)
+def ratio(a, b): return ' / '.join('%.2fx' % (x / y) if y else '-' for x, y in zip(a, b))
 for key in ours[0]:
-    a = [r[key] for r in ours]; b = [r[key] for r in gnome]
-    print('| %s | %s | %s | %s |' % (key, ' / '.join('%.2f' % x for x in a), ' / '.join('%.2f' % x for x in b),
-                                     ' / '.join('%.2fx' % (x / y) for x, y in zip(a, b))))
+    a = [r[key] for r in ours]; g = [r[key] for r in gnome]
+    cells = [key, row(a)] + ([row([r[key] for r in earlier])] if before else []) + [row(g), ratio(a, g)]
+    if before: cells.append(ratio([r[key] for r in earlier], g))
+    print('| ' + ' | '.join(cells) + ' |')
 PY

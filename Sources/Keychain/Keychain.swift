@@ -73,6 +73,14 @@ public struct Keychain: Sendable {
         try await backing.getItem(key, options: call, in: storage, authenticator: configuration.authenticator)
     }
 
+    /// The read `getSecureBytes` would answer at once (this process holds the item's key and may use
+    /// it: no TPM command, no prompt), answered on the calling thread; nil when the read needs the
+    /// engine (then call `getSecureBytes`). For a caller that serves on a thread of its own and
+    /// would otherwise hop to a task and back for every read (the Secret Service's bus thread).
+    package func warmRead(_ key: String) -> WarmRead? {
+        backing.warmItem(key, in: storage)
+    }
+
     /// Whether this storage's device can protect an item with `value` now; never prompts, never writes.
     /// - Throws: `HARDWARE_UNAVAILABLE` when keychaind cannot be reached: the service is down, which
     ///   is worth a retry, not an answer.

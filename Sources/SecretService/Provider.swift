@@ -570,7 +570,12 @@ public final class SecretServiceProvider: @unchecked Sendable {
         }
         let stored: SecureBytes?
         do throws(DBusError) {
-            stored = try Self.blocking { try await storage.getSecureBytes(id) }
+            // A warm read is answered here, on the bus thread; only a cold one waits for the engine's.
+            switch storage.warmRead(id) {
+            case .value(let bytes): stored = bytes
+            case .absent: stored = nil
+            case nil: stored = try Self.blocking { try await storage.getSecureBytes(id) }
+            }
         } catch {
             if error.name == DBusError.isLocked("").name {
                 collection.locked = true
