@@ -74,7 +74,7 @@ let package = Package(
                           linkerSettings: [.unsafeFlags(["-static-stdlib"])]),
         .executableTarget(name: "keychaind", dependencies: ["Keychain"]),
         .executableTarget(name: "keychain-secret-service", dependencies: ["SecretService", "Keychain"]),
-        .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport"]),
+        .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport", "BiometricsVault"]),
         // The seed's BiometricsVault example as a command, one vault call per argument (the vault's kill tests run it).
         .executableTarget(name: "vault-example", dependencies: ["BiometricsVault", "Keychain"]),
 

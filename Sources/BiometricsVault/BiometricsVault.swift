@@ -59,6 +59,9 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable, O
         var nextStream = 0
         /// What changed and is not yet told to the observers (`publish()`).
         var unpublished: Set<Observed> = []
+        /// When the device last said whether biometrics can be used, and this process's count of
+        /// device changes then (`KeychainDevice.availabilityChanges`).
+        var availabilityAsked: (at: ContinuousClock.Instant, changes: Int)?
 
         /// Records `changed` for the observers; the streams get the new state now.
         mutating func changed(_ changed: Set<Observed>) {
@@ -71,6 +74,11 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable, O
 
     /// The observable properties.
     private enum Observed: Sendable, Hashable { case state, biometricsAvailable }
+
+    /// How long reads of `state` and `biometricsAvailable` reuse the device's last answer on
+    /// biometrics: a UI bound to them reads at every frame, and each answer costs a TPM command
+    /// in-process or a keychaind request (docs/performance.md, "The vault's state").
+    static var availabilityLifetime: Duration { .seconds(1) }
 
     /// Touches nothing yet: the state is read from the keychain, without a prompt, on first use.
     /// - Parameters:
@@ -100,13 +108,14 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable, O
 
     /// The vault's state. The first read asks the keychain what is stored (no prompt); when that
     /// fails (no TPM, before the first unlock) it is `unavailable` and the next read asks again.
-    /// In `ready` and `unavailable`, which only say whether biometrics can be used, each read asks
-    /// the device again (as `biometricsAvailable` does), so a finger enrolled meanwhile turns
+    /// In `ready` and `unavailable`, which only say whether biometrics can be used, a read asks the
+    /// device again when `biometricsAvailable` would, so a finger enrolled meanwhile turns
     /// `unavailable` into `ready`.
     public var state: VaultState<Credentials> {
         registrar.access(self, keyPath: \.state)
         defer { publish() }
         if let machine = shared.withLock({ $0.machine }), !Self.followsAvailability(machine.state) { return machine.state }
+        if let machine = machineWithRecentAvailability() { return machine.state }
         do {
             return try VaultThread.shared.wait { try await self.refreshedMachine() }.state
         } catch {
@@ -143,12 +152,15 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable, O
     }
 
     /// Whether the device can protect the credentials with biometrics now (a reader, an enrolled
-    /// finger, a passcode, a prompt that reaches the user). Asked again at each read, as the seed's
-    /// `LAContext.canEvaluatePolicy`: after the user enrolls a finger the next read is true, and
-    /// `ready` and `unavailable` follow. No prompt, no TPM command once the passcode state is known.
+    /// finger, a passcode, a prompt that reaches the user). Asked again, as the seed's
+    /// `LAContext.canEvaluatePolicy`, at a read more than a second after the last answer or after
+    /// this process changed the device (`KeychainDevice.enrollFinger`, …): after the user enrolls a
+    /// finger the next read is true (within a second when another program enrolled it), and `ready`
+    /// and `unavailable` follow. A transition and `refreshAvailability()` always ask. No prompt.
     public var biometricsAvailable: Bool {
         registrar.access(self, keyPath: \.biometricsAvailable)
         defer { publish() }
+        if let machine = machineWithRecentAvailability() { return machine.biometricsAvailable }
         do {
             return try VaultThread.shared.wait { try await self.refreshedMachine() }.biometricsAvailable
         } catch {
@@ -248,6 +260,24 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable, O
         }
     }
 
+    /// The machine, when the device's last answer on biometrics is recent (`availabilityLifetime`)
+    /// and this process changed nothing of the device since.
+    private func machineWithRecentAvailability() -> Machine? {
+        shared.withLock { s in
+            guard let machine = s.machine, let asked = s.availabilityAsked, asked.changes == KeychainDevice.availabilityChanges,
+                  asked.at.duration(to: .now) < Self.availabilityLifetime else { return nil }
+            return machine
+        }
+    }
+
+    /// The device's answer on biometrics now, recorded for `machineWithRecentAvailability`.
+    private func askAvailability() async throws -> Bool {
+        let asked = (at: ContinuousClock.now, changes: KeychainDevice.availabilityChanges)
+        let available = try await device.canUseAccessControl(.biometryCurrentSet).available
+        shared.withLock { $0.availabilityAsked = asked }
+        return available
+    }
+
     /// The machine, started from what is stored (no prompt) on first use.
     private func startedAsync() async throws -> Machine {
         if let current = shared.withLock({ $0.machine }) { return current }
@@ -255,7 +285,7 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable, O
         let stored = Machine.Stored(
             keychainItem: try await storages.plain.getData(key).map { try JSONDecoder().decode(Credentials.self, from: $0) },
             biometricItemExists: try await storages.biometric.hasItem(key))
-        let available = try await device.canUseAccessControl(.biometryCurrentSet).available
+        let available = try await askAvailability()
         return shared.withLock { s in
             if s.machine == nil {
                 let started = Machine(startupFound: stored, biometricsAvailable: available)
@@ -270,7 +300,7 @@ public final class BiometricsVault<Credentials: Codable & Sendable>: Sendable, O
     /// here has just asked).
     private func refreshedMachine() async throws -> Machine {
         if shared.withLock({ $0.machine == nil }) { return try await startedAsync() }
-        let available = try await device.canUseAccessControl(.biometryCurrentSet).available
+        let available = try await askAvailability()
         return try update { $0.biometricsAvailabilityChanged(available) }.machine
     }
 

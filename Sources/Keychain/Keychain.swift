@@ -1,5 +1,6 @@
 import Foundation
 import KeychainWire
+import Synchronization
 /// `SecureBytes` is part of the API (passcodes, values): `import Keychain` brings it.
 @_exported import SecureMemory
 
@@ -212,20 +213,31 @@ public struct KeychainDevice: Sendable {
 
     // MARK: The fingerprint reader
 
+    /// The changes this process made that can change `canUseAccessControl`'s answer (a finger
+    /// enrolled or removed, the reader deleted, the passcode set or removed; attempted ones too),
+    /// so a cache of that answer (the vault's) knows it is out of date. Other processes' changes
+    /// are not counted: such a cache also ends on a clock.
+    package static var availabilityChanges: Int { changes.load(ordering: .acquiring) }
+    private static let changes = Atomic<Int>(0)
+    private static func changedAvailability() { changes.add(1, ordering: .releasing) }
+
     /// Enrolls a finger on the simulated reader; needs the device passcode when one is set.
     public func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) {
+        defer { Self.changedAvailability() }
         try await backing.enrollFinger(name, passcode: passcode)
     }
     /// Removes a finger; needs the device passcode when one is set. CurrentSet items are invalidated.
     @discardableResult
     public func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool {
-        try await backing.removeFinger(name, passcode: passcode)
+        defer { Self.changedAvailability() }
+        return try await backing.removeFinger(name, passcode: passcode)
     }
     /// Deletes the fingerprint reader (its fingers and its TPM key); needs the device passcode when
     /// one is set. - Returns: false when there was no reader.
     @discardableResult
     public func deleteReader(passcode: SecureBytes?) async throws(KeychainError) -> Bool {
-        try await backing.deleteReader(passcode: passcode)
+        defer { Self.changedAvailability() }
+        return try await backing.deleteReader(passcode: passcode)
     }
     public func enrolledFingers() async throws(KeychainError) -> [String] {
         try await backing.enrolledFingers()
@@ -272,6 +284,7 @@ public struct KeychainDevice: Sendable {
     }
     public func setPasscode(_ passcode: SecureBytes) async throws(KeychainError) {
         try Self.checkPasscode(passcode)
+        defer { Self.changedAvailability() }
         try await backing.setPasscode(old: nil, new: passcode)
     }
     public func changePasscode(from old: SecureBytes, to new: SecureBytes) async throws(KeychainError) {
@@ -282,6 +295,7 @@ public struct KeychainDevice: Sendable {
     /// enrolled fingers are removed, and every item behind an access control is `KEY_INVALIDATED` at
     /// its next read (and removed), as on Android: the TPM no longer opens their keys.
     public func removePasscode(current: SecureBytes) async throws(KeychainError) {
+        defer { Self.changedAvailability() }
         try await backing.setPasscode(old: current, new: nil)
     }
     /// Resets the TPM's count of wrong passcodes (needs the owner authorization of the configuration).

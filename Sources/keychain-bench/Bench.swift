@@ -35,6 +35,9 @@ struct BenchOptions {
           --runs N (20)    runs of each process reference
           --provisioning   only seal-for throughput, import TPM commands, backup/restore of --writes×5 items
           --daemon         only keychaind: keychainctl get through it vs tpm2-tools, 16 clients × --cold×20 reads
+        keychain-bench --warm-reads N: N warm in-process getItem calls (for callgrind)
+        keychain-bench --vault-state N [in-process|keychaind] [ready|available|signed-in]: N reads of a
+          BiometricsVault's state and biometricsAvailable (for callgrind: one mode and one kind)
         """
 
     /// The sample counts as arguments, for a child process.

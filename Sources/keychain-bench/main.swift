@@ -36,6 +36,19 @@ if CommandLine.arguments.count == 3, CommandLine.arguments[1] == "--warm-reads",
     }
 }
 
+if CommandLine.arguments.count >= 3, CommandLine.arguments[1] == "--vault-state", let reads = Int(CommandLine.arguments[2]), reads > 0 {
+    let rest = CommandLine.arguments.dropFirst(3)
+    let modes = ["in-process", "keychaind"].filter { rest.isEmpty || rest.contains($0) }
+    let kinds = ["ready", "available", "signed-in"].filter { !rest.contains(where: ["ready", "available", "signed-in"].contains) || rest.contains($0) }
+    do {
+        print(try await vaultStateBench(reads: reads, modes: modes.isEmpty ? ["in-process", "keychaind"] : modes, kinds: kinds))
+        exit(0)
+    } catch {
+        FileHandle.standardError.write(Data("keychain-bench: \(error)\n".utf8))
+        exit(1)
+    }
+}
+
 do {
     let options = try BenchOptions(CommandLine.arguments.dropFirst())
     if options.daemon {

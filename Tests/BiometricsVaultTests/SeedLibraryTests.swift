@@ -97,6 +97,42 @@ struct SeedLibraryTests {
         #expect(signedOut.state == .unavailable)
     }
 
+    /// A UI bound to `state` reads it at every frame: reads close together reuse the device's last
+    /// answer (each one cost a TPM command in-process, a keychaind request through it), and a
+    /// change this process makes to the device still shows at the next read. Counted by the prompt's
+    /// reachability, which `canUseAccessControl` asks in this process in both modes.
+    @Test func readsCloseTogetherReuseTheDevicesAnswerAndADeviceChangeShowsAtTheNextRead() async throws {
+        let d = try await Device()
+        let reach = CountedReachability(d.answers)
+        var configuration = d.configuration
+        configuration.authenticator = reach
+        let vault = BiometricsVault<Credentials>(key: "credentials", configuration: configuration)
+        #expect(vault.state == .ready)
+        let before = reach.asked
+        for _ in 0..<100 {
+            #expect(vault.state == .ready)
+            #expect(vault.biometricsAvailable)
+        }
+        // One more answer a second (the reuse's lifetime): a loaded machine may stretch 200 reads over a few.
+        #expect(reach.asked - before < 20, "200 reads asked the device \(reach.asked - before) times")
+        try await d.device.removeFinger("thumb", passcode: Self.pin)
+        #expect(vault.state == .unavailable, "the finger removed in this process shows at the next read")
+        #expect(!vault.biometricsAvailable)
+    }
+
+    /// The scripted answers, counting how often the keychain asks whether a prompt can reach anyone.
+    final class CountedReachability: Authenticator {
+        let answers: ScriptedAuthenticator
+        private let count = Mutex(0)
+        init(_ answers: ScriptedAuthenticator) { self.answers = answers }
+        var asked: Int { count.withLock { $0 } }
+        func reachability() async -> PromptReach {
+            count.withLock { $0 += 1 }
+            return .reachable
+        }
+        func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer { await answers.authenticate(request) }
+    }
+
     @Test func refreshAvailabilityTellsAnObserverThatNeverReadsAgain() async throws {
         let d = try await Device(enroll: false)
         let vault = d.vault()
