@@ -8,16 +8,22 @@
 # - The root is `debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus bookworm` from the mirror
 #   apt is configured with here, plus the packages the keychain package depends on and swtpm (the tests'
 #   TPM), so `apt-get install ./keychain_….deb` inside needs no network. It is cached under
-#   /var/cache/keychain-tests/ (KEYCHAIN_TEST_CACHE) and rebuilt when absent or when that list changes.
+#   /var/cache/keychain-tests/ (KEYCHAIN_TEST_CACHE), one root per package list (its path ends in a hash
+#   of the list): a new list builds a new root beside the old one, never under a container booted on it.
+#   Roots of older lists stay until removed by hand (`rm -rf /var/cache/keychain-tests/bookworm-systemd-*`
+#   with no container running).
 # - Each boot gets an overlay (the cache is the lower layer, never written) and runs
 #   `systemd-nspawn -D ROOT -b --register=no --keep-unit` from a cgroup of its own: where the host's PID 1
 #   is not systemd, plain `-b` fails because nspawn cannot make a scope unit.
 
 CONTAINER_CACHE=${KEYCHAIN_TEST_CACHE:-/var/cache/keychain-tests}
 CONTAINER_SUITE=bookworm
-# What the keychain package needs at run time (its Depends, see scripts/package-deb.sh) and the tests' TPM.
+# What the keychain package needs at run time (its Depends, see scripts/package-deb.sh), the tests' TPM, and a
+# user's manager with its session bus (`systemd --user` under user@UID.service: pam_systemd, dbus-user-session)
+# with secret-tool for the Secret Service provider's user unit.
 CONTAINER_PACKAGES=(libtss2-esys-3.0.2-0 libtss2-tctildr0 libtss2-rc0 libtss2-mu0 libtss2-tcti-device0 libtss2-tcti-swtpm0
-                    libsodium23 libsqlite3-0 libssl3 libp11-kit0 swtpm swtpm-tools systemd-container)
+                    libsodium23 libsqlite3-0 libssl3 libp11-kit0 swtpm swtpm-tools systemd-container
+                    libpam-systemd dbus-user-session libsecret-tools)
 
 container_fail() { echo "systemd container: $*" >&2; return 1; }
 
@@ -32,10 +38,16 @@ container_mirror() {
 # Prints the cached root, building it first when it is absent or incomplete. Two layers, each cached: the
 # debootstrap base (about 100 s on a quiet machine, once) and the root with CONTAINER_PACKAGES on it.
 container_root() {
-  local base="$CONTAINER_CACHE/$CONTAINER_SUITE-minbase" root="$CONTAINER_CACHE/$CONTAINER_SUITE-systemd" want
+  local base="$CONTAINER_CACHE/$CONTAINER_SUITE-minbase" root want
   want="${CONTAINER_PACKAGES[*]}"
+  root="$CONTAINER_CACHE/$CONTAINER_SUITE-systemd-$(printf '%s' "$want" | sha256sum | cut -c1-12)"
   if [ -f "$root/.keychain-tests-root" ] && [ "$(cat "$root/.keychain-tests-root")" = "$want" ]; then echo "$root"; return; fi
   mkdir -p "$CONTAINER_CACHE"
+  # One build at a time (another run may be building the same root); the one that waited finds it made.
+  local lock
+  exec {lock}>"$CONTAINER_CACHE/.build.lock"
+  flock "$lock"
+  if [ -f "$root/.keychain-tests-root" ] && [ "$(cat "$root/.keychain-tests-root")" = "$want" ]; then exec {lock}>&-; echo "$root"; return; fi
   local log="$CONTAINER_CACHE/build.log"
   if [ ! -f "$base/.keychain-tests-base" ]; then
     command -v debootstrap >/dev/null || container_fail "debootstrap is not installed (scripts/setup-debian.sh installs it)" || return
@@ -60,6 +72,7 @@ container_root() {
   rm -f "$root.new/.keychain-tests-base"
   echo "$want" >"$root.new/.keychain-tests-root"
   rm -rf "$root" && mv "$root.new" "$root"
+  exec {lock}>&-
   echo "$root"
 }
 

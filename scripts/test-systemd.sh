@@ -177,6 +177,86 @@ want=$(od -An -tx1 -v "$(container_dir pkg)/root/root/bundled.bin" | tr -d ' \n'
 [ $rc -eq 0 ] && [ "$got" = "$want" ] && pass "bundled.service finds the imported bundle's value byte for byte at its start ($want)" \
   || fail "an imported credential bundle reaches its unit" "exit $rc, got '$got', want '$want' $out"
 
+echo "== a user's manager"
+# alice and bob with lingering: systemd starts user@UID.service (systemd --user) and its session bus at boot of
+# the user, with no login. `as_manager USER CMD…`: CMD as USER, talking to that user's manager and bus.
+as_manager() { local user=$1; shift; local uid; uid=$(in_container id -u "$user")
+  as_user "$user" env XDG_RUNTIME_DIR=/run/user/$uid DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/$uid/bus "$@"; }
+# `user_credential_unit USER NAME ID`: USER's own oneshot unit NAME.service given the credential ID, which
+# writes the file's bytes in hex to ~/NAME.out.
+user_credential_unit() {
+  local user=$1 unit=$2 id=$3
+  as_user "$user" sh -c "mkdir -p ~/.config/systemd/user && cat >~/.config/systemd/user/$unit.service <<UNIT
+[Service]
+Type=oneshot
+LoadCredential=$id:/run/keychain/credentials.sock
+ExecStart=/bin/sh -c 'od -An -tx1 -v \"\\\${CREDENTIALS_DIRECTORY}/$id\" >%h/$unit.out'
+UNIT"
+  as_manager "$user" systemctl --user daemon-reload
+}
+for user in alice bob; do in_container loginctl enable-linger "$user"; done
+for _ in $(seq 1 150); do
+  st=$(for user in alice bob; do in_container systemctl is-active "user@$(in_container id -u $user).service"; done | sort -u)
+  [ "$st" = active ] && break; sleep 0.2
+done
+[ "$st" = active ] && pass "lingering alice and bob each have a user manager (user@UID.service active)" \
+  || fail "user@UID.service of alice and bob comes up with lingering" "$st"
+printf 'alice\000unit\377key' >"$(container_dir pkg)/root/var/tmp/alice-unit.bin"; in_container chmod 644 /var/tmp/alice-unit.bin
+out=$(as_user alice sh -c 'keychainctl credential set --user app.service api-key </var/tmp/alice-unit.bin && keychainctl credential ls --user app.service' 2>&1)
+[ "$out" = api-key ] && pass "alice stores a credential for her own user unit (credential set --user app.service api-key), no admin needed" \
+  || fail "alice's credential set --user" "$out"
+out=$(in_container keychainctl credential ls app.service 2>&1)
+[ -z "$out" ] && pass "the system's app.service has no credential: alice's is her manager's alone" || fail "alice's credential is not the system's" "$out"
+user_credential_unit alice app api-key
+out=$(as_manager alice systemctl --user start app.service 2>&1); rc=$?
+got=$(in_container cat /home/alice/app.out 2>&1 | tr -d ' \n')
+want=$(od -An -tx1 -v "$(container_dir pkg)/root/var/tmp/alice-unit.bin" | tr -d ' \n')
+[ $rc -eq 0 ] && [ "$got" = "$want" ] && pass "alice's user unit (systemctl --user) finds her value byte for byte ($want)" \
+  || fail "alice's user unit gets her credential" "exit $rc, got '$got', want '$want' $out"
+user_credential_unit bob app api-key
+out=$(as_manager bob systemctl --user start app.service 2>&1); rc=$?
+uid_bob=$(in_container id -u bob)
+log=$(in_container journalctl -u keychaind.service -o cat --no-pager | grep "unit app.service (user manager of uid $uid_bob)")
+[ $rc -ne 0 ] && ! in_container test -s /home/bob/app.out && grep -q "credential api-key: no such credential" <<<"$log" \
+  && pass "bob's manager asking for app.service's api-key gets nothing of alice's and his unit fails; keychaind: $(head -n1 <<<"$log")" \
+  || fail "another user's manager gets nothing of alice's" "exit $rc log '$log' $(in_container cat /home/bob/app.out 2>&1)"
+out=$(as_user bob keychainctl credential get --user app.service api-key 2>&1); rc=$?
+[ $rc -ne 0 ] && ! grep -q 'unit' <<<"$out" && pass "bob's credential get --user app.service api-key finds nothing (exit $rc)" \
+  || fail "bob cannot read alice's user unit's credential" "exit $rc: $out"
+# A plain process of alice binds the manager's kind of address. Nothing tells it from her manager (the manager's
+# forked child connects, as alice, in cgroups delegated to her), so it gets what her manager would: her own units'
+# credentials (what her `credential get --user` gives), never a system unit's (docs/credentials.md).
+fake() { as_user alice perl -MSocket -e '
+  socket(my $s, AF_UNIX, SOCK_STREAM, 0) or die "socket: $!";
+  bind($s, pack_sockaddr_un("\0" . sprintf("%x", 1 + int(rand(2**31))) . "/unit/$ARGV[0]/$ARGV[1]")) or die "bind: $!";
+  connect($s, pack_sockaddr_un("/run/keychain/credentials.sock")) or die "connect: $!";
+  my ($all, $buf) = ("", ""); while (sysread($s, $buf, 65536)) { $all .= $buf } print unpack("H*", substr($all, 0, 64)), " ", length($all), "\n";' "$@" 2>&1; }
+got=$(fake app.service api-key)
+[ "$got" = "$want $(wc -c <"$(container_dir pkg)/root/var/tmp/alice-unit.bin")" ] \
+  && pass "a plain process of alice faking her manager's address gets her own unit's value, as her credential get --user would" \
+  || fail "a plain process of alice gets at most her own units' credentials" "read '$got', want '$want'"
+got=$(fake db.service db-password)
+log=$(in_container journalctl -u keychaind.service -o cat --no-pager | grep "unit db.service (user manager of uid $(in_container id -u alice)) credential db-password" | tail -n1)
+want_db=$(od -An -tx1 -v "$(container_dir pkg)/root/root/db-password.bin" | tr -d ' \n')
+! grep -q "$want_db" <<<"$got" && grep -q "no such credential" <<<"$log" \
+  && pass "faking the address of system unit db.service, alice gets nothing of the system's ($(awk '{print $2}' <<<"$got") bytes of zeros); keychaind: $log" \
+  || fail "a plain process of alice gets no system unit's credential" "read '$got' log '$log'"
+
+echo "== the Secret Service provider's user unit"
+# alice's session bus (dbus-user-session) activates org.freedesktop.secrets through the package's user unit;
+# the provider serves alice's items through keychaind (the system socket), with no store of its own.
+out=$(printf 'ss\000secret' | as_manager alice secret-tool store --label 'mail' service mail.example user alice 2>&1); rc=$?
+st=$(as_manager alice systemctl --user is-active keychain-secret-service.service)
+[ $rc -eq 0 ] && [ "$st" = active ] && pass "secret-tool store as alice: the bus activated keychain-secret-service.service (systemd --user)" \
+  || fail "secret-tool store activates the provider's user unit" "exit $rc state $st: $out $(as_manager alice journalctl --user -u keychain-secret-service --no-pager -n 20 2>&1)"
+as_manager alice systemctl --user stop keychain-secret-service.service
+got=$(as_manager alice secret-tool lookup service mail.example user alice 2>&1 | od -An -tx1 -v | tr -d ' \n')
+[ "$got" = "$(printf 'ss\000secret' | od -An -tx1 -v | tr -d ' \n')" ] && ! in_container test -e /home/alice/.local/share/keychain \
+  && pass "stopped, the provider is activated again and secret-tool lookup returns the value (a NUL in it) from keychaind's store; alice has no store of her own" \
+  || fail "secret-tool lookup through the restarted provider" "got '$got' $(in_container ls -la /home/alice/.local/share 2>&1)"
+got=$(as_manager bob secret-tool lookup service mail.example user alice 2>&1)
+[ -z "$got" ] && pass "bob's own provider (his bus, his unit) finds nothing of alice's" || fail "bob's provider does not see alice's item" "$got"
+
 echo "== the service's sandbox"
 show=$(in_container systemctl show -p NRestarts -p Result -p ExecMainStatus keychaind.service)
 # One restart: the SIGKILL above. A SIGSYS (the system-call filter) would show as more, or as Result=signal now.

@@ -12,7 +12,7 @@ public enum CLIOptions {
     ]
     public static let booleans: Set<String> = [
         "--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h", "--passphrase-stdin", "--direct",
-        "--unattested-srk",
+        "--unattested-srk", "--user",
     ]
 }
 

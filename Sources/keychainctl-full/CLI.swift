@@ -150,6 +150,7 @@ let usage = """
     systemd credentials (through keychaind, root or the access group admin only; docs/credentials.md):
       credential set UNIT ID [--accessible A]   the value on stdin, for LoadCredential=ID:/run/keychain/credentials.sock
       credential get UNIT ID | credential ls UNIT | credential rm UNIT ID
+      credential … --user          the same for a unit of your own user manager (systemctl --user), as any user
 
     The fingerprint reader (simulated; its own directory, --reader DIR or KEYCHAIN_READER, 'none' for no reader):
       reader enroll NAME | reader remove NAME   the device passcode on stdin when one is set

@@ -1,19 +1,22 @@
+import Glibc
 import Keychain
 import KeychainCLIText
 import SecureMemory
 
 extension Commands {
     /// `credential set|get|ls|rm`: the values keychaind hands systemd's system units
-    /// (`LoadCredential=ID:/run/keychain/credentials.sock`, docs/credentials.md). Through keychaind only,
-    /// and keychaind answers only root and the access group `admin`.
+    /// (`LoadCredential=ID:/run/keychain/credentials.sock`, docs/credentials.md), or with `--user` the
+    /// caller's own user manager's units. Through keychaind only, which answers root and the access group
+    /// `admin` for the system's, and a user for their own units'.
     func credential() async throws -> Exit {
         let args = Array(inv.command.dropFirst())
         guard configuration.daemonSocket != nil else {
             throw KeychainError(.unsupported, "systemd credentials are kept by keychaind: run credential commands through it "
                                 + "(without --direct, --store or --tcti; KEYCHAIN_SOCKET or \(KeychainConfiguration.systemSocket))")
         }
+        let manager: SystemdCredentials.Manager = inv.switches.contains("--user") ? .init(uid: getuid()) : .system
         func unit(_ name: String) throws(KeychainError) -> Keychain {
-            try createKeychain(KeychainOptions(service: name, accessGroup: SystemdCredentials.accessGroup(for: .system)),
+            try createKeychain(KeychainOptions(service: name, accessGroup: SystemdCredentials.accessGroup(for: manager)),
                                configuration: configuration)
         }
         switch (args.first, args.count) {
@@ -35,7 +38,8 @@ extension Commands {
             if inv.json { printJSON(["removed": present]) }
             return present ? .ok : .notFound
         default:
-            throw UsageError(message: "credential takes: set UNIT ID [--accessible A] (the value on stdin), get UNIT ID, ls UNIT, rm UNIT ID")
+            throw UsageError(message: "credential takes: set UNIT ID [--accessible A] (the value on stdin), get UNIT ID, ls UNIT, rm UNIT ID; "
+                             + "--user for a unit of your own user manager (systemctl --user)")
         }
         return .ok
     }

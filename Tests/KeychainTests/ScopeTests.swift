@@ -170,6 +170,24 @@ struct RequestHandlerTests {
         #expect(try SystemdCredentials.storage(unit: "db.service", manager: .system).storeName == "credential:system/db.service")
     }
 
+    /// A user's own manager's credentials (`keychainctl credential … --user`): that uid reaches them without
+    /// being an administrator; another non-admin uid naming them is refused before the service.
+    @Test func aUsersOwnUnitsCredentialsAreThatUsersAlone() async throws {
+        let backing = RecordingService()
+        let own = SystemdCredentials.accessGroup(for: .user(Self.user.uid))
+        #expect(try await respond(.setItem, service: "app.service", accessGroup: own, key: "api-key", to: backing).kind == WireKind.ok)
+        #expect(backing.calls.withLock { $0.map(\.scope) } == [.credentials(.user(Self.user.uid))])
+        let other = Peer(pid: 1, uid: 1601, gid: 1601, groups: [])
+        for op in [WireOp.getItem, .setItem, .allKeys, .removeItem] {
+            let refused = try await respond(op, service: "app.service", accessGroup: own, key: "api-key", from: other, to: backing)
+            let error = try KeychainError(decoding: refused)
+            #expect(error.code == .accessDenied && error.message.contains("uid 1601 is none of them"), "\(op): \(error.message)")
+        }
+        #expect(backing.calls.withLock { $0.count } == 1, "another uid's calls never reached the service")
+        // uid 0's "user manager" is the system manager: no such group, so not a way around the admin check.
+        #expect(SystemdCredentials.manager(accessGroup: SystemdCredentials.accessGroup(for: .user(0))) == nil)
+    }
+
     /// keychaind's `identity` and `import`: an administrator's; a bundle lands in the caller's own scope.
     @Test func identityAndImportNeedAnAdministratorAndImportLandsInTheCallersScope() async throws {
         let backing = RecordingService()

@@ -73,11 +73,12 @@ package struct DaemonRequestHandler: Sendable {
     }
 
     /// The caller's own items, or its access group's when it names one it is a member of; a service
-    /// manager's systemd credentials for root and the `admin` group (`SystemdCredentials.accessGroup`).
+    /// manager's systemd credentials for root and the `admin` group (`SystemdCredentials.accessGroup`),
+    /// and a user's own manager's for that user.
     package func scope(of options: KeychainOptions, for peer: Peer) throws(KeychainError) -> ItemScope {
         guard let group = options.accessGroup else { return .user(peer.uid) }
         if let manager = SystemdCredentials.manager(accessGroup: group) {
-            guard groups.isAdmin(peer) else { throw SystemdCredentials.refusal(peer) }
+            guard manager == .user(peer.uid) || groups.isAdmin(peer) else { throw SystemdCredentials.refusal(peer, for: manager) }
             return .credentials(manager)
         }
         guard try groups.isMember(peer, of: group) else {

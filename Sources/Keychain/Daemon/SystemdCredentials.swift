@@ -14,6 +14,9 @@ package enum SystemdCredentials {
         case user(UInt32)
 
         /// The manager of a connection from `uid` (SO_PEERCRED): 0 is the system manager.
+        /// - Important: any process of uid N passes for uid N's manager (nothing tells them apart: the
+        ///   manager's forked child connects, in cgroups delegated to the user), so uid N's namespace holds
+        ///   only what uid N stores for itself (docs/credentials.md, "Who can ask for which credential").
         package init(uid: UInt32) { self = uid == 0 ? .system : .user(uid) }
 
         package var description: String {
@@ -39,7 +42,7 @@ package enum SystemdCredentials {
         if accessGroup == accessGroupPrefix { return .system }
         let prefix = accessGroupPrefix + ".uid."
         guard accessGroup.hasPrefix(prefix), let uid = UInt32(accessGroup.dropFirst(prefix.count)),
-              String(uid) == accessGroup.dropFirst(prefix.count) else { return nil }
+              String(uid) == accessGroup.dropFirst(prefix.count), uid != 0 else { return nil }
         return .user(uid)
     }
 
@@ -68,9 +71,16 @@ package enum SystemdCredentials {
         try StorageRef(scope: .credentials(manager), options: KeychainOptions(service: unit), defaultService: nil)
     }
 
-    /// The message for a caller who may not administer credentials.
-    static func refusal(_ peer: Peer) -> KeychainError {
-        KeychainError(.accessDenied, "Only root or a member of the access group '\(AccessGroups.adminGroup)' may store, read, list "
-                      + "or remove systemd credentials; uid \(peer.uid) is neither")
+    /// The message for a caller who may not administer `manager`'s credentials.
+    static func refusal(_ peer: Peer, for manager: Manager) -> KeychainError {
+        switch manager {
+        case .system:
+            KeychainError(.accessDenied, "Only root or a member of the access group '\(AccessGroups.adminGroup)' may store, read, list "
+                          + "or remove systemd credentials; uid \(peer.uid) is neither")
+        case .user(let uid):
+            KeychainError(.accessDenied, "Only uid \(uid), root or a member of the access group '\(AccessGroups.adminGroup)' may store, "
+                          + "read, list or remove the systemd credentials of uid \(uid)'s user units; uid \(peer.uid) is none of them "
+                          + "(your own user units' are `keychainctl credential … --user`)")
+        }
     }
 }
