@@ -65,6 +65,36 @@ struct DaemonLimitTests {
         #expect(try ctl(daemon, ["get", "svc1", "k"], uid: Self.nobody).out == "newer")
     }
 
+    /// systemd credentials count against a quota as items do: the system manager's (stored by root) and
+    /// each user manager's (stored by that user) are namespaces of their own, apart from the storer's items.
+    @Test func credentialsStopAtTheirQuotaWithAMessageThatNamesTheFix() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm, arguments: ["--quota-items", "3", "--quota-bytes", "64K"])
+        for index in 1...3 {
+            #expect(try ctl(daemon, ["credential", "set", "unit\(index).service", "token"], input: Array("v".utf8)).status == 0)
+        }
+        let refused = try ctl(daemon, ["credential", "set", "unit4.service", "token"], input: Array("v".utf8))
+        #expect(refused.status == 3 && refused.err.contains("QUOTA_EXCEEDED: The system manager's systemd credentials would hold more "
+                                                            + "than the keychain service's quota of 3 items with item 'token'")
+                && refused.err.contains("keychainctl credential ls UNIT, credential rm UNIT ID") && refused.err.contains("--quota-items"),
+                "the fourth credential: \(refused.status) \(refused.err)")
+        #expect(try ctl(daemon, ["credential", "ls", "unit4.service"]).out.isEmpty, "a refused credential was stored")
+        let large = try ctl(daemon, ["credential", "set", "unit1.service", "token"], input: [UInt8](repeating: 0x61, count: 70 << 10))
+        #expect(large.status == 3 && large.err.contains("quota of 64.0 KiB"), "\(large.err)")
+        #expect(try ctl(daemon, ["credential", "get", "unit1.service", "token"]).out == "v", "the refused write replaced the value")
+        // Root's own items and a user's own units' credentials are other namespaces, each with its quota.
+        #expect(try ctl(daemon, ["set", "mail", "k"], input: Array("v".utf8)).status == 0)
+        for index in 1...3 {
+            #expect(try ctl(daemon, ["credential", "set", "--user", "app\(index).service", "token"], input: Array("v".utf8),
+                            uid: Self.nobody).status == 0)
+        }
+        let user = try ctl(daemon, ["credential", "set", "--user", "app4.service", "token"], input: Array("v".utf8), uid: Self.nobody)
+        #expect(user.status == 3 && user.err.contains("The user manager of uid \(Self.nobody)'s systemd credentials would hold more")
+                && user.err.contains("credential rm --user UNIT ID"), "\(user.err)")
+        #expect(try ctl(daemon, ["credential", "rm", "unit3.service", "token"]).status == 0)
+        #expect(try ctl(daemon, ["credential", "set", "unit4.service", "token"], input: Array("v".utf8)).status == 0, "space given back")
+    }
+
     /// Before, the database never shrank: a uid's 16 MiB values stayed on disk after `clear` (5.7 MB,
     /// 150 MB, then 260 MB after the clear: freed pages and the zeroed pages' log). Now freed pages
     /// go back to the filesystem (incremental vacuum, a checkpoint, a bounded log).

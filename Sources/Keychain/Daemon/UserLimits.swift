@@ -36,6 +36,15 @@ extension ItemScope {
         case .credentials(let manager): "The \(manager)'s systemd credentials"
         }
     }
+
+    /// How the holder gives space back, for the quota's message.
+    var quotaRemedy: String {
+        switch self {
+        case .credentials(.system): "Remove credentials no longer needed (keychainctl credential ls UNIT, credential rm UNIT ID)"
+        case .credentials(.user): "Remove credentials no longer needed (keychainctl credential ls --user UNIT, credential rm --user UNIT ID)"
+        default: "Remove items no longer needed (keychainctl rm, clear)"
+        }
+    }
 }
 
 extension KeychainError.Code {
@@ -63,8 +72,8 @@ extension Engine {
         let limit = items > limits.quotaItems ? "\(limits.quotaItems) items" : "\(Self.size(limits.quotaBytes))"
         throw KeychainError(.quotaExceeded, "\(scope.quotaHolder) would hold more than the keychain service's quota of \(limit) with item "
                             + "'\(key)' (it holds \(usage.items) items in \(Self.size(usage.bytes)); this write is "
-                            + "\(Self.size(newItemBytes + newKeyBytes))); nothing was written. Remove items no longer needed "
-                            + "(keychainctl rm, clear), or ask the administrator to raise the quota (\(UserLimits.flags))")
+                            + "\(Self.size(newItemBytes + newKeyBytes))); nothing was written. \(scope.quotaRemedy), "
+                            + "or ask the administrator to raise the quota (\(UserLimits.flags))")
     }
 
     /// The bytes an item of `value` takes in `StoreUsage`, before it is sealed: the envelope adds the
