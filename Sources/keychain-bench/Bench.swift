@@ -38,6 +38,8 @@ struct BenchOptions {
         keychain-bench --warm-reads N: N warm in-process getItem calls (for callgrind)
         keychain-bench --vault-state N [in-process|keychaind] [ready|available|signed-in]: N reads of a
           BiometricsVault's state and biometricsAvailable (for callgrind: one mode and one kind)
+        keychain-bench --prompter-reach N: N reachability checks of gcr's desktop prompter (DISPLAY and
+          DBUS_SESSION_BUS_ADDRESS of a bus where it is owned or activatable)
         """
 
     /// The sample counts as arguments, for a child process.

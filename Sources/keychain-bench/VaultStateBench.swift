@@ -81,3 +81,23 @@ struct ProcessCost {
         ProcessCost(cpuMicroseconds: a.cpuMicroseconds - b.cpuMicroseconds, switches: a.switches - b.switches)
     }
 }
+
+/// `--prompter-reach N`: N `reachability()` calls of the desktop prompter (gcr's, on the session bus
+/// of `DBUS_SESSION_BUS_ADDRESS`, with `DISPLAY` set), as `canUseAccessControl` and each protected
+/// read ask it: the CPU and context switches of one call in this process.
+func prompterReachBench(calls: Int) async throws -> String {
+    let prompter = SystemPrompterAuthenticator()
+    guard case .reachable = await prompter.reachability() else {
+        throw BenchFailure("the desktop prompter is not reachable: set DISPLAY and DBUS_SESSION_BUS_ADDRESS to a bus where "
+                           + "\(SystemPrompterAuthenticator.busName) is owned or can be started")
+    }
+    let before = (wall: monotonicNanoseconds(), cost: ProcessCost.now())
+    for _ in 0..<calls {
+        guard case .reachable = await prompter.reachability() else { throw BenchFailure("the prompter went away") }
+    }
+    let wall = Double(monotonicNanoseconds() - before.wall)
+    let cost = ProcessCost.now() - before.cost
+    return "desktop prompter reachability: \(calls) calls, \(Int(Double(calls) / (wall / 1e9))) calls/s (wall), "
+        + "CPU \(String(format: "%.1f", cost.cpuMicroseconds / Double(calls))) µs/call, "
+        + "\(String(format: "%.2f", Double(cost.switches) / Double(calls))) context switches/call"
+}

@@ -49,6 +49,16 @@ if CommandLine.arguments.count >= 3, CommandLine.arguments[1] == "--vault-state"
     }
 }
 
+if CommandLine.arguments.count == 3, CommandLine.arguments[1] == "--prompter-reach", let calls = Int(CommandLine.arguments[2]), calls > 0 {
+    do {
+        print(try await prompterReachBench(calls: calls))
+        exit(0)
+    } catch {
+        FileHandle.standardError.write(Data("keychain-bench: \(error)\n".utf8))
+        exit(1)
+    }
+}
+
 do {
     let options = try BenchOptions(CommandLine.arguments.dropFirst())
     if options.daemon {

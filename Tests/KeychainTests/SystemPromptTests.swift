@@ -203,70 +203,51 @@ struct SystemPromptTests {
 struct SystemPrompterTests {
     static let pin = "2468"
 
-    /// Xvfb on a free display and a private dbus-daemon that activates gcr-prompter on it.
+    /// A display of the test's own (`TestDisplay`: Xvfb on a display it picks, xdotool at its
+    /// keyboard) and a private dbus-daemon that activates gcr-prompter on it.
     final class Desktop: @unchecked Sendable {
+        let screen: TestDisplay
         let directory: String
-        let display: String
         let address: String
-        private var pids: [pid_t] = []
+        private let bus: pid_t
 
         init() async throws {
-            for tool in ["/usr/bin/Xvfb", "/usr/bin/xdotool", "/usr/libexec/gcr-prompter", "/usr/bin/dbus-daemon"] {
-                try #require(FileManager.default.isExecutableFile(atPath: tool), "\(tool) is missing: scripts/setup-debian.sh installs it")
-            }
+            screen = try TestDisplay()
             directory = NSTemporaryDirectory() + "desktop-" + UUID().uuidString
             try FileManager.default.createDirectory(atPath: directory + "/services", withIntermediateDirectories: true)
-            var number = 0
-            for candidate in 70..<200 where !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\(candidate)")
-                && !FileManager.default.fileExists(atPath: "/tmp/.X\(candidate)-lock") {
-                number = candidate
-                break
-            }
-            display = ":\(number)"
             address = "unix:path=\(directory)/bus"
-            guard let x = Processes.spawn("/usr/bin/Xvfb", ["/usr/bin/Xvfb", display, "-screen", "0", "1024x768x24", "-nolisten", "tcp"],
-                                          stdout: open("/dev/null", O_WRONLY), stderr: open("/dev/null", O_WRONLY)) else {
-                throw SoftwareTPMError("cannot start Xvfb")
-            }
-            pids.append(x)
-            for _ in 0..<500 where !FileManager.default.fileExists(atPath: "/tmp/.X11-unix/X\(number)") {
-                try await Task.sleep(for: .milliseconds(10))
-            }
             try privateSessionBusConfiguration(listen: address, serviceDirectory: directory + "/services")
                 .write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
-            try "[D-BUS Service]\nName=\(SystemPrompterAuthenticator.busName)\nExec=/usr/libexec/gcr-prompter\n"
-                .write(toFile: directory + "/services/\(SystemPrompterAuthenticator.busName).service", atomically: true, encoding: .utf8)
-            var environment = ProcessInfo.processInfo.environment
-            environment["DISPLAY"] = display
-            environment["GDK_BACKEND"] = "x11"
-            environment["NO_AT_BRIDGE"] = "1"
-            environment["GSETTINGS_BACKEND"] = "memory"
+            try TestDisplay.writePrompterService(into: directory + "/services")
+            let environment = ProcessInfo.processInfo.environment.merging(screen.prompterEnvironment) { $1 }
             guard let bus = Processes.spawn("/usr/bin/dbus-daemon", ["/usr/bin/dbus-daemon", "--config-file=\(directory)/bus.conf", "--nofork", "--nopidfile"],
                                             environment: environment) else { throw SoftwareTPMError("cannot start dbus-daemon") }
-            pids.append(bus)
+            self.bus = bus
             for _ in 0..<500 where !FileManager.default.fileExists(atPath: directory + "/bus") { try await Task.sleep(for: .milliseconds(10)) }
         }
 
         deinit {
-            // gcr-prompter, activated by the bus, leaves with it.
-            for pid in pids.reversed() { kill(pid, SIGTERM); _ = Processes.wait(pid) }
+            // gcr-prompter, activated by the bus, leaves with it; the display stops after.
+            kill(bus, SIGTERM)
+            _ = Processes.wait(bus)
             try? FileManager.default.removeItem(atPath: directory)
         }
 
         /// The prompter's environment as an app on this desktop has it.
-        var environment: [String: String] { ["DISPLAY": display, "DBUS_SESSION_BUS_ADDRESS": address] }
+        var environment: [String: String] { ["DISPLAY": screen.display, "DBUS_SESSION_BUS_ADDRESS": address] }
 
-        /// Waits for the dialog titled `title`, then types `text` and Return into it, as a person would.
+        /// Types `text` and Return into the dialog titled `title` once it shows, as a person would.
         /// Off the pool: the dialog it waits for needs the pool to appear.
-        func type(_ text: String, into title: String) async throws -> (status: Int32, stdout: [UInt8], stderr: String) {
-            try await runOffPool("/bin/sh", ["-c", "w=$(xdotool search --sync --name \"$1\" | head -n1) && xdotool windowactivate --sync \"$w\" 2>/dev/null; "
-                                + "xdotool windowfocus --sync \"$w\" && sleep 0.3 && xdotool type --delay 40 \"$2\" && xdotool key Return",
-                                "sh", title, text], environment: ["DISPLAY": display])
+        func type(_ text: String, into title: String) async throws -> ChildResult {
+            try await offPool { [screen] in try screen.type(text, into: title) }
         }
 
-        func press(_ key: String, into title: String) async throws -> (status: Int32, stdout: [UInt8], stderr: String) {
-            try await runOffPool("/bin/sh", ["-c", "w=$(xdotool search --sync --name \"$1\" | head -n1) && xdotool windowfocus --sync \"$w\" && sleep 0.3 && xdotool key \"$2\"",
-                                "sh", title, key], environment: ["DISPLAY": display])
+        func press(_ key: String, into title: String) async throws -> ChildResult {
+            try await offPool { [screen] in try screen.press(key, into: title) }
+        }
+
+        private func offPool(_ body: @escaping @Sendable () throws -> ChildResult) async throws -> ChildResult {
+            try await withCheckedThrowingContinuation { continuation in Thread { continuation.resume(with: Result { try body() }) }.start() }
         }
     }
 
@@ -342,6 +323,24 @@ struct SystemPrompterAttackTests {
         deinit {
             for pid in pids.reversed() { kill(pid, SIGTERM); _ = Processes.wait(pid) }
             try? FileManager.default.removeItem(atPath: directory)
+        }
+
+        /// The prompter leaves the bus (its process ends); the bus stays.
+        func stopPrompter() {
+            guard pids.count > 1 else { return }
+            let prompter = pids.removeLast()
+            kill(prompter, SIGTERM)
+            _ = Processes.wait(prompter)
+        }
+
+        /// How many connections process `pid` has on this bus (its unique names), as the bus counts them.
+        func connections(of pid: pid_t) async throws -> Int {
+            let count = "import dbus, sys; b = dbus.bus.BusConnection(sys.argv[1]); d = dbus.Interface(b.get_object('org.freedesktop.DBus', "
+                + "'/org/freedesktop/DBus'), 'org.freedesktop.DBus'); print(sum(1 for n in d.ListNames() if n.startswith(':') "
+                + "and int(d.GetConnectionUnixProcessID(n)) == int(sys.argv[2])))"
+            let result = try await runOffPool("/usr/bin/python3", ["-c", count, address, "\(pid)"])
+            return try #require(Int(String(decoding: result.stdout, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)),
+                                "\(result.stderr)")
         }
 
         /// A storage behind the passcode whose reads ask the prompter on this bus.
@@ -455,6 +454,19 @@ if __name__ == "__main__":
 
     /// The control: the test's prompter does the exchange as gcr does, and its answer opens the item,
     /// so the refusals below are of the attack, not of a prompter that cannot talk.
+    /// The reachability check (before each protected read's prompt, and in `canUseAccessControl`)
+    /// keeps its bus connection from one check to the next, where each check made one of its own;
+    /// a prompter that went away is still noticed at the next check.
+    @Test func theReachabilityCheckKeepsItsConnectionAndNoticesAPrompterThatWentAway() async throws {
+        let bus = try await Bus(prompter: "honest")
+        let prompter = SystemPrompterAuthenticator(environment: ["DISPLAY": ":0", "DBUS_SESSION_BUS_ADDRESS": bus.address])
+        for _ in 0..<20 { #expect(await prompter.reachability() == .reachable) }
+        #expect(try await bus.connections(of: getpid()) == 1, "the checks' connection is kept, and only one")
+        bus.stopPrompter()
+        #expect(await prompter.reachability() != .reachable, "the prompter that went away is noticed")
+        #expect(try await bus.connections(of: getpid()) == 1)
+    }
+
     @Test func theTestsPrompterAnsweringAsGcrDoesOpensTheItem() async throws {
         let bus = try await Bus(prompter: "honest")
         let d = try await SimulatedDevice(passcode: bytes(Self.pin), fingers: [])

@@ -1,6 +1,7 @@
 internal import DBus
 import Foundation
 import SecureMemory
+import Synchronization
 
 /// The desktop's prompt: gcr's system prompter (`org.gnome.keyring.SystemPrompter` on the session
 /// bus, `/usr/libexec/gcr-prompter`), the dialog gnome-keyring itself uses. Its protocol is gcr's
@@ -43,19 +44,41 @@ public struct SystemPrompterAuthenticator: Authenticator, LinePrompter {
         guard let address = busAddress else { return .unreachable("desktop prompter: no session bus (DBUS_SESSION_BUS_ADDRESS)") }
         return await PromptWait.run { _ in
             do throws(DBusError) {
-                let bus = try Bus(address: address)
-                if try Self.hasOwner(bus) { return .reachable }
-                let names = try bus.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus", "ListActivatableNames",
-                                         timeout: .seconds(5))
-                let activatable = names.first.flatMap { value -> [String]? in
-                    guard case .array(_, let elements) = value else { return nil }
-                    return elements.compactMap(\.string)
-                } ?? []
-                return activatable.contains(Self.busName) ? .reachable
-                    : .unreachable("desktop prompter: nothing owns or can start \(Self.busName) on the session bus")
+                return try Self.onKeptConnection(to: address) { bus throws(DBusError) in
+                    if try Self.hasOwner(bus) { return .reachable }
+                    let names = try bus.call("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus",
+                                             "ListActivatableNames", timeout: .seconds(5))
+                    let activatable = names.first.flatMap { value -> [String]? in
+                        guard case .array(_, let elements) = value else { return nil }
+                        return elements.compactMap(\.string)
+                    } ?? []
+                    return activatable.contains(Self.busName) ? .reachable
+                        : .unreachable("desktop prompter: nothing owns or can start \(Self.busName) on the session bus")
+                }
             } catch {
                 return .unreachable("desktop prompter: \(error.message)")
             }
+        }
+    }
+
+    /// The connections of reachability checks, by bus address, kept from one check to the next: a
+    /// check is asked before each protected read's prompt and by `canUseAccessControl`, and a new
+    /// connection (its authentication and Hello) cost more than the check's own calls. Each check
+    /// still asks the bus who owns the name, so a prompter that went away is noticed at the next one.
+    private static let keptConnections = Mutex<[String: Bus]>([:])
+
+    /// `check` on the kept connection to `address`; on a new one when there is none yet or a call on
+    /// the kept one fails (the bus restarted, the connection closed), which is then replaced. Checks
+    /// wait for each other: sd-bus connections are not thread-safe.
+    private static func onKeptConnection(to address: String,
+                                         _ check: (Bus) throws(DBusError) -> PromptReach) throws(DBusError) -> PromptReach {
+        try keptConnections.withLock { (kept: inout [String: Bus]) throws(DBusError) -> PromptReach in
+            if let bus = kept[address] {
+                do throws(DBusError) { return try check(bus) } catch { kept[address] = nil }
+            }
+            let bus = try Bus(address: address)
+            kept[address] = bus
+            return try check(bus)
         }
     }
 
