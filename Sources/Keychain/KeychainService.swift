@@ -129,6 +129,9 @@ package protocol KeychainService: Sendable {
     /// whose key was opened before); nil when it takes `getItem`. Never waits for a TPM command.
     func warmItem(_ key: String, in storage: StorageRef) -> WarmRead?
     func endWindows(in storage: StorageRef) async throws(KeychainError)
+    /// The AK's statement of the wrapping key of `storage`'s items of its options' protection
+    /// (`Keychain.attestKey`): the key of `storage`'s scope only.
+    func attestKey(nonce: [UInt8], in storage: StorageRef) async throws(KeychainError) -> KeyAttestation
 
     func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError)
     func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool

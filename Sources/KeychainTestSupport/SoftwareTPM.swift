@@ -72,6 +72,28 @@ public final class SoftwareTPM: @unchecked Sendable {
         FileHandle.standardError.write(Data((inProcessNotice + door + "\n").utf8))
     }
 
+    /// Replaces the TPM's state with one `swtpm_setup --create-ek-cert` manufactured: EKs and their
+    /// certificates in NV, signed by a local CA kept in `directory/ca`; then starts it.
+    /// - Returns: the path of the CA chain (root, then issuer) a verifier's `--ek-ca` takes.
+    @discardableResult
+    public func manufacture() throws -> String {
+        let ca = directory + "/ca"
+        try FileManager.default.createDirectory(atPath: ca, withIntermediateDirectories: true)
+        try "statedir = \(ca)\nsigningkey = \(ca)/signkey.pem\nissuercert = \(ca)/issuercert.pem\ncertserial = \(ca)/certserial\n"
+            .write(toFile: directory + "/localca.conf", atomically: true, encoding: .utf8)
+        try "create_certs_tool = /usr/bin/swtpm_localca\ncreate_certs_tool_config = \(directory)/localca.conf\ncreate_certs_tool_options = /etc/swtpm-localca.options\nactive_pcr_banks = sha256\n"
+            .write(toFile: directory + "/setup.conf", atomically: true, encoding: .utf8)
+        stop()
+        let made = try runChild("/usr/bin/swtpm_setup", ["--tpm2", "--tpmstate", directory + "/state", "--create-ek-cert",
+                                                        "--config", directory + "/setup.conf", "--overwrite"])
+        guard made.status == 0 else { throw SoftwareTPMError("swtpm_setup --create-ek-cert failed (\(made.status)): \(made.stderr)") }
+        try reboot()
+        let chain = directory + "/fleet-ca.pem"
+        try (Data(contentsOf: URL(fileURLWithPath: ca + "/swtpm-localca-rootca-cert.pem"))
+             + Data(contentsOf: URL(fileURLWithPath: ca + "/issuercert.pem"))).write(to: URL(fileURLWithPath: chain))
+        return chain
+    }
+
     /// A TPM reset: the process stops and starts again on the same state.
     public func reboot() throws {
         stop()

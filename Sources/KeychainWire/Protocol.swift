@@ -5,7 +5,9 @@
 /// A request's kind: one keychain call.
 public enum WireOp: UInt8, CaseIterable, Sendable {
     // A storage's calls: the options (service resolved by the client) travel with each.
-    case setItem = 1, getItem, hasItem, removeItem, clear, allKeys, itemInfo, storageCanUse, endWindows
+    case setItem = 1, getItem, hasItem, removeItem, clear, allKeys, itemInfo, storageCanUse, endWindows,
+         /// The AK's statement of the storage's wrapping key (`nonce`; the document in `resultBytes`).
+         attestKey
     // The device's.
     case enrollFinger = 20, removeFinger, deleteReader, enrolledFingers, biometryTypes, deviceCanUse,
          initialize, status, resetTokenPINTries, tokenStatus, unlock, lock, setPasscode, changePasscode,
@@ -51,6 +53,8 @@ public enum WireTag {
     public static let finger: UInt8 = 11, passcode: UInt8 = 12, newPasscode: UInt8 = 13
     /// A provisioning bundle's JSON document (`importBundle`).
     public static let bundle: UInt8 = 14
+    /// The caller's nonce of a key attestation (`attestKey`), 1 to 32 bytes.
+    public static let nonce: UInt8 = 15
     public static let resultBytes: UInt8 = 20, resultBool: UInt8 = 21, resultJSON: UInt8 = 22, resultNumber: UInt8 = 23
     public static let errorCode: UInt8 = 30, errorMessage: UInt8 = 31, causeKind: UInt8 = 32, causeNumber: UInt8 = 33,
                       causeText: UInt8 = 34

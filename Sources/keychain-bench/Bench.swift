@@ -25,6 +25,8 @@ struct BenchOptions {
     var provisioning = false
     /// `--daemon`: only keychaind's figures (DaemonBench.swift): --runs processes, 16 clients × --cold×20 reads.
     var daemon = false
+    /// `--attestation`: only attestation's TPM commands and the server's rates (AttestationBench.swift), --writes×5 rounds.
+    var attestation = false
 
     static let usage = """
         usage: keychain-bench [--quick] [--warm N] [--cold N] [--writes N] [--first-writes N] [--runs N]
@@ -35,6 +37,7 @@ struct BenchOptions {
           --runs N (20)    runs of each process reference
           --provisioning   only seal-for throughput, import TPM commands, backup/restore of --writes×5 items
           --daemon         only keychaind: keychainctl get through it vs tpm2-tools, 16 clients × --cold×20 reads
+          --attestation    only attestation: TPM commands of init, respond, key; the server's calls/s, --writes×5 rounds
         keychain-bench --warm-reads N: N warm in-process getItem calls (for callgrind)
         keychain-bench --vault-state N [in-process|keychaind] [ready|available|signed-in]: N reads of a
           BiometricsVault's state and biometricsAvailable (for callgrind: one mode and one kind)
@@ -64,6 +67,10 @@ struct BenchOptions {
             }
             if flag == "--daemon" {
                 daemon = true
+                continue
+            }
+            if flag == "--attestation" {
+                attestation = true
                 continue
             }
             if flag == "--token-scheme" {

@@ -70,6 +70,15 @@ do {
             exit(1)
         }
     }
+    if options.attestation {
+        do {
+            print(try await attestationBench(rounds: options.writes * 5))
+            exit(0)
+        } catch {
+            FileHandle.standardError.write(Data("keychain-bench: \(error)\n".utf8))
+            exit(1)
+        }
+    }
     if options.provisioning {
         do {
             print(try await provisioningBench(items: options.writes * 5, seals: options.warm / 10, imports: options.cold / 5))

@@ -2,8 +2,9 @@ import Foundation
 import Keychain
 import KeychainCLIText
 
-/// `attest init|request|respond` on the device, `attest challenge|verify` on a server with no TPM
-/// (docs/provisioning.md, "Prove a device first").
+/// `attest init|request|respond|key` on the device (`key` through keychaind too: the caller's own
+/// items), `attest challenge|verify|verify-key` on a server with no TPM (docs/provisioning.md,
+/// "Prove a device first").
 extension Commands {
     /// The server's subcommands: they touch no TPM and no store.
     static func attestOnServer(_ command: [String]) -> Bool {
@@ -70,8 +71,9 @@ extension Commands {
                 guard let n = Int(v) else { throw KeychainError.invalidArgument("Invalid authValidity: expected a whole number of seconds, got '\(v)'") }
                 window = n
             }
-            let protection = try ItemProtection(accessible: accessible, accessControl: control, authValidity: window)
-            document(try await administration.attestKey(service: service, protection: protection, nonce: try nonceFlag()).json())
+            // A storage's call: through keychaind, the key of the caller's own items.
+            let storage = try storage(service, KeychainOptions(accessible: accessible, accessControl: control, authValidity: window))
+            document(try await storage.attestKey(nonce: try nonceFlag()).json())
         case "verify-key":
             let attestation = try KeyAttestation(json: try readFile(try operands(1, "KEY-ATTESTATION --identity VERIFIED --nonce HEX")[0],
                                                                     limit: KeyAttestation.maxLength, what: "the key attestation"))

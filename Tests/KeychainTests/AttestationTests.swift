@@ -1,6 +1,8 @@
 import Foundation
 @testable import Keychain
+import KeychainStore
 import KeychainTestSupport
+import KeychainWire
 import SecureMemory
 import Testing
 import TPM2
@@ -47,15 +49,12 @@ struct AttestationTests: TwoDeviceTest {
         try cli(d, ["--json", "attest", "respond", challenge])
     }
 
-    func fleetCA(_ d: Device) throws -> String {
-        let dir = d.tpm.directory
-        return try write(try Data(contentsOf: URL(fileURLWithPath: dir + "/ca/swtpm-localca-rootca-cert.pem"))
-                         + Data(contentsOf: URL(fileURLWithPath: dir + "/ca/issuercert.pem")), dir + "/fleet-ca.pem")
-    }
+    /// The CA chain `manufacture()` wrote.
+    func fleetCA(_ d: Device) throws -> String { d.tpm.directory + "/fleet-ca.pem" }
 
     @Test func theWholeFlowProvesTheCertifiedEKsTPMHoldsTheAKAndTheSRKInThisBootState() throws {
         let b = try Device()
-        try IdentityTests.manufacture(b.tpm)
+        try b.tpm.manufacture()
         let dir = b.tpm.directory
         let requestPath = try request(b)
         // A second init keeps the key: the server's enrolment stays valid.
@@ -111,8 +110,8 @@ struct AttestationTests: TwoDeviceTest {
     /// --unattested-srk for that, and the bundle says which it was.
     @Test func aBundleSealedForTheVerifiedIdentityImportsOnThatDeviceOnly() throws {
         let a = try Device(), b = try Device()
-        try IdentityTests.manufacture(a.tpm)
-        try IdentityTests.manufacture(b.tpm)
+        try a.tpm.manufacture()
+        try b.tpm.manufacture()
         let dir = b.tpm.directory
         let verifiedB = try verifiedIdentity(b)
         for args in [["--parent", "srk"], ["--parent", "srk", "--accessible", "whenUnlockedThisDeviceOnly", "--access-control", "passcode"], []] {
@@ -287,7 +286,7 @@ struct AttestationTests: TwoDeviceTest {
     /// matching: a key whose stored policy was edited.
     @Test func keyAttestationSaysWhatTheTPMEnforcesOnEachProtection() throws {
         let b = try Device()
-        try IdentityTests.manufacture(b.tpm)
+        try b.tpm.manufacture()
         let dir = b.tpm.directory
         #expect(try cli(b, ["passcode", "set"], "2468\n").status == 0)
         #expect(try cli(b, ["reader", "enroll", "thumb"], "2468\n").status == 0)
@@ -333,7 +332,7 @@ struct AttestationTests: TwoDeviceTest {
         #expect(replayed.status == 3 && replayed.stderr.contains("another nonce"), "\(replayed.stderr)")
         // Another device's AK: the statement is not the verified identity's.
         let a = try Device()
-        try IdentityTests.manufacture(a.tpm)
+        try a.tpm.manufacture()
         #expect(try cli(a, ["passcode", "set"], "1357\n").status == 0)
         #expect(try cli(a, ["set", "svc-passcode", "k", "--accessible", "whenUnlocked", "--access-control", "passcode"], "v").status == 0)
         let onA = try verifiedIdentity(a)
@@ -364,12 +363,108 @@ struct AttestationTests: TwoDeviceTest {
                 && report.differences.contains { $0.contains("authPolicy is not the digest") }, "\(report.differences)")
     }
 
+    /// A TPM whose maker certified only an ECC EK (the RSA EK's certificate index removed): the AK is
+    /// still made under the RSA EK (template L-1, derived from the endorsement seed), the request
+    /// carries no certificate, `verify --ek-ca` is refused naming the RSA EK and how to go on, and
+    /// without the CA the identity verifies as uncertified.
+    @Test func aTPMWithOnlyAnECCEKCertificateVerifiesOnlyAsUncertified() throws {
+        let b = try Device()
+        let ca = try b.tpm.manufacture()
+        let dir = b.tpm.directory
+        let removed = try run("/usr/bin/tpm2_nvundefine", ["-C", "p", "0x01c00002"], environment: b.env)
+        #expect(removed.status == 0, "\(removed.stderr)")
+        let remaining = try run("/usr/bin/tpm2_getcap", ["handles-nv-index"], environment: b.env)
+        #expect(!String(decoding: remaining.stdout, as: UTF8.self).lowercased().contains("0x1c00002")
+                && String(decoding: remaining.stdout, as: UTF8.self).lowercased().contains("0x1c000"), "an ECC EK certificate is left")
+        let requestPath = try request(b)
+        #expect(try AttestationRequest(json: Data(contentsOf: URL(fileURLWithPath: requestPath))).endorsementKey.certificate == nil)
+        let (challengePath, statePath) = try challenge(requestPath, in: dir)
+        let answer = try respond(b, challengePath)
+        #expect(answer.status == 0, "\(String(decoding: answer.stdout, as: UTF8.self))")
+        let answerPath = try write(answer.stdout, dir + "/answer.json")
+        try FileManager.default.copyItem(atPath: statePath, toPath: statePath + ".kept")
+        let refused = try server(["verify", answerPath, "--state", statePath, "--ek-ca", ca], in: dir)
+        #expect(refused.status == 3 && refused.stderr.contains("no certificate of the RSA EK") && refused.stderr.contains("without --ek-ca"),
+                "\(refused.stderr)")
+        let uncertified = try server(["verify", answerPath, "--state", statePath + ".kept"], in: dir)
+        #expect(uncertified.status == 0, "\(uncertified.stderr)")
+        #expect(try !VerifiedIdentity(json: Data(uncertified.stdout)).endorsementCertificateVerified)
+    }
+
+    /// `attest key` through keychaind (an appliance's daemon owns the store): the administrator makes
+    /// the AK and proves the device where the store is (`--direct`); a user's `keychainctl attest key`
+    /// through the daemon certifies the wrapping key of that user's own items, with the daemon's AK.
+    /// `nobody` (setpriv) attests its own "mail" (the store's `uid:65534/mail` key, not root's
+    /// `uid:0/mail`), gets INVALID_ARGUMENT for a service only root has, and a raw request naming
+    /// `uid:0/mail` reaches nobody's own (absent) key, never root's.
+    @Test func keyAttestationThroughKeychaindIsOfTheCallersOwnKey() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm)
+        let dir = tpm.directory
+        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
+        let nobody: UInt32 = 65534
+        func direct(_ args: [String]) throws -> Outcome { try run(ctl, ["--store", daemon.store, "--tcti", tpm.tcti] + args) }
+        func through(_ args: [String], _ input: String = "", uid: UInt32? = nil) throws -> Outcome {
+            let prefix = uid.map { ["--reuid=\($0)", "--regid=\($0)", "--clear-groups", keychainctl] } ?? []
+            return try run(uid == nil ? keychainctl : "/usr/bin/setpriv", prefix + args, input: Array(input.utf8), environment: daemon.environment)
+        }
+        #expect(try through(["set", "mail", "k"], "root's").status == 0)
+        #expect(try through(["set", "bank", "k"], "root's").status == 0)
+        #expect(try through(["set", "mail", "k"], "nobody's", uid: nobody).status == 0)
+        let nonce = hex(Sodium.randomBytes(32))
+        // Before the administrator made the AK: the daemon says so.
+        let early = try through(["--json", "attest", "key", "mail", "--nonce", nonce], uid: nobody)
+        #expect(errorCode(early) == "INVALID_ARGUMENT" && String(decoding: early.stdout, as: UTF8.self).contains("attest init"),
+                "\(String(decoding: early.stdout, as: UTF8.self))")
+        // The administrator, where the store is: the AK, and the device proved to the server.
+        #expect(try direct(["attest", "init"]).status == 0)
+        let requestPath = try write(try direct(["attest", "request"]).stdout, dir + "/request.json")
+        let (challengePath, statePath) = try challenge(requestPath, in: dir)
+        let answer = try direct(["--json", "attest", "respond", challengePath])
+        #expect(answer.status == 0, "\(String(decoding: answer.stdout, as: UTF8.self))")
+        let verified = try server(["verify", try write(answer.stdout, dir + "/answer.json"), "--state", statePath], in: dir)
+        #expect(verified.status == 0, "\(verified.stderr)")
+        let identityPath = try write(verified.stdout, dir + "/identity.json")
+        // A service only root has: nobody has no key of it.
+        let rootOnly = try through(["--json", "attest", "key", "bank", "--nonce", nonce], uid: nobody)
+        #expect(errorCode(rootOnly) == "INVALID_ARGUMENT" && String(decoding: rootOnly.stdout, as: UTF8.self).contains("has no key"),
+                "\(String(decoding: rootOnly.stdout, as: UTF8.self))")
+        // A raw request (a client we did not write) naming root's scope in the service: nobody's own name space.
+        let script = rawWireClient + """
+            body = bytes([V, \(WireOp.attestKey.rawValue)]) + field(1, options('uid:0/bank')) + field(\(WireTag.nonce), bytes.fromhex(sys.argv[2]))
+            s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+            reply = request(s, body)
+            sys.stdout.write(json.dumps({'kind': reply[1], 'fields': fields(reply)}))
+            """
+        let raw = try run("/usr/bin/setpriv", ["--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups",
+                                               "/usr/bin/python3", "-c", script, daemon.socket, nonce])
+        #expect(raw.status == 0, "\(raw.stderr)")
+        let rawReply = try #require(try JSONSerialization.jsonObject(with: Data(raw.stdout)) as? [String: Any])
+        let rawFields = rawReply["fields"] as? [String: String] ?? [:]
+        #expect(rawReply["kind"] as? Int == Int(WireKind.error) && rawFields["30"] == "INVALID_ARGUMENT"
+                && rawFields["31"]?.contains("has no key") == true, "\(rawReply)")
+        #expect(rawFields["20"] == nil, "no statement of root's key went to nobody")
+        // nobody's own key, through the daemon, certified by the daemon's AK.
+        let made = try through(["--json", "attest", "key", "mail", "--nonce", nonce], uid: nobody)
+        #expect(made.status == 0, "\(String(decoding: made.stdout, as: UTF8.self)) \(made.stderr)")
+        let attestation = try KeyAttestation(json: Data(made.stdout))
+        let store = try Store(directory: daemon.store)
+        let nobodys = try #require(try store.wrappingKey(service: "uid:\(nobody)/mail", protection: "afterFirstUnlock/none"))
+        let roots = try #require(try store.wrappingKey(service: "uid:0/mail", protection: "afterFirstUnlock/none"))
+        #expect(attestation.publicArea == Data(nobodys.sealedPublic).base64EncodedString(), "the statement is of nobody's key")
+        #expect(attestation.publicArea != Data(roots.sealedPublic).base64EncodedString())
+        #expect(attestation.claim.service == "mail")
+        let report = try server(["verify-key", try write(made.stdout, dir + "/key.json"), "--identity", identityPath, "--nonce", nonce], in: dir)
+        #expect(report.status == 0, "\(report.stderr)")
+        #expect(try KeyAttestationReport(json: Data(report.stdout)).matchesClaim)
+    }
+
     /// The key attestation's parser and verifier given changed statements: each field cut, emptied,
     /// grown or changed, and random bytes in the certified statement: a clear KeychainError or a
     /// report that does not match, never a crash, never a matching report.
     @Test func hostileKeyAttestationsGetAClearErrorNeverAMatchingReport() throws {
         let b = try Device()
-        try IdentityTests.manufacture(b.tpm)
+        try b.tpm.manufacture()
         let identity = try VerifiedIdentity(json: Data(contentsOf: URL(fileURLWithPath: try verifiedIdentity(b))))
         #expect(try cli(b, ["set", "svc", "k", "--accessible", "whenUnlockedThisDeviceOnly"], "v").status == 0)
         let nonce = Sodium.randomBytes(32)
@@ -429,7 +524,7 @@ struct AttestationTests: TwoDeviceTest {
     /// the store) under the EK, and the credential is the one the server keeps.
     @Test func theServersChallengeIsAnsweredByTpm2Activatecredential() throws {
         let b = try Device()
-        try IdentityTests.manufacture(b.tpm)
+        try b.tpm.manufacture()
         let dir = b.tpm.directory
         let (challengePath, statePath) = try challenge(try request(b), in: dir)
         let challenge = try AttestationChallenge(json: Data(contentsOf: URL(fileURLWithPath: challengePath)))
@@ -549,7 +644,7 @@ struct AttestationTests: TwoDeviceTest {
     /// answered again and verifies.
     @Test func initAndRespondKilledAtEveryTPMCommandLeaveNothingHalfDone() throws {
         let b = try Device()
-        try IdentityTests.manufacture(b.tpm)
+        try b.tpm.manufacture()
         let dir = b.tpm.directory
         #expect(try cli(b, ["status"]).status == 0)  // provisioned: the kills fall in the attestation's own commands
         func getcap(_ what: String) throws -> String {
@@ -621,28 +716,90 @@ struct AttestationTests: TwoDeviceTest {
         print("attest init killed after each of \(initKills) TPM commands, attest respond after each of \(respondKills)")
     }
 
-    /// The TPM commands of `attest init` and of `attest respond`, as tpm2-tss's pcap TCTI records them
-    /// (each invocation also opens the keyring): one Create, and one ActivateCredential, Quote and Certify.
-    @Test func initAndTheAnswerSendTheCommandsCounted() throws {
+    /// The TPM commands of `attest init`, `request`, `respond` and `key` (of a ThisDeviceOnly key) as
+    /// tpm2-tss's pcap TCTI records each process's, in order, on a TPM with an EK certificate: what
+    /// `theAttestationCallsSendTheCountedTPMCommands` counts, plus each process's opening NV_Read.
+    @Test func eachAttestationCommandSendsTheseTPMCommandsInOrder() throws {
         let b = try Device()
+        try b.tpm.manufacture()
         let dir = b.tpm.directory
         #expect(try cli(b, ["status"]).status == 0)  // provisioned first: the counts are of the attestation alone
-        func captured(_ args: [String]) throws -> [UInt32] {
+        #expect(try cli(b, ["set", "svc", "k", "--accessible", "afterFirstUnlockThisDeviceOnly"], "v").status == 0)
+        let names: [UInt32: String] = [
+            0x17a: "GetCapability", 0x14e: "NV_Read", 0x131: "CreatePrimary", 0x176: "StartAuthSession", 0x151: "PolicySecret",
+            0x153: "Create", 0x165: "FlushContext", 0x169: "NV_ReadPublic", 0x173: "ReadPublic", 0x157: "Load",
+            0x147: "ActivateCredential", 0x158: "Quote", 0x148: "Certify", 0x17e: "PCR_Read", 0x14a: "CertifyCreation", 0x184: "NV_Certify"]
+        func captured(_ args: [String]) throws -> [String] {
             let path = dir + "/capture-\(UUID().uuidString).pcap"
             let out = try run(ctl, ["--store", b.store, "--tcti", "pcap:" + b.tpm.tcti] + args, environment: ["TCTI_PCAP_FILE": path])
             #expect(out.status == 0, "\(out.stderr)")
-            return try TPMCapture(path: path).codes
+            return try TPMCapture(path: path).codes.map { names[$0] ?? String($0, radix: 16) }
         }
-        let initCommands = try captured(["attest", "init"])
-        let create: UInt32 = 0x153, activate: UInt32 = 0x147, quote: UInt32 = 0x158, certify: UInt32 = 0x148
-        #expect(initCommands.filter { $0 == create }.count == 1)
+        let opening = ["GetCapability", "NV_Read"]  // the leftover check, the keyring's read of the lock-state index
+        // The EK, a policy session with PolicySecret(endorsement) for its child, the AK made, the EK flushed.
+        #expect(try captured(["attest", "init"]) == opening + ["CreatePrimary", "StartAuthSession", "PolicySecret", "Create", "FlushContext"])
+        // The EK's public area (made, flushed), its certificate (the index's public area twice: for its
+        // ESAPI object and its size; two NV_Reads of 1,024 bytes at most), the SRK's, the state index's.
         let requestPath = try write(try cli(b, ["attest", "request"]).stdout, dir + "/request.json")
+        #expect(try captured(["attest", "request"]) == opening + ["CreatePrimary", "FlushContext", "NV_ReadPublic", "NV_ReadPublic",
+                                                                   "NV_Read", "NV_Read", "ReadPublic", "NV_ReadPublic"])
+        // The EK; the AK loaded under it (PolicySecret); ActivateCredential (the EK's PolicySecret
+        // again), Quote, Certify of the SRK, the PCRs read; the AK and the EK flushed.
         let (challengePath, _) = try challenge(requestPath, in: dir)
-        let answerCommands = try captured(["attest", "respond", challengePath])
-        #expect(answerCommands.filter { $0 == activate }.count == 1 && answerCommands.filter { $0 == quote }.count == 1
-                && answerCommands.filter { $0 == certify }.count == 1)
-        print("attest init: \(initCommands.count) TPM commands \(initCommands.map { String($0, radix: 16) }); "
-              + "attest respond: \(answerCommands.count) \(answerCommands.map { String($0, radix: 16) })")
+        #expect(try captured(["attest", "respond", challengePath]) == opening + [
+            "CreatePrimary", "StartAuthSession", "PolicySecret", "Load", "StartAuthSession", "PolicySecret", "ActivateCredential",
+            "Quote", "Certify", "PCR_Read", "FlushContext", "FlushContext"])
+        // The key under the SRK; the EK while the AK loads (three object slots), then flushed;
+        // CertifyCreation, NV_Certify of the approval index (ThisDeviceOnly); the AK and the key flushed.
+        #expect(try captured(["attest", "key", "svc", "--accessible", "afterFirstUnlockThisDeviceOnly", "--nonce", "00"]) == opening + [
+            "Load", "CreatePrimary", "StartAuthSession", "PolicySecret", "Load", "FlushContext", "CertifyCreation", "NV_Certify",
+            "FlushContext", "FlushContext"])
+    }
+
+    /// The TPM commands of the device's attestation calls, counted at the one ESAPI call point
+    /// (`takeTPMCommandCount`, as WarmReadTests and KeptTPMConnectionTests count), on a provisioned
+    /// device whose keyring is open: `attest init`, `attest request`, the answer to a challenge, and
+    /// `attest key` of a key not bound to the boot state and of a ThisDeviceOnly key (its policy names
+    /// the approval index: one NV_Certify more). docs/performance.md states these counts.
+    @Test func theAttestationCallsSendTheCountedTPMCommands() async throws {
+        let tpm = try SoftwareTPM()
+        try tpm.manufacture()
+        let configuration = tpm.configuration()
+        let device = KeychainDevice(configuration: configuration)
+        let administration = try KeychainAdministration(configuration: configuration)
+        _ = try await device.initialize()
+        let levels: [Accessible] = [.afterFirstUnlock, .afterFirstUnlockThisDeviceOnly]
+        var storages: [Keychain] = []
+        for level in levels {
+            let storage = try createKeychain(.init(service: "svc-\(level.rawValue)", accessible: level), configuration: configuration)
+            try await storage.setItem("k", "v")
+            storages.append(storage)
+        }
+        _ = await device.takeTPMCommandCount()
+        var counts: [String: Int] = [:]
+        #expect(try await administration.makeAttestationKey().created)
+        counts["init"] = await device.takeTPMCommandCount()
+        #expect(try await !administration.makeAttestationKey().created)
+        counts["init again"] = await device.takeTPMCommandCount()
+        let request = try await administration.attestationRequest()
+        counts["request"] = await device.takeTPMCommandCount()
+        let (challenge, state) = try AttestationServer.challenge(for: request)
+        let answer = try await administration.answer(challenge)
+        counts["respond"] = await device.takeTPMCommandCount()
+        let identity = try AttestationServer.verify(answer, state: state, ekCA: [UInt8](try Data(contentsOf: URL(fileURLWithPath: tpm.directory + "/fleet-ca.pem"))))
+        for (level, storage) in zip(levels, storages) {
+            let nonce = Sodium.randomBytes(32)
+            let attestation = try await storage.attestKey(nonce: nonce)
+            counts["key \(level.rawValue)"] = await device.takeTPMCommandCount()
+            let report = try AttestationServer.verifyKey(attestation, identity: identity, nonce: nonce)
+            #expect(report.matchesClaim, "\(level): \(report.differences)")
+        }
+        print("attestation TPM commands: \(counts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
+        // Each call's leftover check (GetCapability), then what eachAttestationCommandSendsTheseTPMCommandsInOrder
+        // lists: init 5 (a second init finds the key in the store: the check only), request 8, the
+        // answer 12, a key 9 (10 with the approval index's NV_Certify).
+        #expect(counts == ["init": 6, "init again": 1, "request": 9, "respond": 13,
+                           "key afterFirstUnlock": 10, "key afterFirstUnlockThisDeviceOnly": 11])
     }
 
     /// The server keeps nothing but a challenge's state: each challenge is new (nonce and credential),

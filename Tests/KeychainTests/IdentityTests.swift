@@ -10,22 +10,6 @@ import TPM2
 struct IdentityTests {
     var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
 
-    /// Replaces the TPM's state with one swtpm_setup manufactured: EKs and their certificates in NV,
-    /// signed by a local CA kept in `<directory>/ca`.
-    static func manufacture(_ tpm: SoftwareTPM) throws {
-        let dir = tpm.directory
-        try FileManager.default.createDirectory(atPath: dir + "/ca", withIntermediateDirectories: true)
-        try "statedir = \(dir)/ca\nsigningkey = \(dir)/ca/signkey.pem\nissuercert = \(dir)/ca/issuercert.pem\ncertserial = \(dir)/ca/certserial\n"
-            .write(toFile: dir + "/localca.conf", atomically: true, encoding: .utf8)
-        try "create_certs_tool = /usr/bin/swtpm_localca\ncreate_certs_tool_config = \(dir)/localca.conf\ncreate_certs_tool_options = /etc/swtpm-localca.options\nactive_pcr_banks = sha256\n"
-            .write(toFile: dir + "/setup.conf", atomically: true, encoding: .utf8)
-        tpm.stop()
-        let made = try run("/usr/bin/swtpm_setup", ["--tpm2", "--tpmstate", dir + "/state", "--create-ek-cert",
-                                                    "--config", dir + "/setup.conf", "--overwrite"])
-        #expect(made.status == 0, "\(made.stderr)")
-        try tpm.reboot()
-    }
-
     func identity(_ tpm: SoftwareTPM) throws -> (DeviceIdentity, Data) {
         let out = try run(ctl, ["--store", tpm.directory + "/store", "--tcti", tpm.tcti, "identity"])
         #expect(out.status == 0, "\(out.stderr)")
@@ -34,7 +18,7 @@ struct IdentityTests {
 
     @Test func theIdentityNamesTheCertifiedEKTheSRKTheIndicesAndTheBootStateAsTheTPMHasThem() throws {
         let tpm = try SoftwareTPM()
-        try Self.manufacture(tpm)
+        try tpm.manufacture()
         // The first unlock writes the state index: tpm2-tools then reads the name policies use.
         #expect(try run(ctl, ["--store", tpm.directory + "/store", "--tcti", tpm.tcti, "unlock"]).status == 0)
         let (id, _) = try identity(tpm)

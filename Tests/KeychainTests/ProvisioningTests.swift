@@ -272,7 +272,7 @@ struct ProvisioningTests: TwoDeviceTest {
     /// EK is not the certified one, gets nothing.
     @Test func ekCAVerifiesTheChainAndThatTheCertificateIsTheEKs() throws {
         let a = try Device(), b = try Device()
-        try IdentityTests.manufacture(b.tpm)
+        try b.tpm.manufacture()
         let dir = b.tpm.directory
         let ca = dir + "/fleet-ca.pem"
         try (try Data(contentsOf: URL(fileURLWithPath: dir + "/ca/swtpm-localca-rootca-cert.pem"))

@@ -27,6 +27,18 @@ final class RecordingService: KeychainService, @unchecked Sendable {
         try record("setItem", storage, key: key)
     }
     func endWindows(in storage: StorageRef) async throws(KeychainError) { try record("endWindows", storage) }
+    /// Each attestKey's nonce and the protection its storage's options give.
+    let attested = Mutex<[(nonce: [UInt8], protection: String)]>([])
+    func attestKey(nonce: [UInt8], in storage: StorageRef) async throws(KeychainError) -> KeyAttestation {
+        try record("attestKey", storage)
+        let protection = try storage.options.resolved(for: nil)
+        attested.withLock { $0.append((nonce, protection.storageTag)) }
+        let signed = AttestationAnswer.Signed(attest: "", signature: "")
+        return KeyAttestation(format: KeyAttestation.formatName, version: 1,
+                              claim: .init(service: storage.service, accessible: protection.accessible, accessControl: protection.accessControl),
+                              attestationKeyName: "00", nonce: Data(nonce).base64EncodedString(), publicArea: "", policy: "", creationData: "",
+                              creationCertification: signed)
+    }
     func getItem(_ key: String, options: GetItemOptions?, in storage: StorageRef,
                  authenticator: (any Authenticator)?) async throws(KeychainError) -> SecureBytes? {
         try record("getItem", storage, key: key)
@@ -100,6 +112,25 @@ struct RequestHandlerTests {
         #expect(backing.calls.withLock { $0.allSatisfy { $0.scope == .user(1600) && $0.service == "mail" } })
         let read = try await respond(.getItem, to: backing)
         #expect(read.bytes(WireTag.resultBytes) == Array("value of token".utf8))
+    }
+
+    /// A key attestation is a storage call of the caller's own scope: the storage's protection and
+    /// the nonce reach the service as sent, and its document comes back whole.
+    @Test func aKeyAttestationIsOfTheCallersOwnKeyWithItsNonce() async throws {
+        let backing = RecordingService()
+        var request = WireMessage(kind: WireOp.attestKey.rawValue)
+        request.add(WireTag.options, KeychainOptions(service: "uid:0/mail", accessible: .whenUnlockedThisDeviceOnly,
+                                                     accessControl: .passcode).wire.encoded())
+        request.add(WireTag.nonce, [1, 2, 3])
+        let handler = DaemonRequestHandler(service: backing, groups: .init(directory: nil))
+        let reply = await handler.respond(to: try WireMessage.decode(request.encoded()), from: Self.user, options: Connection().options,
+                                          authenticator: { _ in fatalError("no prompt in these tests") })
+        #expect(reply.kind == WireKind.ok)
+        #expect(backing.calls.withLock { $0 } == [.init(name: "attestKey", scope: .user(1600), service: "uid:0/mail", key: nil)])
+        #expect(backing.attested.withLock { $0.map(\.nonce) } == [[1, 2, 3]])
+        #expect(backing.attested.withLock { $0.map(\.protection) } == ["whenUnlockedThisDeviceOnly/passcode/0"])
+        let document = try KeyAttestation(json: Data(try #require(reply.bytes(WireTag.resultBytes))))
+        #expect(document.claim.service == "uid:0/mail" && document.nonce == Data([1, 2, 3]).base64EncodedString())
     }
 
     /// A service that spells another uid's scope is still the caller's own service.

@@ -221,6 +221,14 @@ extension DaemonClient: KeychainService {
 
     func endWindows(in storage: StorageRef) async throws(KeychainError) { _ = try await call(.endWindows, storage) }
 
+    func attestKey(nonce: [UInt8], in storage: StorageRef) async throws(KeychainError) -> KeyAttestation {
+        let reply = try await call(.attestKey, storage) { $0.add(WireTag.nonce, nonce) }
+        guard let document = reply.bytes(WireTag.resultBytes) else {
+            throw KeychainError(.internal, "The keychain service's reply has no key attestation")
+        }
+        return try KeyAttestation(json: Data(document))
+    }
+
     func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) {
         _ = try await call(.enrollFinger) { $0.add(WireTag.finger, name); $0.add(WireTag.passcode, passcode?.wireBytes) }
     }

@@ -116,6 +116,9 @@ package struct DaemonRequestHandler: Sendable {
         case .storageCanUse:
             reply.add(WireTag.resultJSON, WireJSON.encode(try await service.canUseAccessControl(try accessControl(request), in: storage)))
         case .endWindows: try await service.endWindows(in: storage)
+        case .attestKey:
+            let document = try await service.attestKey(nonce: request.bytes(WireTag.nonce) ?? [], in: storage).json()
+            reply.add(WireTag.resultBytes, [UInt8](document))
         default: throw KeychainError(.internal, "not a storage call: \(op)")
         }
         return reply

@@ -228,7 +228,9 @@ public enum AttestationServer {
         var certified = false
         if let ekCA {
             guard let certificate = request.endorsementKey.certificate.flatMap({ Data(base64Encoded: $0) }) else {
-                throw refuse("the request carries no EK certificate to check against the CA")
+                throw refuse("the request carries no certificate of the RSA EK (template L-1) to check against the CA: the TPM's maker "
+                             + "certified none (a TPM may hold only an ECC EK's, which credential activation here does not use); "
+                             + "verify without --ek-ca to enrol its EK as uncertified")
             }
             do { try EndorsementCertificate.verify(der: [UInt8](certificate), caPEM: ekCA, rsaModulus: Array(ek.suffix(256))) } catch {
                 throw refuse(error.description)
@@ -347,7 +349,7 @@ extension Engine {
     }
 
     static func noAttestationKey() -> KeychainError {
-        KeychainError(.invalidArgument, "This device has no attestation key: make one with keychainctl attest init")
+        KeychainError(.invalidArgument, "This device has no attestation key: make one with keychainctl attest init (where the store is, as its user)")
     }
 
     func attestationRequest() throws(KeychainError) -> AttestationRequest {

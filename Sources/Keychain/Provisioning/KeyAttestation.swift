@@ -204,27 +204,40 @@ extension AttestationServer {
 
 // MARK: The device
 
-extension KeychainAdministration {
-    /// The AK's statement of the wrapping key of `service`'s items of `protection` (`attest key`),
-    /// over the caller's `nonce` (1 to 32 bytes).
+extension Keychain {
+    /// The AK's statement of the wrapping key of this storage's items (of its options' protection:
+    /// accessible, accessControl, authValidity), over the caller's `nonce` (1 to 32 bytes)
+    /// (`attest key`). Through keychaind it is the key of the caller's own items (its uid's, or an
+    /// access group's it is a member of), certified by the AK the administrator made on the
+    /// daemon's store (`attest init` where the store is).
     /// - Throws: `INVALID_ARGUMENT` when the service has no key of that protection, or the device no
     ///   AK; `UNSUPPORTED` for a token's key or one sealed before key attestation.
-    public func attestKey(service: String, protection: ItemProtection, nonce: [UInt8]) async throws(KeychainError) -> KeyAttestation {
-        try await engine.attestKey(service: service, protection: protection, nonce: nonce)
+    public func attestKey(nonce: [UInt8]) async throws(KeychainError) -> KeyAttestation {
+        try await backing.attestKey(nonce: nonce, in: storage)
+    }
+}
+
+extension LocalService {
+    package func attestKey(nonce: [UInt8], in storage: StorageRef) async throws(KeychainError) -> KeyAttestation {
+        if let refusal { throw refusal }
+        return try await engine.attestKey(storeName: storage.storeName, service: storage.service,
+                                          protection: try storage.options.resolved(for: nil), nonce: nonce)
     }
 }
 
 extension Engine {
-    func attestKey(service: String, protection: ItemProtection, nonce: [UInt8]) throws(KeychainError) -> KeyAttestation {
+    /// - Parameters:
+    ///   - storeName: the service's name in the store (its scope's: the caller's uid under keychaind).
+    ///   - service: as the caller names it, for the claim and the messages.
+    func attestKey(storeName: String, service: String, protection: ItemProtection, nonce: [UInt8]) throws(KeychainError) -> KeyAttestation {
         guard (1...32).contains(nonce.count) else { throw KeychainError.invalidArgument("The nonce is 1 to 32 bytes") }
-        let storeService = try ItemScope.process.storeName(service)
         let tag = protection.storageTag
         return try withKeyring { keyring throws(KeychainError) -> KeyAttestation in
             guard let akBlob = try Self.attestationKey(keyring), let akName = DeviceIdentity.name(ofPublic: akBlob.publicArea) else {
                 throw Self.noAttestationKey()
             }
             let stored: WrappingKeyRecord?
-            do { stored = try keyring.store.wrappingKey(service: storeService, protection: tag) } catch let error as StoreError {
+            do { stored = try keyring.store.wrappingKey(service: storeName, protection: tag) } catch let error as StoreError {
                 throw KeychainError(store: error)
             } catch {
                 throw KeychainError(.internal, "\(error)")
