@@ -250,6 +250,8 @@ actor Engine {
 
         /// The read's authValidity window in seconds for an item of `tag` (0: ask at every read).
         func window(tag: String) -> Int { windowAllowed ? Engine.window(tag: tag, asked: authValidity) : 0 }
+        /// The same for an item whose tag stores `stored` (`ItemProtection.storedWindow(ofTag:)`).
+        func window(stored: Int?) -> Int { windowAllowed ? Engine.window(stored: stored, asked: authValidity) : 0 }
     }
 
     func get(service: String, key: String, context: ReadContext) async throws(KeychainError) -> SecureBytes? {
@@ -317,13 +319,24 @@ actor Engine {
     /// A wrapping key this engine opened that this read may still use: within the read's window (keys
     /// behind an access control), and for a `whenUnlocked` key while the store's lock generation is
     /// the one it was opened under (a `lock` in any process on this store bumps it). The engine's warm
-    /// path and `warmGet` both ask this, so a read answered on the caller's thread checks the same.
+    /// path asks this; `warmGet` asks the same two questions (`isOpen`, `isCurrent`), so a read
+    /// answered on the caller's thread checks the same.
     nonisolated func cachedSecret(_ id: WrappingKeyID, window: Int, store: Store) throws(KeychainError) -> SecureBytes? {
-        guard let cached = warm.unsealed(id), cached.opened.map({ $0 + .seconds(window) > ContinuousClock.now }) ?? true else {
-            return nil
-        }
-        if let generation = cached.generation, generation != (try lockGeneration(store)) { return nil }
+        guard let cached = warm.unsealed(id), Self.isOpen(cached.opened, window: window),
+              try isCurrent(cached, store: store) else { return nil }
         return cached.secret
+    }
+
+    /// Whether a key the user opened at `opened` (nil: no access control) is still open for a read
+    /// whose window is `window` seconds.
+    static func isOpen(_ opened: ContinuousClock.Instant?, window: Int) -> Bool {
+        opened.map { $0 + .seconds(window) > ContinuousClock.now } ?? true
+    }
+
+    /// Whether a kept key is still good at the store's lock generation (`whenUnlocked` keys only).
+    nonisolated func isCurrent(_ key: UnsealedKey, store: Store) throws(KeychainError) -> Bool {
+        guard let generation = key.generation else { return true }
+        return generation == (try lockGeneration(store))
     }
 
     /// A read answered on the caller's thread, without waiting for the engine's (which may be in a TPM
@@ -333,25 +346,67 @@ actor Engine {
     /// format's token items, or any error (the engine's path meets the same and reports it).
     /// It only reads the caches: the engine alone fills and empties them, so a lock, a passcode change
     /// or `dropCaches` is never undone by a read that was under way.
-    /// - Parameter window: the read's window for an item of a tag (`ReadContext.window(tag:)`).
-    nonisolated func warmGet(service: String, key: String, window: (String) -> Int) -> WarmRead? {
+    ///
+    /// What it found is kept (`WarmState.items`) while the store's data version is the same and the
+    /// engine's secrets too: then the item, its wrapping key, its retired marker and the lock
+    /// generation are what a lookup would return, so the next read of it is one `PRAGMA data_version`,
+    /// the window's clock and the AEAD. Any commit (this process's or another's), and any change of
+    /// the engine's keys, drops what was kept.
+    /// - Parameter window: the read's window for an item whose tag stores `stored` (`ReadContext.window(stored:)`).
+    nonisolated func warmGet(service: String, key: String, window: (_ stored: Int?) -> Int) -> WarmRead? {
         guard ItemNames.keyProblem(key) == nil, let store = warm.store else { return nil }
         do throws(KeychainError) {
-            guard let record = try read({ try store.item(service: service, key: key) }) else { return .absent }
-            guard !record.salt.isEmpty else { return nil }
-            let (wrapping, retired) = try wrappingKey(of: record, store: store)
-            guard !retired, wrapping.backend == .tpm,
-                  let shared = warm.agreed(AgreedID(wrappingPublic: wrapping.publicKey, writerPublic: record.writerPublic)),
-                  try cachedSecret(WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey),
-                                   window: window(record.protection), store: store) != nil else { return nil }
-            return .value(try open(record, under: wrapping, shared: shared))
+            // Read before the rows it vouches for: a commit after it is seen at the next read.
+            let version = try read { try store.dataVersion() }
+            let name = WarmState.ItemName(service: service, key: key)
+            let found: WarmState.Item?
+            if let kept = warm.item(name, store: store, version: version) {
+                found = kept
+            } else {
+                guard let looked = try lookUpWarm(name, store: store, version: version) else { return nil }
+                found = looked
+            }
+            guard let item = found else { return .absent }
+            guard Self.isOpen(item.opened, window: window(item.storedWindow)) else { return nil }
+            do {
+                return .value(try Sodium.open(item.ciphertext, key: item.dataKey, nonce: item.nonce, associatedData: item.associatedData))
+            } catch {
+                return nil
+            }
         } catch {
             return nil
         }
     }
 
+    /// The store's rows for a warm read, checked as the engine's own warm path checks them, and kept
+    /// for `version`: `.some(nil)` for an absent item, nil when the read needs the engine.
+    private nonisolated func lookUpWarm(_ name: WarmState.ItemName, store: Store, version: Int64) throws(KeychainError) -> WarmState.Item?? {
+        guard let record = try read({ try store.item(service: name.service, key: name.key) }) else {
+            warm.keep(nil, name, store: store, version: version, secrets: nil)
+            return .some(nil)
+        }
+        guard !record.salt.isEmpty else { return nil }
+        let (wrapping, retired) = try wrappingKey(of: record, store: store)
+        guard !retired, wrapping.backend == .tpm else { return nil }
+        let id = WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
+        let secrets = warm.secrets(id, AgreedID(wrappingPublic: wrapping.publicKey, writerPublic: record.writerPublic))
+        guard let unsealed = secrets.unsealed, let shared = secrets.agreed else { return nil }
+        guard try isCurrent(unsealed, store: store) else { return nil }
+        let item = WarmState.Item(
+            opened: unsealed.opened, storedWindow: ItemProtection.storedWindow(ofTag: record.protection),
+            dataKey: ItemEnvelope.dataKey(shared: shared, writerPublic: record.writerPublic, wrappingPublic: wrapping.publicKey,
+                                          salt: record.salt),
+            nonce: record.nonce, ciphertext: record.ciphertext, associatedData: ItemEnvelope.associatedData(record))
+        warm.keep(item, name, store: store, version: version, secrets: secrets.generation)
+        return .some(item)
+    }
+
     static func window(tag: String, asked: Int) -> Int {
-        guard let stored = ItemProtection.storedWindow(ofTag: tag) else { return max(0, asked) }
+        window(stored: ItemProtection.storedWindow(ofTag: tag), asked: asked)
+    }
+
+    static func window(stored: Int?, asked: Int) -> Int {
+        guard let stored else { return max(0, asked) }
         return asked > 0 ? min(stored, asked) : stored
     }
 
@@ -503,17 +558,50 @@ actor Engine {
 /// The engine's caches that a warm read uses from any thread (`Engine.warmGet`): the open store
 /// (its reads have their own connection, behind its own lock), the unsealed wrapping keys and the
 /// agreed secrets. Only the engine writes them, on its own thread; a warm read looks them up.
+///
+/// And what warm reads found (`items`): the rows of the store at one data version, with the data key
+/// from the engine's secrets. Any change of the keys or secrets, or another store, drops them all,
+/// so a kept item never holds a secret the engine let go.
 final class WarmState: Sendable {
+    struct ItemName: Hashable, Sendable { var service: String; var key: String }
+    /// A warm read's item: its stored fields and the data key that opens it.
+    struct Item: Sendable {
+        /// When the user opened its wrapping key (keys behind an access control), for the window.
+        let opened: ContinuousClock.Instant?
+        let storedWindow: Int?
+        let dataKey: SecureBytes
+        let nonce: [UInt8]
+        let ciphertext: [UInt8]
+        let associatedData: [UInt8]
+    }
     private struct State {
         var store: Store?
-        var unsealed: [Engine.WrappingKeyID: Engine.UnsealedKey] = [:]
-        var agreed: [Engine.AgreedID: SecureBytes] = [:]
+        var unsealed: [Engine.WrappingKeyID: Engine.UnsealedKey] = [:] { didSet { secretsChanged() } }
+        var agreed: [Engine.AgreedID: SecureBytes] = [:] { didSet { secretsChanged() } }
+        /// Counts the changes of `unsealed` and `agreed`: an item looked up before one is not kept.
+        var secretsGeneration: UInt64 = 0
+        /// Items (nil: absent) as the store held them at `itemsVersion`.
+        var items: [ItemName: Item?] = [:]
+        var itemsVersion: (store: ObjectIdentifier, version: Int64)?
+
+        mutating func secretsChanged() {
+            secretsGeneration &+= 1
+            items.removeAll()
+        }
     }
     private let state = Mutex(State())
+    /// Items kept at most; more and they all go (a process that reads many items pays the lookups).
+    static let maxItems = 4096
 
     var store: Store? {
         get { state.withLock { $0.store } }
-        set { state.withLock { $0.store = newValue } }
+        set {
+            state.withLock {
+                $0.store = newValue
+                $0.items.removeAll()
+                $0.itemsVersion = nil
+            }
+        }
     }
     var unsealed: [Engine.WrappingKeyID: Engine.UnsealedKey] {
         get { state.withLock { $0.unsealed } }
@@ -525,4 +613,37 @@ final class WarmState: Sendable {
     }
     func unsealed(_ id: Engine.WrappingKeyID) -> Engine.UnsealedKey? { state.withLock { $0.unsealed[id] } }
     func agreed(_ id: Engine.AgreedID) -> SecureBytes? { state.withLock { $0.agreed[id] } }
+
+    /// A wrapping key's and an agreed secret's entries, and the generation they were read at.
+    func secrets(_ id: Engine.WrappingKeyID, _ agreedID: Engine.AgreedID)
+        -> (unsealed: Engine.UnsealedKey?, agreed: SecureBytes?, generation: UInt64) {
+        state.withLock { ($0.unsealed[id], $0.agreed[agreedID], $0.secretsGeneration) }
+    }
+
+    /// The item kept for `name` at the store's `version`: `.some(nil)` when it was absent; nil when
+    /// nothing is kept for that version.
+    func item(_ name: ItemName, store: Store, version: Int64) -> Item?? {
+        state.withLock { state in
+            guard let kept = state.itemsVersion, kept.store == ObjectIdentifier(store), kept.version == version else { return nil }
+            return state.items[name]
+        }
+    }
+
+    /// Keeps what a warm read found at `version` of `store`, unless the secrets it used changed since
+    /// `secrets` (their generation), or the store or a later version is already kept.
+    func keep(_ item: Item?, _ name: ItemName, store: Store, version: Int64, secrets: UInt64?) {
+        state.withLock { state in
+            guard state.store === store, secrets.map({ $0 == state.secretsGeneration }) ?? true else { return }
+            let id = ObjectIdentifier(store)
+            if let kept = state.itemsVersion, kept.store == id, kept.version == version {
+                if state.items.count >= Self.maxItems { state.items.removeAll() }
+            } else {
+                // The versions of one read connection only grow: an older one is not kept over a newer.
+                if let kept = state.itemsVersion, kept.store == id, kept.version > version { return }
+                state.items.removeAll()
+                state.itemsVersion = (id, version)
+            }
+            state.items[name] = .some(item)
+        }
+    }
 }

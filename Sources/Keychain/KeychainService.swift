@@ -234,7 +234,7 @@ package struct LocalService: KeychainService {
     package func warmItem(_ key: String, in storage: StorageRef) -> WarmRead? {
         guard refusal == nil else { return nil }
         let context = readContext(storage, prompt: Prompt(), nil)
-        return engine.warmGet(service: storage.storeName, key: key) { context.window(tag: $0) }
+        return engine.warmGet(service: storage.storeName, key: key) { context.window(stored: $0) }
     }
 
     /// The prompt is the storage's, then the call's, field by field (seed: createKeychain). An access

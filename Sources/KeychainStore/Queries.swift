@@ -313,6 +313,15 @@ extension Connection {
 
     // MARK: Schema
 
+    /// SQLite's data version of this connection: it changes when another connection (of this
+    /// process or another) commits, or the files changed under it, and only then.
+    func dataVersion() throws(StoreError) -> Int64 {
+        try withStatement("PRAGMA data_version") { (s: inout Statement) throws(StoreError) in
+            _ = try s.step("reading the data version")
+            return s.int64(0)
+        }
+    }
+
     func userVersion() throws(StoreError) -> Int64 {
         try withStatement("PRAGMA user_version") { (s: inout Statement) throws(StoreError) in
             _ = try s.step("reading the schema version")

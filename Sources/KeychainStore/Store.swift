@@ -194,6 +194,14 @@ public final class Store: @unchecked Sendable {
         try readLock.withLock { () throws(StoreError) -> R in try body(reader) }
     }
 
+    /// A number that changes whenever the store's data may have changed since it was last read: a
+    /// commit by any other connection, this process's writes included (SQLite's `data_version` of the
+    /// read connection, which changes exactly when SQLite drops that connection's page cache). Equal
+    /// numbers from one `Store` mean every read in between would have returned the same rows.
+    public func dataVersion() throws(StoreError) -> Int64 {
+        try read { c throws(StoreError) in try c.dataVersion() }
+    }
+
     public func meta(_ name: String) throws(StoreError) -> [UInt8]? {
         try read { c throws(StoreError) in try c.meta(name) }
     }

@@ -6,10 +6,20 @@ import KeychainTestSupport
 /// opened by one read first) on a private swtpm, one caller, and nothing else. Made for
 /// `valgrind --tool=callgrind`: two runs with different N, and the difference of their instruction
 /// counts over the difference of N is the instructions of one warm read, whatever else the machine does.
-func warmReadBench(reads: Int) async throws -> String {
+/// `--daemon-warm-reads N`: the same through keychaind (found beside the bench, as `--daemon` finds
+/// it), one client: the bench's instructions are the client's, keychaind's its own (a `keychaind`
+/// beside a copy of the bench that runs the real one under valgrind counts them; it ends by SIGTERM).
+func warmReadBench(reads: Int, throughDaemon: Bool = false) async throws -> String {
     let tpm = try SoftwareTPM()
     defer { tpm.stop() }
-    let configuration = tpm.configuration()
+    let daemon = throughDaemon ? try KeychainDaemon(tpm: tpm) : nil
+    defer {
+        if let daemon {
+            kill(daemon.processIdentifier, SIGTERM)
+            _ = daemon.waitForExit()
+        }
+    }
+    let configuration = daemon?.configuration() ?? tpm.configuration()
     let keychain = try createKeychain(.init(service: "warm"), configuration: configuration)
     let secret = "a secret of 32 bytes, more or less"
     try await keychain.setItem("k0", secret)
@@ -23,6 +33,6 @@ func warmReadBench(reads: Int) async throws -> String {
     let took = ContinuousClock.now - started
     let seconds = Double(took.components.seconds) + Double(took.components.attoseconds) / 1e18
     let commands = await device.takeTPMCommandCount()
-    return "warm getItem, one caller: \(reads) reads in \(String(format: "%.3f", seconds)) s, "
+    return "warm getItem\(throughDaemon ? " through keychaind" : ""), one caller: \(reads) reads in \(String(format: "%.3f", seconds)) s, "
         + "\(Int(Double(reads) / seconds)) reads/s, \(commands) TPM commands"
 }

@@ -26,9 +26,10 @@ func runBench(_ options: BenchOptions) async -> Int32 {
     }
 }
 
-if CommandLine.arguments.count == 3, CommandLine.arguments[1] == "--warm-reads", let reads = Int(CommandLine.arguments[2]), reads > 0 {
+if CommandLine.arguments.count == 3, ["--warm-reads", "--daemon-warm-reads"].contains(CommandLine.arguments[1]),
+   let reads = Int(CommandLine.arguments[2]), reads > 0 {
     do {
-        print(try await warmReadBench(reads: reads))
+        print(try await warmReadBench(reads: reads, throughDaemon: CommandLine.arguments[1] == "--daemon-warm-reads"))
         exit(0)
     } catch {
         FileHandle.standardError.write(Data("keychain-bench: \(error)\n".utf8))

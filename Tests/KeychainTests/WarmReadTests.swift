@@ -131,6 +131,53 @@ struct WarmReadTests {
         #expect(try await store.getItem("other") == nil)
     }
 
+    /// A warm read keeps what it found while the store's data version stays the same
+    /// (`WarmState.items`): another process's write, removal, or a stored byte changed by hand is a
+    /// commit on another connection, so the next read looks again and never answers from what it kept.
+    @Test func warmReadsSeeAnotherProcessesWritesRemovalsAndAChangedStoredByte() async throws {
+        let tpm = try SoftwareTPM()
+        let configuration = tpm.configuration()
+        let device = KeychainDevice(configuration: configuration)
+        let store = try createKeychain(.init(service: "s"), configuration: configuration)
+        try await store.setItem("k", "v1")
+        for _ in 0..<3 { #expect(try await store.getItem("k") == "v1") }
+        _ = await device.takeTPMCommandCount()
+        #expect(try await store.getItem("k") == "v1")
+        #expect(await device.takeTPMCommandCount() == 0, "a warm read")
+
+        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
+        let set = try await runOffPool(keychainctl, ["set", "s", "k"], input: Array("v2".utf8), environment: tpm.environment)
+        try #require(set.status == 0, "\(set.stderr)")
+        #expect(try await store.getItem("k") == "v2", "another process's write")
+        #expect(try await store.getItem("k") == "v2")
+
+        let removed = try await runOffPool(keychainctl, ["rm", "s", "k"], environment: tpm.environment)
+        try #require(removed.status == 0, "\(removed.stderr)")
+        #expect(try await store.getItem("k") == nil, "another process's removal")
+        #expect(try await store.getItem("k") == nil)
+
+        try await store.setItem("k", "v3")
+        #expect(try await store.getItem("k") == "v3")
+        #expect(try await store.getItem("k") == "v3")
+        // A byte of the stored value changed by another connection (no process of the keychain's):
+        // the read checks the stored bytes again, and they fail authentication.
+        let edit = try await runOffPool("/usr/bin/python3", ["-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+                                                             + "c.execute(\"UPDATE items SET ciphertext = zeroblob(length(ciphertext))\"); c.commit()",
+                                                             configuration.storeDirectory + "/keychain.db"])
+        try #require(edit.status == 0, "\(edit.stderr)")
+        #expect(await code { try await store.getItem("k") } == .dataCorrupted, "the changed stored byte")
+        #expect(await device.takeTPMCommandCount() == 0, "no read needed the TPM")
+
+        // The engine forgets its keys (no store change): what warm reads kept goes with them.
+        try await store.setItem("k", "v4")
+        #expect(try await store.getItem("k") == "v4")
+        #expect(try await store.getItem("k") == "v4")
+        await device.dropCaches()
+        _ = await device.takeTPMCommandCount()
+        #expect(try await store.getItem("k") == "v4")
+        #expect(await device.takeTPMCommandCount() > 0, "after dropCaches the read unsealed the key again")
+    }
+
     @Test func anAccessControlItemsWindowBoundsItsWarmReadsAndALockOrAPasscodeRemovalEndsIt() async throws {
         let d = try await SimulatedDevice(passcode: bytes(Self.pin), reader: false, throughDaemon: false)
         func storage(_ service: String, window: Int) throws -> Keychain {
