@@ -97,8 +97,11 @@ container_boot() {
   mkdir -p "$cg"
   echo "$cg" >"$dir/cgroup"
   # setsid: the container's console is a pipe to our log, never our terminal.
-  setsid bash -c 'echo $$ >"$1/cgroup.procs" && exec systemd-nspawn -q -D "$2" -b --register=no --keep-unit \
-      --console=pipe --machine="$3" --resolv-conf=off </dev/null' _ "$cg" "$dir/root" "kc-$name" >"$dir/console.log" 2>&1 &
+  # CONTAINER_NSPAWN_ARGS: more of nspawn's options (e.g. --setenv=SYSTEMD_TPM2_DEVICE=… for PID 1).
+  # shellcheck disable=SC2086
+  setsid bash -c 'cg=$1 root=$2 machine=$3; shift 3; echo $$ >"$cg/cgroup.procs" && exec systemd-nspawn -q -D "$root" -b --register=no \
+      --keep-unit --console=pipe --machine="$machine" --resolv-conf=off "$@" </dev/null' _ "$cg" "$dir/root" "kc-$name" \
+      ${CONTAINER_NSPAWN_ARGS:-} >"$dir/console.log" 2>&1 &
   echo $! >"$dir/nspawn.pid"
   local i
   for i in $(seq 1 150); do
