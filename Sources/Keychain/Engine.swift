@@ -581,7 +581,9 @@ final class WarmState: Sendable {
         /// Counts the changes of `unsealed` and `agreed`: an item looked up before one is not kept.
         var secretsGeneration: UInt64 = 0
         /// Items (nil: absent) as the store held them at `itemsVersion`.
-        var items: [ItemName: Item?] = [:]
+        var items: [ItemName: Item?] = [:] { didSet { if items.isEmpty { keptBytes = 0 } } }
+        /// The ciphertexts' bytes in `items`.
+        var keptBytes = 0
         var itemsVersion: (store: ObjectIdentifier, version: Int64)?
 
         mutating func secretsChanged() {
@@ -591,7 +593,15 @@ final class WarmState: Sendable {
     }
     private let state = Mutex(State())
     /// Items kept at most; more and they all go (a process that reads many items pays the lookups).
-    static let maxItems = 4096
+    static let maxItems = 1024
+    /// A value larger than this is looked up at each read, never kept: what is kept stays small
+    /// beside the values themselves (up to 16 MiB each).
+    static let maxKeptValueBytes = 64 * 1024
+    /// The kept ciphertexts' bytes at most; more and they all go.
+    static let maxKeptBytes = 4 * 1024 * 1024
+
+    /// How many items are kept and their ciphertexts' bytes (for tests).
+    var kept: (items: Int, bytes: Int) { state.withLock { ($0.items.count, $0.keptBytes) } }
 
     var store: Store? {
         get { state.withLock { $0.store } }
@@ -632,11 +642,14 @@ final class WarmState: Sendable {
     /// Keeps what a warm read found at `version` of `store`, unless the secrets it used changed since
     /// `secrets` (their generation), or the store or a later version is already kept.
     func keep(_ item: Item?, _ name: ItemName, store: Store, version: Int64, secrets: UInt64?) {
+        let bytes = item?.ciphertext.count ?? 0
+        guard bytes <= Self.maxKeptValueBytes else { return }
         state.withLock { state in
             guard state.store === store, secrets.map({ $0 == state.secretsGeneration }) ?? true else { return }
             let id = ObjectIdentifier(store)
             if let kept = state.itemsVersion, kept.store == id, kept.version == version {
-                if state.items.count >= Self.maxItems { state.items.removeAll() }
+                if state.items.count >= Self.maxItems || state.keptBytes + bytes > Self.maxKeptBytes { state.items.removeAll() }
+                if let replaced = state.items[name] { state.keptBytes -= replaced?.ciphertext.count ?? 0 }
             } else {
                 // The versions of one read connection only grow: an older one is not kept over a newer.
                 if let kept = state.itemsVersion, kept.store == id, kept.version > version { return }
@@ -644,6 +657,7 @@ final class WarmState: Sendable {
                 state.itemsVersion = (id, version)
             }
             state.items[name] = .some(item)
+            state.keptBytes += bytes
         }
     }
 }
