@@ -67,19 +67,11 @@ var buildDirectory: URL {
 }
 
 /// Runs a program with `input` on stdin; its exit status, stdout and stderr (`runChild`: killed
-/// after `childDeadlineSeconds`).
+/// after `childDeadlineSeconds`). It blocks its thread until the child ends: a suite that calls it
+/// is `.offThePool`.
 @discardableResult
 func run(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:]) throws -> ChildResult {
     try runChild(path, args, input: input, environment: environment, deadline: childDeadlineSeconds)
-}
-
-/// `run` on a thread of its own, for async tests: a child's wait must not hold one of the cooperative
-/// pool's threads (as many as cores, two on the shared machine), which every other test's
-/// continuation needs. Two 12 s children run on the pool made a 2 s prompt's read end after 14 s.
-func runOffPool(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:]) async throws -> ChildResult {
-    try await withCheckedThrowingContinuation { continuation in
-        Thread { continuation.resume(with: Result { try run(path, args, input: input, environment: environment) }) }.start()
-    }
 }
 
 /// How long a child of a test may run.
