@@ -130,8 +130,8 @@ let rawWireClient = """
 
 /// `count` connections to a daemon's socket opened by another uid (python3 through setpriv) and
 /// held open without a byte sent, as an idle client we did not write holds them, until `release()`.
-/// `held` is how many the daemon kept: a refused connection reads EOF, so the count is taken once
-/// no refusal came for 3 s.
+/// `held` is how many the daemon kept: a refused connection reads the daemon's refusal, then EOF (a
+/// kept one reads nothing), so the count is taken once no refusal came for 3 s.
 final class IdleConnections {
     let held: Int?
     private let process = Process()
@@ -148,7 +148,7 @@ final class IdleConnections {
                 ready, _, _ = select.select(list(pending), [], [], 3)
                 if not ready: break
                 for s in ready:
-                    if s.recv(1) == b'': closed += 1; pending.discard(s)
+                    s.recv(65536); closed += 1; pending.discard(s)
             print(len(socks) - closed, flush=True)
             sys.stdin.read()
             """
