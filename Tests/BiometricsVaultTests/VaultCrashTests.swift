@@ -1,7 +1,6 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
-import KeychainTestThreads
 import Synchronization
 import Testing
 
@@ -13,7 +12,7 @@ import Testing
 /// a new process finds the state the stored items say (the vault's table: the keychain item →
 /// `keychainSecured`, the biometric item alone → `locked`, nothing → `ready`), no credential is lost
 /// that the transition started with, and the next call from that state works, as does a reset.
-@Suite("BiometricsVault killed mid-transition", .offThePool)
+@Suite("BiometricsVault killed mid-transition")
 struct VaultCrashTests {
     static let pin = "2468"
     /// The credentials every transition starts with, and a second user's for a sign-in after a kill.

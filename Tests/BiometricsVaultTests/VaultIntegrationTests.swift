@@ -2,12 +2,11 @@ import BiometricsVault
 import Foundation
 import Keychain
 import KeychainTestSupport
-import KeychainTestThreads
 import SecureMemory
 import Testing
 
 /// The vault end to end: a real swtpm, the simulated reader, scripted answers.
-@Suite("BiometricsVault against swtpm", .offThePool)
+@Suite("BiometricsVault against swtpm")
 struct VaultIntegrationTests {
     struct Credentials: Codable, Sendable, Equatable { var user: String; var token: String }
     static let alice = Credentials(user: "alice", token: "t-1")

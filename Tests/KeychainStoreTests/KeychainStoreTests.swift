@@ -1,5 +1,4 @@
 import Foundation
-import KeychainTestThreads
 import Testing
 @testable import KeychainStore
 
@@ -451,7 +450,7 @@ private let crashScript = """
         db.execute("COMMIT")
     """
 
-@Suite(.enabled(if: python3 != nil, "needs python3 with sqlite3 as a second process"), .offThePool)
+@Suite(.enabled(if: python3 != nil, "needs python3 with sqlite3 as a second process"))
 struct StoreMultiProcessTests {
     @Test func aWriteWaitsOutAnotherProcessHoldingTheLockPastSQLitesOwnTimeout() throws {
         try withTemporaryStorePath { path in

@@ -1,11 +1,10 @@
 import Foundation
 import Keychain
-import KeychainTestThreads
 import SecureMemory
 import Testing
 
 /// Every `Accessible` level through reboot, unlock, lock and PCR change, on a real swtpm.
-@Suite("Accessible levels on a real TPM", .offThePool)
+@Suite("Accessible levels on a real TPM")
 struct AccessibleLevelTests {
     static let passcode = "4826"
 

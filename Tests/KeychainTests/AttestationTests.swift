@@ -2,7 +2,6 @@ import Foundation
 @testable import Keychain
 import KeychainStore
 import KeychainTestSupport
-import KeychainTestThreads
 import KeychainWire
 import SecureMemory
 import Testing
@@ -10,7 +9,7 @@ import TPM2
 
 /// Credential activation with two software TPMs as two devices, and a server with no TPM
 /// (`attest challenge`, `attest verify`) between them.
-@Suite("attestation", .offThePool)
+@Suite("attestation")
 struct AttestationTests: TwoDeviceTest {
     typealias Device = CLIDevice
     typealias Outcome = (status: Int32, stdout: [UInt8], stderr: String)

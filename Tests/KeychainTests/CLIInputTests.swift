@@ -1,12 +1,11 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
-import KeychainTestThreads
 import Testing
 
 /// Hostile input to the real `keychainctl` binary: bytes that are not UTF-8, endless stdin, keys
 /// that look like options, keys that carry terminal escapes.
-@Suite("keychainctl input", .offThePool)
+@Suite("keychainctl input")
 struct CLIInputTests {
     var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
 

@@ -1,13 +1,12 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
-import KeychainTestThreads
 import SecureMemory
 import Testing
 import TPM2
 
 /// `keychainctl` as scripts use it: separate processes on one store and one TPM.
-@Suite("keychainctl processes", .offThePool)
+@Suite("keychainctl processes")
 struct ProcessTests {
     var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
 
@@ -373,7 +372,7 @@ enum TPMContextProbe {
 }
 
 /// `keychainctl demo`, as a newcomer runs it: it finishes, and names the code behind each fallback.
-@Suite("keychainctl demo", .offThePool)
+@Suite("keychainctl demo")
 struct DemoTests {
     @Test func theDemoRunsTheFlowAndNamesEachFallbacksCode() throws {
         let ctl = buildDirectory.appendingPathComponent("keychainctl").path

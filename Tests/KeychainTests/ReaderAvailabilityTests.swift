@@ -2,14 +2,13 @@ import Foundation
 @testable import Keychain
 import KeychainStore
 import KeychainTestSupport
-import KeychainTestThreads
 import SecureMemory
 import Testing
 import TPM2
 
 /// Only an enrollment change of the reader an item was sealed to invalidates it; a reader that is
 /// missing, misconfigured or another one keeps biometric items (and their keys) intact.
-@Suite("A missing or other reader keeps biometric items", .offThePool)
+@Suite("A missing or other reader keeps biometric items")
 struct ReaderAvailabilityTests {
     static let pin = AccessControlTests.pin
     typealias Device = AccessControlTests.Device

@@ -1,13 +1,12 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
-import KeychainTestThreads
 import Testing
 import TPM2
 
 /// The software TPMs' transport: Unix sockets only their owner reaches, children that inherit nothing
 /// and die with their parent, TCTI strings checked at the edge.
-@Suite("software TPM transport", .offThePool)
+@Suite("software TPM transport")
 struct TransportTests {
     static let asNobody = ["--reuid=65534", "--regid=65534", "--clear-groups"]
 

@@ -1,10 +1,9 @@
 import Foundation
-import KeychainTestThreads
 import Testing
 
 /// Calls made by hand (python's jeepney, a D-Bus library with no Secret Service logic): malformed
 /// calls, random ones, Chromium's sequence replayed call for call, and warm reads on a frozen TPM.
-@Suite(.serialized, .offThePool) struct RawCallTests {
+@Suite(.serialized) struct RawCallTests {
     let bus: PrivateBus
 
     init() throws {

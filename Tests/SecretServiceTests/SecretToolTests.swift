@@ -1,9 +1,8 @@
 import Foundation
-import KeychainTestThreads
 import Testing
 
 /// libsecret's `secret-tool`, unchanged, against the provider it finds by D-Bus activation on a private bus.
-@Suite(.serialized, .offThePool) struct SecretToolTests {
+@Suite(.serialized) struct SecretToolTests {
     let bus: PrivateBus
 
     init() throws {

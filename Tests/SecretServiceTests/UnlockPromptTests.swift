@@ -1,11 +1,10 @@
 import Foundation
-import KeychainTestThreads
 import Testing
 
 /// Unlock through a Prompt, Lock and Dismiss, on a collection behind the device passcode; the
 /// provider's scripted prompter (`--prompter scripted:FILE`) answers for the person, the TPM checks
 /// the passcode.
-@Suite(.serialized, .offThePool) struct UnlockPromptTests {
+@Suite(.serialized) struct UnlockPromptTests {
     let bus: PrivateBus
 
     init() throws {
