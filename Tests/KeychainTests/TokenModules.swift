@@ -70,20 +70,25 @@ final class TokenModuleStack: @unchecked Sendable {  // mutated only while it is
     }
 
     /// openCryptoki's software token (slot 3) initialized afresh as `kc`, user PIN 1234; pkcsslotd
-    /// started when it is not running (and then stopped with this fixture).
+    /// started when none answers (and then stopped with this fixture).
+    ///
+    /// A pkcsslotd answers when the library's C_Initialize succeeds (`pkcs11-tool -L`): its pid file
+    /// proves nothing, as it outlives the daemon and its pid may be reused or a zombie's. Without a
+    /// daemon, C_Initialize says CKR_HOST_MEMORY (no shared memory to attach to).
     func startOpenCryptoki() throws {
-        // The pid in pkcsslotd's pid file, when that process is alive (the file outlives it).
-        func runningSlotDaemon() -> pid_t? {
-            (try? String(contentsOfFile: "/var/run/pkcsslotd.pid", encoding: .utf8))
-                .flatMap { Int32($0.trimmingCharacters(in: .whitespacesAndNewlines)) }.flatMap { kill($0, 0) == 0 ? $0 : nil }
+        let module = TokenModule.openCryptoki.path
+        func slotDaemonAnswers() -> Bool {
+            (try? run("/usr/bin/pkcs11-tool", ["--module", module, "-L"]).status) == 0
         }
-        if runningSlotDaemon() == nil {
+        if !slotDaemonAnswers() {
             let started = try run("/usr/sbin/pkcsslotd", [])
             guard started.status == 0 else { throw SoftwareTPMError("pkcsslotd: \(started.stderr)") }
-            try waitUntil("pkcsslotd") { runningSlotDaemon() != nil }
-            daemonized.append(runningSlotDaemon()!)
+            try waitUntil("pkcsslotd", slotDaemonAnswers)
+            if let pid = (try? String(contentsOfFile: "/var/run/pkcsslotd.pid", encoding: .utf8))
+                .flatMap({ Int32($0.trimmingCharacters(in: .whitespacesAndNewlines)) }) {
+                daemonized.append(pid)
+            }
         }
-        let module = TokenModule.openCryptoki.path
         for args in [["--init-token", "--so-pin", "87654321", "--label", "kc"],
                      ["--init-pin", "--login", "--login-type", "so", "--so-pin", "87654321", "--pin", "1234"]] {
             let made = try run("/usr/bin/pkcs11-tool", ["--module", module, "--slot", "3"] + args)
