@@ -56,6 +56,8 @@ struct AttestationTests: TwoDeviceTest {
         let b = try Device()
         try b.tpm.manufacture()
         let dir = b.tpm.directory
+        #expect(try cli(b, ["set", "wifi", "psk", "--accessible", "afterFirstUnlockThisDeviceOnly"], "v").status == 0)
+        #expect(try cli(b, ["set", "mail", "password"], "v").status == 0)
         let requestPath = try request(b)
         // A second init keeps the key: the server's enrolment stays valid.
         #expect(String(decoding: try cli(b, ["--json", "attest", "init"]).stdout, as: UTF8.self).contains("\"created\":false"))
@@ -79,6 +81,15 @@ struct AttestationTests: TwoDeviceTest {
                         environment: b.env).status == 0)
         let values = [UInt8](try Data(contentsOf: URL(fileURLWithPath: pcrFile)))
         #expect(identity.bootState.pcrs == request.pcrs && identity.bootState.digest == hex(sha256(values)))
+        // The keychain's two wrapping keys, certified, each saying what the TPM enforces on it; the
+        // approval index approves the quoted state.
+        let keys = try #require(identity.wrappingKeys)
+        #expect(keys.map { "\($0.claim.service) \($0.claim.accessible.rawValue)" } == ["mail afterFirstUnlock", "wifi afterFirstUnlockThisDeviceOnly"])
+        #expect(keys.allSatisfy { $0.matchesClaim }, "\(keys.map(\.differences))")
+        #expect(keys[1].statement.hasSuffix("in the boot state (PCRs 7) the device's approval index approves, on this TPM only")
+                && keys[1].approvesVerifiedBootState == true, "\(keys[1].statement)")
+        #expect(keys[0].statement.hasSuffix("under the SRK, not fixedTPM (its level moves through backups)"), "\(keys[0].statement)")
+        #expect(identity.bootApproval?.approvesQuotedBootState == true && identity.bootApproval?.name == hex(BootApprovalLayout.name))
         // One answer per challenge: the state is gone once it served.
         #expect(!FileManager.default.fileExists(atPath: state))
         #expect(try server(["verify", answerPath, "--state", state], in: dir).status != 0)
@@ -186,6 +197,67 @@ struct AttestationTests: TwoDeviceTest {
         #expect(answer.status == 0)
         let refused = try server(["verify", try write(answer.stdout, dir + "/a2.json"), "--state", state2], in: dir)
         #expect(refused.status == 3 && refused.stderr.contains("not the request's SRK"), "\(refused.stderr)")
+    }
+
+    /// The answer's wrapping keys and approval index are checked as `verify-key` checks a key: device
+    /// A's answer carrying device B's certified keys or B's approval index, a certification changed by
+    /// one byte, a key's public area swapped, a movable key relabelled ThisDeviceOnly (its public area,
+    /// certified by the TPM, lacks fixedTPM), the approval certification or the key list left out: refused.
+    /// A key relabelled with another movable level verifies and is reported as not matching; a boot
+    /// state the index does not approve is reported.
+    @Test func anAnswerCarryingAnotherDevicesKeysOrATamperedCertificationIsRefused() throws {
+        let a = try Device(), b = try Device()
+        let dir = a.tpm.directory
+        func answered(_ d: Device) throws -> (AttestationAnswer, AttestationState) {
+            #expect(try cli(d, ["set", "wifi", "psk", "--accessible", "afterFirstUnlockThisDeviceOnly"], "v").status == 0)
+            #expect(try cli(d, ["set", "mail", "password"], "v").status == 0)
+            let (challengePath, statePath) = try challenge(try request(d), in: d.tpm.directory)
+            let answer = try respond(d, challengePath)
+            #expect(answer.status == 0, "\(String(decoding: answer.stdout, as: UTF8.self))")
+            return (try AttestationAnswer(json: Data(answer.stdout)), try AttestationState(json: Data(contentsOf: URL(fileURLWithPath: statePath))))
+        }
+        let (answerA, stateA) = try answered(a)
+        let (answerB, _) = try answered(b)
+        let keysA = try #require(answerA.wrappingKeys), keysB = try #require(answerB.wrappingKeys)
+        #expect(keysA.map(\.protection) == ["afterFirstUnlock/none", "afterFirstUnlockThisDeviceOnly/none"])
+        #expect(try AttestationServer.verify(answerA, state: stateA, ekCA: nil).wrappingKeys?.count == 2)
+        func refusal(_ change: (inout AttestationAnswer) -> Void) -> String {
+            var bad = answerA
+            change(&bad)
+            do { _ = try AttestationServer.verify(bad, state: stateA, ekCA: nil); return "verified" } catch {
+                return error.code == .authenticationFailed ? error.message : "\(error.code): \(error.message)"
+            }
+        }
+        func base64(_ s: String, _ change: ([UInt8]) -> [UInt8]) -> String { Data(change([UInt8](Data(base64Encoded: s)!))).base64EncodedString() }
+
+        let bsKeys = refusal { $0.wrappingKeys = keysB }
+        #expect(bsKeys.contains("wrapping key of 'mail'") && bsKeys.contains("does not verify with the attestation key"), "\(bsKeys)")
+        let bsApproval = refusal { $0.bootApprovalCertification = answerB.bootApprovalCertification }
+        #expect(bsApproval.contains("does not verify with the attestation key"), "\(bsApproval)")
+        let flipped = refusal { $0.wrappingKeys![1].creationCertification.attest = base64(keysA[1].creationCertification.attest) { var b = $0; b[b.count - 5] ^= 1; return b } }
+        #expect(flipped.contains("wrapping key of 'wifi'") && flipped.contains("does not verify"), "\(flipped)")
+        let swapped = refusal { $0.wrappingKeys![1].publicArea = keysB[1].publicArea }
+        #expect(swapped.contains("not the one whose public area"), "\(swapped)")
+        let unfixed = refusal { $0.wrappingKeys![0].protection = "afterFirstUnlockThisDeviceOnly/none" }
+        #expect(unfixed.contains("lacks fixedTPM or fixedParent"), "\(unfixed)")
+        let noApproval = refusal { $0.bootApprovalCertification = nil }
+        #expect(noApproval.contains("no certification of the approval index"), "\(noApproval)")
+        let noKeys = refusal { $0.wrappingKeys = nil }
+        #expect(noKeys.contains("no certification of the keychain's wrapping keys"), "\(noKeys)")
+
+        var relabelled = answerA
+        relabelled.wrappingKeys![0].protection = "whenUnlocked/none"
+        let report = try #require(try AttestationServer.verify(relabelled, state: stateA, ekCA: nil).wrappingKeys?[0])
+        #expect(!report.matchesClaim && report.differences.contains { $0.contains("the claim is whenUnlocked") }, "\(report.differences)")
+
+        // Another boot state: the index still approves the old one, and the identity says so.
+        #expect(try run("/usr/bin/tpm2_pcrextend", ["7:sha256=" + String(repeating: "5a", count: 32)], environment: a.env).status == 0)
+        let (challengePath, statePath) = try challenge(try request(a), in: dir)
+        let later = try respond(a, challengePath)
+        let identity = try AttestationServer.verify(try AttestationAnswer(json: Data(later.stdout)),
+                                                    state: try AttestationState(json: Data(contentsOf: URL(fileURLWithPath: statePath))), ekCA: nil)
+        #expect(identity.bootApproval?.approvesQuotedBootState == false && identity.bootApproval?.statement.contains("do not open") == true)
+        #expect(identity.wrappingKeys?[1].approvesVerifiedBootState == false)
     }
 
     @Test func aReplayedAnswerIsRefused() throws {
@@ -529,11 +601,9 @@ struct AttestationTests: TwoDeviceTest {
         let (challengePath, statePath) = try challenge(try request(b), in: dir)
         let challenge = try AttestationChallenge(json: Data(contentsOf: URL(fileURLWithPath: challengePath)))
         let state = try AttestationState(json: Data(contentsOf: URL(fileURLWithPath: statePath)))
-        let blob = try run("/usr/bin/sqlite3", [b.store + "/keychain.db", "SELECT hex(value) FROM meta WHERE name = 'tpm.attestation-key'"])
-        let ak = hexBytes(String(decoding: blob.stdout, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).lowercased())
-        let publicCount = 2 + (Int(ak[0]) << 8 | Int(ak[1]))
-        _ = try write(ak[..<publicCount], dir + "/ak.pub")
-        _ = try write(ak[publicCount...], dir + "/ak.priv")
+        let ak = try attestationKeyBlob(b)
+        _ = try write(ak.publicArea, dir + "/ak.pub")
+        _ = try write(ak.privateArea, dir + "/ak.priv")
         // tpm2_makecredential's file: magic, version, then the TPM2B_ID_OBJECT and TPM2B_ENCRYPTED_SECRET.
         _ = try write([0xBA, 0xDC, 0xC0, 0xDE, 0, 0, 0, 1] + [UInt8](Data(base64Encoded: challenge.credentialBlob)!)
                       + [UInt8](Data(base64Encoded: challenge.secret)!), dir + "/cred.blob")
@@ -558,6 +628,59 @@ struct AttestationTests: TwoDeviceTest {
         #expect(activated.status == 0, "\(activated.stderr)")
         let credential = try Data(contentsOf: URL(fileURLWithPath: dir + "/cred.out"))
         #expect(credential.base64EncodedString() == state.credential)
+    }
+
+    /// The AK blob the store keeps (its TPM2B_PUBLIC, then its TPM2B_PRIVATE).
+    func attestationKeyBlob(_ d: Device) throws -> TPMContext.SealedBlob {
+        let blob = try run("/usr/bin/sqlite3", [d.store + "/keychain.db", "SELECT hex(value) FROM meta WHERE name = 'tpm.attestation-key'"])
+        let ak = hexBytes(String(decoding: blob.stdout, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).lowercased())
+        let publicCount = 2 + (Int(ak[0]) << 8 | Int(ak[1]))
+        return .init(publicArea: Array(ak[..<publicCount]), privateArea: Array(ak[publicCount...]))
+    }
+
+    /// A key made by tpm2-tools under the SRK without fixedTPM and fixedParent (it could be duplicated
+    /// out of the TPM), certified by this device's own AK over the server's nonce (TPM2_Certify
+    /// through our TPMContext: tpm2_certify 5.4 takes no qualifying data) and handed to the server as
+    /// the request's SRK: every signature verifies, and the verifier refuses the key.
+    @Test func anAKCertificationOfAKeyWithoutFixedTPMIsRefused() throws {
+        let b = try Device()
+        let dir = b.tpm.directory
+        let genuine = try AttestationRequest(json: Data(contentsOf: URL(fileURLWithPath: try request(b))))
+        let made = try run("/bin/sh", ["-c", """
+            set -e
+            cd '\(dir)'
+            tpm2_create -C 0x81000001 -G rsa2048 -a 'sign|userwithauth|sensitivedataorigin|noda' -u loose.pub -r loose.priv
+            tpm2_flushcontext -t
+            """], environment: b.env)
+        #expect(made.status == 0, "\(made.stderr)")
+        let loose = TPMContext.SealedBlob(publicArea: [UInt8](try Data(contentsOf: URL(fileURLWithPath: dir + "/loose.pub"))),
+                                          privateArea: [UInt8](try Data(contentsOf: URL(fileURLWithPath: dir + "/loose.priv"))))
+        #expect(try Attestation.isFixedToItsTPM(loose.publicArea) == false)
+        let looseName = try #require(DeviceIdentity.name(ofPublic: loose.publicArea))
+
+        var forged = genuine
+        forged.storageRootKey = .init(handle: genuine.storageRootKey.handle, publicArea: Data(loose.publicArea).base64EncodedString(), name: looseName)
+        let (challengePath, statePath) = try challenge(try write(forged.json(), dir + "/forged.json"), in: dir)
+        let answer = try respond(b, challengePath)
+        #expect(answer.status == 0, "\(String(decoding: answer.stdout, as: UTF8.self))")
+        let nonce = [UInt8](Data(base64Encoded: try AttestationState(json: Data(contentsOf: URL(fileURLWithPath: statePath))).nonce)!)
+        let akBlob = try attestationKeyBlob(b)
+        let certification = try {
+            let context = try TPMContext(device: b.tpm.device)
+            let ek = try context.endorsementKey(.rsa2048)
+            let ak = try context.load(akBlob, endorsementKey: ek)
+            context.flush(ek)
+            defer { context.flush(ak) }
+            let object = try context.load(loose, parent: try context.resource(forPersistent: 0x8100_0001))
+            defer { context.flush(object) }
+            return try context.certify(object, ak: ak, nonce: nonce)
+        }()
+        var substituted = try AttestationAnswer(json: Data(answer.stdout))
+        substituted.storageRootKeyCertification = .init(attest: Data(certification.attest).base64EncodedString(),
+                                                        signature: Data(certification.signature).base64EncodedString())
+        let refused = try server(["verify", try write(substituted.json(), dir + "/substituted.json"), "--state", statePath], in: dir)
+        #expect(refused.status == 3 && refused.stderr.contains("not fixedTPM and fixedParent"), "\(refused.stderr)")
+        #expect(FileManager.default.fileExists(atPath: statePath), "a refused answer leaves the challenge open")
     }
 
     /// Every server-side parser given what a hostile network sends: a clear KeychainError, never a crash,
@@ -744,11 +867,12 @@ struct AttestationTests: TwoDeviceTest {
         #expect(try captured(["attest", "request"]) == opening + ["CreatePrimary", "FlushContext", "NV_ReadPublic", "NV_ReadPublic",
                                                                    "NV_Read", "NV_Read", "ReadPublic", "NV_ReadPublic"])
         // The EK; the AK loaded under it (PolicySecret); ActivateCredential (the EK's PolicySecret
-        // again), Quote, Certify of the SRK, the PCRs read; the AK and the EK flushed.
+        // again), Quote, Certify of the SRK; the EK flushed; the one wrapping key loaded under the SRK,
+        // CertifyCreation, flushed; NV_Certify of the approval index; the PCRs read; the AK flushed.
         let (challengePath, _) = try challenge(requestPath, in: dir)
         #expect(try captured(["attest", "respond", challengePath]) == opening + [
             "CreatePrimary", "StartAuthSession", "PolicySecret", "Load", "StartAuthSession", "PolicySecret", "ActivateCredential",
-            "Quote", "Certify", "PCR_Read", "FlushContext", "FlushContext"])
+            "Quote", "Certify", "FlushContext", "Load", "CertifyCreation", "FlushContext", "NV_Certify", "PCR_Read", "FlushContext"])
         // The key under the SRK; the EK while the AK loads (three object slots), then flushed;
         // CertifyCreation, NV_Certify of the approval index (ThisDeviceOnly); the AK and the key flushed.
         #expect(try captured(["attest", "key", "svc", "--accessible", "afterFirstUnlockThisDeviceOnly", "--nonce", "00"]) == opening + [
@@ -787,6 +911,7 @@ struct AttestationTests: TwoDeviceTest {
         let answer = try await administration.answer(challenge)
         counts["respond"] = await device.takeTPMCommandCount()
         let identity = try AttestationServer.verify(answer, state: state, ekCA: [UInt8](try Data(contentsOf: URL(fileURLWithPath: tpm.directory + "/fleet-ca.pem"))))
+        #expect(identity.wrappingKeys?.count == 2 && identity.wrappingKeys?.allSatisfy { $0.matchesClaim } == true && identity.bootApproval != nil)
         for (level, storage) in zip(levels, storages) {
             let nonce = Sodium.randomBytes(32)
             let attestation = try await storage.attestKey(nonce: nonce)
@@ -797,8 +922,9 @@ struct AttestationTests: TwoDeviceTest {
         print("attestation TPM commands: \(counts.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
         // Each call's leftover check (GetCapability), then what eachAttestationCommandSendsTheseTPMCommandsInOrder
         // lists: init 5 (a second init finds the key in the store: the check only), request 8, the
-        // answer 12, a key 9 (10 with the approval index's NV_Certify).
-        #expect(counts == ["init": 6, "init again": 1, "request": 9, "respond": 13,
+        // answer 19 (12, then Load, CertifyCreation and FlushContext for each of the two wrapping
+        // keys, and the approval index's NV_Certify), a key 9 (10 with the approval index's NV_Certify).
+        #expect(counts == ["init": 6, "init again": 1, "request": 9, "respond": 20,
                            "key afterFirstUnlock": 10, "key afterFirstUnlockThisDeviceOnly": 11])
     }
 

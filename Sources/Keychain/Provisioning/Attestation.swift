@@ -57,7 +57,8 @@ public struct AttestationState: Sendable, Hashable, Codable {
     public var created: Date
 }
 
-/// The device's answer: the activated credential, a quote of its PCRs and the AK's certification of its SRK.
+/// The device's answer: the activated credential, a quote of its PCRs, the AK's certification of
+/// its SRK and of the keychain's wrapping keys, and its NV_Certify of the boot-state approval index.
 public struct AttestationAnswer: Sendable, Hashable, Codable {
     public static let formatName = "keychain-linux attestation answer"
 
@@ -66,6 +67,20 @@ public struct AttestationAnswer: Sendable, Hashable, Codable {
         public var attest: String
         /// TPMT_SIGNATURE, base64 (`tpm2_quote -s`).
         public var signature: String
+    }
+
+    /// One wrapping key of the store, as `attest key` gives it: the TPM made it under the SRK
+    /// (TPM2_CertifyCreation by the AK over the challenge's nonce), with the policy stored beside it.
+    public struct CertifiedKey: Sendable, Hashable, Codable {
+        /// The service's name in the store (`uid:N/…` for a keychaind user's) and the storage tag
+        /// ("<accessible>/<accessControl>[/<window>]"): the protection the key claims.
+        public var service: String
+        public var protection: String
+        /// The sealed object's TPM2B_PUBLIC, its stored policy (JSON) and TPM2B_CREATION_DATA, base64.
+        public var publicArea: String
+        public var policy: String
+        public var creationData: String
+        public var creationCertification: Signed
     }
 
     public var format: String
@@ -78,6 +93,13 @@ public struct AttestationAnswer: Sendable, Hashable, Codable {
     /// The quoted PCRs' SHA-256 values read after the quote, by index, hex.
     public var pcrValues: [String: String]
     public var storageRootKeyCertification: Signed
+    /// Every wrapping key of the store the TPM holds and can certify (a token's keys, and keys
+    /// sealed before key attestation, are not in it), sorted by service then protection. Absent from
+    /// answers of keychains before it: such an answer is refused.
+    public var wrappingKeys: [CertifiedKey]?
+    /// NV_Certify of the whole boot-state approval index over the nonce; absent while the device
+    /// has none (no ThisDeviceOnly key sealed yet).
+    public var bootApprovalCertification: Signed?
 }
 
 /// What the server proved (format 1): this EK's TPM holds this AK and this SRK (fixedTPM and
@@ -108,6 +130,23 @@ public struct VerifiedIdentity: Sendable, Hashable, Codable {
     public var bootState: BootState
     /// The request's NV indices by role (as the device reported them), for `seal-for`.
     public var nvIndices: [String: DeviceIdentity.NVIndex]?
+
+    /// What the certified approval index says of the quoted boot state.
+    public struct BootApproval: Sendable, Hashable, Codable {
+        public var index: String
+        /// The index's name (its attributes and write policy, written): the keychain's own layout.
+        public var name: String
+        /// The index holds PolicyPCR of the quoted PCRs with the quoted values.
+        public var approvesQuotedBootState: Bool
+        public var statement: String
+    }
+
+    /// The answer's wrapping keys, each as `attest verify-key` reports one (what the TPM enforces on
+    /// it, or how it differs from the protection its storage tag claims). Absent from identities
+    /// verified before answers carried them.
+    public var wrappingKeys: [KeyAttestationReport]?
+    /// The approval index as the TPM certified it; nil when the device has none yet.
+    public var bootApproval: BootApproval?
 }
 
 // MARK: Reading and writing
@@ -115,6 +154,8 @@ public struct VerifiedIdentity: Sendable, Hashable, Codable {
 /// The one reader of the attestation documents: JSON of the right format and version, or a clear error.
 public protocol AttestationDocument: Codable {
     static var formatName: String { get }
+    /// The largest document read.
+    static var maxLength: Int { get }
     var format: String { get }
     var version: Int { get }
 }
@@ -122,12 +163,17 @@ public protocol AttestationDocument: Codable {
 extension AttestationRequest: AttestationDocument {}
 extension AttestationChallenge: AttestationDocument {}
 extension AttestationState: AttestationDocument {}
-extension AttestationAnswer: AttestationDocument {}
-extension VerifiedIdentity: AttestationDocument {}
+extension AttestationAnswer: AttestationDocument {
+    /// About 2 KiB per wrapping key: a store of a few hundred keys.
+    public static var maxLength: Int { 1 << 20 }
+}
+extension VerifiedIdentity: AttestationDocument {
+    public static var maxLength: Int { 1 << 20 }
+}
 
 extension AttestationDocument {
     public static var currentVersion: Int { 1 }
-    /// The largest document read (a request with an EK certificate is about 4 KiB).
+    /// A request with an EK certificate is about 4 KiB.
     public static var maxLength: Int { 64 << 10 }
 
     /// - Throws: `DATA_CORRUPTED` for what is not this document (or is larger than one can be),
@@ -269,13 +315,65 @@ public enum AttestationServer {
         let fixed: Bool
         do { fixed = try Attestation.isFixedToItsTPM(srk) } catch { throw refuse(error.description) }
         guard fixed else { throw refuse("the certified SRK is not fixedTPM and fixedParent: it could leave its TPM") }
-        return VerifiedIdentity(
+        guard let keys = answer.wrappingKeys else {
+            throw refuse("it carries no certification of the keychain's wrapping keys (a keychain older than this verifier answered: update the device's)")
+        }
+        var identity = VerifiedIdentity(
             format: VerifiedIdentity.formatName, version: 1, verified: Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down)),
             endorsementKey: request.endorsementKey, endorsementCertificateVerified: certified,
             attestationKey: request.attestationKey, storageRootKey: request.storageRootKey,
             bootState: .init(bank: "sha256", pcrs: quote.pcrs, values: answer.pcrValues, digest: hex(quote.pcrDigest),
                              resetCount: quote.resetCount, restartCount: quote.restartCount),
             nvIndices: request.nvIndices)
+        if let signedApproval = answer.bootApprovalCertification {
+            let approves = try approvalApprovesBootState(signedApproval, akPublic: ak, nonce: nonce, bootState: identity.bootState, refuse: refuse)
+            let list = quote.pcrs.map(String.init).joined(separator: ",")
+            identity.bootApproval = .init(
+                index: hexHandle(BootApprovalLayout.index), name: hex(BootApprovalLayout.name), approvesQuotedBootState: approves,
+                statement: approves ? "the approval index approves the quoted boot state (PCRs \(list)): ThisDeviceOnly items open in it"
+                    : "the approval index does not approve the quoted boot state (PCRs \(list)): ThisDeviceOnly items do not open "
+                        + "until it is approved (keychainctl boot-state approve)")
+        }
+        // Each key as `attest verify-key` checks one: the AK's signature over this nonce, the TPM made
+        // it under the SRK just certified, fixedTPM and fixedParent for a ThisDeviceOnly tag, and what
+        // its policy enforces against the protection its tag claims.
+        var reports: [KeyAttestationReport] = []
+        for key in keys {
+            let what = "the wrapping key of '\(key.service)' (\(key.protection))"
+            guard let protection = ItemProtection(storageTag: key.protection) else {
+                throw KeychainError(.dataCorrupted, "The answer's \(what.dropFirst(4)) names no protection this keychain knows")
+            }
+            let attestation = KeyAttestation(
+                format: KeyAttestation.formatName, version: 1,
+                claim: .init(service: key.service, accessible: protection.accessible, accessControl: protection.accessControl,
+                             authValidity: protection.accessControl.takesWindow ? ItemProtection.storedWindow(ofTag: key.protection) : nil),
+                attestationKeyName: request.attestationKey.name, nonce: state.nonce, publicArea: key.publicArea, policy: key.policy,
+                creationData: key.creationData, creationCertification: key.creationCertification,
+                bootApprovalCertification: answer.bootApprovalCertification)
+            do { reports.append(try verifyKey(attestation, identity: identity, nonce: nonce)) } catch where error.code == .authenticationFailed {
+                throw refuse(what + ": " + error.message.replacingOccurrences(of: "The key attestation does not verify: ", with: ""))
+            }
+        }
+        identity.wrappingKeys = reports
+        return identity
+    }
+
+    /// Whether the approval index, as the AK certified it over `nonce`, approves `bootState`
+    /// (PolicyPCR of its PCRs with its values).
+    /// - Throws: `refuse`'s error when the certification does not verify or is not of the keychain's index.
+    static func approvalApprovesBootState(_ signedApproval: AttestationAnswer.Signed, akPublic: [UInt8], nonce: [UInt8],
+                                          bootState: VerifiedIdentity.BootState,
+                                          refuse: (String) -> KeychainError) throws(KeychainError) -> Bool {
+        let approval = try signed(signedApproval, "approval certification")
+        let nv: Attestation.NVCertification
+        do throws(AttestationError) { nv = try Attestation.verifyNVCertification(approval, akPublic: akPublic) }
+        catch { throw refuse(error.description) }
+        guard nv.nonce == nonce else { throw refuse("the approval index's certification is over another nonce") }
+        guard nv.indexName == BootApprovalLayout.name, nv.offset == 0 else {
+            throw refuse("the certified index is not the keychain's boot-state approval index (another public area or policy)")
+        }
+        let quoted = bootState.pcrs.flatMap { hexBytes(bootState.values[String($0)] ?? "") }
+        return nv.contents == BootApprovalLayout.contents(BootApprovalLayout.approvedPolicy(selection: bootState.pcrs, pcrDigest: sha256(quoted)))
     }
 
     static func signed(_ s: AttestationAnswer.Signed, _ what: String) throws(KeychainError) -> TPMContext.SignedAttestation {
@@ -348,6 +446,17 @@ extension Engine {
         }
     }
 
+    /// The store's wrapping keys the TPM holds and made with a creation ticket (sealed since key
+    /// attestation), sorted by service then protection: the ones an answer certifies.
+    static func certifiableWrappingKeys(_ keyring: TPMKeyring) throws(KeychainError) -> [(WrappingKeyRecord, TPMContext.Creation)] {
+        let records: [WrappingKeyRecord]
+        do { records = try keyring.store.wrappingKeys(whereProtectionHasPrefix: "") } catch { throw KeychainError(store: error) }
+        return records.compactMap { record in
+            guard record.backend == .tpm, !record.sealedPublic.isEmpty, let creation = SealPolicy.decode(record.policy)?.creation else { return nil }
+            return (record, creation)
+        }
+    }
+
     static func noAttestationKey() -> KeychainError {
         KeychainError(.invalidArgument, "This device has no attestation key: make one with keychainctl attest init (where the store is, as its user)")
     }
@@ -394,25 +503,43 @@ extension Engine {
                 throw KeychainError(.invalidArgument, "The challenge is for the attestation key \(challenge.attestationKeyName.prefix(16))…, "
                                     + "not this device's (\(akName.prefix(16))…): it was made for another device's request")
             }
+            let keys = try Self.certifiableWrappingKeys(keyring)
+            let approvalIndexMade = (try? keyring.store.meta(StoreMeta.bootApprovalTR)) != nil
             let context = keyring.context
             let pcrs = PCRSelection(keyring.pcrSelection)
+            func signed(_ s: TPMContext.SignedAttestation) -> AttestationAnswer.Signed {
+                .init(attest: Data(s.attest).base64EncodedString(), signature: Data(s.signature).base64EncodedString())
+            }
             do throws(TPMError) {
                 let ek = try context.endorsementKey(.rsa2048)
-                defer { context.flush(ek) }
+                var ekLoaded = true
+                defer { if ekLoaded { context.flush(ek) } }
                 let ak = try context.load(blob, endorsementKey: ek)
                 defer { context.flush(ak) }
                 let credential = try context.activateCredential(ak: ak, endorsementKey: ek, credentialBlob: credentialBlob, secret: secret)
                 let quote = try context.quote(ak: ak, selection: pcrs, nonce: nonce)
                 let certification = try context.certify(keyring.srk, ak: ak, nonce: nonce)
-                let values = try context.readPCRs(pcrs)
-                func signed(_ s: TPMContext.SignedAttestation) -> AttestationAnswer.Signed {
-                    .init(attest: Data(s.attest).base64EncodedString(), signature: Data(s.signature).base64EncodedString())
+                // Three object slots: the EK goes, so each wrapping key loads beside the AK.
+                context.flush(ek)
+                ekLoaded = false
+                var certified: [AttestationAnswer.CertifiedKey] = []
+                for (record, creation) in keys {
+                    let object = try context.load(TPMContext.SealedBlob(publicArea: record.sealedPublic, privateArea: record.sealedPrivate), parent: keyring.srk)
+                    defer { context.flush(object) }
+                    let statement = try context.certifyCreation(object, ak: ak, creation: creation, nonce: nonce)
+                    certified.append(.init(service: record.service, protection: record.protection, publicArea: Data(record.sealedPublic).base64EncodedString(),
+                                           policy: Data(record.policy).base64EncodedString(), creationData: Data(creation.data).base64EncodedString(),
+                                           creationCertification: signed(statement)))
                 }
+                let approval = approvalIndexMade
+                    ? try context.certifyNV(try keyring.bootApprovalIndex(), size: BootApprovalLayout.size, ak: ak, nonce: nonce) : nil
+                let values = try context.readPCRs(pcrs)
                 return AttestationAnswer(
                     format: AttestationAnswer.formatName, version: 1, nonce: challenge.nonce,
                     credential: credential.withUnsafeBytes { Data($0).base64EncodedString() },
                     quote: signed(quote), pcrValues: Dictionary(uniqueKeysWithValues: zip(pcrs.indices.map(String.init), values.map(hex))),
-                    storageRootKeyCertification: signed(certification))
+                    storageRootKeyCertification: signed(certification), wrappingKeys: certified,
+                    bootApprovalCertification: approval.map(signed))
             } catch where error.command == "ActivateCredential" && !error.isConnectionFailure {
                 throw KeychainError(.authenticationFailed, "The TPM refused to activate the credential: the challenge was made for "
                                     + "another TPM's EK or another key, or was changed", underlying: .tpm(error))

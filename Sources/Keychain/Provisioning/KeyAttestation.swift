@@ -115,17 +115,7 @@ extension AttestationServer {
             guard let signedApproval = attestation.bootApprovalCertification else {
                 throw refuse("the key is bound to the approved boot state, and the statement carries no certification of the approval index")
             }
-            let approval = try signed(signedApproval, "approval certification")
-            let nv: Attestation.NVCertification
-            do throws(AttestationError) { nv = try Attestation.verifyNVCertification(approval, akPublic: ak) }
-            catch { throw refuse(error.description) }
-            guard nv.nonce == nonce else { throw refuse("the approval index's certification is over another nonce") }
-            guard nv.indexName == BootApprovalLayout.name, nv.offset == 0 else {
-                throw refuse("the certified index is not the keychain's boot-state approval index (another public area or policy)")
-            }
-            let quoted = identity.bootState.pcrs.flatMap { hexBytes(identity.bootState.values[String($0)] ?? "") }
-            approves = nv.contents == BootApprovalLayout.contents(BootApprovalLayout.approvedPolicy(selection: identity.bootState.pcrs,
-                                                                                                  pcrDigest: sha256(quoted)))
+            approves = try approvalApprovesBootState(signedApproval, akPublic: ak, nonce: nonce, bootState: identity.bootState, refuse: refuse)
                 && policy.pcrs == identity.bootState.pcrs
         }
         let enforced = differences.isEmpty ? conditions(policy, object: object) : []
