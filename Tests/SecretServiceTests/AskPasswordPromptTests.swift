@@ -28,7 +28,6 @@ import Testing
     /// question and leaves it locked. argv: the agents' directory, the plain session's probe.
     static let script = RawCallTests.prelude + PromptWindowTests.vaultCollection + """
         import secretstorage, time
-        from secretstorage.exceptions import LockedException
         from jeepney import MatchRule, message_bus
         from jeepney.io.blocking import Proxy
         PROMPT = 'org.freedesktop.Secret.Prompt'
@@ -48,12 +47,7 @@ import Testing
         lock()
         # 2. The agent answers a wrong passcode (the TPM refuses it, the read asks again), then nothing
         # (the prompt's Cancel): Completed(dismissed=true), still locked, the item unreadable.
-        assert vault.unlock() is True
-        assert locked() is True
-        try:
-            item.get_secret(); raise SystemExit('read a locked item')
-        except LockedException:
-            pass
+        refusedUnlock(vault, item)
         # 3. The client dismisses the prompt while the agents' question is out: the question goes
         # (its file removed), Completed(dismissed=true) with no object, nothing is unlocked.
         unlocked, prompt = call(BASE, SVC, 'Unlock', 'ao', ([path],))
@@ -73,11 +67,7 @@ import Testing
             if not os.listdir(AGENTS): break
             time.sleep(0.1)
         assert not os.listdir(AGENTS), ('the dismissed question stayed', os.listdir(AGENTS))
-        assert locked() is True
-        try:
-            item.get_secret(); raise SystemExit('a dismissed prompt unlocked the item')
-        except LockedException:
-            pass
+        unreadable(item, 'a dismissed prompt unlocked the item')
         # The capture's positive control: a plain session's secret is on the bus as it is.
         login = secretstorage.get_default_collection(client)
         probe = login.create_item('p', {'probe': '1'}, sys.argv[2].encode())
@@ -120,45 +110,30 @@ import Testing
         try FileManager.default.createDirectory(atPath: agents, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
         defer { try? FileManager.default.removeItem(atPath: runtime) }
         // No --prompter and no display: the provider's SystemAuthenticator finds only the agents' directory.
-        let bus = try PrivateBus(providerArguments: { tcti, store in ["--store", store, "--tcti", tcti] },
-                                 environment: ["XDG_RUNTIME_DIR": runtime, "DISPLAY": "", "WAYLAND_DISPLAY": ""])
-        // Before the provider starts: the software TPM takes one connection at a time.
-        let full = buildDirectory.appendingPathComponent("keychainctl-full").path
-        let set = try SecretServiceTests.run(full, ["--store", bus.store, "--tcti", bus.tpm.tcti, "passcode", "set"],
-                                             input: Array((Self.passcode + "\n").utf8))
-        try #require(set.status == 0, "passcode set: \(set.stderr)")
-        let capture = bus.directory + "/capture.pcap"
-        let file = open(capture, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        let monitor = try #require(Processes.spawn("/usr/bin/dbus-monitor", ["/usr/bin/dbus-monitor", "--address", bus.address, "--pcap"],
-                                                   stdout: file))
-        close(file)
-        defer {
-            kill(monitor, SIGTERM)
-            _ = Processes.wait(monitor)
+        let bus = try PrivateBus(environment: ["XDG_RUNTIME_DIR": runtime, "DISPLAY": "", "WAYLAND_DISPLAY": ""])
+        try bus.setPasscode(Self.passcode)
+        let bytes = try bus.captured {
+            let client = ClientThread { [bus] in
+                try bus.python(Self.script, input: Array(Self.secret.utf8), [agents, Self.probe])
+            }
+            // 1. The question names the collection, hides the answer; the agent types the passcode.
+            var seen: Set<String> = []
+            let asked = try Self.question(in: agents, seen: &seen)
+            #expect(asked.contains("Message=Unlock the keyring 'Vault'") && asked.contains("Echo=0"), "\(asked)")
+            let right = try Self.agent(agents, typing: Self.passcode + "\n")
+            #expect(right.status == 0, "\(right.stderr)")
+            // 2. A wrong passcode, then (the read asks again) an empty answer: the prompt's Cancel.
+            _ = try Self.question(in: agents, seen: &seen)
+            let wrong = try Self.agent(agents, typing: "heron-0000-lantern\n")
+            #expect(wrong.status == 0, "\(wrong.stderr)")
+            let again = try Self.question(in: agents, seen: &seen)
+            #expect(again.contains("Message=Unlock the keyring 'Vault'"), "\(again)")
+            let empty = try Self.agent(agents, typing: "\n")
+            #expect(empty.status == 0, "\(empty.stderr)")
+            // 3. The client dismisses the third prompt itself (the script checks its question went).
+            let read = try client.value()
+            #expect(read == Self.secret, "the bus's log: \(bus.log.suffix(3000))")
         }
-
-        let client = ClientThread { [bus] in
-            try bus.python(Self.script, input: Array(Self.secret.utf8), [agents, Self.probe])
-        }
-        // 1. The question names the collection, hides the answer; the agent types the passcode.
-        var seen: Set<String> = []
-        let asked = try Self.question(in: agents, seen: &seen)
-        #expect(asked.contains("Message=Unlock the keyring 'Vault'") && asked.contains("Echo=0"), "\(asked)")
-        let right = try Self.agent(agents, typing: Self.passcode + "\n")
-        #expect(right.status == 0, "\(right.stderr)")
-        // 2. A wrong passcode, then (the read asks again) an empty answer: the prompt's Cancel.
-        _ = try Self.question(in: agents, seen: &seen)
-        let wrong = try Self.agent(agents, typing: "heron-0000-lantern\n")
-        #expect(wrong.status == 0, "\(wrong.stderr)")
-        let again = try Self.question(in: agents, seen: &seen)
-        #expect(again.contains("Message=Unlock the keyring 'Vault'"), "\(again)")
-        let empty = try Self.agent(agents, typing: "\n")
-        #expect(empty.status == 0, "\(empty.stderr)")
-        // 3. The client dismisses the third prompt itself (the script checks its question went).
-        let read = try client.value()
-        #expect(read == Self.secret, "the bus's log: \(bus.log.suffix(3000))")
-
-        let bytes = try #require(FileManager.default.contents(atPath: capture))
         #expect(bytes.range(of: Data(Self.probe.utf8)) != nil, "the capture missed the plain session's secret: it proves nothing")
         #expect(bytes.range(of: Data(Self.passcode.utf8)) == nil, "the passcode crossed the bus in the clear")
         #expect(bytes.range(of: Data("heron-0000-lantern".utf8)) == nil, "the wrong passcode crossed the bus in the clear")

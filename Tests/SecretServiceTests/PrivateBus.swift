@@ -27,8 +27,10 @@ final class PrivateBus: @unchecked Sendable {
     ///   - display: a desktop for the provider's prompts: the bus activates gcr's prompter too, and
     ///     both run on this display.
     ///   - environment: more of the bus's environment, which the provider is started with.
+    ///   - answers: the provider's scripted prompter (`--prompter scripted:FILE`), one answer a line; the
+    ///     file lives in the bus's directory and goes with it.
     init(tpm given: SoftwareTPM? = nil, user: uid_t? = nil, providerArguments: ((_ tcti: String, _ store: String) -> [String])? = nil,
-         display: TestDisplay? = nil, environment: [String: String] = [:]) throws {
+         display: TestDisplay? = nil, environment: [String: String] = [:], answers: String? = nil) throws {
         _ = ignoreBrokenPipes
         tpm = try given ?? SoftwareTPM()
         self.user = user
@@ -47,14 +49,21 @@ final class PrivateBus: @unchecked Sendable {
         let config = privateSessionBusConfiguration(listen: address, serviceDirectory: directory + "/services",
                                                     maxMessageSize: 67_108_864)
         try config.write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
-        let arguments = providerArguments?(tpm.tcti, store) ?? ["--store", store, "--tcti", tpm.tcti]
+        var arguments = providerArguments?(tpm.tcti, store) ?? ["--store", store, "--tcti", tpm.tcti]
+        var owned = [directory + "/services", directory + "/bus.conf", directory + "/services/org.freedesktop.secrets.service"]
+        if let answers {
+            let file = directory + "/answers"
+            try answers.write(toFile: file, atomically: true, encoding: .utf8)
+            arguments += ["--prompter", "scripted:" + file]
+            owned.append(file)
+        }
         self.providerArguments = arguments
         let exec = ([Self.provider] + arguments).map { $0.contains(" ") ? "\"\($0)\"" : $0 }.joined(separator: " ")
         try "[D-BUS Service]\nName=org.freedesktop.secrets\nExec=\(exec)\n"
             .write(toFile: directory + "/services/org.freedesktop.secrets.service", atomically: true, encoding: .utf8)
         if display != nil { try TestDisplay.writePrompterService(into: directory + "/services") }
         if let user {
-            for path in [directory + "/services", directory + "/bus.conf", directory + "/services/org.freedesktop.secrets.service"] {
+            for path in owned {
                 guard chown(path, user, user) == 0 else { throw SoftwareTPMError("chown \(path): errno \(errno)") }
             }
         }
@@ -75,6 +84,33 @@ final class PrivateBus: @unchecked Sendable {
         daemon = pid
         for _ in 0..<200 where !FileManager.default.fileExists(atPath: socket) { usleep(10_000) }
         guard FileManager.default.fileExists(atPath: socket) else { throw SoftwareTPMError("dbus-daemon did not listen at \(socket)") }
+    }
+
+    /// Sets the device passcode of the store with keychainctl-full, before the provider starts (the
+    /// software TPM takes one connection at a time).
+    func setPasscode(_ passcode: String) throws {
+        let full = buildDirectory.appendingPathComponent("keychainctl-full").path
+        let set = try SecretServiceTests.run(full, ["--store", store, "--tcti", tpm.tcti, "passcode", "set"], input: Array((passcode + "\n").utf8))
+        try #require(set.status == 0, "passcode set: \(set.stderr)")
+    }
+
+    /// Everything that crossed the bus while `body` ran (`dbus-monitor --pcap`, stopped before it is read).
+    func captured(_ body: () throws -> Void) throws -> Data {
+        let capture = directory + "/capture.pcap"
+        let file = open(capture, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        let monitor = try #require(Processes.spawn("/usr/bin/dbus-monitor", ["/usr/bin/dbus-monitor", "--address", address, "--pcap"], stdout: file))
+        close(file)
+        var running = true
+        func stop() {
+            guard running else { return }
+            kill(monitor, SIGTERM)
+            _ = Processes.wait(monitor)
+            running = false
+        }
+        defer { stop() }
+        try body()
+        stop()
+        return try #require(FileManager.default.contents(atPath: capture))
     }
 
     /// What the bus and the services it started wrote on stderr so far.

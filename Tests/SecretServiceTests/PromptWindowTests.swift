@@ -12,19 +12,17 @@ import Testing
 
     /// A bus whose provider answers prompts from `answers`, the device passcode 2468.
     func bus(answers: String) throws -> PrivateBus {
-        let file = NSTemporaryDirectory() + "keychain-ss-answers-\(UUID().uuidString)"
-        try answers.write(toFile: file, atomically: true, encoding: .utf8)
-        let bus = try PrivateBus(providerArguments: { tcti, store in ["--store", store, "--tcti", tcti, "--prompter", "scripted:" + file] })
-        // Before the provider starts: the software TPM takes one connection at a time.
-        let full = buildDirectory.appendingPathComponent("keychainctl-full").path
-        let set = try SecretServiceTests.run(full, ["--store", bus.store, "--tcti", bus.tpm.tcti, "passcode", "set"], input: Array("2468\n".utf8))
-        try #require(set.status == 0, "passcode set: \(set.stderr)")
+        let bus = try PrivateBus(answers: answers)
+        try bus.setPasscode("2468")
         return bus
     }
 
     /// After `RawCallTests.prelude`: makes the collection `Vault` (passcode, a 300 s window) at
-    /// `path`, with `locked()` (its Locked property) and `lock()` (Lock, asserted locked).
+    /// `path`, with `locked()` (its Locked property), `lock()` (Lock, asserted locked),
+    /// `unreadable(item, why)` (still locked, a read of `item` refused, else it exits with `why`) and
+    /// `refusedUnlock(collection, item)` (an Unlock the person refused: dismissed, `item` unreadable).
     static let vaultCollection = """
+        from secretstorage.exceptions import LockedException
         props = {'org.freedesktop.Secret.Collection.Label': ('s', 'Vault'),
                  'org.freedesktop.Secret.Collection.KeychainAccessControl': ('s', 'passcode'),
                  'org.freedesktop.Secret.Collection.KeychainAuthValidity': ('u', 300)}
@@ -34,13 +32,22 @@ import Testing
         def lock():
             assert call(BASE, SVC, 'Lock', 'ao', ([path],)) == ([path], '/')
             assert locked() is True
+        def unreadable(item, why):
+            assert locked() is True
+            try:
+                item.get_secret()
+            except LockedException:
+                return
+            raise SystemExit(why)
+        def refusedUnlock(collection, item):
+            assert collection.unlock() is True
+            unreadable(item, 'read a locked item')
 
         """
 
     /// Makes the collection `Vault` (passcode, a 300 s window) holding one item, and locks it.
     static let vault = RawCallTests.prelude + vaultCollection + """
         import secretstorage
-        from secretstorage.exceptions import LockedException
         vault = secretstorage.Collection(secretstorage.dbus_init(), path)
         assert vault.unlock() is False  # nothing stored yet: opened without a question
         vault.create_item('v', {'vault': '1'}, b'vault-secret')
@@ -63,12 +70,7 @@ import Testing
             assert item.get_secret() == b'vault-secret'
             lock()
             # ...and this one asks too, and the person cancels: still locked, the item unreadable.
-            assert vault.unlock() is True
-            assert locked() is True
-            try:
-                item.get_secret(); raise SystemExit('read a locked item')
-            except LockedException:
-                pass
+            refusedUnlock(vault, item)
             print('ok')
             """)
         #expect(out == "ok\n")

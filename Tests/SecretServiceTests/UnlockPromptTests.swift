@@ -10,15 +10,10 @@ import Testing
     init() throws {
         try PrivateBus.requirePython(module: "jeepney", package: "python3-jeepney")
         try PrivateBus.requirePython(module: "secretstorage", package: "python3-secretstorage")
-        let answers = NSTemporaryDirectory() + "keychain-ss-answers-\(UUID().uuidString)"
         // The unlock's read: a wrong passcode (the TPM refuses it and the read asks again), then the right one;
         // the next read (no window) the right one; the one after, a cancel.
-        try "passcode:0000\npasscode:2468\npasscode:2468\ncancel\n".write(toFile: answers, atomically: true, encoding: .utf8)
-        bus = try PrivateBus(providerArguments: { tcti, store in ["--store", store, "--tcti", tcti, "--prompter", "scripted:" + answers] })
-        // The passcode is set before the provider starts (the software TPM takes one connection at a time).
-        let full = buildDirectory.appendingPathComponent("keychainctl-full").path
-        let set = try SecretServiceTests.run(full, ["--store", bus.store, "--tcti", bus.tpm.tcti, "passcode", "set"], input: Array("2468\n".utf8))
-        try #require(set.status == 0, "passcode set: \(set.stderr)")
+        bus = try PrivateBus(answers: "passcode:0000\npasscode:2468\npasscode:2468\ncancel\n")
+        try bus.setPasscode("2468")
     }
 
     @Test func unlockAsksThroughThePromptLockClosesAndDismissChangesNothing() throws {

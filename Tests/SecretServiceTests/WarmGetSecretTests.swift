@@ -15,11 +15,8 @@ import Testing
     /// A bus whose provider answers prompts from `answers`; the device passcode 2468 is set (and the
     /// device unlocked) before the provider starts: the software TPM takes one connection at a time.
     func bus(answers: String = "") throws -> PrivateBus {
-        let file = NSTemporaryDirectory() + "keychain-ss-answers-\(UUID().uuidString)"
-        try answers.write(toFile: file, atomically: true, encoding: .utf8)
-        let bus = try PrivateBus(providerArguments: { tcti, store in ["--store", store, "--tcti", tcti, "--prompter", "scripted:" + file] })
-        let set = try SecretServiceTests.run(Self.full, ["--store", bus.store, "--tcti", bus.tpm.tcti, "passcode", "set"], input: Array("2468\n".utf8))
-        try #require(set.status == 0, "passcode set: \(set.stderr)")
+        let bus = try PrivateBus(answers: answers)
+        try bus.setPasscode("2468")
         return bus
     }
 
