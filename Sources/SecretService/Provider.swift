@@ -63,7 +63,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
         var record: CollectionRecord
         /// nil for the in-memory `session` collection.
         let storage: Keychain?
-        var items: [String: ItemEntry] = [:]
+        var items = ItemIndex()
         var locked: Bool
         /// Counts `Lock` calls: a prompt that was answered after a `Lock` opens nothing.
         var locks = 0
@@ -89,6 +89,13 @@ public final class SecretServiceProvider: @unchecked Sendable {
         var attributes: [String: String]?
         /// The session collection's secret: that collection is memory only.
         var memorySecret: SecureBytes?
+
+        /// What a read of the item found that is not secret (its secret is never kept).
+        mutating func remember(_ item: SealedItem) {
+            label = item.label
+            contentType = item.contentType
+            attributes = item.attributes
+        }
     }
 
     struct Session {
@@ -447,8 +454,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     func search(_ collection: Collection, _ query: [String: String]) -> [String] {
-        let wanted = hasher.hashes(query)
-        return collection.items.filter { wanted.isSubset(of: $0.value.hashes) }.keys.sorted().map { collection.path + "/" + $0 }
+        collection.items.matching(hasher.hashes(query)).map { collection.path + "/" + $0 }
     }
 
     func owningCollection(_ path: String) throws(DBusError) -> Collection {
@@ -493,7 +499,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
                 try saveRegistry()
                 collections[collection.name] = nil
             } else {
-                collection.items = [:]
+                collection.items.removeAll()
             }
             emit(.init(path: Self.base, interface: Self.serviceInterface, member: "CollectionDeleted", arguments: [.objectPath(collection.path)]))
             propertiesChanged(Self.base, Self.serviceInterface, ["Collections"])
@@ -527,7 +533,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
         try Self.check(label: label, attributes: attributes)
         let (value, contentType) = try decodeSecret(secret, sender: sender)
         let hashes = hasher.hashes(attributes)
-        let existing = replace ? collection.items.first(where: { $0.value.hashes == hashes })?.key : nil
+        let existing = replace ? collection.items.matching(hashes).first(where: { collection.items[$0]?.hashes == hashes }) : nil
         let id = existing ?? nextItemID(collection)
         try write(collection, id, SealedItem(label: label, contentType: contentType, attributes: attributes, secret: value), hashes: hashes)
         let path = collection.path + "/" + id
@@ -588,9 +594,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
             throw .noSuchObject("Item \(id) of \(collection.name) is gone")
         }
         guard let item = SealedItem(decoding: stored) else { throw .failed("Item \(id) of \(collection.name) does not decode: the store is damaged") }
-        collection.items[id]?.label = item.label
-        collection.items[id]?.contentType = item.contentType
-        collection.items[id]?.attributes = item.attributes
+        collection.items[id]?.remember(item)
         return item
     }
 
@@ -703,11 +707,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
                 collection.locked = false
             case .opened(let id, let stored):
                 collection.locked = false
-                if let item = SealedItem(decoding: stored), collection.items[id] != nil {
-                    collection.items[id]?.label = item.label
-                    collection.items[id]?.contentType = item.contentType
-                    collection.items[id]?.attributes = item.attributes
-                }
+                if let item = SealedItem(decoding: stored) { collection.items[id]?.remember(item) }
             case .refused:
                 collection.locked = true
                 continue

@@ -74,6 +74,31 @@ import SecureMemory
         #expect(AttributeHasher.hashes(label: "someone else's label") == nil)
     }
 
+    @Test func theItemIndexFindsWhatHasEveryHashAfterWritesReplacementsAndRemovals() {
+        func entry(_ hashes: Set<String>) -> SecretServiceProvider.ItemEntry { .init(hashes: hashes, created: 0, modified: 0) }
+        var index = SecretServiceProvider.ItemIndex()
+        index["b"] = entry(["app", "user-alice"])
+        index["a"] = entry(["app", "user-bob"])
+        index["c"] = entry(["other"])
+        #expect(index.matching(["app"]) == ["a", "b"])
+        #expect(index.matching(["app", "user-alice"]) == ["b"])
+        #expect(index.matching(["user-alice", "other"]) == [])
+        #expect(index.matching(["nobody"]) == [])
+        #expect(index.matching([]) == ["a", "b", "c"])
+        // New attributes: the old hashes no longer find it, the new ones do.
+        index["b"] = entry(["app", "user-carol"])
+        #expect(index.matching(["user-alice"]) == [])
+        #expect(index.matching(["app", "user-carol"]) == ["b"])
+        // A change that keeps the hashes (a label read) keeps it found.
+        index["a"]?.label = "bob's"
+        #expect(index.matching(["user-bob"]) == ["a"])
+        index["a"] = nil
+        #expect(index.matching(["app"]) == ["b"])
+        #expect(index.matching(["user-bob"]) == [])
+        index.removeAll()
+        #expect(index.matching(["app"]) == [] && index.matching([]) == [])
+    }
+
     @Test func everyMethodsSignatureIsTheSpecs() {
         #expect(Introspection.signature(of: "CreateItem", in: SecretServiceProvider.collectionInterface) == "a{sv}(oayays)b")
         #expect(Introspection.signature(of: "GetSecrets", in: SecretServiceProvider.serviceInterface) == "aoo")
