@@ -2,6 +2,14 @@ internal import CTSS2
 internal import COpenSSL
 import SecureMemory
 
+/// SHA-384 (the high-range EK templates' name algorithm).
+public func sha384(_ bytes: [UInt8]) -> [UInt8] {
+    var out = [UInt8](repeating: 0, count: 48)
+    var length: UInt32 = 0
+    _ = EVP_Digest(bytes, bytes.count, &out, &length, EVP_sha384(), nil)
+    return out
+}
+
 /// Why an attestation does not verify, or cannot be made.
 public struct AttestationError: Error, Sendable, CustomStringConvertible {
     public let description: String

@@ -1,7 +1,8 @@
 internal import CTSS2
 
-/// What a device's identity document needs from its TPM: the endorsement key's public area (TCG EK
-/// Credential Profile 2.0, default templates L-1 and L-2), NV contents such as the EK certificates,
+/// What a device's identity document needs from its TPM: the endorsement keys' public areas (TCG EK
+/// Credential Profile: the low-range templates L-1 and L-2, and the high-range H-3 of version 2.3),
+/// NV contents such as the EK certificates,
 /// public areas of persistent objects, and the vendor properties.
 extension TPMContext {
     public enum EndorsementKeyType: String, Sendable, CaseIterable {
@@ -9,14 +10,32 @@ extension TPMContext {
         case rsa2048
         /// Template L-2: ECC NIST P-256, AES-128-CFB, certificate at NV 0x01C0000A.
         case eccP256
+        /// Template H-3 (high range, EK Credential Profile 2.3, 2.2.1.5.1): ECC NIST P-384, SHA-384
+        /// names, AES-256-CFB, PolicyB, userWithAuth, an empty unique; certificate at NV 0x01C00016.
+        /// swtpm (0.7) certifies its ECC EK here, not at L-2's index.
+        case eccP384
 
-        public var certificateIndex: UInt32 { self == .rsa2048 ? 0x01C0_0002 : 0x01C0_000A }
+        public var certificateIndex: UInt32 {
+            switch self {
+            case .rsa2048: 0x01C0_0002
+            case .eccP256: 0x01C0_000A
+            case .eccP384: 0x01C0_0016
+            }
+        }
     }
 
     /// PolicySecret(TPM_RH_ENDORSEMENT): the default EK templates' authPolicy (EK profile, B.3.3).
     public static let endorsementKeyPolicy: [UInt8] = [
         0x83, 0x71, 0x97, 0x67, 0x44, 0x84, 0xB3, 0xF8, 0x1A, 0x90, 0xCC, 0x8D, 0x46, 0xA5, 0xD7, 0x24,
         0xFD, 0x52, 0xD7, 0x6E, 0x06, 0x52, 0x0B, 0x64, 0xF2, 0xA1, 0xDA, 0x1B, 0x33, 0x14, 0x69, 0xAA,
+    ]
+
+    /// PolicyB with SHA-384: the high-range SHA-384 templates' authPolicy (EK profile 2.3, B.6);
+    /// tpm2_createek -G ecc384 and swtpm's EK at 0x81010016 carry it.
+    public static let endorsementKeyPolicyBSHA384: [UInt8] = [
+        0xB2, 0x6E, 0x7D, 0x28, 0xD1, 0x1A, 0x50, 0xBC, 0x53, 0xD8, 0x82, 0xBC, 0xF5, 0xFD, 0x3A, 0x1A,
+        0x07, 0x41, 0x48, 0xBB, 0x35, 0xD3, 0xB4, 0xE4, 0xCB, 0x1C, 0x0A, 0xD9, 0xBD, 0xE4, 0x19, 0xCA,
+        0xCB, 0x47, 0xBA, 0x09, 0x69, 0x96, 0x46, 0x15, 0x0F, 0x9F, 0xC0, 0x00, 0xF3, 0xF8, 0x0E, 0x12,
     ]
 
     /// The EK's public area (marshalled TPM2B_PUBLIC): CreatePrimary in the endorsement hierarchy with
@@ -47,6 +66,17 @@ extension TPMContext {
             inPublic.publicArea.unique.rsa.size = 256
         case .eccP256:
             Self.setP256StorageParameters(&inPublic.publicArea)
+        case .eccP384:
+            inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA384)
+            inPublic.publicArea.objectAttributes |= TPMA_OBJECT_USERWITHAUTH
+            inPublic.publicArea.authPolicy.size = TPM2B.set(&inPublic.publicArea.authPolicy.buffer, Self.endorsementKeyPolicyBSHA384)
+            inPublic.publicArea.type = UInt16(TPM2_ALG_ECC)
+            inPublic.publicArea.parameters.eccDetail.symmetric.algorithm = UInt16(TPM2_ALG_AES)
+            inPublic.publicArea.parameters.eccDetail.symmetric.keyBits.aes = 256
+            inPublic.publicArea.parameters.eccDetail.symmetric.mode.aes = UInt16(TPM2_ALG_CFB)
+            inPublic.publicArea.parameters.eccDetail.scheme.scheme = UInt16(TPM2_ALG_NULL)
+            inPublic.publicArea.parameters.eccDetail.curveID = UInt16(TPM2_ECC_NIST_P384)
+            inPublic.publicArea.parameters.eccDetail.kdf.scheme = UInt16(TPM2_ALG_NULL)
         }
         var inSensitive = TPM2B_SENSITIVE_CREATE()
         var outsideInfo = TPM2B_DATA()

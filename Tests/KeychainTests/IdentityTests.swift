@@ -40,6 +40,33 @@ struct IdentityTests {
         #expect(chain.status == 0, "\(chain.stderr)")
 
         let env = ["TPM2TOOLS_TCTI": tpm.tcti]
+        // The ECC EK swtpm certifies is the high range's P-384 (template H-3, EK Credential Profile 2.3),
+        // its certificate at 0x01c00016; the low range's P-256 index 0x01c0000a (L-2) holds none.
+        #expect(id.endorsementKeys.first { $0.type == "eccP256" }?.certificate == nil)
+        let p384 = try #require(id.endorsementKeys.first { $0.type == "eccP384" })
+        #expect(p384.certificateIndex == "0x01c00016")
+        let p384Area = [UInt8](try #require(Data(base64Encoded: p384.publicArea)))
+        #expect(p384.name.hasPrefix("000c") && p384.name.count == 100, "a SHA-384 name: \(p384.name)")
+        // Its certificate names this very key (the public point) and chains to swtpm's local CA.
+        let eccDER = tpm.directory + "/ek384.der"
+        try #require(p384.certificate.flatMap { Data(base64Encoded: $0) }).write(to: URL(fileURLWithPath: eccDER))
+        let spki = try run("/bin/sh", ["-c", "openssl x509 -inform DER -in '\(eccDER)' -noout -pubkey | openssl pkey -pubin -outform DER"])
+        #expect(spki.status == 0, "\(spki.stderr)")
+        let point = Array(p384Area.suffix(100))  // unique: x and y, each a TPM2B of 48 bytes
+        #expect(Array(spki.stdout.suffix(97)) == [0x04] + point[2..<50] + point[52...], "the certificate's key is the identity's P-384 EK")
+        #expect(try run("/usr/bin/openssl", ["verify", "-CAfile", tpm.directory + "/ca/swtpm-localca-rootca-cert.pem",
+                                             "-untrusted", tpm.directory + "/ca/issuercert.pem", eccDER]).status == 0)
+        // tpm2-tools' high-range template makes the same key, and so did swtpm_setup (its persistent EK).
+        let made = try run("/bin/sh", ["-c", """
+            set -e
+            cd '\(tpm.directory)'
+            tpm2_createek -c ek384.ctx -G ecc384 -u ek384.pub
+            tpm2_flushcontext -t
+            tpm2_readpublic -c 0x81010016 -o persistent384.pub
+            """], environment: env)
+        #expect(made.status == 0, "\(made.stderr)")
+        #expect([UInt8](try Data(contentsOf: URL(fileURLWithPath: tpm.directory + "/ek384.pub"))) == p384Area)
+        #expect([UInt8](try Data(contentsOf: URL(fileURLWithPath: tpm.directory + "/persistent384.pub"))) == p384Area)
         // The SRK's name as tpm2-tools reads it.
         let name = tpm.directory + "/srk.name"
         #expect(try run("/usr/bin/tpm2_readpublic", ["-c", "0x81000001", "-n", name], environment: env).status == 0)
@@ -59,7 +86,7 @@ struct IdentityTests {
         let tpm = try SoftwareTPM()
         let (first, _) = try identity(tpm)
         let (second, _) = try identity(tpm)
-        #expect(first.endorsementKeys.count == 2 && first.endorsementKeys.allSatisfy { $0.certificate == nil })
+        #expect(first.endorsementKeys.map(\.type) == ["rsa2048", "eccP256", "eccP384"] && first.endorsementKeys.allSatisfy { $0.certificate == nil })
         #expect(first.endorsementKeys == second.endorsementKeys && first.storageRootKey == second.storageRootKey)
     }
 

@@ -17,7 +17,7 @@ public struct DeviceIdentity: Sendable, Hashable, Codable {
     }
 
     public struct EndorsementKey: Sendable, Hashable, Codable {
-        /// `rsa2048` (template L-1) or `eccP256` (template L-2).
+        /// `rsa2048` (template L-1), `eccP256` (template L-2) or `eccP384` (template H-3).
         public var type: String
         /// Marshalled TPM2B_PUBLIC, base64.
         public var publicArea: String
@@ -25,7 +25,7 @@ public struct DeviceIdentity: Sendable, Hashable, Codable {
         public var name: String
         /// The EK certificate (DER, base64) from its NV index, when the TPM holds one.
         public var certificate: String?
-        /// Where the certificate is read: `0x01c00002` (RSA) or `0x01c0000a` (ECC).
+        /// Where the certificate is read: `0x01c00002` (RSA), `0x01c0000a` (ECC P-256) or `0x01c00016` (ECC P-384).
         public var certificateIndex: String
     }
 
@@ -100,11 +100,16 @@ extension DeviceIdentity {
     /// The document as written: sorted keys, ISO 8601 dates.
     public func json() -> Data { ProvisioningJSON.document(self) }
 
-    /// The TPM name of a marshalled TPM2B_PUBLIC with nameAlg SHA-256, hex; nil when it is not one.
+    /// The TPM name of a marshalled TPM2B_PUBLIC with nameAlg SHA-256 (or SHA-384, the high-range
+    /// EK's), hex; nil when it is not one.
     static func name(ofPublic bytes: [UInt8]) -> String? {
-        // TPM2B: u16 size, then TPMT_PUBLIC: u16 type, u16 nameAlg (0x000B = SHA-256), …
-        guard bytes.count > 6, Int(bytes[0]) << 8 | Int(bytes[1]) == bytes.count - 2, bytes[4] == 0x00, bytes[5] == 0x0B else { return nil }
-        return hex([0x00, 0x0B] + sha256(Array(bytes[2...])))
+        // TPM2B: u16 size, then TPMT_PUBLIC: u16 type, u16 nameAlg (0x000B = SHA-256, 0x000C = SHA-384), …
+        guard bytes.count > 6, Int(bytes[0]) << 8 | Int(bytes[1]) == bytes.count - 2, bytes[4] == 0x00 else { return nil }
+        switch bytes[5] {
+        case 0x0B: return hex([0x00, 0x0B] + sha256(Array(bytes[2...])))
+        case 0x0C: return hex([0x00, 0x0C] + sha384(Array(bytes[2...])))
+        default: return nil
+        }
     }
 }
 
