@@ -7,7 +7,9 @@
 set -uo pipefail
 deadline=$1; shift
 log=$(mktemp /tmp/keychain-test-log.XXXXXX)
-timeout --kill-after=30 "$deadline" swift test --skip-build "$@" 2>&1 | tee "$log"
+# Line-buffered (stdbuf, inherited by the test bundle): a hung run is killed, and what it had not flushed
+# (block-buffered into the pipe) was lost, names of the stuck tests included.
+timeout --kill-after=30 "$deadline" stdbuf -oL -eL swift test --skip-build "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 if ((status == 124 || status == 137)); then
   echo >&2

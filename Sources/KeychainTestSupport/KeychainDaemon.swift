@@ -28,6 +28,9 @@ public final class KeychainDaemon: @unchecked Sendable {
     private let listener: Int32
     /// The uid keychaind runs as; nil for this process's.
     public let user: uid_t?
+    /// The `XDG_RUNTIME_DIR` of a daemon run as another `user` (its TPM turn's lock goes there), in the
+    /// daemon's folder and removed with it: without one, the daemon made `/tmp/keychain-<uid>` and left it.
+    public var runtimeDirectory: String { directory + "/run" }
     /// prlimit(1) options keychaind starts under (`--nproc=64`).
     private let processLimits: [String]
     private let lock = NSLock()
@@ -61,8 +64,11 @@ public final class KeychainDaemon: @unchecked Sendable {
                           "--reader", reader ?? "none"] + arguments
         listener = try Self.listen(directory + "/keychaind.sock")
         if let user {
-            if mkdir(self.store, 0o700) != 0 && errno != EEXIST { throw SoftwareTPMError("cannot create \(self.store): errno \(errno)") }
-            for path in [self.store, tpm.directory, tpm.directory + "/tpm", tpm.directory + "/tpm.ctrl"] where chown(path, user, user) != 0 {
+            for dir in [self.store, runtimeDirectory] where mkdir(dir, 0o700) != 0 && errno != EEXIST {
+                throw SoftwareTPMError("cannot create \(dir): errno \(errno)")
+            }
+            for path in [self.store, runtimeDirectory, tpm.directory, tpm.directory + "/tpm", tpm.directory + "/tpm.ctrl"]
+            where chown(path, user, user) != 0 {
                 throw SoftwareTPMError("cannot give \(path) to uid \(user): errno \(errno)")
             }
         }
@@ -102,7 +108,7 @@ public final class KeychainDaemon: @unchecked Sendable {
             defer { if log >= 0 { close(log) } }
             var env = ProcessInfo.processInfo.environment
             env.removeValue(forKey: "KEYCHAIN_SOCKET")
-            if user != nil { env.removeValue(forKey: "XDG_RUNTIME_DIR") }  // the test's, not the daemon's user's
+            if user != nil { env["XDG_RUNTIME_DIR"] = runtimeDirectory }  // not the test's: the daemon's user's
             env.merge(environment) { $1 }
             // LISTEN_PID is the daemon's own pid: the shell sets it to its pid, then becomes keychaind.
             let script = "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\""

@@ -2,6 +2,7 @@ import BiometricsVault
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Observation
 import SecureMemory
 import Synchronization
@@ -11,7 +12,7 @@ import Testing
 /// the finger is verified before the credentials go behind it, `biometricsAvailable` is asked again at
 /// each read, and a UI bound to `state` is told of each change. A real swtpm, the simulated reader,
 /// scripted answers.
-@Suite("BiometricsVault as the seed's library")
+@Suite("BiometricsVault as the seed's library", .offThePool)
 struct SeedLibraryTests {
     typealias Credentials = VaultIntegrationTests.Credentials
     typealias Device = VaultIntegrationTests.Device

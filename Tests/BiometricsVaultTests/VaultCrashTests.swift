@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Synchronization
 import Testing
 
@@ -12,7 +13,7 @@ import Testing
 /// a new process finds the state the stored items say (the vault's table: the keychain item →
 /// `keychainSecured`, the biometric item alone → `locked`, nothing → `ready`), no credential is lost
 /// that the transition started with, and the next call from that state works, as does a reset.
-@Suite("BiometricsVault killed mid-transition")
+@Suite("BiometricsVault killed mid-transition", .offThePool)
 struct VaultCrashTests {
     static let pin = "2468"
     /// The credentials every transition starts with, and a second user's for a sign-in after a kill.

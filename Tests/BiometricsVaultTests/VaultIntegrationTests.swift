@@ -2,11 +2,12 @@ import BiometricsVault
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 
 /// The vault end to end: a real swtpm, the simulated reader, scripted answers.
-@Suite("BiometricsVault against swtpm")
+@Suite("BiometricsVault against swtpm", .offThePool)
 struct VaultIntegrationTests {
     struct Credentials: Codable, Sendable, Equatable { var user: String; var token: String }
     static let alice = Credentials(user: "alice", token: "t-1")

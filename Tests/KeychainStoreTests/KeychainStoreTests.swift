@@ -1,4 +1,5 @@
 import Foundation
+import KeychainTestThreads
 import Testing
 @testable import KeychainStore
 
@@ -450,7 +451,7 @@ private let crashScript = """
         db.execute("COMMIT")
     """
 
-@Suite(.enabled(if: python3 != nil, "needs python3 with sqlite3 as a second process"))
+@Suite(.enabled(if: python3 != nil, "needs python3 with sqlite3 as a second process"), .offThePool)
 struct StoreMultiProcessTests {
     @Test func aWriteWaitsOutAnotherProcessHoldingTheLockPastSQLitesOwnTimeout() throws {
         try withTemporaryStorePath { path in

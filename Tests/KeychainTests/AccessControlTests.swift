@@ -2,12 +2,13 @@ import Foundation
 @testable import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 import TPM2
 
 /// The six AccessControl values, each a TPM policy, with the simulated reader and scripted answers.
-@Suite("Access control on a real TPM")
+@Suite("Access control on a real TPM", .offThePool)
 struct AccessControlTests {
     static let pin = "2468"
 

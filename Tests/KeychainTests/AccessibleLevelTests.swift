@@ -1,10 +1,11 @@
 import Foundation
 import Keychain
+import KeychainTestThreads
 import SecureMemory
 import Testing
 
 /// Every `Accessible` level through reboot, unlock, lock and PCR change, on a real swtpm.
-@Suite("Accessible levels on a real TPM")
+@Suite("Accessible levels on a real TPM", .offThePool)
 struct AccessibleLevelTests {
     static let passcode = "4826"
 

@@ -2,6 +2,7 @@ import Foundation
 @testable import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import KeychainWire
 import SecureMemory
 import Testing
@@ -9,7 +10,7 @@ import TPM2
 
 /// Credential activation with two software TPMs as two devices, and a server with no TPM
 /// (`attest challenge`, `attest verify`) between them.
-@Suite("attestation")
+@Suite("attestation", .offThePool)
 struct AttestationTests: TwoDeviceTest {
     typealias Device = CLIDevice
     typealias Outcome = (status: Int32, stdout: [UInt8], stderr: String)

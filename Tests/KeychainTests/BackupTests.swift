@@ -1,12 +1,13 @@
 import Foundation
 @testable import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 
 /// `keychainctl backup` and `restore` across two devices: two software TPMs, A and B, each with its
 /// own store, as two machines would be.
-@Suite("backup and restore")
+@Suite("backup and restore", .offThePool)
 struct BackupTests: TwoDeviceTest {
     typealias Device = CLIDevice
 
@@ -211,7 +212,7 @@ struct BackupTests: TwoDeviceTest {
 }
 
 /// The backup parser against arbitrary input: clear errors only, never a crash and never a success.
-@Suite("backup file parser")
+@Suite("backup file parser", .offThePool)
 struct BackupParserFuzzTests {
     func written(_ items: Int) throws -> [UInt8] {
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("kcb-\(UUID().uuidString)").path

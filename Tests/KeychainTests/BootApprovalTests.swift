@@ -2,13 +2,14 @@ import Foundation
 @testable import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 import TPM2
 
 /// Local approval of boot states (issue 12): a PCR 7 extension stands in for a firmware or Secure Boot
 /// update. Items stay; a state opens them once it is approved with the passcode or the owner authorization.
-@Suite("Approved boot states for ThisDeviceOnly items")
+@Suite("Approved boot states for ThisDeviceOnly items", .offThePool)
 struct BootApprovalTests {
     static let passcode = "2580"
     var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }

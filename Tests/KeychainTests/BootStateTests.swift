@@ -2,13 +2,14 @@ import Foundation
 @testable import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 import TPM2
 
 /// What a `ThisDeviceOnly` key may be sealed to: PCRs that hold a boot state, with the values they had
 /// when the keychain was set up.
-@Suite("Boot state of ThisDeviceOnly keys")
+@Suite("Boot state of ThisDeviceOnly keys", .offThePool)
 struct BootStateTests {
     @Test(arguments: [[16], [23], [7, 23], [17], [22], [24], [-1], []])
     func pcrSelectionsThatBindNothingAreRefusedByTheLibrary(pcrs: [Int]) async throws {

@@ -2,12 +2,13 @@ import Foundation
 @testable import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 import TPM2
 
 /// Someone who reads our files and talks to the TPM directly, skipping this library's Swift code.
-@Suite("Bypass with the stored blobs and direct ESAPI")
+@Suite("Bypass with the stored blobs and direct ESAPI", .offThePool)
 struct BypassTests {
     struct Stolen {
         let blob: TPMContext.SealedBlob
@@ -226,7 +227,7 @@ struct BypassTests {
 }
 
 /// The device-lock layout computed offline matches what the TPM reports for the indices it holds.
-@Suite("The device-lock layout against the TPM")
+@Suite("The device-lock layout against the TPM", .offThePool)
 struct DeviceLockLayoutTests {
     @Test func theOfflineNamesOfAllFourIndicesMatchTheTPMs() async throws {
         let f = try Fixture()

@@ -1,11 +1,12 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// Hostile input to the real `keychainctl` binary: bytes that are not UTF-8, endless stdin, keys
 /// that look like options, keys that carry terminal escapes.
-@Suite("keychainctl input")
+@Suite("keychainctl input", .offThePool)
 struct CLIInputTests {
     var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
 

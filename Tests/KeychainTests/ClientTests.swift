@@ -2,11 +2,12 @@ import Foundation
 import Keychain
 import KeychainClient
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// `KeychainClient`, keychaind's item calls without the library: the same items, codes and messages.
 /// (What it links is checked on a program built outside this package: scripts/test-outside-package.sh.)
-@Suite("KeychainClient: keychaind without the library")
+@Suite("KeychainClient: keychaind without the library", .offThePool)
 struct ClientTests {
     let tpm: SoftwareTPM
     let daemon: KeychainDaemon

@@ -2,12 +2,13 @@ import Foundation
 import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// The contract suites, run again through keychaind: the same tests (not a copy), in a child run of
 /// this test bundle with `KEYCHAIN_TEST_THROUGH_DAEMON=1`, where every `Fixture` and `SimulatedDevice`
 /// serves its store with keychaind and calls it through the socket.
-@Suite("The contract through keychaind")
+@Suite("The contract through keychaind", .offThePool)
 struct ContractThroughDaemonTests {
     static let suites = ["SeedContractTests", "AccessibleLevelTests", "AccessControlTests", "OptionsTests", "VaultIntegrationTests",
                          "SeedLibraryTests", "SignInFlowTests"]

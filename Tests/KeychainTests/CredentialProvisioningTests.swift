@@ -1,13 +1,14 @@
 import Foundation
 @testable import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 
 /// Issue 20: a fleet's pipeline seals a service's secret to one device (`seal-for --credential
 /// UNIT:ID`), and the administrator's `import` through keychaind makes it that unit's systemd
 /// credential; `identity` and `import` go through keychaind, for root and the group `admin` only.
-@Suite("systemd credentials provisioned through keychaind")
+@Suite("systemd credentials provisioned through keychaind", .offThePool)
 struct CredentialProvisioningTests {
     static let user: UInt32 = 1600
 

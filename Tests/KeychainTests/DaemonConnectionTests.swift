@@ -1,12 +1,13 @@
 import Foundation
 import KeychainTestSupport
+import KeychainTestThreads
 import KeychainWire
 import Testing
 @testable import Keychain
 
 /// Many calls on one keychaind connection: the daemon keeps the decoding of a connection's last
 /// options (a client sends the same bytes with every call of a storage), never a decision.
-@Suite("keychaind: one connection, many calls")
+@Suite("keychaind: one connection, many calls", .offThePool)
 struct DaemonConnectionTests {
     let tpm: SoftwareTPM
     let daemon: KeychainDaemon

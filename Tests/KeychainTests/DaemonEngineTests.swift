@@ -1,11 +1,12 @@
 import Foundation
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// keychaind makes a storage per request; its engine (the store's thread, database and the keys it
 /// opened) must live for the daemon, not for one request (issue 9, item 6: engines end with their
 /// last storage or device).
-@Suite struct DaemonEngineTests {
+@Suite(.offThePool) struct DaemonEngineTests {
     @Test func theDaemonKeepsAKeyItOpenedBetweenRequests() throws {
         let tpm = try SoftwareTPM()
         let daemon = try KeychainDaemon(tpm: tpm, reader: tpm.directory + "/reader")

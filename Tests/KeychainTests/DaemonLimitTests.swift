@@ -1,12 +1,13 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// keychaind's per-user limits (issue 22): one uid cannot fill the store, keep its space after a
 /// `clear`, or put its backlog ahead of another user's calls. keychaind runs as root (the tests do),
 /// the clients as other uids through `setpriv`, on a real swtpm.
-@Suite("keychaind: per-user limits")
+@Suite("keychaind: per-user limits", .offThePool)
 struct DaemonLimitTests {
     static let nobody: UInt32 = 65534
     static let other: UInt32 = 65533
@@ -93,6 +94,54 @@ struct DaemonLimitTests {
                 && user.err.contains("credential rm --user UNIT ID"), "\(user.err)")
         #expect(try ctl(daemon, ["credential", "rm", "unit3.service", "token"]).status == 0)
         #expect(try ctl(daemon, ["credential", "set", "unit4.service", "token"], input: Array("v".utf8)).status == 0, "space given back")
+    }
+
+    /// Before, a connection over the per-uid or the total connection limit was closed at accept
+    /// without a word: the client could only report a closed connection, as if the daemon had
+    /// crashed. Now it gets one error frame first: HARDWARE_UNAVAILABLE (the service, not the call,
+    /// is unavailable), naming the limit, the uid's count and what to do, read by a raw client that
+    /// sends nothing and by both keychainctl tools as another uid; root and the others are served.
+    @Test func aConnectionOverTheLimitsIsToldWhichLimitAndWhatToDo() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm, arguments: ["--max-connections", "4"])  // 1 per uid
+        #expect(try ctl(daemon, ["set", "svc", "k"], input: Array("v".utf8)).status == 0)
+        let nobody = try IdleConnections(socket: daemon.socket, count: 1, uid: Self.nobody)
+        defer { nobody.release() }
+        #expect(nobody.held == 1, "nobody holds \(nobody.held.map(String.init) ?? "?") connections")
+        let perUser = "keychaind serves at most 1 connection of one uid at once (a quarter of --max-connections 4) and uid \(Self.nobody) has 1 open"
+        // A raw client that sends nothing reads the refusal: an error frame, then the end.
+        let raw = rawWireClient + """
+            s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+            reply = read(s, struct.unpack('>I', read(s, 4))[0])
+            f = fields(reply)
+            print(reply[1] == 0x81, f['30'], f['31'], s.recv(1) == b'', sep='\\n')
+            """
+        let said = try run("/usr/bin/setpriv", ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups", "/usr/bin/python3", "-c",
+                                                raw, daemon.socket])
+        let lines = String(decoding: said.stdout, as: UTF8.self).split(separator: "\n").map(String.init)
+        #expect(said.status == 0 && lines.count == 4 && lines[0] == "True" && lines[1] == "HARDWARE_UNAVAILABLE" && lines[3] == "True",
+                "the raw client: \(lines) \(said.stderr)")
+        #expect(lines.count > 2 && lines[2].hasPrefix(perUser) && lines[2].contains("nothing was done")
+                && lines[2].contains("Close connections that user's programs hold idle and retry") && lines[2].contains("raise --max-connections"),
+                "\(lines)")
+        for tool in ["keychainctl", "keychainctl-full"] {
+            let refused = try run("/usr/bin/setpriv", ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups",
+                                                       buildDirectory.appendingPathComponent(tool).path, "get", "svc", "k"],
+                                  environment: daemon.environment)
+            #expect(refused.status == 3 && refused.stderr.contains("HARDWARE_UNAVAILABLE") && refused.stderr.contains(perUser),
+                    "\(tool): \(refused.stderr)")
+        }
+        // Root has its own quarter.
+        let served = try ctl(daemon, ["get", "svc", "k"])
+        #expect(served.status == 0 && served.out == "v", "root while nobody holds its connection: \(served.err)")
+        // Three more uids hold the other three connections: root's is refused for the total, in words.
+        let others = try [Self.other, 65532, 65530].map { try IdleConnections(socket: daemon.socket, count: 1, uid: $0) }
+        defer { for holder in others { holder.release() } }
+        #expect(others.allSatisfy { $0.held == 1 }, "each uid holds one connection: \(others.map(\.held))")
+        let full = try ctl(daemon, ["get", "svc", "k"])
+        #expect(full.status == 3 && full.err.contains("HARDWARE_UNAVAILABLE")
+                && full.err.contains("keychaind serves at most 4 connections at once (--max-connections) and all are open: nothing was done")
+                && full.err.contains("Retry once some have closed"), "root with every connection held: \(full.err)")
     }
 
     /// Before, the database never shrank: a uid's 16 MiB values stayed on disk after `clear` (5.7 MB,

@@ -1,13 +1,14 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// Issue 22 item 7: after `init` took ownership, the first fingerprint enrollment through keychaind
 /// makes the reader's key persistent (EvictControl), which needs the owner authorization. keychaind
 /// is given it the documented ways (`--owner-auth-file`, systemd's `LoadCredential=owner.auth:…`);
 /// without it the call says so, with the command that works, instead of a raw EvictControl 0x9A2.
-@Suite("keychaind: the owner authorization for the reader")
+@Suite("keychaind: the owner authorization for the reader", .offThePool)
 struct DaemonOwnerAuthorizationTests {
     let ctl = buildDirectory.appendingPathComponent("keychainctl").path
 

@@ -1,12 +1,13 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// keychaind at the edge of its process limits (issue 22 items 3 and 5): tasks (RLIMIT_NPROC) and
 /// descriptors (RLIMIT_NOFILE). The daemon runs as a uid of its own through `setpriv` (root is not
 /// held by RLIMIT_NPROC) under `prlimit`, on a real swtpm.
-@Suite("keychaind: under its task and descriptor limits")
+@Suite("keychaind: under its task and descriptor limits", .offThePool)
 struct DaemonResourceTests {
     /// keychaind's uid in these tests: no other test runs tasks as it, so its task count is the daemon's.
     static let daemonUser: uid_t = 65531
@@ -111,6 +112,29 @@ struct DaemonResourceTests {
         let other = try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", Self.keychainctl, "ls", "svc"],
                             environment: daemon.environment)
         #expect(other.status == 0, "nobody after the burst: \(other.stderr)")
+    }
+
+    /// Before, a keychaind run as another uid made `/tmp/keychain-<uid>` for its TPM turn's lock (it
+    /// had no XDG_RUNTIME_DIR) and the directory outlived every test: `/tmp/keychain-65531` was left on
+    /// the machine. Now its runtime directory is in the daemon's folder: the lock is made there, never
+    /// in `/tmp/keychain-<uid>`, and goes with the folder.
+    @Test func aDaemonRunAsAnotherUserLeavesNoDirectoryOfItsUserBehind() throws {
+        let shared = "/tmp/keychain-\(Self.daemonUser)"
+        let existed = FileManager.default.fileExists(atPath: shared)
+        let folder: String
+        do {
+            let tpm = try SoftwareTPM()
+            let daemon = try KeychainDaemon(tpm: tpm, user: Self.daemonUser)
+            folder = daemon.directory
+            // A write seals: a TPM operation, which takes the turn.
+            #expect(try run(Self.keychainctl, ["set", "svc", "k"], input: Array("v".utf8), environment: daemon.environment).status == 0)
+            let own = (try? FileManager.default.contentsOfDirectory(atPath: daemon.runtimeDirectory + "/keychain")) ?? []
+            let lock = try #require(own.first { $0.hasPrefix("tpm-") && $0.hasSuffix(".lock") },
+                                    "the daemon's TPM lock is not in its runtime directory: \(own)")
+            #expect(!FileManager.default.fileExists(atPath: shared + "/" + lock), "the daemon's TPM lock is in \(shared)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: folder), "the daemon's folder outlived it")
+        if !existed { #expect(!FileManager.default.fileExists(atPath: shared), "\(shared) was made") }
     }
 
     /// Before, `--max-connections` was not checked against the descriptor limit: under a limit below

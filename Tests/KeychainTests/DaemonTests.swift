@@ -1,13 +1,14 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import KeychainWire
 import SecureMemory
 import Testing
 
 /// keychaind with other Unix users: each runs the built `keychainctl` under `setpriv` (we run as
 /// root), so the daemon sees a real other uid through SO_PEERCRED.
-@Suite("keychaind: users, access groups, the device")
+@Suite("keychaind: users, access groups, the device", .offThePool)
 struct DaemonUserTests {
     static let nobody: UInt32 = 65534
     static let other: UInt32 = 65533
@@ -229,7 +230,7 @@ struct DaemonUserTests {
 }
 
 /// keychaind against clients that misbehave and against its own death.
-@Suite("keychaind: faults")
+@Suite("keychaind: faults", .offThePool)
 struct DaemonFaultTests {
     let tpm: SoftwareTPM
     let daemon: KeychainDaemon
@@ -492,7 +493,7 @@ struct DaemonFaultTests {
 }
 
 /// dist/systemd: the units systemd itself accepts, with the hardening the service relies on.
-@Suite("keychaind: systemd units")
+@Suite("keychaind: systemd units", .offThePool)
 struct SystemdUnitTests {
     static var units: URL {
         URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()

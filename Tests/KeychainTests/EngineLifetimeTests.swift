@@ -1,11 +1,12 @@
 import Foundation
 @testable import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// An engine (a store's thread, its open database and the secrets it holds) lives while a storage
 /// or device of its store does, and ends with the last one (issue 9, item 6).
-@Suite("An engine ends with its last storage")
+@Suite("An engine ends with its last storage", .offThePool)
 struct EngineLifetimeTests {
     @Test func anEnginesThreadEndsWhenItsLastStorageGoes() async throws {
         let tpm = try SoftwareTPM()

@@ -2,13 +2,14 @@ import Foundation
 @testable import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 
 /// A store of the first format (schema 1, token items under "<service>@strongbox") is migrated on
 /// open. The stores are made by the first format's own steps: SQL for its layout, and its `none`
 /// token items' own data keys sealed by the token as that version sealed them.
-@Suite("Stores of the first format are migrated on open")
+@Suite("Stores of the first format are migrated on open", .offThePool)
 struct FirstFormatMigrationTests {
     /// Turns the token rows of a store into the first format's layout, as that version wrote them:
     /// schema version 1 (no backend columns), token items and keys under "<service>@strongbox", a

@@ -1,5 +1,6 @@
 import Foundation
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// The first provisioning of a fresh TPM (SRK, device-lock indices, boot-state approval index, the
@@ -7,7 +8,7 @@ import Testing
 /// the next run must finish it and leave a working device. Before, a kill between the descriptor
 /// index's NV_DefineSpace and its NV_Write left an index nobody ever wrote, and every later operation
 /// failed with "Cannot provision the TPM (NV_Read)" (TPM_RC_NV_UNINITIALIZED) for good.
-@Suite("First provisioning killed at every TPM command")
+@Suite("First provisioning killed at every TPM command", .offThePool)
 struct FirstProvisioningCrashTests {
     let ctl = buildDirectory.appendingPathComponent("keychainctl").path
 

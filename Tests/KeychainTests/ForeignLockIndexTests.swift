@@ -1,10 +1,11 @@
 import Foundation
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// Someone else's NV index at a device-lock handle is never taken for ours: provisioning compares its
 /// name (public area: attributes, write policy, size, written) with the one it defines.
-@Suite("Foreign indices at the device lock's handles")
+@Suite("Foreign indices at the device lock's handles", .offThePool)
 struct ForeignLockIndexTests {
     let ctl = buildDirectory.appendingPathComponent("keychainctl").path
 

@@ -1,12 +1,13 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// keychainctl's front (Sources/keychainctl, no Foundation) against the full tool (keychainctl-full)
 /// over one keychaind: every command the front does itself gives the same stdout, stderr and exit
 /// code, byte for byte, as a user other than root (SO_PEERCRED) and as root.
-@Suite("keychainctl's front")
+@Suite("keychainctl's front", .offThePool)
 struct FrontTests {
     static let nobody: UInt32 = 65534
     let tpm: SoftwareTPM

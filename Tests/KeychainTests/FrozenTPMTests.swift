@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Synchronization
 import Testing
 
@@ -9,7 +10,7 @@ import Testing
 /// command) is answered at once while root's cold calls wait for the TPM; and each cold call fails
 /// at the deadline its message names (30 s), counted from when it was made, the one queued behind
 /// another's included. `WarmReadTests` does the same in-process.
-@Suite("keychaind with a frozen TPM")
+@Suite("keychaind with a frozen TPM", .offThePool)
 struct FrozenTPMTests {
     static let nobody: UInt32 = 65534
 

@@ -1,12 +1,13 @@
 import Foundation
 @testable import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 import TPM2
 
 /// `keychainctl identity` on a software TPM made by `swtpm_setup --create-ek-cert` with swtpm's
 /// local CA, checked against what tpm2-tools and openssl read from the same TPM and certificate.
-@Suite("device identity")
+@Suite("device identity", .offThePool)
 struct IdentityTests {
     var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
 

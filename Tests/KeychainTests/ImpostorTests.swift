@@ -1,12 +1,13 @@
 import Foundation
 @testable import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import KeychainWire
 import Testing
 
 /// A socket planted where KEYCHAIN_SOCKET points, by another user: the clients check the listener's
 /// uid (SO_PEERCRED) before they send anything, so the impostor gets no value and no passcode.
-@Suite("keychaind clients refuse an impostor's socket")
+@Suite("keychaind clients refuse an impostor's socket", .offThePool)
 struct ImpostorTests {
     static let nobody: UInt32 = 65534
     static let value = "value-7c1e-secret", passcode = "9731-secret"

@@ -2,11 +2,12 @@ import Foundation
 import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 
 /// Tampered rows are DATA_CORRUPTED for that item alone; values are kept exactly; the TPM is pinned.
-@Suite("Store integrity")
+@Suite("Store integrity", .offThePool)
 struct IntegrityTests {
     func flip(_ bytes: [UInt8], at index: Int = 0) -> [UInt8] {
         var copy = bytes

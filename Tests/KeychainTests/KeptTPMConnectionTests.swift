@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import TPM2
 import Testing
 
@@ -8,7 +9,7 @@ import Testing
 /// TPM's turn and a salted transport session from one TPM operation to the next (`--tpm-linger`),
 /// so a cold read after the first sends no leftover check and no salted StartAuthSession. Counted
 /// in TPM commands (`takeTPMCommandCount`, every command through `TPMContext.call`), never timed.
-@Suite("keychaind's kept TPM connection")
+@Suite("keychaind's kept TPM connection", .offThePool)
 struct KeptTPMConnectionTests {
     /// The TPM commands of one cold read through `daemon`: its key forgotten first (`dropCaches`).
     static func coldReadCommands(_ storage: Keychain, _ device: KeychainDevice, expecting value: String) async throws -> Int {

@@ -1,13 +1,14 @@
 import Foundation
 @testable import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 
 /// Issue 22 item 1: a name any user can store must never make the administrator's backup
 /// impossible to restore. One bound (`ItemNames`) for every way in, counted as the seed's
 /// JavaScript counts; a restore that meets a name out of bounds restores the rest and names it.
-@Suite("names: one bound from the write to the restore")
+@Suite("names: one bound from the write to the restore", .offThePool)
 struct NameBoundsTests: TwoDeviceTest {
     static let nobody: UInt32 = 65534
     /// 256 characters to Swift, 77,056 UTF-16 code units, 153,856 UTF-8 bytes.

@@ -1,4 +1,5 @@
 import Foundation
+import KeychainTestThreads
 import Testing
 @testable import Keychain
 import KeychainTestSupport
@@ -446,7 +447,7 @@ extension OptionsTests {
 extension OptionsTests {
     /// The options as a storage applies them on a real TPM: in-process, and through keychaind in the
     /// run of `ContractThroughDaemonTests` (the daemon resolves the per-call options it is sent).
-    @Suite struct ThroughAStorageTests {
+    @Suite(.offThePool) struct ThroughAStorageTests {
         @Test func aPerCallOverrideIsTheStoredItemsProtection() async throws {
             let f = try Fixture()
             let storage = try createKeychain(.init(service: "o", accessible: .whenUnlockedThisDeviceOnly), configuration: f.configuration)
@@ -481,7 +482,7 @@ extension OptionsTests {
 extension OptionsTests {
     /// Swift's `Optional.none` against the seed's `AccessControl.None`: a porting user writes `.none`
     /// meaning the seed's constant, and must get it (issue 21, item 4).
-    @Suite struct NoneIsTheSeedsNoneTests {
+    @Suite(.offThePool) struct NoneIsTheSeedsNoneTests {
         @Test func aWritesNoneOverrideStoresAnUnprotectedItemInABiometricStorage() throws {
             // The seed's `vault.setItem('k', v, { accessControl: AccessControl.None })`.
             let vault = try KeychainOptions(service: "vault", accessControl: .biometryCurrentSet).validated()

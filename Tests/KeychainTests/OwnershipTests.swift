@@ -1,13 +1,14 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 import TPM2
 
 /// Taking ownership of the TPM: with an empty owner authorization anyone with TPM access undefines
 /// the passcode's PIN index and defines their own (same name, their authValue), passes PolicySecret
 /// and reads passcode items; with an empty lockout authorization anyone clears the TPM.
-@Suite("TPM ownership")
+@Suite("TPM ownership", .offThePool)
 struct OwnershipTests {
     var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
     static let pinIndex = "0x01004B50"

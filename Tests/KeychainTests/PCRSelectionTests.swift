@@ -1,12 +1,13 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// Issue 22 item 11: the PCR selection is the keychain's, recorded at `init`: every later command
 /// and keychaind use it without `--pcrs`, another `--pcrs` is refused naming both, and no message
 /// names an empty list.
-@Suite("PCR selection recorded at init")
+@Suite("PCR selection recorded at init", .offThePool)
 struct PCRSelectionTests {
     let ctl = buildDirectory.appendingPathComponent("keychainctl").path
 

@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 import TPM2
 
@@ -9,7 +10,7 @@ import TPM2
 /// new one, in the TPM and in the store, as `keychainctl` shows it. Before, a killed `set` left
 /// "passcode: set" with the empty passcode opening the device and its passcode items, and a killed
 /// `remove` destroyed whenPasscodeSet items while the passcode stayed.
-@Suite("Passcode and enrollment changes killed at every TPM command")
+@Suite("Passcode and enrollment changes killed at every TPM command", .offThePool)
 struct PasscodeCrashTests {
     let tpm: SoftwareTPM
     let store: String

@@ -1,12 +1,13 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 import TPM2
 
 /// `keychainctl` as scripts use it: separate processes on one store and one TPM.
-@Suite("keychainctl processes")
+@Suite("keychainctl processes", .offThePool)
 struct ProcessTests {
     var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
 
@@ -372,7 +373,7 @@ enum TPMContextProbe {
 }
 
 /// `keychainctl demo`, as a newcomer runs it: it finishes, and names the code behind each fallback.
-@Suite("keychainctl demo")
+@Suite("keychainctl demo", .offThePool)
 struct DemoTests {
     @Test func theDemoRunsTheFlowAndNamesEachFallbacksCode() throws {
         let ctl = buildDirectory.appendingPathComponent("keychainctl").path

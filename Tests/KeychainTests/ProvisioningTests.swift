@@ -2,12 +2,13 @@ import Foundation
 @testable import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 import TPM2
 
 /// `seal-for` on a machine without a TPM, `import` on the device: two software TPMs, A and B.
-@Suite("provisioning bundles")
+@Suite("provisioning bundles", .offThePool)
 struct ProvisioningTests: TwoDeviceTest {
     typealias Device = CLIDevice
 

@@ -2,13 +2,14 @@ import Foundation
 @testable import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 import TPM2
 
 /// Only an enrollment change of the reader an item was sealed to invalidates it; a reader that is
 /// missing, misconfigured or another one keeps biometric items (and their keys) intact.
-@Suite("A missing or other reader keeps biometric items")
+@Suite("A missing or other reader keeps biometric items", .offThePool)
 struct ReaderAvailabilityTests {
     static let pin = AccessControlTests.pin
     typealias Device = AccessControlTests.Device

@@ -1,12 +1,13 @@
 import Foundation
 import Keychain
+import KeychainTestThreads
 import Testing
 
 /// `keychainctl --store RELATIVE/PATH` with the embedded software TPM. Its swtpm daemonizes into `/`,
 /// so a relative store path handed to it named `/RELATIVE/PATH`: the TPM's state and sockets went
 /// elsewhere than the store, and the first command failed (`CreatePrimary(salt key)`, TPM_RC 0x101).
 /// The configuration now makes the path absolute when it is set.
-@Suite("Relative store paths")
+@Suite("Relative store paths", .offThePool)
 struct RelativeStoreTests {
     let ctl = buildDirectory.appendingPathComponent("keychainctl").path
 

@@ -1,6 +1,7 @@
 import Foundation
 @testable import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import KeychainWire
 import SecureMemory
 import Synchronization
@@ -86,7 +87,7 @@ final class RecordingService: KeychainService, @unchecked Sendable {
 
 /// keychaind's request handler over a recording service: each wire operation is one call of the
 /// API, in the scope the kernel's uid gives (never the request's), with messages as thrown.
-@Suite("keychaind's request handler (no TPM)")
+@Suite("keychaind's request handler (no TPM)", .offThePool)
 struct RequestHandlerTests {
     static let user = Peer(pid: 1, uid: 1600, gid: 1600, groups: [])
 
@@ -279,7 +280,7 @@ struct RequestHandlerTests {
 }
 
 /// Scopes in the store: the process's own services can never spell one of keychaind's.
-@Suite("item scopes")
+@Suite("item scopes", .offThePool)
 struct ItemScopeTests {
     @Test func storeNamesParseBackToTheirScope() throws {
         for (scope, service) in [(ItemScope.user(1600), "bank"), (.user(0), "a/b"), (.group("team"), "vpn"), (.group("x.y-z"), "uid:1/k"),
@@ -307,7 +308,7 @@ struct ItemScopeTests {
 }
 
 /// Issue 22 item 8: a provisioning bundle's bytes never choose whose items it writes.
-@Suite("a bundle lands in the importer's scope")
+@Suite("a bundle lands in the importer's scope", .offThePool)
 struct BundleScopeTests {
     static let victim: UInt32 = 1600
 

@@ -2,6 +2,7 @@ import Foundation
 @testable import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 import TPM2
@@ -12,7 +13,7 @@ import TPM2
 /// Run in-process and, with `KEYCHAIN_TEST_THROUGH_DAEMON=1` (`ContractThroughDaemonTests`), through
 /// keychaind: the store files the tests inspect are then the daemon's, its services `uid:N/…`
 /// (`d.storeService`), and "another store on the TPM" is a second daemon (`otherStore`).
-@Suite("Seed contract: item windows, CurrentSet siblings, lock before prompt")
+@Suite("Seed contract: item windows, CurrentSet siblings, lock before prompt", .offThePool)
 struct SeedContractTests {
     static let pin = AccessControlTests.pin
     typealias Device = AccessControlTests.Device

@@ -1,11 +1,12 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// What a user porting an app from the seed's library runs into (issue 21): each test is a call the
 /// seed's documents make, and what it must answer on Linux.
-@Suite("seed porting")
+@Suite("seed porting", .offThePool)
 struct SeedPortingTests {
     var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
 

@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 private let nobody: uid_t = 65534
@@ -10,7 +11,7 @@ private let embeddedTPMIsUsed = !FileManager.default.fileExists(atPath: "/dev/tp
 
 /// `keychainctl` on store directories and files that someone else made, and on stores whose
 /// database was lost, emptied or swapped: each is refused with its code, never used or read as empty.
-@Suite("Store trust and identity (keychainctl processes)")
+@Suite("Store trust and identity (keychainctl processes)", .offThePool)
 struct StoreTrustProcessTests {
     var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
 

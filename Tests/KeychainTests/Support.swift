@@ -67,19 +67,11 @@ var buildDirectory: URL {
 }
 
 /// Runs a program with `input` on stdin; its exit status, stdout and stderr (`runChild`: killed
-/// after `childDeadlineSeconds`).
+/// after `childDeadlineSeconds`). It blocks its thread until the child ends: a suite that calls it
+/// is `.offThePool`.
 @discardableResult
 func run(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:]) throws -> ChildResult {
     try runChild(path, args, input: input, environment: environment, deadline: childDeadlineSeconds)
-}
-
-/// `run` on a thread of its own, for async tests: a child's wait must not hold one of the cooperative
-/// pool's threads (as many as cores, two on the shared machine), which every other test's
-/// continuation needs. Two 12 s children run on the pool made a 2 s prompt's read end after 14 s.
-func runOffPool(_ path: String, _ args: [String], input: [UInt8] = [], environment: [String: String] = [:]) async throws -> ChildResult {
-    try await withCheckedThrowingContinuation { continuation in
-        Thread { continuation.resume(with: Result { try run(path, args, input: input, environment: environment) }) }.start()
-    }
 }
 
 /// How long a child of a test may run.
@@ -138,8 +130,8 @@ let rawWireClient = """
 
 /// `count` connections to a daemon's socket opened by another uid (python3 through setpriv) and
 /// held open without a byte sent, as an idle client we did not write holds them, until `release()`.
-/// `held` is how many the daemon kept: a refused connection reads EOF, so the count is taken once
-/// no refusal came for 3 s.
+/// `held` is how many the daemon kept: a refused connection reads the daemon's refusal, then EOF (a
+/// kept one reads nothing), so the count is taken once no refusal came for 3 s.
 final class IdleConnections {
     let held: Int?
     private let process = Process()
@@ -156,7 +148,7 @@ final class IdleConnections {
                 ready, _, _ = select.select(list(pending), [], [], 3)
                 if not ready: break
                 for s in ready:
-                    if s.recv(1) == b'': closed += 1; pending.discard(s)
+                    s.recv(65536); closed += 1; pending.discard(s)
             print(len(socks) - closed, flush=True)
             sys.stdin.read()
             """

@@ -1,13 +1,14 @@
 import Foundation
 @testable import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 
 /// The system's prompts (issue 21 item 1), answered by the real agents: systemd's ask-password
 /// protocol by `systemd-tty-ask-password-agent` on a pty, the terminal by a person typing into
 /// `script(1)`'s pty; and what a process that can reach no one gets.
-@Suite("The system's prompts, answered by the real agents")
+@Suite("The system's prompts, answered by the real agents", .offThePool)
 struct SystemPromptTests {
     static let pin = "2468"
 
@@ -33,10 +34,10 @@ struct SystemPromptTests {
     /// `systemd-tty-ask-password-agent --query` on a pty of its own (script), in a mount namespace
     /// where `directory` is /run/systemd/ask-password (the agent reads only that one), typing `typed`.
     static func agentQuery(_ directory: String, typed: String) async throws -> (status: Int32, stdout: [UInt8], stderr: String) {
-        try await runOffPool("/usr/bin/unshare", ["-m", "--propagation", "private", "/bin/sh", "-c",
+        try run("/usr/bin/unshare", ["-m", "--propagation", "private", "/bin/sh", "-c",
                                      "mount --bind \"$1\" /run/systemd/ask-password && exec /usr/bin/script -qec "
                                      + "'/usr/bin/systemd-tty-ask-password-agent --query' /dev/null", "sh", directory],
-                input: Array(typed.utf8))
+            input: Array(typed.utf8))
     }
 
     /// Runs a program on script(1)'s pty and types `typed` only once it has shown `prompt`, as a person
@@ -115,10 +116,10 @@ struct SystemPromptTests {
         let socket = String(try #require(file.split(separator: "\n").first { $0.hasPrefix("Socket=") }).dropFirst("Socket=".count))
         #expect(chmod(socket, 0o777) == 0)
         let send = "import socket,sys; s=socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.sendto(sys.stdin.buffer.read(), sys.argv[1])"
-        let sent = try await runOffPool("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", send, socket],
-                                        input: Array(("+" + Self.pin).utf8))
+        let sent = try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", send, socket],
+                           input: Array(("+" + Self.pin).utf8))
         #expect(sent.status == 0, "\(sent.stderr)")
-        let canceled = try await runOffPool("/usr/bin/python3", ["-c", send, socket], input: Array("-".utf8))
+        let canceled = try run("/usr/bin/python3", ["-c", send, socket], input: Array("-".utf8))
         #expect(canceled.status == 0, "\(canceled.stderr)")
         let ended = await read
         #expect(ended == .userCanceled, "nobody's answer opened the item: \(String(describing: ended))")
@@ -199,7 +200,7 @@ struct SystemPromptTests {
 
 /// gcr's system prompter on a desktop of the test's own: Xvfb, a private session bus whose only
 /// activatable service is `/usr/libexec/gcr-prompter`, and a person typing into its dialog (xdotool).
-@Suite("gcr's system prompter under Xvfb, answered by typing into its dialog")
+@Suite("gcr's system prompter under Xvfb, answered by typing into its dialog", .offThePool)
 struct SystemPrompterTests {
     static let pin = "2468"
 
@@ -237,17 +238,12 @@ struct SystemPrompterTests {
         var environment: [String: String] { ["DISPLAY": screen.display, "DBUS_SESSION_BUS_ADDRESS": address] }
 
         /// Types `text` and Return into the dialog titled `title` once it shows, as a person would.
-        /// Off the pool: the dialog it waits for needs the pool to appear.
         func type(_ text: String, into title: String) async throws -> ChildResult {
-            try await offPool { [screen] in try screen.type(text, into: title) }
+            try screen.type(text, into: title)
         }
 
         func press(_ key: String, into title: String) async throws -> ChildResult {
-            try await offPool { [screen] in try screen.press(key, into: title) }
-        }
-
-        private func offPool(_ body: @escaping @Sendable () throws -> ChildResult) async throws -> ChildResult {
-            try await withCheckedThrowingContinuation { continuation in Thread { continuation.resume(with: Result { try body() }) }.start() }
+            try screen.press(key, into: title)
         }
     }
 
@@ -286,7 +282,7 @@ struct SystemPrompterTests {
 /// `org.gnome.keyring.internal.Prompter` with the real secret exchange (python3's `cryptography`),
 /// answering honestly (the control), with the passcode in clear, or not at all while a second client
 /// of the bus answers for it with everything the prompter knows.
-@Suite("gcr's system prompter protocol, attacked")
+@Suite("gcr's system prompter protocol, attacked", .offThePool)
 struct SystemPrompterAttackTests {
     static let pin = "2468"
 
@@ -338,7 +334,7 @@ struct SystemPrompterAttackTests {
             let count = "import dbus, sys; b = dbus.bus.BusConnection(sys.argv[1]); d = dbus.Interface(b.get_object('org.freedesktop.DBus', "
                 + "'/org/freedesktop/DBus'), 'org.freedesktop.DBus'); print(sum(1 for n in d.ListNames() if n.startswith(':') "
                 + "and int(d.GetConnectionUnixProcessID(n)) == int(sys.argv[2])))"
-            let result = try await runOffPool("/usr/bin/python3", ["-c", count, address, "\(pid)"])
+            let result = try run("/usr/bin/python3", ["-c", count, address, "\(pid)"])
             return try #require(Int(String(decoding: result.stdout, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)),
                                 "\(result.stderr)")
         }
@@ -504,7 +500,7 @@ if __name__ == "__main__":
         try await store.setItem("k", "v")
         let read = Task { await code { try await store.getItem("k") } }
         for _ in 0..<2400 where !FileManager.default.fileExists(atPath: bus.state) { try await Task.sleep(for: .milliseconds(50)) }
-        let attack = try await runOffPool("/usr/bin/python3", [bus.script, "attacker", bus.address, bus.state, Self.pin])
+        let attack = try run("/usr/bin/python3", [bus.script, "attacker", bus.address, bus.state, Self.pin])
         #expect(attack.status == 3, "the attacker's answer was not refused: \(String(decoding: attack.stdout, as: UTF8.self)) \(attack.stderr)")
         #expect(FileManager.default.createFile(atPath: bus.state + ".attacked", contents: nil))
         #expect(await read.value == .userCanceled, "the read took the attacker's answer")

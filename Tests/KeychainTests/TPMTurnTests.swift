@@ -1,13 +1,14 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Synchronization
 import Testing
 import TPM2
 
 /// A TPM without a resource manager (swtpm, `/dev/tpm0`) shared by processes that may die at any
 /// command: they take turns (a lock per TPM) and each turn starts by flushing what the dead left.
-@Suite("TPM turns and leftovers")
+@Suite("TPM turns and leftovers", .offThePool)
 struct TPMTurnTests {
     var ctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
 

@@ -1,11 +1,12 @@
 import Foundation
 @testable import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// KeychainTestSupport as the testing guide describes it: the starting state, the default
 /// configuration redirected per task, the environment for child processes, the folders of dead runs.
-@Suite struct TestSupportTests {
+@Suite(.offThePool) struct TestSupportTests {
     /// The guide states the starting state exactly; this holds it to it.
     @Test func aSimulatedDeviceStartsUnlockedWithItsPasscodeAndFingers() async throws {
         let d = try await SimulatedDevice(passcode: bytes("2468"), fingers: ["thumb"])

@@ -2,13 +2,14 @@ import Foundation
 @testable import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 import TPM2
 
 /// authValidity tickets (PolicyTicket) name the policyRef they were made for: each wrapping key's
 /// access-control branch has its own, so a ticket stands in for the key it was made for only.
-@Suite("authValidity tickets are bound to their key")
+@Suite("authValidity tickets are bound to their key", .offThePool)
 struct TicketBindingTests {
     static let pin = AccessControlTests.pin
     typealias Device = AccessControlTests.Device

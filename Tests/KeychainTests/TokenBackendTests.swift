@@ -2,11 +2,12 @@ import Foundation
 import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// `keyStorage: 'strongbox'` on a real SoftHSM2 token through p11-kit. Each test runs keychainctl in
 /// its own processes with a private SOFTHSM2_CONF (SoftHSM reads it once per process).
-@Suite("The PKCS#11 token backend")
+@Suite("The PKCS#11 token backend", .offThePool)
 struct TokenBackendTests {
     static let module = "/usr/lib/softhsm/libsofthsm2.so"
 
@@ -334,7 +335,7 @@ struct TokenBackendTests {
 /// and `lock()` forget it; another process (pkcs11-tool) destroys the key on the token between the
 /// reads. It runs in a child test process: an engine keeps its token module initialized for good,
 /// and SoftHSM2 takes one configuration per process.
-@Suite("The token storage keeps read data keys until dropCaches and lock")
+@Suite("The token storage keeps read data keys until dropCaches and lock", .offThePool)
 struct TokenDataKeyCacheTests {
     static let childVariable = "KEYCHAIN_TEST_TOKEN_CACHE_CHILD"
 

@@ -2,11 +2,12 @@ import Foundation
 import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// Lock-state levels on a token item (issue 9, item 3): the key is split between a part the token
 /// seals and a part the TPM seals under the level's policy, so the token alone does not open it.
-@Suite("The token enforces the lock-state levels with the TPM")
+@Suite("The token enforces the lock-state levels with the TPM", .offThePool)
 struct TokenLockStateTests {
     typealias Token = TokenBackendTests.Token
 
@@ -91,7 +92,7 @@ struct TokenLockStateTests {
 
 /// A read of a token item under a lock-state level costs the TPM commands of the same TPM item, no
 /// more. In a child test process: SoftHSM2 takes one configuration per process.
-@Suite("A token item's lock state costs no more TPM commands than a TPM item's")
+@Suite("A token item's lock state costs no more TPM commands than a TPM item's", .offThePool)
 struct TokenLockStateCostTests {
     static let childVariable = "KEYCHAIN_TEST_TOKEN_COST_CHILD"
 

@@ -2,12 +2,13 @@ import Foundation
 import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// Issue 22 item 12: the token backend on the PKCS#11 tokens Linux devices have beside SoftHSM2:
 /// openCryptoki's software token and tpm2-pkcs11 (through tpm2-abrmd on a private bus, on a swtpm of
 /// its own), through keychainctl in its own processes, the objects counted by pkcs11-tool.
-@Suite("Tokens people have: openCryptoki and tpm2-pkcs11", .serialized)
+@Suite("Tokens people have: openCryptoki and tpm2-pkcs11", .serialized, .offThePool)
 struct TokenModuleTests {
     @Test func openCryptokiSetGetClearTheLockStateLevelsAndCanUseWorkAndLeaveNoObjects() throws {
         try setGetClearTheLockStateLevelsAndCanUseWorkAndLeaveNoObjects(on: .openCryptoki)

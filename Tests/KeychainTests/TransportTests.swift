@@ -1,12 +1,13 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 import TPM2
 
 /// The software TPMs' transport: Unix sockets only their owner reaches, children that inherit nothing
 /// and die with their parent, TCTI strings checked at the edge.
-@Suite("software TPM transport")
+@Suite("software TPM transport", .offThePool)
 struct TransportTests {
     static let asNobody = ["--reuid=65534", "--regid=65534", "--clear-groups"]
 

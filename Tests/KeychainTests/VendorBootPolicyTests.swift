@@ -2,6 +2,7 @@ import Foundation
 @testable import Keychain
 import KeychainStore
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 import TPM2
@@ -9,7 +10,7 @@ import TPM2
 /// Vendor-signed boot states (issue 12, proof (c)): a store set up with the vendor's public key opens
 /// `ThisDeviceOnly` items in any state the vendor signed, and in no other; a policy signed by another key,
 /// or of a revoked generation, is refused by the TPM.
-@Suite("Vendor-signed boot states")
+@Suite("Vendor-signed boot states", .offThePool)
 struct VendorBootPolicyTests {
     static let passcode = "2580"
 

@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Synchronization
 import Testing
@@ -9,7 +10,7 @@ import Testing
 /// engine's thread (issue 22 item 4: a frozen TPM must not hold them up), and never a value the
 /// engine would refuse: a lock, a window's end, a write or a removal is seen at the next read.
 /// In-process: `FrozenTPMTests` does the same through keychaind.
-@Suite("Warm reads on the caller's thread")
+@Suite("Warm reads on the caller's thread", .offThePool)
 struct WarmReadTests {
     static let pin = "2468"
 
@@ -146,12 +147,12 @@ struct WarmReadTests {
         #expect(await device.takeTPMCommandCount() == 0, "a warm read")
 
         let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
-        let set = try await runOffPool(keychainctl, ["set", "s", "k"], input: Array("v2".utf8), environment: tpm.environment)
+        let set = try run(keychainctl, ["set", "s", "k"], input: Array("v2".utf8), environment: tpm.environment)
         try #require(set.status == 0, "\(set.stderr)")
         #expect(try await store.getItem("k") == "v2", "another process's write")
         #expect(try await store.getItem("k") == "v2")
 
-        let removed = try await runOffPool(keychainctl, ["rm", "s", "k"], environment: tpm.environment)
+        let removed = try run(keychainctl, ["rm", "s", "k"], environment: tpm.environment)
         try #require(removed.status == 0, "\(removed.stderr)")
         #expect(try await store.getItem("k") == nil, "another process's removal")
         #expect(try await store.getItem("k") == nil)
@@ -161,9 +162,9 @@ struct WarmReadTests {
         #expect(try await store.getItem("k") == "v3")
         // A byte of the stored value changed by another connection (no process of the keychain's):
         // the read checks the stored bytes again, and they fail authentication.
-        let edit = try await runOffPool("/usr/bin/python3", ["-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
-                                                             + "c.execute(\"UPDATE items SET ciphertext = zeroblob(length(ciphertext))\"); c.commit()",
-                                                             configuration.storeDirectory + "/keychain.db"])
+        let edit = try run("/usr/bin/python3", ["-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+                                                + "c.execute(\"UPDATE items SET ciphertext = zeroblob(length(ciphertext))\"); c.commit()",
+                                                configuration.storeDirectory + "/keychain.db"])
         try #require(edit.status == 0, "\(edit.stderr)")
         #expect(await code { try await store.getItem("k") } == .dataCorrupted, "the changed stored byte")
         #expect(await device.takeTPMCommandCount() == 0, "no read needed the TPM")

@@ -1,11 +1,12 @@
 import Foundation
 import KeychainTestSupport
+import KeychainTestThreads
 import KeychainWire
 import Testing
 @testable import Keychain
 
 /// keychaind's wire format: round trips, and a decoder that refuses without crashing.
-@Suite("keychaind protocol")
+@Suite("keychaind protocol", .offThePool)
 struct WireTests {
     /// A fixed-seed generator, so a failure is found again.
     struct SplitMix: RandomNumberGenerator {

@@ -1,10 +1,11 @@
 import Foundation
+import KeychainTestThreads
 @testable import PKCS11
 import SecureMemory
 import Testing
 
 /// Against a real SoftHSM2 token through p11-kit, one private token per test (see `SoftHSM`).
-@Suite(.serialized) struct TokenTests {
+@Suite(.serialized, .offThePool) struct TokenTests {
     // MARK: Modules and tokens
 
     @Test func loadingByModulePathReportsTheLibrary() throws {

@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// The provider's Prompt on a headless device (issue 19 item 4): no desktop, no terminal, so the
@@ -8,7 +9,7 @@ import Testing
 /// protocol in `$XDG_RUNTIME_DIR/systemd/ask-password`, and a real agent
 /// (`systemd-tty-ask-password-agent --query` on a pty of `script`'s) answers for the person. The
 /// client is secretstorage waiting for `Completed`; everything on the bus is captured (dbus-monitor).
-@Suite(.serialized) struct AskPasswordPromptTests {
+@Suite(.serialized, .offThePool) struct AskPasswordPromptTests {
     /// The device passcode, and the secrets: long enough that finding them in the capture is no chance.
     static let passcode = "heron-5173-lantern"
     static let secret = "agent-secret-93b0e1d4f7"

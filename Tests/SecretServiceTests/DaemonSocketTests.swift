@@ -1,12 +1,13 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// `--socket`: the provider serves the user's items through a real keychaind (the appliance case),
 /// and two users, each with a bus of their own (the second uid's bus, provider and clients through
 /// `setpriv`), share one keychaind and each sees only their own items.
-@Suite(.serialized) struct DaemonSocketTests {
+@Suite(.serialized, .offThePool) struct DaemonSocketTests {
     /// `nobody`: dbus-daemon refuses to run as a uid with no passwd entry.
     static let otherUser: uid_t = 65534
     let tpm: SoftwareTPM

@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 
 /// The provider's Prompt asks through the system's prompters (the library's `SystemAuthenticator`,
@@ -8,7 +9,7 @@ import Testing
 /// by the same private bus), a person typing into it (xdotool), a real client (secretstorage) waiting
 /// for `Completed`. Everything on the bus is captured (dbus-monitor): neither the passcode nor the
 /// secret crosses it in the clear.
-@Suite(.serialized) struct DesktopPromptTests {
+@Suite(.serialized, .offThePool) struct DesktopPromptTests {
     /// The device passcode, and the secrets: long enough that finding them in the capture is no chance.
     static let passcode = "wombat-8642-sundial"
     static let secret = "vault-secret-5d1c9a77e3"

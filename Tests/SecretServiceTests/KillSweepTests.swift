@@ -1,5 +1,6 @@
 import Foundation
 import Keychain
+import KeychainTestThreads
 import Testing
 
 #if DEBUG
@@ -9,7 +10,7 @@ import Testing
 /// cleanup. Afterwards the item is whole or absent (old or new, for SetSecret), and the next call
 /// brings a provider back by D-Bus activation from the private bus's service directory (ours only).
 /// Debug builds only (the hooks are compiled out of release builds).
-@Suite(.serialized) struct KillSweepTests {
+@Suite(.serialized, .offThePool) struct KillSweepTests {
     let bus: PrivateBus
 
     init() throws {

@@ -1,10 +1,11 @@
 import Foundation
 import Keychain
+import KeychainTestThreads
 import Testing
 
 /// Who owns org.freedesktop.secrets: a second provider says who and exits 3; with `--replace` it takes
 /// the name and the first one exits saying so.
-@Suite(.serialized) struct NameOwnershipTests {
+@Suite(.serialized, .offThePool) struct NameOwnershipTests {
     let bus: PrivateBus
 
     init() throws {

@@ -1,10 +1,11 @@
 import Foundation
+import KeychainTestThreads
 import Testing
 
 /// A collection behind the passcode with an authValidity window: `Lock` ends the window (the next
 /// Unlock asks again), and a prompt waiting for its answer leaves the provider serving other callers.
 /// The provider's scripted prompter answers for the person (`delay:SECONDS` for one who takes their time).
-@Suite(.serialized) struct PromptWindowTests {
+@Suite(.serialized, .offThePool) struct PromptWindowTests {
     init() throws {
         try PrivateBus.requirePython(module: "jeepney", package: "python3-jeepney")
         try PrivateBus.requirePython(module: "secretstorage", package: "python3-secretstorage")

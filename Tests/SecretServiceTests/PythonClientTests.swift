@@ -1,9 +1,10 @@
 import Foundation
+import KeychainTestThreads
 import Testing
 
 /// python's secretstorage and keyring, and libsecret's own API through python3-gi, unchanged, on a private bus.
 /// Secrets reach the scripts on stdin, never in argv.
-@Suite(.serialized) struct PythonClientTests {
+@Suite(.serialized, .offThePool) struct PythonClientTests {
     let bus: PrivateBus
 
     init() throws {

@@ -1,9 +1,10 @@
 import Foundation
+import KeychainTestThreads
 import Testing
 
 /// Calls made by hand (python's jeepney, a D-Bus library with no Secret Service logic): malformed
 /// calls, random ones, Chromium's sequence replayed call for call, and warm reads on a frozen TPM.
-@Suite(.serialized) struct RawCallTests {
+@Suite(.serialized, .offThePool) struct RawCallTests {
     let bus: PrivateBus
 
     init() throws {

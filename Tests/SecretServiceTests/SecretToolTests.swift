@@ -1,8 +1,9 @@
 import Foundation
+import KeychainTestThreads
 import Testing
 
 /// libsecret's `secret-tool`, unchanged, against the provider it finds by D-Bus activation on a private bus.
-@Suite(.serialized) struct SecretToolTests {
+@Suite(.serialized, .offThePool) struct SecretToolTests {
     let bus: PrivateBus
 
     init() throws {

@@ -1,9 +1,10 @@
 import Foundation
+import KeychainTestThreads
 import Testing
 
 /// An attacker with the store files (docs/security.md, threat 2): another process reads every byte of
 /// the store directory and its SQLite tables, and finds no attribute value, label, content type or secret.
-@Suite(.serialized) struct StoreFilesTests {
+@Suite(.serialized, .offThePool) struct StoreFilesTests {
     let bus: PrivateBus
 
     init() throws {

@@ -1,10 +1,11 @@
 import Foundation
+import KeychainTestThreads
 import Testing
 
 /// Unlock through a Prompt, Lock and Dismiss, on a collection behind the device passcode; the
 /// provider's scripted prompter (`--prompter scripted:FILE`) answers for the person, the TPM checks
 /// the passcode.
-@Suite(.serialized) struct UnlockPromptTests {
+@Suite(.serialized, .offThePool) struct UnlockPromptTests {
     let bus: PrivateBus
 
     init() throws {

@@ -1,10 +1,11 @@
 import Foundation
+import KeychainTestThreads
 import Testing
 
 /// A warm `GetSecret` is answered on the bus thread (`Keychain.warmRead`), and it answers only what
 /// the keychain's own read would: not after a device lock by another process (a `whenUnlocked`
 /// collection), not after the collection's window passed, not an item another process removed.
-@Suite(.serialized) struct WarmGetSecretTests {
+@Suite(.serialized, .offThePool) struct WarmGetSecretTests {
     init() throws {
         try PrivateBus.requirePython(module: "jeepney", package: "python3-jeepney")
         try PrivateBus.requirePython(module: "secretstorage", package: "python3-secretstorage")

@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import SignInFlow
 import Testing
@@ -17,7 +18,7 @@ actor FakeServer: TokenServer {
     }
 }
 
-@Suite("The sign-in guide's flow, every fallback path")
+@Suite("The sign-in guide's flow, every fallback path", .offThePool)
 struct SignInFlowTests {
     static let pin = SecureBytes(copying: Array("2468".utf8))
 
@@ -130,7 +131,7 @@ struct SignInFlowTests {
 }
 
 /// A process where no prompt can reach anyone (a service without a terminal, a desktop or an agent).
-@Suite("The sign-in guide's flow where no prompt reaches anyone")
+@Suite("The sign-in guide's flow where no prompt reaches anyone", .offThePool)
 struct SignInFlowWithoutAPromptTests {
     /// Prompters that can reach no one: a terminal that is not there, an agents' directory that is not.
     static let nobody = SystemAuthenticator(prompters: [TerminalAuthenticator(path: "/nonexistent/tty"),

@@ -1,9 +1,10 @@
 import Foundation
 import KeychainTestSupport
+import KeychainTestThreads
 import Testing
 import TPM2
 
-@Suite("TPM connection strings and deadlines")
+@Suite("TPM connection strings and deadlines", .offThePool)
 struct TPMTransportTests {
     @Test func wellFormedTCTIStringsPrintBackAsTheyWereParsed() throws {
         for conf in ["swtpm:path=/run/user/0/tpm", "swtpm:host=127.0.0.1,port=2321", "device:/dev/tpmrm0", "tabrmd:bus_type=session"] {

@@ -1,11 +1,12 @@
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Testing
 import TPM2
 
 /// The same steps run on a real trial session and in `PolicyDigest.compute`, compared after every step,
 /// so a disagreement names the step that introduced it.
-@Suite("A trial session on swtpm agrees with the offline calculator")
+@Suite("A trial session on swtpm agrees with the offline calculator", .offThePool)
 struct TrialSessionTests {
     typealias Lock = DeviceLockFixture
 

@@ -33,6 +33,24 @@ package final class DaemonServer: Sendable {
         /// Fewer connections than this and each uid gets none beside its first (a quarter each).
         package static let leastConnections = 4
 
+        /// Why a new connection of `uid` is not served, with `open` connections open in all and
+        /// `openOfUser` of that uid; nil when it is served.
+        func refusal(open: Int, openOfUser: Int, uid: UInt32) -> KeychainError? {
+            let raise = "or ask the administrator to raise --max-connections"
+            if openOfUser >= maxConnectionsPerUser {
+                return KeychainError(.hardwareUnavailable, "keychaind serves at most \(Self.connections(maxConnectionsPerUser)) of one uid at "
+                                     + "once (a quarter of --max-connections \(maxConnections)) and uid \(uid) has \(openOfUser) open: nothing "
+                                     + "was done. Close connections that user's programs hold idle and retry, \(raise)")
+            }
+            if open >= maxConnections {
+                return KeychainError(.hardwareUnavailable, "keychaind serves at most \(Self.connections(maxConnections)) at once "
+                                     + "(--max-connections) and all are open: nothing was done. Retry once some have closed, \(raise)")
+            }
+            return nil
+        }
+
+        private static func connections(_ count: Int) -> String { count == 1 ? "1 connection" : "\(count) connections" }
+
         /// Fits `maxConnections` to the descriptors keychaind may open (RLIMIT_NOFILE), so that one
         /// uid's quarter can never take every descriptor and keep the others out at accept.
         ///
@@ -107,13 +125,17 @@ package final class DaemonServer: Sendable {
             _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
             guard let peer = Peer(socket: fd) else { close(fd); continue }
             let uid = peer.uid
-            let admitted = open.withLock { count in
-                guard count.total < limits.maxConnections, count.byUser[uid, default: 0] < limits.maxConnectionsPerUser else { return false }
+            let full = open.withLock { count -> KeychainError? in
+                if let refusal = limits.refusal(open: count.total, openOfUser: count.byUser[uid, default: 0], uid: uid) { return refusal }
                 count.total += 1
                 count.byUser[uid, default: 0] += 1
-                return true
+                return nil
             }
-            guard admitted else { close(fd); continue }
+            if let full {
+                // Said on the connection: closed without a word, the client could only guess (a crash?).
+                refuse(fd, full)
+                continue
+            }
             let started = ConnectionThread.start { [self] in
                 serve(connection: fd, peer: peer)
                 close(fd)
