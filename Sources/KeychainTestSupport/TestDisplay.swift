@@ -60,15 +60,15 @@ package final class TestDisplay: @unchecked Sendable {
         _ = Processes.wait(server)
     }
 
-    /// Waits (up to a minute) for the window titled `title`, then types `text` and Return into it, as
-    /// a person would, and waits (up to a minute) until that window is gone: a next dialog of the same
+    /// Waits (up to five minutes: a loaded machine starts GTK slowly) for the window titled `title`, then types `text` and Return into it, as
+    /// a person would, and waits (as long) until that window is gone: a next dialog of the same
     /// title is then another window. The text goes to xdotool on stdin (`type --file -`), never in its argv.
     package func type(_ text: String, into title: String) throws -> ChildResult {
         try act(on: title, "xdotool type --delay 40 --file - && xdotool key Return", input: Array(text.utf8))
     }
 
-    /// Waits (up to a minute) for the window titled `title`, presses `key` (an X keysym name: `Escape`)
-    /// in it, and waits (up to a minute) until that window is gone.
+    /// Waits (up to five minutes) for the window titled `title`, presses `key` (an X keysym name: `Escape`)
+    /// in it, and waits (as long) until that window is gone.
     package func press(_ key: String, into title: String) throws -> ChildResult {
         try act(on: title, "xdotool key \"$2\"", key)
     }
@@ -78,10 +78,12 @@ package final class TestDisplay: @unchecked Sendable {
     /// GTK set up the dialog's entry are lost (a loaded machine showed an empty passcode, the dialog's
     /// cancel), hence the second's pause. Every wait is bounded, so a dialog that never comes fails the call.
     private func act(on title: String, _ action: String, _ argument: String = "", input: [UInt8] = []) throws -> ChildResult {
-        try runChild("/bin/sh", ["-c", "w=$(timeout 60 xdotool search --sync --onlyvisible --name \"$1\" | head -n1) && [ -n \"$w\" ] "
-                                  + "&& { xdotool windowactivate --sync \"$w\" 2>/dev/null; xdotool windowfocus --sync \"$w\"; } "
+        try runChild("/bin/sh", ["-c", "w=$(timeout 300 xdotool search --sync --onlyvisible --name \"$1\" | head -n1) "
+                                  + "&& [ -n \"$w\" ] || { echo \"no window titled '$1' was shown within 300 s\" >&2; exit 1; }; "
+                                  + "{ xdotool windowactivate --sync \"$w\" 2>/dev/null; xdotool windowfocus --sync \"$w\"; } "
                                   + "&& sleep 1 && "
-                                  + action + " && timeout 60 sh -c 'while xdotool getwindowname \"$0\" >/dev/null 2>&1; do sleep 0.1; done' \"$w\"",
+                                  + action + " && { timeout 300 sh -c 'while xdotool getwindowname \"$0\" >/dev/null 2>&1; do sleep 0.1; done' \"$w\" "
+                                  + "|| { echo \"the window titled '$1' was still shown 300 s after the keys\" >&2; exit 1; }; }",
                                   "sh", title, argument], input: input, environment: ["DISPLAY": display])
     }
 }

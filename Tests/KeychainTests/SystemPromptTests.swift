@@ -251,7 +251,7 @@ struct SystemPrompterTests {
         let desktop = try await Desktop()
         let d = try await SimulatedDevice(passcode: bytes(Self.pin), fingers: ["thumb"])
         var configuration = d.configuration
-        let prompter = SystemPrompterAuthenticator(timeout: .seconds(60), environment: desktop.environment)
+        let prompter = SystemPrompterAuthenticator(timeout: .seconds(300), environment: desktop.environment)
         #expect(await prompter.reachability() == .reachable)
         configuration.authenticator = prompter
         let store = try createKeychain(.init(service: "desktop", accessControl: .passcode,

@@ -64,7 +64,7 @@ import Testing
             assert call(prompt, PROMPT, 'Dismiss') == ()
             signal = conn.recv_until_filtered(completed, timeout=60)
             assert signal.body == (True, ('ao', [])), signal.body
-        for _ in range(600):
+        for _ in range(3000):
             if not os.listdir(AGENTS): break
             time.sleep(0.1)
         assert not os.listdir(AGENTS), ('the dismissed question stayed', os.listdir(AGENTS))

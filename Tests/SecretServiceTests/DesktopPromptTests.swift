@@ -53,15 +53,15 @@ import Testing
         Proxy(message_bus, conn).AddMatch(rule)
         with conn.filter(rule) as completed:
             assert call(prompt, PROMPT, 'Prompt', 's', ('',)) == ()
-            for _ in range(600):
+            for _ in range(3000):
                 if shown(): break
                 time.sleep(0.1)
             assert shown(), 'the dialog never showed'
             error('org.freedesktop.DBus.Error.Failed', call(prompt, PROMPT, 'Prompt', 's', ('',)))  # already showing
             assert call(prompt, PROMPT, 'Dismiss') == ()
-            signal = conn.recv_until_filtered(completed, timeout=30)
+            signal = conn.recv_until_filtered(completed, timeout=300)
             assert signal.body == (True, ('ao', [])), signal.body
-        for _ in range(300):
+        for _ in range(3000):
             if not shown(): break
             time.sleep(0.1)
         assert not shown(), 'the dismissed dialog stayed'
