@@ -3,9 +3,10 @@
 # (docs/performance.md). Each provider gets its own private dbus-daemon; ours is found by activation
 # and keeps a store with the embedded software TPM, which is stopped (SIGSTOP) during the warm
 # measures: a warm read that sent a TPM command would hang. gnome-keyring runs headless
-# (--unlock --components=secrets). The two are measured in turn, ROUNDS times (default 2).
+# (--unlock --components=secrets). The providers are measured interleaved, call by call (one call of
+# each in turn), so the machine's load falls on them alike; ROUNDS times (default 2).
 # BEFORE=path: another keychain-secret-service (an earlier commit's build) measured in the same
-# rounds on a bus and store of its own, for a before/after in one run.
+# calls on a bus and store of its own, for a before/after in one run.
 # Needs: dbus-daemon, gnome-keyring, libsecret-tools, python3-secretstorage, python3-keyring.
 set -eu
 cd "$(dirname "$0")/.."
@@ -66,22 +67,19 @@ until DBUS_SESSION_BUS_ADDRESS=$gnome_address dbus-send --session --print-reply 
 rounds=${ROUNDS:-2}
 i=1
 while [ "$i" -le "$rounds" ]; do
-  echo "round $i: keychain-secret-service" >&2
-  DBUS_SESSION_BUS_ADDRESS=$ours_address /usr/bin/python3 scripts/bench-secret-service.py --freeze "$ours_swtpm" > "$work/ours.$i.json"
-  if [ -n "${BEFORE:-}" ]; then
-    echo "round $i: keychain-secret-service before ($BEFORE)" >&2
-    DBUS_SESSION_BUS_ADDRESS=$before_address /usr/bin/python3 scripts/bench-secret-service.py --freeze "$before_swtpm" > "$work/before.$i.json"
-  fi
-  echo "round $i: gnome-keyring" >&2
-  DBUS_SESSION_BUS_ADDRESS=$gnome_address HOME="$work/gnome/home" XDG_RUNTIME_DIR="$work/gnome/run" \
-    /usr/bin/python3 scripts/bench-secret-service.py > "$work/gnome.$i.json"
+  echo "round $i: keychain-secret-service${BEFORE:+, before ($BEFORE)} and gnome-keyring, interleaved" >&2
+  # The same client environment for all: only the bus differs.
+  HOME="$work/gnome/home" XDG_RUNTIME_DIR="$work/gnome/run" /usr/bin/python3 scripts/bench-secret-service.py \
+    "ours=$ours_address,freeze=$ours_swtpm" ${BEFORE:+"before=$before_address,freeze=$before_swtpm"} "gnome=$gnome_address" \
+    > "$work/round.$i.json"
   i=$((i + 1))
 done
 /usr/bin/python3 - "$work" "$rounds" "${BEFORE:+before}" <<'PY'
 import json, os, sys
 work, rounds, before = sys.argv[1], int(sys.argv[2]), sys.argv[3] == 'before'
+runs = [json.load(open('%s/round.%d.json' % (work, i))) for i in range(1, rounds + 1)]
 def load(name):
-    return [json.load(open('%s/%s.%d.json' % (work, name, i))) for i in range(1, rounds + 1)]
+    return [run[name] for run in runs]
 ours, gnome = load('ours'), load('gnome')
 earlier = load('before') if before else None
 print('| measure (median ms; provider CPU µs and thread switches per call) | keychain-secret-service |'
