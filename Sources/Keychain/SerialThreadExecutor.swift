@@ -81,7 +81,17 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
         runJobs(until: done)
     }
 
+    /// Whether the calling thread is an executor's own: its jobs may block (it is there for that), so
+    /// a task that prefers it waits for keychaind's replies on it (`DaemonClient.exchange`).
+    package static var isOwnThread: Bool { pthread_getspecific(ownThreadKey) != nil }
+    private static let ownThreadKey: pthread_key_t = {
+        var key = pthread_key_t()
+        pthread_key_create(&key, nil)
+        return key
+    }()
+
     private func run() {
+        pthread_setspecific(Self.ownThreadKey, UnsafeRawPointer(bitPattern: 1))
         while true {
             condition.lock()
             while running || (jobs.isEmpty && !stopping) { condition.wait() }

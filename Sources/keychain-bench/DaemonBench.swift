@@ -53,34 +53,10 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
 
     // 3. Concurrent clients in this process, each read a call of its own (connections are reused).
     _ = await device.takeTPMCommandCount()
-    let started = monotonicNanoseconds()
-    let perClient = await withTaskGroup(of: (Samples, Int).self) { group in
-        for _ in 0..<clients {
-            group.addTask {
-                var samples = Samples(capacity: readsPerClient)
-                var errors = 0
-                guard let mine = try? createKeychain(.init(service: "bench"), configuration: configuration) else {
-                    return (samples, readsPerClient)
-                }
-                for _ in 0..<readsPerClient {
-                    let start = monotonicNanoseconds()
-                    let value = try? await mine.getItem("k0")
-                    samples.record(monotonicNanoseconds() - start)
-                    if value != secret { errors += 1 }
-                }
-                return (samples, errors)
-            }
-        }
-        var all: [(Samples, Int)] = []
-        for await result in group { all.append(result) }
-        return all
-    }
-    let elapsed = monotonicNanoseconds() - started
-    var concurrent = Samples(capacity: clients * readsPerClient)
-    for (samples, _) in perClient { for ns in samples.nanoseconds { concurrent.record(ns) } }
-    let errors = perClient.reduce(0) { $0 + $1.1 }
+    let reads = await concurrentReads(configuration, clients: clients, readsPerClient: readsPerClient, secret: secret)
+    var concurrent = reads.samples
+    let (errors, aggregate) = (reads.errors, reads.readsPerSecond)
     concurrent.tpmCommands = await device.takeTPMCommandCount()
-    let aggregate = Double(concurrent.count) / (Double(elapsed) / 1e9)
 
     // 4. Cold reads through keychaind: the first read of a storage's key by a daemon that holds no
     // key (dropCaches: what a daemon that just started holds), by a client of this process, against
@@ -191,4 +167,61 @@ private func tpm2ToolsPolicyPipeline(tpm: SoftwareTPM, secret: String, runs: Int
         if run > 0 { samples.record(total) }
     }
     return samples
+}
+
+/// `clients` tasks of this process, each with a storage of its own, reading `k0` `readsPerClient`
+/// times, every value checked: each read's time, the reads that failed or returned another value,
+/// and the reads per second of all together.
+func concurrentReads(_ configuration: KeychainConfiguration, clients: Int, readsPerClient: Int,
+                     secret: String) async -> (samples: Samples, errors: Int, readsPerSecond: Double) {
+    let started = monotonicNanoseconds()
+    let perClient = await withTaskGroup(of: (Samples, Int).self) { group in
+        for _ in 0..<clients {
+            group.addTask {
+                var samples = Samples(capacity: readsPerClient)
+                var errors = 0
+                guard let mine = try? createKeychain(.init(service: "bench"), configuration: configuration) else {
+                    return (samples, readsPerClient)
+                }
+                for _ in 0..<readsPerClient {
+                    let start = monotonicNanoseconds()
+                    let value = try? await mine.getItem("k0")
+                    samples.record(monotonicNanoseconds() - start)
+                    if value != secret { errors += 1 }
+                }
+                return (samples, errors)
+            }
+        }
+        var all: [(Samples, Int)] = []
+        for await result in group { all.append(result) }
+        return all
+    }
+    let elapsed = monotonicNanoseconds() - started
+    var samples = Samples(capacity: clients * readsPerClient)
+    for (client, _) in perClient { for ns in client.nanoseconds { samples.record(ns) } }
+    return (samples, perClient.reduce(0) { $0 + $1.1 }, Double(samples.count) / (Double(elapsed) / 1e9))
+}
+
+/// `--daemon-concurrent-reads CLIENTS READS`: only the concurrent warm reads of `--daemon` (keychaind
+/// on a private swtpm, `CLIENTS` clients of this process × `READS` reads each), for `perf stat` and
+/// `strace -c` of that part alone.
+func concurrentReadBench(clients: Int, readsPerClient: Int) async throws -> String {
+    let tpm = try SoftwareTPM()
+    defer { tpm.stop() }
+    let daemon = try KeychainDaemon(tpm: tpm)
+    defer {
+        kill(daemon.processIdentifier, SIGTERM)
+        _ = daemon.waitForExit()
+    }
+    let configuration = daemon.configuration()
+    let secret = String(repeating: "s", count: 32)
+    let storage = try createKeychain(.init(service: "bench"), configuration: configuration)
+    try await storage.setItem("k0", secret)
+    guard try await storage.getItem("k0") == secret else { throw BenchFailure("the daemon returned another value") }
+    let device = KeychainDevice(configuration: configuration)
+    _ = await device.takeTPMCommandCount()
+    let (samples, errors, rate) = await concurrentReads(configuration, clients: clients, readsPerClient: readsPerClient, secret: secret)
+    let commands = await device.takeTPMCommandCount()
+    return "\(clients) clients × \(readsPerClient) warm reads through keychaind: \(Format.rate(rate)) reads/s aggregate, "
+        + "p50 \(Format.duration(samples.p50)), p99 \(Format.duration(samples.p99)), \(errors) errors, \(commands) TPM commands"
 }

@@ -37,6 +37,17 @@ if CommandLine.arguments.count == 3, ["--warm-reads", "--daemon-warm-reads"].con
     }
 }
 
+if CommandLine.arguments.count == 4, CommandLine.arguments[1] == "--daemon-concurrent-reads",
+   let clients = Int(CommandLine.arguments[2]), let reads = Int(CommandLine.arguments[3]), clients > 0, reads > 0 {
+    do {
+        print(try await concurrentReadBench(clients: clients, readsPerClient: reads))
+        exit(0)
+    } catch {
+        FileHandle.standardError.write(Data("keychain-bench: \(error)\n".utf8))
+        exit(1)
+    }
+}
+
 if CommandLine.arguments.count >= 3, CommandLine.arguments[1] == "--vault-state", let reads = Int(CommandLine.arguments[2]), reads > 0 {
     let rest = CommandLine.arguments.dropFirst(3)
     let modes = ["in-process", "keychaind"].filter { rest.isEmpty || rest.contains($0) }

@@ -69,4 +69,25 @@ struct DaemonConnectionTests {
         try await device.lock()
         #expect(try get(fd, unlocked, "token").error == KeychainError.Code.interactionNotAllowed.rawValue)
     }
+
+    /// A synchronous caller's task (one that prefers a thread of its own, as the vault's calls do)
+    /// waits for keychaind's replies on that thread, with no hop to a blocking thread and back; a
+    /// task on Swift's shared pool hops for every exchange (the pool's threads never block on the socket).
+    @Test func aCallerOnAThreadOfItsOwnWaitsForTheRepliesThereAndThePoolHops() async throws {
+        let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
+        let client = try #require(storage.backing as? DaemonClient)
+        try await storage.setItem("k", "v")
+        let thread = SerialThreadExecutor(name: "a caller's own thread")
+        defer { thread.stop() }
+        let before = client.hops.count.load(ordering: .relaxed)
+        let values = try await Task(executorPreference: thread) { () async throws -> [String?] in
+            var values: [String?] = []
+            for _ in 0..<20 { values.append(try await storage.getItem("k")) }
+            return values
+        }.value
+        #expect(values == Array(repeating: "v", count: 20))
+        #expect(client.hops.count.load(ordering: .relaxed) == before)
+        for _ in 0..<20 { #expect(try await storage.getItem("k") == "v") }
+        #expect(client.hops.count.load(ordering: .relaxed) == before + 20)
+    }
 }

@@ -15,6 +15,9 @@ struct DaemonClient: Sendable {
     static let maxIdle = 16
 
     let socketPath: String
+    /// This client's exchanges that hopped to a blocking thread (for tests).
+    let hops = HopCount()
+    final class HopCount: Sendable { let count = Atomic<Int>(0) }
 
     /// How long a reply may take: the daemon's own TPM timeout bounds each of its commands, so this
     /// only ends the wait for a daemon that is stopped (SIGSTOP) or wedged.
@@ -122,9 +125,18 @@ struct DaemonClient: Sendable {
         KeychainError(WireFailure(exchanging: error, socket: socketPath, replyTimeout: Self.replyTimeout))
     }
 
-    /// Sends `message` and waits for the daemon's next message, off Swift's shared pool: one hop to a
-    /// blocking thread and back per exchange.
+    /// Sends `message` and waits for the daemon's next message, never on Swift's shared pool (two
+    /// threads here): on the caller's thread when it is a thread of its own (a synchronous caller's,
+    /// such as the vault's: `SerialThreadExecutor.isOwnThread`), else one hop to a blocking thread
+    /// and back. A thread of this process waiting in epoll for every caller's reply, tried instead,
+    /// switched threads more often per read (docs/performance.md, "Where a read through keychaind goes").
     private func exchange(_ fd: Int32, _ message: WireMessage) async throws(KeychainError) -> WireMessage {
+        if SerialThreadExecutor.isOwnThread {
+            do { return try WireSocket.exchange(fd, message, idle: Self.replyTimeout, stall: Self.stallTimeout) } catch {
+                throw failure(error)
+            }
+        }
+        hops.count.add(1, ordering: .relaxed)
         let result: Result<WireMessage, WireError> = await withCheckedContinuation { continuation in
             DispatchQueue.global().async {
                 continuation.resume(returning: Result { () throws(WireError) in
