@@ -12,7 +12,8 @@ import Testing
 struct SystemPromptTests {
     static let pin = "2468"
 
-    /// A directory for the agents' files, readable by the agents (root) and no one else's to write.
+    /// A directory for the agents' files, readable by the agents (root) and no one else's to write; the
+    /// test removes it.
     static func agentsDirectory() throws -> String {
         let path = NSTemporaryDirectory() + "ask-password-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: false,
@@ -55,6 +56,7 @@ struct SystemPromptTests {
     @Test func aPasswordAgentAnswersAReadBehindThePasscode() async throws {
         let d = try await device()
         let agents = try Self.agentsDirectory()
+        defer { try? FileManager.default.removeItem(atPath: agents) }
         var configuration = d.configuration
         configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(300))
         let store = try createKeychain(.init(service: "agents", accessControl: .passcode,
@@ -78,6 +80,7 @@ struct SystemPromptTests {
     @Test func aPasswordAgentAnswersAFingerThenThePasscodeOfABiometricOrPasscodeItem() async throws {
         let d = try await device()
         let agents = try Self.agentsDirectory()
+        defer { try? FileManager.default.removeItem(atPath: agents) }
         var configuration = d.configuration
         configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(300))
         let store = try createKeychain(.init(service: "agents.bio", accessControl: .biometryAnyOrPasscode), configuration: configuration)
@@ -107,6 +110,7 @@ struct SystemPromptTests {
     @Test func anAnswerFromAnotherUserIsIgnored() async throws {
         let d = try await device()
         let agents = try Self.agentsDirectory()
+        defer { try? FileManager.default.removeItem(atPath: agents) }
         var configuration = d.configuration
         configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(600))
         let store = try createKeychain(.init(service: "agents.other", accessControl: .passcode), configuration: configuration)
@@ -130,6 +134,7 @@ struct SystemPromptTests {
     @Test func anUnansweredQuestionEndsAtItsTimeoutOrCancellationAndLeavesNothing() async throws {
         let d = try await device()
         let agents = try Self.agentsDirectory()
+        defer { try? FileManager.default.removeItem(atPath: agents) }
         var configuration = d.configuration
         configuration.authenticator = AskPasswordAuthenticator(directory: agents, timeout: .seconds(2))
         let store = try createKeychain(.init(service: "agents.quiet", accessControl: .passcode), configuration: configuration)
@@ -176,6 +181,7 @@ struct SystemPromptTests {
         // Root's agents are expected only where systemd runs them; the user's where the directory exists.
         let runtime = try? SystemPromptTests.agentsDirectory()
         if let runtime {
+            defer { try? FileManager.default.removeItem(atPath: runtime) }
             try? FileManager.default.createDirectory(atPath: runtime + "/systemd/ask-password", withIntermediateDirectories: true)
             #expect(AskPasswordAuthenticator.systemDirectory(environment: ["XDG_RUNTIME_DIR": runtime], isRoot: false)
                     == runtime + "/systemd/ask-password")
