@@ -159,12 +159,12 @@ actor Engine {
             throw KeychainError.invalidArgument("Invalid value: at most \(Self.maxValueLength) bytes, got \(value.count)")
         }
         let store = try store()
-        try checkQuotaBeforeSealing(value, service: service, key: key, label: label, store: store)
+        let measured = try checkQuotaBeforeSealing(value, service: service, key: key, label: label, store: store)
         let stored = try read { try store.wrappingKey(service: service, protection: tag) }
         let (candidate, replaces) = try backend.wrappingKey(service: service, tag: tag, protection: protection, stored: stored,
                                                              engine: self)
         try storeEnvelope(value, service: service, key: key, tag: tag, candidate: candidate, staleKey: replaces,
-                          label: label, store: store, dates: dates)
+                          label: label, store: store, dates: dates, measured: measured)
     }
 
     /// The backend that holds a stored wrapping key, from the record.
@@ -181,11 +181,16 @@ actor Engine {
     /// Writes one item under a wrapping public key, in one transaction: no TPM or token needed.
     /// Another process may have made the same wrapping key meanwhile: theirs wins, ours is dropped.
     func storeEnvelope(_ value: SecureBytes, service: String, key: String, tag: String, candidate: WrappingKeyRecord,
-                       staleKey: [UInt8]?, label: String?, store: Store, dates: ItemDates? = nil) throws(KeychainError) {
+                       staleKey: [UInt8]?, label: String?, store: Store, dates: ItemDates? = nil,
+                       measured: QuotaMeasure?) throws(KeychainError) {
         try writeStore(store) { tx in
-            // keychaind's quota: what the caller's namespace holds before this write.
+            // keychaind's quota: what the caller's namespace holds before this write, as measured before
+            // the TPM work unless something was committed since (then measured again).
             let scope = configuration.userLimits == nil ? nil : quotaScope(of: service)
-            let usage = try scope.map { try tx.usage(servicePrefix: $0.storePrefix) }
+            let usage = try scope.map { scope in
+                if let measured, try store.dataVersion() == measured.dataVersion { return measured.usage }
+                return try tx.usage(servicePrefix: scope.storePrefix)
+            }
             // Another process may have made this service's key meanwhile: theirs wins, ours is dropped.
             var current = try tx.wrappingKey(service: service, protection: tag)
             let addsKey = current == nil || current?.publicKey == staleKey

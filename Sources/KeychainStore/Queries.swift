@@ -282,6 +282,9 @@ extension Connection {
     /// services' wrapping keys. A range scan of the primary keys: `prefix` ≤ service < `prefix`
     /// with its last byte one higher (text compares as bytes).
     func usage(servicePrefix prefix: String) throws(StoreError) -> StoreUsage {
+        #if DEBUG
+        StoreUsage.scans.add(1, ordering: .relaxed)
+        #endif
         var upper = Array(prefix.utf8)
         guard let last = upper.popLast(), last < 0x7F else {
             throw StoreError(kind: .sqlite, path: path, message: "a usage prefix must end in an ASCII character, got '\(prefix)'")

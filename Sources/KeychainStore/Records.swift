@@ -1,3 +1,5 @@
+import Synchronization
+
 /// One row of `wrapping_keys`: the sealed key pair that wraps a service's items
 /// for one protection level.
 public struct WrappingKeyRecord: Sendable, Equatable, Hashable {
@@ -82,6 +84,12 @@ public struct ItemRecord: Sendable, Equatable, Hashable {
 public struct StoreUsage: Sendable, Equatable {
     public var items: Int
     public var bytes: Int
+
+    #if DEBUG
+    /// The namespace scans (`usage`) this process made: keychaind's quota costs one per write
+    /// (`QuotaScanTests` counts them).
+    package static let scans = Atomic<Int>(0)
+    #endif
 
     public init(items: Int, bytes: Int) {
         self.items = items

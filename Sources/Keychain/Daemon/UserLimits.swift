@@ -83,13 +83,27 @@ extension Engine {
             + Sodium.xchachaNonceLength + valueCount + Sodium.xchachaTagLength
     }
 
+    /// What a namespace held when a write measured it, and the store's data version then: the write's
+    /// transaction takes it as is when nothing was committed since (the version is the same once the
+    /// transaction holds the write lock), so a write scans its namespace once.
+    struct QuotaMeasure {
+        let usage: StoreUsage
+        let dataVersion: Int64
+    }
+
     /// The quota check before any TPM or token work: a write over the quota costs no TPM command.
-    func checkQuotaBeforeSealing(_ value: SecureBytes, service: String, key: String, label: String?, store: Store) throws(KeychainError) {
-        guard configuration.userLimits != nil, let scope = quotaScope(of: service) else { return }
-        let (usage, existing) = try read { (try store.usage(servicePrefix: scope.storePrefix), try store.item(service: service, key: key)) }
+    /// - Returns: the measure, for the write's transaction; nil when no quota applies.
+    func checkQuotaBeforeSealing(_ value: SecureBytes, service: String, key: String, label: String?,
+                                 store: Store) throws(KeychainError) -> QuotaMeasure? {
+        guard configuration.userLimits != nil, let scope = quotaScope(of: service) else { return nil }
+        // The version first: a commit between it and the scan makes the transaction measure again.
+        let (version, usage, existing) = try read {
+            (try store.dataVersion(), try store.usage(servicePrefix: scope.storePrefix), try store.item(service: service, key: key))
+        }
         try checkQuota(service: service, key: key, usage: usage, existing: existing,
                        newItemBytes: Self.itemBytes(service: service, key: key, label: label ?? existing?.label, valueCount: value.count),
                        newKeyBytes: 0)
+        return QuotaMeasure(usage: usage, dataVersion: version)
     }
 
     /// "12.5 MiB", "300 bytes".
