@@ -4,8 +4,9 @@ import TPM2
 
 /// A private software TPM for one test or suite: swtpm on Unix sockets in a 0700 folder
 /// `$TMPDIR/keychain-swtpm-<UUID>` (`/tmp` without `TMPDIR`), small dictionary-attack limits, stopped
-/// and removed when released, and killed with the process that made it (however that process ends).
-/// A folder left by a run that was killed is removed by the next `SoftwareTPM()` of the same user.
+/// and removed when released (with the lock files of the turns taken at it), and killed with the
+/// process that made it (however that process ends). A folder left by a run that was killed is
+/// removed, with its lock files, by the next `SoftwareTPM()` of the same user.
 ///
 /// ```swift
 /// let tpm = try SoftwareTPM()
@@ -39,8 +40,15 @@ public final class SoftwareTPM: @unchecked Sendable {
         try context.setDictionaryAttackParameters(maxTries: 1000, recoveryTime: 1, lockoutRecovery: 1)
     }
 
-    deinit {
+    deinit { remove() }
+
+    /// Stops swtpm and removes what this TPM leaves behind: its folder and the lock files of the
+    /// turns taken at it (in `/tmp/keychain-<uid>` or `$XDG_RUNTIME_DIR/keychain`). A released
+    /// `SoftwareTPM` does it itself; a program that ends with `exit` (no deinit runs) calls it first.
+    /// The TPM cannot be started again after it.
+    public func remove() {
         stop()
+        TPMTurn.removeLocks(of: device)
         try? FileManager.default.removeItem(atPath: directory)
     }
 
@@ -123,6 +131,7 @@ public final class SoftwareTPM: @unchecked Sendable {
             var info = stat()
             guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == getuid(),
                   let owner = readOwner(in: path), !isRunning(owner) else { continue }
+            if let swtpm = try? Swtpm(directory: path) { TPMTurn.removeLocks(of: swtpm.device) }
             try? FileManager.default.removeItem(atPath: path)
         }
     }

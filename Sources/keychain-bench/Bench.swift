@@ -155,12 +155,9 @@ final class Bench {
 
     static func passcodeBytes() -> SecureBytes { SecureBytes(copying: Array(passcode.utf8)) }
 
-    /// Stops swtpm and removes its directory (stores, tpm2-tools files) now, not whenever the last
-    /// reference to the `SoftwareTPM` goes: `exit` runs no deinit.
-    func cleanUp() {
-        tpm.stop()
-        try? FileManager.default.removeItem(atPath: tpm.directory)
-    }
+    /// Stops swtpm and removes its directory (stores, tpm2-tools files) and its lock files now, not
+    /// whenever the last reference to the `SoftwareTPM` goes: `exit` runs no deinit.
+    func cleanUp() { tpm.remove() }
 
     /// Cleans up on Ctrl-C or SIGTERM too.
     func cleanUpOnSignals() -> [DispatchSourceSignal] {
@@ -168,8 +165,7 @@ final class Bench {
             signal(number, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
             source.setEventHandler { [tpm] in
-                tpm.stop()
-                try? FileManager.default.removeItem(atPath: tpm.directory)
+                tpm.remove()
                 exit(128 + number)
             }
             source.resume()

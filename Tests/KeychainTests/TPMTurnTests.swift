@@ -106,4 +106,42 @@ struct TPMTurnTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: ours + "/keychain").contains { $0.hasSuffix(".lock") })
     }
 
+    /// Each test's software TPM is a TPM of its own, and the lock file of its turns
+    /// (`tpm-<hash of the TCTI>.lock` in `/tmp/keychain-<uid>`) outlived it: 20,898 of them were left
+    /// on the shared machine. Three TPMs, each given a turn by a keychainctl child and one in this
+    /// process: while they live their three locks are there; released, none is. A run killed with
+    /// its TPM (its folder left, its owner gone) loses its lock with the folder at the next start.
+    @Test func theLockFilesOfATestsTPMsGoAwayWithThem() async throws {
+        var locks: [String] = []
+        do {
+            var tpms: [SoftwareTPM] = []
+            for _ in 0..<3 {
+                let tpm = try SoftwareTPM()
+                #expect(try run(ctl, ["--store", tpm.directory + "/store", "--tcti", tpm.tcti, "--reader", "none",
+                                      "set", "s", "k", "--accessible", "always"], input: [1]).status == 0)
+                let keychain = try createKeychain(.init(service: "s"), configuration: tpm.configuration())
+                #expect(try await keychain.getItem("k") == "\u{1}")
+                let lock = try #require(TPMTurn.userLock(of: tpm.device), "this user has no lock directory")
+                locks.append(lock)
+                tpms.append(tpm)
+            }
+            withExtendedLifetime(tpms) {
+                #expect(locks.filter { FileManager.default.fileExists(atPath: $0) }.count == 3, "the turns took no lock")
+            }
+        }
+        #expect(locks.filter { FileManager.default.fileExists(atPath: $0) } == [], "locks of released TPMs")
+
+        // A killed run: its folder names an owner that is gone.
+        let killed = try SoftwareTPM()
+        #expect(try run(ctl, ["--store", killed.directory + "/store", "--tcti", killed.tcti, "--reader", "none",
+                              "set", "s", "k", "--accessible", "always"], input: [1]).status == 0)
+        let lock = try #require(TPMTurn.userLock(of: killed.device))
+        #expect(FileManager.default.fileExists(atPath: lock))
+        let dead = try #require(Processes.spawn("/bin/true", ["true"]))
+        _ = Processes.wait(dead)
+        try "\(dead) 1\n".write(toFile: killed.directory + "/owner", atomically: false, encoding: .utf8)
+        SoftwareTPM.removeStaleDirectories(in: (killed.directory as NSString).deletingLastPathComponent)
+        #expect(!FileManager.default.fileExists(atPath: killed.directory), "the killed run's folder")
+        #expect(!FileManager.default.fileExists(atPath: lock), "the killed run's lock")
+    }
 }

@@ -11,7 +11,10 @@ import TPM2
 /// regular file of ours in a directory of ours that nobody else can write to: another user's file
 /// could otherwise hold us off forever. When no such directory can be had, the store's directory is
 /// used (then only processes on the same store take turns).
-final class TPMTurn {
+///
+/// A TPM that goes away for good (a test's software TPM) takes its lock files with it:
+/// `removeLocks(of:)`.
+package final class TPMTurn {
     /// How long to wait for another process's turn to end: longer than any one operation takes.
     static let maximumWait: Duration = .seconds(30)
 
@@ -25,8 +28,7 @@ final class TPMTurn {
         if case .embedded = configuration.tpm {
             path = EmbeddedTPM.directory(configuration.storeDirectory) + "/tpm.lock"
         } else {
-            let name = "tpm-" + sha256(Array(device.tctiConfiguration.utf8)).prefix(8).map { String(format: "%02x", $0) }.joined() + ".lock"
-            path = (userDirectory() ?? configuration.storeDirectory) + "/" + name
+            path = (userDirectory() ?? configuration.storeDirectory) + "/" + lockName(device)
         }
         return try TPMTurn(path: path)
     }
@@ -58,15 +60,49 @@ final class TPMTurn {
 
     deinit { close(fd) }  // closing releases the flock
 
-    /// `$XDG_RUNTIME_DIR/keychain` or `/tmp/keychain-<uid>`, made 0700 when absent; nil unless it is
-    /// a real directory (not a symlink) of this user that nobody else can write to.
-    private static func userDirectory() -> String? {
+    /// The lock's name in a user's directory: one per TPM, after its TCTI string.
+    private static func lockName(_ device: TPMDevice) -> String {
+        "tpm-" + sha256(Array(device.tctiConfiguration.utf8)).prefix(8).map { String(format: "%02x", $0) }.joined() + ".lock"
+    }
+
+    /// This user's lock file of `device` where this process takes its turns (nil when it takes them
+    /// in a store's directory, or needs none).
+    package static func userLock(of device: TPMDevice) -> String? {
+        guard !device.hasResourceManager else { return nil }
+        return userDirectory(making: false).map { $0 + "/" + lockName(device) }
+    }
+
+    /// Removes this user's lock files of a TPM that is gone for good, in both of the user's
+    /// directories (a child given another `XDG_RUNTIME_DIR` may have used the other).
+    ///
+    /// Each test's software TPM is a TPM of its own, and its lock outlived it: 20,898 of them were
+    /// left in `/tmp/keychain-0` on the shared machine. `SoftwareTPM` calls this when released, and
+    /// for the folder of a killed run it removes.
+    /// - Important: only for a TPM no process will use again: a lock removed while a process waits
+    ///   on it lets the next process take a second turn at once.
+    package static func removeLocks(of device: TPMDevice) {
+        guard !device.hasResourceManager else { return }
+        for dir in Set(userDirectories()) where privateDirectory(dir) {
+            unlink(dir + "/" + lockName(device))
+        }
+    }
+
+    /// `$XDG_RUNTIME_DIR/keychain` (when set), then `/tmp/keychain-<uid>`.
+    private static func userDirectories() -> [String] {
         let base = ProcessInfo.processInfo.environment["XDG_RUNTIME_DIR"].flatMap { $0.hasPrefix("/") ? $0 : nil }
-        let dir = base.map { $0 + "/keychain" } ?? "/tmp/keychain-\(geteuid())"
-        if mkdir(dir, 0o700) != 0 && errno != EEXIST { return nil }
+        return (base.map { [$0 + "/keychain"] } ?? []) + ["/tmp/keychain-\(geteuid())"]
+    }
+
+    /// `$XDG_RUNTIME_DIR/keychain` or `/tmp/keychain-<uid>`, made 0700 when absent (with `making`);
+    /// nil unless it is a real directory (not a symlink) of this user that nobody else can write to.
+    private static func userDirectory(making: Bool = true) -> String? {
+        let dir = userDirectories()[0]
+        if making && mkdir(dir, 0o700) != 0 && errno != EEXIST { return nil }
+        return privateDirectory(dir) ? dir : nil
+    }
+
+    private static func privateDirectory(_ dir: String) -> Bool {
         var info = stat()
-        guard lstat(dir, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, info.st_uid == geteuid(),
-              info.st_mode & 0o077 == 0 else { return nil }
-        return dir
+        return lstat(dir, &info) == 0 && info.st_mode & S_IFMT == S_IFDIR && info.st_uid == geteuid() && info.st_mode & 0o077 == 0
     }
 }
