@@ -217,8 +217,8 @@ user_credential_unit bob app api-key
 out=$(as_manager bob systemctl --user start app.service 2>&1); rc=$?
 uid_bob=$(in_container id -u bob)
 log=$(in_container journalctl -u keychaind.service -o cat --no-pager | grep "unit app.service (user manager of uid $uid_bob)")
-[ $rc -ne 0 ] && ! in_container test -s /home/bob/app.out && grep -q "credential api-key: no such credential" <<<"$log" \
-  && pass "bob's manager asking for app.service's api-key gets nothing of alice's and his unit fails; keychaind: $(head -n1 <<<"$log")" \
+[ $rc -ne 0 ] && ! in_container test -s /home/bob/app.out && grep -q "credential api-key: no such credential (as uid $uid_bob: keychainctl credential set --user app.service api-key)" <<<"$log" \
+  && pass "bob's manager asking for app.service's api-key gets nothing of alice's and his unit fails; keychaind names bob's own command: $(head -n1 <<<"$log")" \
   || fail "another user's manager gets nothing of alice's" "exit $rc log '$log' $(in_container cat /home/bob/app.out 2>&1)"
 out=$(as_user bob keychainctl credential get --user app.service api-key 2>&1); rc=$?
 [ $rc -ne 0 ] && ! grep -q 'unit' <<<"$out" && pass "bob's credential get --user app.service api-key finds nothing (exit $rc)" \

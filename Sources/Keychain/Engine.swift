@@ -51,6 +51,9 @@ actor Engine {
     /// the TPM holds it (on start, and on first use: a crash may have left the file without the change).
     var embeddedOwnerAuthorization: SecureBytes?
     var embeddedTPMChecked = false
+    /// Set when this process started the embedded software TPM (a TPM reset: its state index is unwritten, the
+    /// device not unlocked since), until the next read without a user or unlock (`unsealWithoutUser`).
+    var startedTPMNeedsUnlock = false
     /// keychaind's TPM connection, kept from one operation to the next (`withKeyring`).
     var keptTPM: KeptTPM?
 

@@ -65,7 +65,7 @@ private func answerCredential(_ fd: Int32, service: any KeychainService) {
     case .failure(let error):
         refuse(fd, "\(who): \(error.code.rawValue): \(error.message)")
     case .success(nil):
-        refuse(fd, "\(who): no such credential (keychainctl credential set \(request.unit) \(request.id))")
+        refuse(fd, "\(who): no such credential (\(storeCommand(request)))")
     case .success(let value?):
         let sent = value.withUnsafeBytes { raw -> Bool in
             var offset = 0
@@ -81,6 +81,15 @@ private func answerCredential(_ fd: Int32, service: any KeychainService) {
         } else {
             refuse(fd, "\(who): the service manager went away before the value was sent (errno \(errno))")
         }
+    }
+}
+
+/// The command that stores the credential `request` asked for: the administrator's for a system unit, the user's
+/// own `--user` one for a user manager's unit (its namespace holds only what that uid stored for itself).
+func storeCommand(_ request: CredentialRequest) -> String {
+    switch request.manager {
+    case .system: "keychainctl credential set \(request.unit) \(request.id)"
+    case .user(let uid): "as uid \(uid): keychainctl credential set --user \(request.unit) \(request.id)"
     }
 }
 

@@ -18,6 +18,7 @@ extension Engine {
             }
         }
         seenUnlocked = generation
+        startedTPMNeedsUnlock = false
         if passcode != nil, let readerDirectory {
             try FingerprintReader(directory: readerDirectory).resetLockout(account: caller?.readerAccount)
         }

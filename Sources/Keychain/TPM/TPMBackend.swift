@@ -136,6 +136,13 @@ extension Engine {
 
     func unsealWithoutUser(_ blob: TPMContext.SealedBlob, policy: SealPolicy) throws(KeychainError) -> SecureBytes {
         try withKeyring { keyring throws(KeychainError) -> SecureBytes in
+            if startedTPMNeedsUnlock && policy.availability != .always {
+                // This process just started the embedded TPM: the Unseal's PolicyNV would fail (StartAuthSession,
+                // Load, PolicyNV and two flushes for nothing) before the unlock below, so without a passcode
+                // unlock first. Once: after it the state index says whatever unlocks and locks made it say.
+                startedTPMNeedsUnlock = false
+                if try !keyring.passcodeIsSet() { try keyring.unlock(passcode: nil) }
+            }
             do throws(KeychainError) {
                 return try keyring.unseal(blob, policy: policy)
             } catch where error.code == .interactionNotAllowed {

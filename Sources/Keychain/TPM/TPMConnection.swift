@@ -23,6 +23,7 @@ extension Engine {
             do { device = try TPMDevice(parsing: conf) } catch { throw .invalidArgument(error.description) }
         case .embedded:
             (device, started) = try EmbeddedTPM.ensureRunning(storeDirectory: configuration.storeDirectory)
+            if started { startedTPMNeedsUnlock = true }
             try pinStoreInEmbeddedTPM(store)
         }
         if let kept = keptTPM, kept.device != device || started || kept.context?.unanswered != nil {
