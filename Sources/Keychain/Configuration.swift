@@ -61,11 +61,6 @@ public struct KeychainConfiguration: Sendable {
     package var userLimits: UserLimits?
     /// keychaind only: the caller of this call (set per call by the daemon; nil in-process).
     package var caller: DaemonCaller?
-    /// keychaind only: keep the TPM connection (and the turn at a TPM with no resource manager) and a
-    /// salted transport session from one operation to the next, released once no operation came for
-    /// this long (or held this long five times over), so other processes get the TPM between bursts;
-    /// kept for the daemon's life on a TPM with a resource manager. nil: a connection per operation.
-    package var tpmConnectionLinger: Duration?
 
     /// A configuration that reaches the keychain through keychaind at `socket`.
     public static func daemon(socket: String, authenticator: (any Authenticator)? = SystemAuthenticator()) -> KeychainConfiguration {

@@ -54,8 +54,6 @@ actor Engine {
     /// Set when this process started the embedded software TPM (a TPM reset: its state index is unwritten, the
     /// device not unlocked since), until the next read without a user or unlock (`unsealWithoutUser`).
     var startedTPMNeedsUnlock = false
-    /// keychaind's TPM connection, kept from one operation to the next (`withKeyring`).
-    var keptTPM: KeptTPM?
 
     private init(configuration: KeychainConfiguration) {
         self.configuration = configuration

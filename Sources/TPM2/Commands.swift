@@ -18,19 +18,9 @@ extension TPMContext {
         symmetric.mode.aes = UInt16(TPM2_ALG_CFB)
         let type: TPM2_SE = switch kind { case .hmac: UInt8(TPM2_SE_HMAC); case .policy: UInt8(TPM2_SE_POLICY); case .trial: UInt8(TPM2_SE_TRIAL) }
         var session: ESYS_TR = 0
-        do {
-            try call("StartAuthSession") {
-                Esys_StartAuthSession(esys, saltKey?.tr ?? Self.none, Self.none, Self.none, Self.none, Self.none,
-                                      nil, type, &symmetric, UInt16(TPM2_ALG_SHA256), &session)
-            }
-        } catch where error.code.is(.sessionMemory) && transport != nil {
-            // The kept transport session takes one of the TPM's loaded-session slots (3 on swtpm): an
-            // operation that needs them all gets it back, and the transport starts again when next used.
-            dropTransport()
-            try call("StartAuthSession") {
-                Esys_StartAuthSession(esys, saltKey?.tr ?? Self.none, Self.none, Self.none, Self.none, Self.none,
-                                      nil, type, &symmetric, UInt16(TPM2_ALG_SHA256), &session)
-            }
+        try call("StartAuthSession") {
+            Esys_StartAuthSession(esys, saltKey?.tr ?? Self.none, Self.none, Self.none, Self.none, Self.none,
+                                  nil, type, &symmetric, UInt16(TPM2_ALG_SHA256), &session)
         }
         var flags: TPMA_SESSION = 0
         if continueSession { flags |= KC_SESSION_CONTINUE }
@@ -133,15 +123,13 @@ extension TPMContext {
     ///   - fixed: `fixedTPM|fixedParent`: the object can never leave this TPM.
     ///   - userWithAuth: also usable with its (empty) authValue, for objects with no policy.
     ///   - session: a salted session with `decryptCommand`, so the secret crosses the bus encrypted.
-    ///   - parameterSession: with `session` nil (the parent's empty authValue as a password), the
-    ///     session that decrypts the secret instead (the transport session).
     public func seal(_ secret: SecureBytes, parent: TPMHandle, policy: [UInt8], fixed: Bool,
-                     userWithAuth: Bool, session: TPMHandle?, parameterSession: TPMHandle? = nil) throws(TPMError) -> SealedBlob {
+                     userWithAuth: Bool, session: TPMHandle) throws(TPMError) -> SealedBlob {
         var attributes = TPMA_OBJECT_NODA | TPMA_OBJECT_ADMINWITHPOLICY
         if fixed { attributes |= TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT }
         if userWithAuth { attributes |= TPMA_OBJECT_USERWITHAUTH }
         return try create(Self.keyedHash(attributes: attributes, policy: policy, hmac: false), sensitive: secret,
-                          parent: parent, session: session, parameterSession: parameterSession, command: "Create(sealed)")
+                          parent: parent, session: session, command: "Create(sealed)")
     }
 
     /// A keyedHash public area (SHA-256 name): a sealed data object, or an HMAC-SHA256 key.
@@ -160,7 +148,7 @@ extension TPMContext {
     /// goes in through `session` (a salted session with the decrypt attribute); nil lets the TPM
     /// generate it. Returns the blob, loadable only under this parent.
     func create(_ template: TPM2B_PUBLIC, sensitive: SecureBytes?, parent: TPMHandle, session: TPMHandle?,
-                parameterSession: TPMHandle? = nil, command: String) throws(TPMError) -> SealedBlob {
+                command: String) throws(TPMError) -> SealedBlob {
         var inPublic = template
         var inSensitive = TPM2B_SENSITIVE_CREATE()
         defer { TPM2B.wipe(&inSensitive) }
@@ -173,7 +161,7 @@ extension TPMContext {
         var creationHash: UnsafeMutablePointer<TPM2B_DIGEST>?
         var creationTicket: UnsafeMutablePointer<TPMT_TK_CREATION>?
         try call(command) {
-            Esys_Create(esys, parent.tr, session?.tr ?? Self.password, parameterSession?.tr ?? Self.none, Self.none, &inSensitive, &inPublic,
+            Esys_Create(esys, parent.tr, session?.tr ?? Self.password, Self.none, Self.none, &inSensitive, &inPublic,
                         &outsideInfo, &creationPCR, &outPrivate, &outPublic, &creationData, &creationHash, &creationTicket)
         }
         defer { Esys_Free(outPrivate); Esys_Free(outPublic); Esys_Free(creationData); Esys_Free(creationHash); Esys_Free(creationTicket) }
@@ -187,23 +175,21 @@ extension TPMContext {
                           privateArea: try Marshal.private(outPrivate!.pointee), creation: creation)
     }
 
-    /// Loads a sealed blob under `parent`; the returned handle must be flushed. `checkSession`, a
-    /// second session whose response HMAC ESAPI checks (the transport session, set to encrypt).
-    public func load(_ blob: SealedBlob, parent: TPMHandle, checkSession: TPMHandle? = nil) throws(TPMError) -> TPMHandle {
+    /// Loads a sealed blob under `parent`; the returned handle must be flushed.
+    public func load(_ blob: SealedBlob, parent: TPMHandle) throws(TPMError) -> TPMHandle {
         var inPublic = try Marshal.public(blob.publicArea)
         var inPrivate = try Marshal.private(blob.privateArea)
         var object: ESYS_TR = 0
         try call("Load") {
-            Esys_Load(esys, parent.tr, Self.password, checkSession?.tr ?? Self.none, Self.none, &inPrivate, &inPublic, &object)
+            Esys_Load(esys, parent.tr, Self.password, Self.none, Self.none, &inPrivate, &inPublic, &object)
         }
         return TPMHandle(tr: object, mustFlush: true)
     }
 
-    /// Unseals with `session` (a policy session, or an HMAC session for userWithAuth objects);
-    /// `encryptSession`, a second session that encrypts the response (the transport session).
-    public func unseal(_ object: TPMHandle, session: TPMHandle, encryptSession: TPMHandle? = nil) throws(TPMError) -> SecureBytes {
+    /// Unseals with `session` (a policy session, or an HMAC session for userWithAuth objects).
+    public func unseal(_ object: TPMHandle, session: TPMHandle) throws(TPMError) -> SecureBytes {
         var out: UnsafeMutablePointer<TPM2B_SENSITIVE_DATA>?
-        try call("Unseal") { Esys_Unseal(esys, object.tr, session.tr, encryptSession?.tr ?? Self.none, Self.none, &out) }
+        try call("Unseal") { Esys_Unseal(esys, object.tr, session.tr, Self.none, Self.none, &out) }
         guard let out else { throw TPMError(command: "Unseal", code: .failure) }
         defer { TPM2B.wipe(&out.pointee); Esys_Free(out) }
         return withUnsafeBytes(of: out.pointee.buffer) { SecureBytes(copying: $0.prefix(Int(out.pointee.size))) }

@@ -19,11 +19,9 @@ public final class TPMContext {
     /// TPM commands sent on this connection; the benchmark reads it.
     public private(set) var commandCount = 0
     private var deadline: AnswerDeadline
-    /// The last command's failure, kept until the next command succeeds (`failedBeforeAnyAnswer`).
-    public private(set) var lastFailure: TPMError?
     /// ESAPI resources of persistent objects and NV indices made since the last `endOperation`
-    /// (ReadPublic, TR_Deserialize): closed there, so a context kept across operations holds none
-    /// with a name the TPM may have changed since (an NV index written, a TPM reset), and does not grow.
+    /// (ReadPublic, TR_Deserialize): closed there, so a context holds none with a name the TPM may
+    /// have changed since (an NV index written, a TPM reset), and does not grow.
     private var resources: [ESYS_TR] = []
     /// The command whose deadline the TPM let pass: the connection is then given up, and every later
     /// command fails at once instead of waiting again.
@@ -51,14 +49,8 @@ public final class TPMContext {
         self.esys = ctx
     }
 
-    /// How long each later command may wait for the TPM's answer (a kept context's next operation
-    /// has a deadline of its own).
-    public func setAnswerTimeout(_ timeout: Duration) {
-        deadline = AnswerDeadline(device: device, timeout: timeout)
-    }
-
-    /// Ends one operation on a context that is kept for the next: the owner's session is flushed and
-    /// the ESAPI resources of persistent handles closed (only the transport session stays).
+    /// Ends one operation: the owner's session is flushed and the ESAPI resources of persistent
+    /// handles closed.
     public func endOperation() {
         flush(ownerSession)
         ownerSession = nil
@@ -70,59 +62,6 @@ public final class TPMContext {
         resources.removeAll()
     }
 
-    // MARK: The transport session
-
-    /// A salted HMAC session kept across operations by a context that is kept (keychaind's): as a
-    /// second session that authorizes nothing, it encrypts an Unseal's response and a sealed
-    /// secret's Create (and its HMAC authenticates the response), so a secret crosses the bus only
-    /// under its key, without a salted StartAuthSession (an ECDH in the TPM and in tpm2-tss, and
-    /// OpenSSL's set-up for each of its hashes) per operation. Salted to the SRK, never bound.
-    public private(set) var transport: TPMHandle?
-
-    /// The transport session, started (salted to `saltKey`) on first use; nil unless `keepsTransport`.
-    public var keepsTransport = false
-
-    public func transportSession(saltKey: TPMHandle) throws(TPMError) -> TPMHandle? {
-        guard keepsTransport else { return nil }
-        if let transport { return transport }
-        let session = try startSession(.hmac, saltKey: saltKey, continueSession: true)
-        transport = session
-        return session
-    }
-
-    /// Runs `body` with the transport session set to encrypt the response (or decrypt the first
-    /// command parameter), and clears that again: other commands use it for nothing.
-    public func withTransport<T>(_ session: TPMHandle, encryptResponse: Bool = false, decryptCommand: Bool = false,
-                                 _ body: () throws(TPMError) -> T) throws(TPMError) -> T {
-        var flags: TPMA_SESSION = KC_SESSION_CONTINUE
-        if encryptResponse { flags |= KC_SESSION_ENCRYPT }
-        if decryptCommand { flags |= KC_SESSION_DECRYPT }
-        let mask = KC_SESSION_CONTINUE | KC_SESSION_ENCRYPT | KC_SESSION_DECRYPT
-        try Self.local("TRSess_SetAttributes") { Esys_TRSess_SetAttributes(esys, session.tr, flags, mask) }
-        defer { _ = Esys_TRSess_SetAttributes(esys, session.tr, KC_SESSION_CONTINUE, mask) }
-        return try body()
-    }
-
-    /// Forgets the transport session (flushing it, best effort): it failed as a session (the TPM
-    /// reset or lost it), or its slot is needed. The next use starts another.
-    public func dropTransport() {
-        guard let session = transport else { return }
-        transport = nil
-        flush(session)
-    }
-
-    /// Whether `error` says the TPM no longer holds a session ESAPI used in the command (a TPM reset,
-    /// or a flush by another program), or that its keys disagree with ESAPI's (the answer's HMAC).
-    public static func isLostSession(_ error: TPMError) -> Bool {
-        let code = error.code
-        if code.layer == 7 && code.rawValue & 0xFFFF == 27 { return true }  // ESAPI's RSP_AUTH_FAILED
-        guard code.isTPMError, let subject = code.subject, subject.kind == .session else {
-            // TPM_RC_REFERENCE_S0…S6 (0x918–0x91E): the session handle names no session.
-            return code.isTPMError && (0x918...0x91E).contains(code.rawValue & 0xFFF)
-        }
-        return code.is(.handle) || code.is(.value) || code.is(.authFail) || code.is(.badAuth)
-            || code.base == 0x0A3 /* TPM_RC_EXPIRED */ || code.base == 0x08F /* TPM_RC_NONCE */
-    }
     /// Once set (to the SRK), owner-authorized commands prove the owner's authorization in an HMAC
     /// session salted to it, started on first use and flushed with the connection, instead of a
     /// password session that would carry the authorization itself in clear.
@@ -140,7 +79,6 @@ public final class TPMContext {
 
     deinit {
         flush(ownerSession)
-        flush(transport)
         var ctx: OpaquePointer? = esys
         Esys_Finalize(&ctx)
         Tss2_TctiLdr_Finalize(&tcti)
@@ -161,11 +99,9 @@ public final class TPMContext {
             if timedOut {
                 let error = TPMError(command: command, code: rc, timedOut: true)
                 unanswered = error
-                lastFailure = error
                 throw error
             }
-            if rc == .success { lastFailure = nil; return }
-            lastFailure = TPMError(command: command, code: rc)
+            if rc == .success { return }
             if rc.isRetryable && attempt < 50 {
                 attempt += 1
                 usleep(useconds_t(min(100_000, 1_000 * attempt)))

@@ -6,7 +6,7 @@ import KeychainTestSupport
 /// the same kind of secret, one run side by side (docs/performance.md, "keychaind").
 func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> String {
     let tpm = try SoftwareTPM()
-    let daemon = try KeychainDaemon(tpm: tpm, arguments: ["--tpm-linger", "1"])
+    let daemon = try KeychainDaemon(tpm: tpm)
     let configuration = daemon.configuration()
     let secret = String(repeating: "s", count: 32)
     let storage = try createKeychain(.init(service: "bench"), configuration: configuration)
@@ -60,9 +60,8 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
 
     // 4. Cold reads through keychaind: the first read of a storage's key by a daemon that holds no
     // key (dropCaches: what a daemon that just started holds), by a client of this process, against
-    // tpm2-tools' cheapest read of the same kind of secret under the same SRK, alternated. First by a
-    // second keychaind with `--tpm-linger 0` (a TPM connection and salted session per operation, as
-    // before issue 18's kept session) on a store of its own, then by the first (its kept connection).
+    // tpm2-tools' cheapest read of the same kind of secret under the same SRK, alternated (a TPM
+    // connection and salted session per operation).
     let loadAndUnseal = try TPM2ToolsRead(tpm: tpm, secret: secret, directory: scratch + "/tpm2-load-unseal")
     func coldReads(_ configuration: KeychainConfiguration) async throws -> (reads: Samples, tools: Samples) {
         var coldRead = Samples(capacity: runs), loadUnseal = Samples(capacity: runs)
@@ -87,11 +86,6 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
         coldRead.tpmCommands = await device.takeTPMCommandCount()
         return (coldRead, loadUnseal)
     }
-    // The first daemon lets the TPM go after its linger (1 s), so the second does not wait for its turn.
-    try await Task.sleep(for: .seconds(2))
-    let perOperationDaemon = try KeychainDaemon(tpm: tpm, store: tpm.directory + "/store-per-operation", arguments: ["--tpm-linger", "0"])
-    let (perOperation, perOperationTools) = try await coldReads(perOperationDaemon.configuration())
-    _ = perOperationDaemon.kill()
     let (coldRead, loadUnseal) = try await coldReads(configuration)
 
     // 5. In-process warm getItem, one caller, in this run too (its own swtpm and store).
@@ -110,11 +104,7 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     report += "| `keychainctl --help` (the front, then the full tool's start-up) | \(Format.duration(help.p50)) | \(Format.duration(help.p99)) | 0 |\n"
     report += "| `keychainctl-full --help` (the full tool's start-up alone: the front's hand-over costs the difference) | \(Format.duration(fullHelp.p50)) | \(Format.duration(fullHelp.p99)) | 0 |\n"
     report += "| `/bin/true` (the spawn-and-reap floor) | \(Format.duration(trueProcess.p50)) | \(Format.duration(trueProcess.p99)) | 0 |\n"
-    report += "| cold read through keychaind `--tpm-linger 0` (a connection and salted session per operation, as before) | \(Format.duration(perOperation.p50)) | \(Format.duration(perOperation.p99)) | \(Format.commands(Double(perOperation.tpmCommands) / Double(runs + 1))) |\n"
-    if perOperationTools.count > 0 {
-        report += "| tpm2-tools: `tpm2_load && tpm2_unseal`, alternated with the row above | \(Format.duration(perOperationTools.p50)) | \(Format.duration(perOperationTools.p99)) | — |\n"
-    }
-    report += "| cold read through keychaind, kept connection and session (its first read of the key: the daemon forgot every key, `dropCaches`) | \(Format.duration(coldRead.p50)) | \(Format.duration(coldRead.p99)) | \(Format.commands(Double(coldRead.tpmCommands) / Double(runs + 1))) |\n"
+    report += "| cold read through keychaind (its first read of the key: the daemon forgot every key, `dropCaches`; a connection and salted session per operation) | \(Format.duration(coldRead.p50)) | \(Format.duration(coldRead.p99)) | \(Format.commands(Double(coldRead.tpmCommands) / Double(runs + 1))) |\n"
     if loadUnseal.count > 0 {
         report += "| tpm2-tools: `tpm2_load && tpm2_unseal` of a 32-byte secret under the same SRK (two processes), alternated with the row above | \(Format.duration(loadUnseal.p50)) | \(Format.duration(loadUnseal.p99)) | — |\n"
     }
@@ -123,9 +113,8 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
         report += "`keychainctl get` through keychaind vs tpm2-tools: \(Format.ratio(Double(tools.p50) / Double(get.p50))) faster (p50); "
             + "`keychainctl-full get` \(Format.ratio(Double(tools.p50) / Double(fullGet.p50))).\n"
     }
-    if loadUnseal.count > 0 && perOperationTools.count > 0 {
-        report += "Cold read through keychaind vs `tpm2_load && tpm2_unseal`: \(Format.ratio(Double(loadUnseal.p50) / Double(coldRead.p50))) faster (p50) "
-            + "with the kept session, \(Format.ratio(Double(perOperationTools.p50) / Double(perOperation.p50))) with a session per operation.\n"
+    if loadUnseal.count > 0 {
+        report += "Cold read through keychaind vs `tpm2_load && tpm2_unseal`: \(Format.ratio(Double(loadUnseal.p50) / Double(coldRead.p50))) faster (p50).\n"
     }
     report += "In-process \(inProcess).\n"
 

@@ -6,7 +6,7 @@ let usage = """
     usage: keychaind --socket PATH --store DIR [--tcti CONF] [--groups DIR] [--reader DIR|none]
                      [--max-connections N] [--idle-timeout SECONDS] [--stall-timeout SECONDS]
                      [--pcrs 7,…] [--quota-items 4096] [--quota-bytes 32M] [--owner-auth-file FILE]
-                     [--credentials-socket PATH] [--tpm-linger SECONDS]
+                     [--credentials-socket PATH]
       Under systemd socket activation (LISTEN_FDS, LISTEN_PID=this process) the sockets come from systemd
       and --socket is not needed; a passed socket bound to the --credentials-socket PATH serves systemd
       credentials (LoadCredential=ID:PATH, docs/credentials.md), the other the keychain API.
@@ -15,9 +15,6 @@ let usage = """
       may hold at most --quota-items items and --quota-bytes bytes (K, M, G: KiB, MiB, GiB).
       --owner-auth-file (default: the systemd credential owner.auth, $CREDENTIALS_DIRECTORY/owner.auth,
       when there is one) is the owner authorization init wrote: enrolling the first finger needs it.
-      --tpm-linger SECONDS keeps the TPM connection and a salted session from one TPM operation to the
-      next, released after that long without one (default 0: a connection per operation; the kept
-      session measured slower per cold read so far, docs/performance.md).
     """
 
 func fail(_ message: String, status: Int32 = 2) -> Never {
@@ -30,8 +27,7 @@ var arguments = CommandLine.arguments.dropFirst()
 while let arg = arguments.popFirst() {
     if arg == "--help" || arg == "-h" { print(usage); exit(0) }
     guard ["--socket", "--store", "--tcti", "--groups", "--reader", "--max-connections", "--idle-timeout",
-           "--stall-timeout", "--pcrs", "--quota-items", "--quota-bytes", "--owner-auth-file", "--credentials-socket",
-           "--tpm-linger"].contains(arg) else {
+           "--stall-timeout", "--pcrs", "--quota-items", "--quota-bytes", "--owner-auth-file", "--credentials-socket"].contains(arg) else {
         fail("unknown argument \(arg)\n\(usage)")
     }
     guard let value = arguments.popFirst() else { fail("\(arg) needs a value") }
@@ -63,11 +59,6 @@ configuration.pkcs11URI = environment["KEYCHAIN_PKCS11_URI"].flatMap { $0.isEmpt
 let credential: String? = environment["CREDENTIALS_DIRECTORY"].map { $0 + "/owner.auth" }.flatMap { access($0, F_OK) == 0 ? $0 : nil }
 if let file: String = flags["--owner-auth-file"] ?? credential {
     do throws(KeychainError) { configuration.ownerAuthorization = try AuthorizationText.readFile(file) } catch { fail("\(error)") }
-}
-
-if let value = flags["--tpm-linger"] {
-    guard let seconds = Double(value), seconds >= 0, seconds <= 3600 else { fail("--tpm-linger needs a number of seconds from 0 to 3600") }
-    configuration.tpmConnectionLinger = seconds == 0 ? nil : .milliseconds(Int(seconds * 1000))
 }
 
 var limits = DaemonServer.Limits()

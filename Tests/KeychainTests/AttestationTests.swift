@@ -882,7 +882,7 @@ struct AttestationTests: TwoDeviceTest {
     }
 
     /// The TPM commands of the device's attestation calls, counted at the one ESAPI call point
-    /// (`takeTPMCommandCount`, as WarmReadTests and KeptTPMConnectionTests count), on a provisioned
+    /// (`takeTPMCommandCount`, as WarmReadTests and EmbeddedTPMStartTests count), on a provisioned
     /// device whose keyring is open: `attest init`, `attest request`, the answer to a challenge, and
     /// `attest key` of a key not bound to the boot state and of a ThisDeviceOnly key (its policy names
     /// the approval index: one NV_Certify more). docs/performance.md states these counts.

@@ -308,19 +308,6 @@ final class TPMKeyring {
     func seal(_ secret: SecureBytes, policy: SealPolicy) throws(KeychainError) -> TPMContext.SealedBlob {
         let digest = policy.digest
         do {
-            // keychaind's kept transport session carries the secret in; once more with a new one when
-            // the TPM no longer holds it (a reset): a failed Create changed nothing.
-            for attempt in 0..<2 {
-                guard let transport = try context.transportSession(saltKey: srk) else { break }
-                do {
-                    return try context.withTransport(transport, decryptCommand: true) { () throws(TPMError) in
-                        try context.seal(secret, parent: srk, policy: digest, fixed: policy.fixedToThisTPM,
-                                         userWithAuth: digest.isEmpty, session: nil, parameterSession: transport)
-                    }
-                } catch where attempt == 0 && TPMContext.isLostSession(error) {
-                    context.dropTransport()
-                }
-            }
             return try context.withSession(.hmac, saltKey: srk, decryptCommand: true) { session throws(TPMError) in
                 try context.seal(secret, parent: srk, policy: digest, fixed: policy.fixedToThisTPM,
                                  userWithAuth: digest.isEmpty, session: session)
@@ -393,29 +380,6 @@ final class TPMKeyring {
     /// - Parameter load: loads the object under another parent than the SRK (an imported bundle under the EK).
     func unseal(_ blob: TPMContext.SealedBlob, policy: SealPolicy, authorization: Authorization = .none,
                 load: ((TPMContext) throws(TPMError) -> TPMHandle)? = nil) throws(KeychainError) -> SecureBytes {
-        if case .secret(let secret) = try unsealOnce(blob, policy: policy, authorization: authorization, load: load) {
-            return secret
-        }
-        // The TPM no longer holds the kept transport session (it was reset, or someone flushed it):
-        // the Unseal was refused before it ran, and nothing changed. Once more with a new one.
-        context.dropTransport()
-        switch try unsealOnce(blob, policy: policy, authorization: authorization, load: load) {
-        case .secret(let secret):
-            return secret
-        case .lostTransport(let error):
-            context.dropTransport()
-            throw mapUnsealError(error, step: "Unseal", policy: policy)
-        }
-    }
-
-    /// The secret, or the Unseal refused because of the transport session, not the key's policy.
-    private enum Unsealed {
-        case secret(SecureBytes)
-        case lostTransport(TPMError)
-    }
-
-    private func unsealOnce(_ blob: TPMContext.SealedBlob, policy: SealPolicy, authorization: Authorization,
-                            load: ((TPMContext) throws(TPMError) -> TPMHandle)?) throws(KeychainError) -> Unsealed {
         do {
             guard try TPMContext.authPolicy(ofPublic: blob.publicArea) == policy.digest else {
                 throw KeychainError(.dataCorrupted, "A wrapping key's stored policy does not match its sealed object")
@@ -432,36 +396,10 @@ final class TPMKeyring {
             if !sessionClosed { context.flush(session) }
         }
         var step = "StartAuthSession"
-        // With keychaind's kept transport session, the policy session needs no salt of its own: the
-        // transport session encrypts the response (and its HMAC authenticates it). A key with no
-        // policy is unsealed as before, in a salted HMAC session of its own: swtpm (libtpms 0.9)
-        // drops the transport session after an Unseal authorized by an HMAC or password session
-        // (seen on the wire: the next command naming it is TPM_RC_REFERENCE_S1), not after one
-        // authorized by a policy session.
-        let keepsTransport = context.keepsTransport && !policy.digest.isEmpty
         do {
-            session = try context.startSession(policy.digest.isEmpty ? .hmac : .policy, saltKey: keepsTransport ? nil : srk,
-                                               encryptResponse: !keepsTransport)
+            session = try context.startSession(policy.digest.isEmpty ? .hmac : .policy, saltKey: srk, encryptResponse: true)
             step = "Load"
-            if let load {
-                object = try load(context)
-            } else if keepsTransport {
-                // The Load proves that the TPM still holds our transport session, by its answer's HMAC
-                // (a session flushed by another program, or replaced by its own at the same handle,
-                // fails here, before anything secret is answered under it).
-                step = "StartAuthSession"
-                let transport = try context.transportSession(saltKey: srk)!
-                step = "Load"
-                do {
-                    object = try context.withTransport(transport, encryptResponse: true) { () throws(TPMError) in
-                        try context.load(blob, parent: srk, checkSession: transport)
-                    }
-                } catch where TPMContext.isLostSession(error) && error.code.subject.map({ $0.number == 2 }) ?? true {
-                    return .lostTransport(error)
-                }
-            } else {
-                object = try context.load(blob, parent: srk)
-            }
+            if let load { object = try load(context) } else { object = try context.load(blob, parent: srk) }
             try context.run(steps, on: session!, nvIndex: { index throws(TPMError) in
                 switch index {
                 case DeviceLockLayout.epochIndex: epochNV
@@ -485,24 +423,9 @@ final class TPMKeyring {
             }
             // A ticket of another key (or an ended window) passes PolicyTicket but leaves another digest.
             if case .ticket = authorization { step = "Unseal(ticket)" } else { step = "Unseal" }
-            if keepsTransport {
-                let unsealStep = step
-                step = "StartAuthSession"
-                let transport = try context.transportSession(saltKey: srk)!
-                step = unsealStep
-                do {
-                    let secret = try context.withTransport(transport, encryptResponse: true) { () throws(TPMError) in
-                        try context.unseal(object!, session: session!, encryptSession: transport)
-                    }
-                    sessionClosed = true  // continueSession was clear: the TPM closed the policy session.
-                    return .secret(secret)
-                } catch where TPMContext.isLostSession(error) && error.code.subject.map({ $0.number == 2 }) ?? true {
-                    return .lostTransport(error)
-                }
-            }
             let secret = try context.unseal(object!, session: session!)
             sessionClosed = true  // continueSession was clear: the TPM closed it.
-            return .secret(secret)
+            return secret
         } catch {
             throw mapUnsealError(error, step: step, policy: policy)
         }
