@@ -3,9 +3,6 @@
 #include <spawn.h>
 #include <fcntl.h>
 #include <unistd.h>
-// Not in Swift's Glibc module: the daemon client's wait for replies (DaemonClient's ReplyWaiter).
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 
 // glibc declares these only for _GNU_SOURCE / _DEFAULT_SOURCE, which Swift's Glibc module is built without.
 // posix_spawn_file_actions_addclosefrom_np: glibc 2.34 (Debian 12 has 2.36).

@@ -84,9 +84,6 @@ public struct WireMessage: Sendable {
     /// The message's bytes (without the frame's length).
     public func encoded() -> [UInt8] { serialized(framed: false) }
 
-    /// The bytes of its frame: the 4-byte length and the message.
-    public var frameLength: Int { 4 + 2 + fields.reduce(0) { $0 + 5 + $1.bytes.count } }
-
     /// The frame: the message's length, then the message.
     func framed() -> [UInt8] { serialized(framed: true) }
 
@@ -151,35 +148,18 @@ private func appendLength(_ out: inout [UInt8], _ length: Int) {
 /// Frames on a connected stream socket (blocking; `poll` bounds each wait).
 public enum WireSocket {
     /// Writes one frame, length and message in one `send` (one wake-up of the reader, not two).
-    public static func send(_ fd: Int32, _ message: WireMessage, skipping sent: Int = 0) throws(WireError) {
+    public static func send(_ fd: Int32, _ message: WireMessage) throws(WireError) {
         var frame = message.framed()
         defer { frame.wipe() }
-        try writeAll(fd, frame, from: sent)
-    }
-
-    /// Writes what the socket takes of one frame now, without waiting: the bytes written, the whole
-    /// frame or fewer (0 when the socket's buffer is full). `send(_:_:skipping:)` writes the rest.
-    /// - Throws: the write's failure when nothing was written (a peer gone: `EPIPE`, `ECONNRESET`).
-    public static func sendAvailable(_ fd: Int32, _ message: WireMessage) throws(WireError) -> Int {
-        var frame = message.framed()
-        defer { frame.wipe() }
-        while true {
-            let n = frame.withUnsafeBytes { raw in Glibc.send(fd, raw.baseAddress!, raw.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT)) }
-            if n >= 0 { return n }
-            let code = errno
-            if code == EINTR { continue }
-            if code == EAGAIN || code == EWOULDBLOCK { return 0 }
-            throw WireError(.io(code), "write failed: errno \(code)")
-        }
+        try writeAll(fd, frame)
     }
 
     /// Sends a request and reads the peer's next frame. When the peer closed the connection before
     /// reading the request (EPIPE, ECONNRESET), the frame it left before closing is the reply:
     /// keychaind says so when it cannot serve a connection (no thread for it).
-    /// - Parameter sent: the frame's bytes already written (`sendAvailable`).
-    public static func exchange(_ fd: Int32, _ message: WireMessage, skipping sent: Int = 0, idle: Int, stall: Int) throws(WireError) -> WireMessage {
+    public static func exchange(_ fd: Int32, _ message: WireMessage, idle: Int, stall: Int) throws(WireError) -> WireMessage {
         do {
-            try send(fd, message, skipping: sent)
+            try send(fd, message)
         } catch {
             guard case .io(let code) = error.kind, code == EPIPE || code == ECONNRESET,
                   let left = try? receive(fd, idle: 1, stall: 1) else { throw error }
@@ -191,13 +171,51 @@ public enum WireSocket {
     /// Reads one frame and decodes it. `idle` bounds the wait for its first byte, `stall` every
     /// later wait (seconds; 0 for none), so a peer that starts a frame and stops is cut off.
     public static func receive(_ fd: Int32, idle: Int, stall: Int, max: Int = Wire.maxMessage) throws(WireError) -> WireMessage {
-        var reader = WireFrameReader(max: max)
-        defer { reader.wipe() }
-        return try reader.read(fd, idle: idle, stall: stall)
+        var header = [UInt8](repeating: 0, count: 4)
+        try readAll(fd, &header, first: idle, then: stall, started: false)
+        let length = Int(header[0]) << 24 | Int(header[1]) << 16 | Int(header[2]) << 8 | Int(header[3])
+        guard length >= 2, length <= max else {
+            throw WireError(.badLength, "frame of \(length) bytes (2 to \(max) allowed)")
+        }
+        // The buffer grows with the bytes that arrive, never ahead of them: a header alone announcing
+        // 16 MiB (4 bytes, then a stall) cost 16 MiB per connection, gigabytes for a few hundred.
+        var body = [UInt8](repeating: 0, count: Swift.min(length, 64 * 1024))
+        defer { body.wipe() }
+        var filled = 0
+        while true {
+            try readAll(fd, &body, from: filled, first: stall, then: stall, started: true)
+            filled = body.count
+            if filled == length { break }
+            var bigger = [UInt8](repeating: 0, count: Swift.min(length, filled * 2))
+            bigger.withUnsafeMutableBytes { dest in body.withUnsafeBytes { dest.copyMemory(from: $0) } }
+            body.wipe()  // what arrived so far may be a secret: no stale copy
+            body = bigger
+        }
+        return try WireMessage.decode(body)
+    }
+
+    /// Fills `buffer`: waits (`poll`, at most `first` seconds, then `then` once bytes came) only when
+    /// nothing is ready, so a frame that is already there costs one `recv`.
+    private static func readAll(_ fd: Int32, _ buffer: inout [UInt8], from: Int = 0, first: Int, then: Int, started: Bool) throws(WireError) {
+        var at = from
+        var ready = started
+        while at < buffer.count {
+            if !ready { try wait(fd, seconds: at == 0 ? first : then) }
+            let n = buffer.withUnsafeMutableBytes { raw in recv(fd, raw.baseAddress! + at, raw.count - at, Int32(MSG_DONTWAIT)) }
+            if n > 0 { at += n; ready = true; continue }
+            if n == 0 {
+                throw at == 0 && !started ? WireError(.closed, "the peer closed the connection")
+                    : WireError(.truncated, "the peer closed the connection mid-message")
+            }
+            let code = errno
+            if code == EINTR { continue }
+            if code == EAGAIN || code == EWOULDBLOCK { ready = false; continue }
+            throw WireError(.io(code), "read failed: errno \(code)")
+        }
     }
 
     /// Until `fd` is readable (or closed); `timedOut` after `seconds` (0: no limit).
-    static func wait(_ fd: Int32, seconds: Int) throws(WireError) {
+    private static func wait(_ fd: Int32, seconds: Int) throws(WireError) {
         var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         while true {
             let n = poll(&entry, 1, seconds > 0 ? Int32(clamping: seconds * 1000) : -1)
@@ -208,8 +226,8 @@ public enum WireSocket {
         }
     }
 
-    private static func writeAll(_ fd: Int32, _ bytes: [UInt8], from: Int) throws(WireError) {
-        var at = from
+    private static func writeAll(_ fd: Int32, _ bytes: [UInt8]) throws(WireError) {
+        var at = 0
         while at < bytes.count {
             // MSG_NOSIGNAL: a peer gone mid-write is EPIPE here, not a SIGPIPE that ends the process.
             let n = bytes.withUnsafeBytes { raw in Glibc.send(fd, raw.baseAddress! + at, bytes.count - at, Int32(MSG_NOSIGNAL)) }

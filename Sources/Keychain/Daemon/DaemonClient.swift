@@ -15,12 +15,9 @@ struct DaemonClient: Sendable {
     static let maxIdle = 16
 
     let socketPath: String
-    /// This client's exchanges, and those made on a thread of their own (for tests).
-    let counts = ExchangeCounts()
-    final class ExchangeCounts: Sendable {
-        let exchanges = Atomic<Int>(0)
-        let hops = Atomic<Int>(0)
-    }
+    /// This client's exchanges that hopped to a blocking thread (for tests).
+    let hops = HopCount()
+    final class HopCount: Sendable { let count = Atomic<Int>(0) }
 
     /// How long a reply may take: the daemon's own TPM timeout bounds each of its commands, so this
     /// only ends the wait for a daemon that is stopped (SIGSTOP) or wedged.
@@ -128,67 +125,28 @@ struct DaemonClient: Sendable {
         KeychainError(WireFailure(exchanging: error, socket: socketPath, replyTimeout: Self.replyTimeout))
     }
 
-    /// Requests of at most this many bytes are written from the caller's thread (they fit in the
-    /// socket's empty buffer); larger ones (a value of many KiB) on a thread of their own.
-    static let sentWithoutWaiting = 64 << 10
-
-    /// Sends `message` and waits for the daemon's next message, never blocking a thread of Swift's
-    /// shared pool. On Linux Dispatch's global threads are that pool (two here): the hop to one that
-    /// every exchange took until issue 18 held a pool thread for the whole exchange (16 concurrent
-    /// callers had at most two requests in flight), and two reads waiting on a stopped keychaind
-    /// stopped every task of the process until their timeout.
-    /// - On a thread of its own (a synchronous caller's, such as the vault's:
-    ///   `SerialThreadExecutor.isOwnThread`) the exchange is made there.
-    /// - Else the request is written at once and the reply awaited by `ReplyWaiter`'s thread, then
-    ///   read here as it arrives, with the same timeouts.
-    /// - What can go neither way (a request over `sentWithoutWaiting`, a full buffer, a peer gone,
-    ///   no epoll) is made on a new thread of its own.
+    /// Sends `message` and waits for the daemon's next message, never on Swift's shared pool (two
+    /// threads here): on the caller's thread when it is a thread of its own (a synchronous caller's,
+    /// such as the vault's: `SerialThreadExecutor.isOwnThread`), else one hop to a blocking thread
+    /// and back. A thread of this process waiting in epoll for every caller's reply, tried instead,
+    /// switched threads more often per read (docs/performance.md, "Where a read through keychaind goes").
     private func exchange(_ fd: Int32, _ message: WireMessage) async throws(KeychainError) -> WireMessage {
-        counts.exchanges.add(1, ordering: .relaxed)
         if SerialThreadExecutor.isOwnThread {
             do { return try WireSocket.exchange(fd, message, idle: Self.replyTimeout, stall: Self.stallTimeout) } catch {
                 throw failure(error)
             }
         }
-        var sent = 0
-        if let waiter = ReplyWaiter.shared, message.frameLength <= Self.sentWithoutWaiting {
-            sent = (try? WireSocket.sendAvailable(fd, message)) ?? 0
-            if sent == message.frameLength { return try await reply(on: fd, waiter: waiter) }
-        }
-        counts.hops.add(1, ordering: .relaxed)
-        let rest = sent
+        hops.count.add(1, ordering: .relaxed)
         let result: Result<WireMessage, WireError> = await withCheckedContinuation { continuation in
-            Thread {
+            DispatchQueue.global().async {
                 continuation.resume(returning: Result { () throws(WireError) in
-                    try WireSocket.exchange(fd, message, skipping: rest, idle: Self.replyTimeout, stall: Self.stallTimeout)
+                    try WireSocket.exchange(fd, message, idle: Self.replyTimeout, stall: Self.stallTimeout)
                 })
-            }.start()
+            }
         }
         switch result {
         case .success(let value): return value
         case .failure(let error): throw failure(error)
-        }
-    }
-
-    /// The daemon's next message on `fd`, read as it arrives: `replyTimeout` for its first byte and
-    /// `stallTimeout` after each part, as `WireSocket.receive` waits.
-    private func reply(on fd: Int32, waiter: ReplyWaiter) async throws(KeychainError) -> WireMessage {
-        var reader = WireFrameReader()
-        defer { reader.wipe() }
-        var deadline = ContinuousClock.now + .seconds(Self.replyTimeout)
-        while true {
-            switch await waiter.readable(fd, until: deadline) {
-            case .readable: break
-            case .timedOut: throw failure(WireError(.timedOut, "no message within the timeout"))
-            case .failed(let code): throw failure(WireError(.io(code), "epoll_ctl failed: errno \(code)"))
-            }
-            let before = reader.bytesRead
-            do {
-                if let message = try reader.readAvailable(fd) { return message }
-            } catch {
-                throw failure(error)
-            }
-            if reader.bytesRead > before { deadline = ContinuousClock.now + .seconds(Self.stallTimeout) }
         }
     }
 }
