@@ -7,12 +7,7 @@ import KeychainTestSupport
 func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> String {
     let tpm = try SoftwareTPM()
     let daemon = try KeychainDaemon(tpm: tpm)
-    let configuration = daemon.configuration()
-    let secret = String(repeating: "s", count: 32)
-    let storage = try createKeychain(.init(service: "bench"), configuration: configuration)
-    try await storage.setItem("k0", secret)
-    guard try await storage.getItem("k0") == secret else { throw BenchFailure("the daemon returned another value") }
-    let device = KeychainDevice(configuration: configuration)
+    let (configuration, device, secret) = try await storeBenchSecret(through: daemon)
     let scratch = tpm.directory + "/daemon-bench"
     try FileManager.default.createDirectory(atPath: scratch, withIntermediateDirectories: true)
     let here = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
@@ -202,15 +197,22 @@ func concurrentReadBench(clients: Int, readsPerClient: Int) async throws -> Stri
         kill(daemon.processIdentifier, SIGTERM)
         _ = daemon.waitForExit()
     }
-    let configuration = daemon.configuration()
-    let secret = String(repeating: "s", count: 32)
-    let storage = try createKeychain(.init(service: "bench"), configuration: configuration)
-    try await storage.setItem("k0", secret)
-    guard try await storage.getItem("k0") == secret else { throw BenchFailure("the daemon returned another value") }
-    let device = KeychainDevice(configuration: configuration)
+    let (configuration, device, secret) = try await storeBenchSecret(through: daemon)
     _ = await device.takeTPMCommandCount()
     let (samples, errors, rate) = await concurrentReads(configuration, clients: clients, readsPerClient: readsPerClient, secret: secret)
     let commands = await device.takeTPMCommandCount()
     return "\(clients) clients × \(readsPerClient) warm reads through keychaind: \(Format.rate(rate)) reads/s aggregate, "
         + "p50 \(Format.duration(samples.p50)), p99 \(Format.duration(samples.p99)), \(errors) errors, \(commands) TPM commands"
+}
+
+/// The set-up `--daemon` and `--daemon-concurrent-reads` share: a 32-byte secret stored as `bench`'s `k0`
+/// through `daemon` and read back once.
+private func storeBenchSecret(through daemon: KeychainDaemon) async throws
+    -> (configuration: KeychainConfiguration, device: KeychainDevice, secret: String) {
+    let configuration = daemon.configuration()
+    let secret = String(repeating: "s", count: 32)
+    let storage = try createKeychain(.init(service: "bench"), configuration: configuration)
+    try await storage.setItem("k0", secret)
+    guard try await storage.getItem("k0") == secret else { throw BenchFailure("the daemon returned another value") }
+    return (configuration, KeychainDevice(configuration: configuration), secret)
 }

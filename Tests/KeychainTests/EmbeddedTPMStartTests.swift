@@ -11,12 +11,9 @@ import Testing
 @Suite("The first read after the embedded TPM starts", .offThePool)
 struct EmbeddedTPMStartTests {
     @Test func theFirstReadAfterTheEmbeddedTPMStartsUnlocksBeforeItsUnsealAndSendsNoUnsealThatFails() async throws {
-        let store = FileManager.default.temporaryDirectory.appendingPathComponent("keychain-start-\(UUID().uuidString)").path
-        defer {
-            EmbeddedTPM.stop(storeDirectory: store)
-            try? FileManager.default.removeItem(atPath: store)
-        }
-        let configuration = KeychainConfiguration(storeDirectory: store, tpm: .embedded)
+        let store = EmbeddedStore("keychain-start")
+        defer { store.remove() }
+        let configuration = store.configuration
         let device = KeychainDevice(configuration: configuration)
         let storage = try createKeychain(.init(service: "start"), configuration: configuration)
         let unlocked = try createKeychain(.init(service: "start.unlocked", accessible: .whenUnlocked), configuration: configuration)
@@ -39,7 +36,7 @@ struct EmbeddedTPMStartTests {
         // flags and dictionary-attack settings), then on one connection the leftover check, the passcode mark
         // (NV_Read: none is set), the unlock's commands and the unseal's. An Unseal tried before the unlock would
         // add StartAuthSession, Load, PolicyNV and two FlushContext.
-        EmbeddedTPM.reboot(storeDirectory: store)
+        EmbeddedTPM.reboot(storeDirectory: store.directory)
         await device.dropCaches()
         _ = await device.takeTPMCommandCount()
         #expect(try await storage.getItem("k") == "value")
@@ -52,7 +49,7 @@ struct EmbeddedTPMStartTests {
 
         // With a passcode the start unlocks nothing: a whenUnlocked item stays closed until the passcode is given.
         try await device.setPasscode(bytes("2468"))
-        EmbeddedTPM.reboot(storeDirectory: store)
+        EmbeddedTPM.reboot(storeDirectory: store.directory)
         await device.dropCaches()
         do {
             _ = try await unlocked.getItem("k")

@@ -167,13 +167,10 @@ struct OwnershipTests {
     /// The embedded software TPM takes its own random authorizations on first start, kept 0600 in its
     /// 0700 directory; the library uses them, and the TPM refuses the empty ones.
     @Test func theEmbeddedTPMGetsRandomAuthorizationsInItsOwnDirectory() async throws {
-        let store = FileManager.default.temporaryDirectory.appendingPathComponent("keychain-owner-\(UUID().uuidString)").path
-        defer {
-            EmbeddedTPM.stop(storeDirectory: store)
-            try? FileManager.default.removeItem(atPath: store)
-        }
-        let configuration = KeychainConfiguration(storeDirectory: store, tpm: .embedded)
-        let device = KeychainDevice(configuration: configuration)
+        let embedded = EmbeddedStore("keychain-owner")
+        defer { embedded.remove() }
+        let store = embedded.directory
+        let device = KeychainDevice(configuration: embedded.configuration)
         let status = try await device.initialize()
         #expect(status.ownerAuthorizationSet && status.lockoutAuthorizationSet && status.warnings.isEmpty)
         #expect(mode(store + "/swtpm") == 0o700)
@@ -194,17 +191,15 @@ struct OwnershipTests {
     /// A crash after the file was written and before the TPM took the value: the next start applies
     /// the kept file rather than making a new one.
     @Test func theEmbeddedTPMAppliesAKeptFileItHasNotTakenYet() async throws {
-        let store = FileManager.default.temporaryDirectory.appendingPathComponent("keychain-owner-\(UUID().uuidString)").path
-        defer {
-            EmbeddedTPM.stop(storeDirectory: store)
-            try? FileManager.default.removeItem(atPath: store)
-        }
+        let embedded = EmbeddedStore("keychain-owner")
+        defer { embedded.remove() }
+        let store = embedded.directory
         try FileManager.default.createDirectory(atPath: store + "/swtpm", withIntermediateDirectories: true,
                                                 attributes: [.posixPermissions: 0o700])
         let kept = "hex:" + String(repeating: "5a", count: 32)
         #expect(FileManager.default.createFile(atPath: store + "/swtpm/owner.auth", contents: Data((kept + "\n").utf8),
                                                attributes: [.posixPermissions: 0o600]))
-        let status = try await KeychainDevice(configuration: KeychainConfiguration(storeDirectory: store, tpm: .embedded)).initialize()
+        let status = try await KeychainDevice(configuration: embedded.configuration).initialize()
         #expect(status.ownerAuthorizationSet)
         let env = ["TPM2TOOLS_TCTI": status.tpm]
         #expect(try run("/usr/bin/tpm2_nvdefine", ["-C", "o", "-P", kept, "-s", "4", "0x01500011"], environment: env).status == 0)

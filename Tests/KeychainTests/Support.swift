@@ -47,6 +47,23 @@ struct Fixture {
     }
 }
 
+/// A store directory not made yet under the temporary directory, whose keychain uses the embedded
+/// software TPM (started by the first call that needs it); `remove()` stops that TPM and deletes the
+/// directory.
+struct EmbeddedStore {
+    let directory: String
+    var configuration: KeychainConfiguration { KeychainConfiguration(storeDirectory: directory, tpm: .embedded) }
+
+    init(_ prefix: String) {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("\(prefix)-\(UUID().uuidString)").path
+    }
+
+    func remove() {
+        EmbeddedTPM.stop(storeDirectory: directory)
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+}
+
 func bytes(_ text: String) -> SecureBytes { SecureBytes(copying: Array(text.utf8)) }
 
 /// The code of the KeychainError `body` throws, or nil when it does not throw.
