@@ -23,6 +23,10 @@ let package = Package(
         .library(name: "KeychainTestSupport", targets: ["KeychainTestSupport"]),
         .library(name: "BiometricsVault", targets: ["BiometricsVault"]),
         .library(name: "SignInFlow", targets: ["SignInFlow"]),
+        // Not for users: the token tests' PKCS#11 module, SoftHSM2 behind a front that refuses or drops
+        // the template attributes a test names (Sources/KeychainTestRefusingToken). A dynamic library
+        // product so that SwiftPM's own C compiler builds it wherever the package builds.
+        .library(name: "KeychainTestRefusingToken", type: .dynamic, targets: ["KeychainTestRefusingToken"]),
     ],
     targets: [
         // C libraries, seen only by the modules directly above them.
@@ -61,6 +65,8 @@ let package = Package(
                                                  "KeychainWire", "KeychainCLIText", "DBus"]),
 
         .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2"]),
+        // C: the token tests' PKCS#11 module (see its product); p11-kit's pkcs11.h only, no C library of its own.
+        .target(name: "KeychainTestRefusingToken", dependencies: ["CP11Kit"]),
         // Our test suites' trait that runs tests which block off Swift's cooperative pool (Swift Testing: tests only).
         .target(name: "KeychainTestThreads"),
         // The Secret Service API over the public Keychain API: the bus (sd-bus), the sessions' crypto, the items.

@@ -92,14 +92,23 @@ extension PKCS11Token {
                 let key: WrappingKey
                 switch scheme {
                 case .aesGCM:
-                    let secret = try module.generateKey(session, mechanism: CK_MECHANISM_TYPE(CKM_AES_KEY_GEN),
-                                                        template: secretTemplate(label: label, id: id))
-                    made = [secret]
-                    key = WrappingKey(scheme: scheme, label: label, id: id, secret: secret, publicKey: nil, publicPoint: nil, epoch: epoch)
+                    let template = secretTemplate(label: label, id: id)
+                    made = try generate(session, "AES key", [template]) { templates throws(PKCS11Error) in
+                        [try module.generateKey(session, mechanism: CK_MECHANISM_TYPE(CKM_AES_KEY_GEN), template: templates[0])]
+                    }
+                    try checkSecretStays(session, made[0], template, what: "AES key")
+                    key = WrappingKey(scheme: scheme, label: label, id: id, secret: made[0], publicKey: nil, publicPoint: nil, epoch: epoch)
                 case .rsaOAEP, .ecdhP256:
-                    let (publicKey, privateKey) = try generatePair(session, label: label, id: id, scheme: scheme)
-                    made = [privateKey, publicKey]
-                    try checkSecretStays(session, privateKey, scheme: scheme)
+                    let mechanism = CK_MECHANISM_TYPE(scheme == .ecdhP256 ? CKM_EC_KEY_PAIR_GEN : CKM_RSA_PKCS_KEY_PAIR_GEN)
+                    let privateHalf = privateTemplate(label: label, id: id, scheme: scheme)
+                    made = try generate(session, "\(scheme) key pair", [publicTemplate(label: label, id: id, scheme: scheme), privateHalf]) {
+                        templates throws(PKCS11Error) in
+                        let (publicKey, privateKey) = try module.generateKeyPair(session, mechanism: mechanism, publicTemplate: templates[0],
+                                                                                 privateTemplate: templates[1])
+                        return [privateKey, publicKey]
+                    }
+                    let (privateKey, publicKey) = (made[0], made[1])
+                    try checkSecretStays(session, privateKey, privateHalf, what: "\(scheme) key pair")
                     let point = scheme == .ecdhP256 ? try ecPoint(session, publicKey) : nil
                     key = WrappingKey(scheme: scheme, label: label, id: id, secret: privateKey, publicKey: publicKey,
                                       publicPoint: point, epoch: epoch)
@@ -350,16 +359,20 @@ extension PKCS11Token {
     /// An ephemeral P-256 pair made on the token as session objects, its agreement with `peer`, and its
     /// public point; the ephemeral objects are destroyed before this returns, whatever happens.
     private func ephemeralAgreement(_ session: CK_SESSION_HANDLE, peer: [UInt8]) throws(PKCS11Error) -> ([UInt8], SecureBytes) {
-        let publicTemplate = AttributeTemplate()
+        var publicTemplate = KeyTemplate(part: "public key")
         publicTemplate.add(CKA_TOKEN, false)
         publicTemplate.add(CKA_EC_PARAMS, bytes: Self.p256Parameters)
-        let privateTemplate = AttributeTemplate()
+        var privateTemplate = KeyTemplate(part: "private key")
         privateTemplate.add(CKA_TOKEN, false)
-        privateTemplate.add(CKA_SENSITIVE, true)
-        privateTemplate.add(CKA_EXTRACTABLE, false)
+        privateTemplate.add(CKA_SENSITIVE, true, .keepsSecretIn)
+        privateTemplate.add(CKA_EXTRACTABLE, false, .keepsSecretIn)
         privateTemplate.add(CKA_DERIVE, true)
-        let (publicKey, privateKey) = try module.generateKeyPair(
-            session, mechanism: CK_MECHANISM_TYPE(CKM_EC_KEY_PAIR_GEN), publicTemplate: publicTemplate, privateTemplate: privateTemplate)
+        let made = try generate(session, "ephemeral EC key pair", [publicTemplate, privateTemplate]) { templates throws(PKCS11Error) in
+            let (publicKey, privateKey) = try module.generateKeyPair(session, mechanism: CK_MECHANISM_TYPE(CKM_EC_KEY_PAIR_GEN),
+                                                                     publicTemplate: templates[0], privateTemplate: templates[1])
+            return [publicKey, privateKey]
+        }
+        let (publicKey, privateKey) = (made[0], made[1])
         defer {
             try? module.destroyObject(session, privateKey)
             try? module.destroyObject(session, publicKey)
@@ -453,119 +466,128 @@ extension PKCS11Token {
 
     // MARK: Templates
 
-    /// Attributes a template sets only to narrow a new pair's usage, which a token may decide itself:
-    /// tpm2-pkcs11 gives an RSA key the TPM's sign-and-decrypt and refuses a template that says otherwise
-    /// (`User specified and TPM specified attr mismatch: 0x10a`, CKR_GENERAL_ERROR). A token that refuses
-    /// the template is asked again without them, one more each time, in this order; what keeps the secret
-    /// (sensitive, never extractable, private, on the token, its one operation) is never left out.
-    enum Narrowing: CaseIterable, Sendable {
-        case publicVerify, publicWrap, privateSign, privateUnwrap, publicDerive, privateDerive, modifiable
-
-        var name: String {
-            switch self {
-            case .publicVerify: "CKA_VERIFY=false (public key)"
-            case .publicWrap: "CKA_WRAP=false (public key)"
-            case .privateSign: "CKA_SIGN=false (private key)"
-            case .privateUnwrap: "CKA_UNWRAP=false (private key)"
-            case .publicDerive: "CKA_DERIVE=false (public key)"
-            case .privateDerive: "CKA_DERIVE=false (private key)"
-            case .modifiable: "CKA_MODIFIABLE=false"
-            }
-        }
-    }
-
-    /// The pair from the whole template, or from the template without the narrowings the token refuses.
-    /// - Throws: `CKR_TEMPLATE_INCONSISTENT` naming every attribute left out when the token refuses even that.
-    private func generatePair(_ session: CK_SESSION_HANDLE, label: String, id: [UInt8], scheme: WrappingScheme)
-        throws(PKCS11Error) -> (CK_OBJECT_HANDLE, CK_OBJECT_HANDLE) {
-        let mechanism = CK_MECHANISM_TYPE(scheme == .ecdhP256 ? CKM_EC_KEY_PAIR_GEN : CKM_RSA_PKCS_KEY_PAIR_GEN)
-        // Only the narrowings this scheme's templates hold (RSA derives nothing; EC has no private CKA_SIGN to drop first).
-        let applicable = Narrowing.allCases.filter { scheme == .ecdhP256 || ($0 != .publicDerive && $0 != .privateDerive) }
-        var leftOut: [Narrowing] = []
+    /// Makes a key (one template) or a pair (public, then private) with `make`, which returns the objects
+    /// it made. A token that refuses the templates (CKR_GENERAL_ERROR, as tpm2-pkcs11 says `User specified
+    /// and TPM specified attr mismatch: 0x10a` of an RSA key, CKR_TEMPLATE_INCONSISTENT,
+    /// CKR_ATTRIBUTE_TYPE_INVALID, CKR_ATTRIBUTE_VALUE_INVALID) is asked again without the attributes that
+    /// only narrow the key, one more each time in `KeyTemplate.narrowingOrder`; what keeps the secret in
+    /// (sensitive, never extractable, private, on the token) and what the key needs are never left out.
+    /// - Throws: `CKR_TEMPLATE_INCONSISTENT` naming the attribute the token refuses (`refusal`).
+    private func generate(_ session: CK_SESSION_HANDLE, _ what: String, _ templates: [KeyTemplate],
+                          _ make: ([AttributeTemplate]) throws(PKCS11Error) -> [CK_OBJECT_HANDLE]) throws(PKCS11Error) -> [CK_OBJECT_HANDLE] {
+        let steps = KeyTemplate.narrowingOrder.filter { type in templates.contains { $0.narrows(type) } }
+        var leftOut: Set<CK_ATTRIBUTE_TYPE> = []
         while true {
             do {
-                return try module.generateKeyPair(session, mechanism: mechanism,
-                                                  publicTemplate: publicTemplate(label: label, id: id, scheme: scheme, without: leftOut),
-                                                  privateTemplate: privateTemplate(label: label, id: id, scheme: scheme, without: leftOut))
-            } catch where [.generalError, .templateInconsistent, .attributeValueInvalid, .attributeTypeInvalid].contains(error.returnValue) {
-                guard leftOut.count < applicable.count else {
-                    throw PKCS11Error(rv: CKR_TEMPLATE_INCONSISTENT, operation: "make the \(scheme) key pair",
-                                      detail: "the token refuses its template (\(error.name)), also without "
-                                          + leftOut.map(\.name).joined(separator: ", "))
+                return try make(templates.map { $0.attributes { leftOut.contains($0.type) && $0.role == .narrowing } })
+            } catch where Self.refusesTemplate(error.returnValue) {
+                guard leftOut.count < steps.count else {
+                    throw refusal(session, what, templates, leftOut: leftOut, error, make)
                 }
-                leftOut.append(applicable[leftOut.count])
+                leftOut.insert(steps[leftOut.count])
             }
         }
     }
 
-    /// A token that took a template without its narrowings must still keep the secret half in.
-    private func checkSecretStays(_ session: CK_SESSION_HANDLE, _ privateKey: CK_OBJECT_HANDLE, scheme: WrappingScheme) throws(PKCS11Error) {
-        let wanted: [(CK_ATTRIBUTE_TYPE, Bool, String)] = [
-            (CK_ATTRIBUTE_TYPE(CKA_SENSITIVE), true, "CKA_SENSITIVE=true"), (CK_ATTRIBUTE_TYPE(CKA_EXTRACTABLE), false, "CKA_EXTRACTABLE=false"),
-            (CK_ATTRIBUTE_TYPE(CKA_PRIVATE), true, "CKA_PRIVATE=true"), (CK_ATTRIBUTE_TYPE(CKA_TOKEN), true, "CKA_TOKEN=true")]
-        for (type, value, name) in wanted {
-            let got = try module.attributeValues(session, privateKey, [type])[0]
-            guard got.first.map({ ($0 != CK_FALSE) == value }) == true else {
-                throw PKCS11Error(rv: CKR_TEMPLATE_INCONSISTENT, operation: "make the \(scheme) key pair",
-                                  detail: "the token made its private key without \(name)")
+    private static func refusesTemplate(_ rv: PKCS11ReturnValue) -> Bool {
+        [.generalError, .templateInconsistent, .attributeValueInvalid, .attributeTypeInvalid].contains(rv)
+    }
+
+    /// Names what the token refuses in `templates` (already without every narrowing): the first attribute
+    /// whose absence it accepts, tried on throwaway session objects (CKA_TOKEN left out as well, so nothing
+    /// reaches the token) destroyed at once and never used.
+    private func refusal(_ session: CK_SESSION_HANDLE, _ what: String, _ templates: [KeyTemplate], leftOut: Set<CK_ATTRIBUTE_TYPE>,
+                         _ error: PKCS11Error, _ make: ([AttributeTemplate]) throws(PKCS11Error) -> [CK_OBJECT_HANDLE]) -> PKCS11Error {
+        let token = CK_ATTRIBUTE_TYPE(CKA_TOKEN)
+        let kept = templates.flatMap { template in template.entries.filter { $0.role != .narrowing || !leftOut.contains($0.type) } }
+        var candidates: [KeyTemplate.Entry] = []
+        for entry in kept.sorted(by: { $0.type == token && $1.type != token }) where !candidates.contains(where: { $0.type == entry.type }) {
+            candidates.append(entry)
+        }
+        for candidate in candidates {
+            let probe = templates.map { template in
+                template.attributes { $0.type == token || $0.type == candidate.type || ($0.role == .narrowing && leftOut.contains($0.type)) }
+            }
+            guard let made = try? make(probe) else { continue }
+            for object in made { try? module.destroyObject(session, object) }
+            let why = candidate.role == .keepsSecretIn ? "which keeps the key's secret on the token" : "which the key needs"
+            return PKCS11Error(rv: CKR_TEMPLATE_INCONSISTENT, operation: "make the \(what)",
+                               detail: "the token refuses \(candidate.name) in its template (\(error.name)), \(why)")
+        }
+        let without = leftOut.isEmpty ? ""
+            : ", also without " + templates.flatMap { $0.entries.filter { $0.role == .narrowing }.map(\.name) }.joined(separator: ", ")
+        return PKCS11Error(rv: CKR_TEMPLATE_INCONSISTENT, operation: "make the \(what)",
+                           detail: "the token refuses its template (\(error.name))" + without)
+    }
+
+    /// A token that took a template, narrowed or not, must still have made the key with what keeps its
+    /// secret in: read back from the key made, as a token may drop an attribute and say nothing.
+    private func checkSecretStays(_ session: CK_SESSION_HANDLE, _ key: CK_OBJECT_HANDLE, _ template: KeyTemplate,
+                                  what: String) throws(PKCS11Error) {
+        for entry in template.entries where entry.role == .keepsSecretIn {
+            let got = try module.attributeValues(session, key, [entry.type])[0]
+            let wanted = entry.value.first.map { $0 != CK_FALSE } ?? false
+            guard got.first.map({ ($0 != CK_FALSE) == wanted }) == true else {
+                throw PKCS11Error(rv: CKR_TEMPLATE_INCONSISTENT, operation: "make the \(what)",
+                                  detail: "the token made it without \(entry.name)")
             }
         }
     }
 
-    private func secretTemplate(label: String, id: [UInt8]) -> AttributeTemplate {
-        let template = AttributeTemplate()
+    /// The AES key: encrypt and decrypt, nothing else.
+    private func secretTemplate(label: String, id: [UInt8]) -> KeyTemplate {
+        var template = KeyTemplate(part: nil)
         template.add(CKA_CLASS, CK_OBJECT_CLASS(CKO_SECRET_KEY))
         template.add(CKA_KEY_TYPE, CK_KEY_TYPE(CKK_AES))
         template.add(CKA_VALUE_LEN, CK_ULONG(WrappingScheme.aesKeyBytes))
-        Self.addSecret(template, label: label, id: id, decrypt: true, derive: false)
+        Self.addSecret(&template, label: label, id: id, decrypt: true, derive: false)
         template.add(CKA_ENCRYPT, true)
-        template.add(CKA_VERIFY, false)
-        template.add(CKA_WRAP, false)
+        template.add(CKA_VERIFY, false, .narrowing)
+        template.add(CKA_WRAP, false, .narrowing)
         return template
     }
 
-    private func privateTemplate(label: String, id: [UInt8], scheme: WrappingScheme, without leftOut: [Narrowing] = []) -> AttributeTemplate {
-        let template = AttributeTemplate()
-        Self.addSecret(template, label: label, id: id, decrypt: scheme == .rsaOAEP, derive: scheme == .ecdhP256, without: leftOut)
+    private func privateTemplate(label: String, id: [UInt8], scheme: WrappingScheme) -> KeyTemplate {
+        var template = KeyTemplate(part: "private key")
+        Self.addSecret(&template, label: label, id: id, decrypt: scheme == .rsaOAEP, derive: scheme == .ecdhP256)
         return template
     }
 
-    private func publicTemplate(label: String, id: [UInt8], scheme: WrappingScheme, without leftOut: [Narrowing] = []) -> AttributeTemplate {
-        let template = AttributeTemplate()
-        Self.addIdentity(template, label: label, id: id, unmodifiable: !leftOut.contains(.modifiable))
-        if !leftOut.contains(.publicVerify) { template.add(CKA_VERIFY, false) }
-        if !leftOut.contains(.publicWrap) { template.add(CKA_WRAP, false) }
+    private func publicTemplate(label: String, id: [UInt8], scheme: WrappingScheme) -> KeyTemplate {
+        var template = KeyTemplate(part: "public key")
+        Self.addIdentity(&template, label: label, id: id)
+        template.add(CKA_VERIFY, false, .narrowing)
+        template.add(CKA_WRAP, false, .narrowing)
         if scheme == .rsaOAEP {
             template.add(CKA_MODULUS_BITS, CK_ULONG(WrappingScheme.rsaBits))
             template.add(CKA_PUBLIC_EXPONENT, bytes: [0x01, 0x00, 0x01])
             template.add(CKA_ENCRYPT, true)
         } else {
             template.add(CKA_EC_PARAMS, bytes: Self.p256Parameters)
-            if !leftOut.contains(.publicDerive) { template.add(CKA_DERIVE, false) }
+            template.add(CKA_DERIVE, false, .narrowing)
         }
         return template
     }
 
     /// Every object of a service's key: its label and ID, on the token, private, not modifiable (so
     /// no usage can be widened later).
-    private static func addIdentity(_ template: AttributeTemplate, label: String, id: [UInt8], unmodifiable: Bool = true) {
-        template.add(CKA_LABEL, label)
+    private static func addIdentity(_ template: inout KeyTemplate, label: String, id: [UInt8]) {
+        template.add(CKA_LABEL, bytes: Array(label.utf8))
         template.add(CKA_ID, bytes: id)
-        template.add(CKA_TOKEN, true)
-        template.add(CKA_PRIVATE, true)
-        if unmodifiable { template.add(CKA_MODIFIABLE, false) }
+        template.add(CKA_TOKEN, true, .keepsSecretIn)
+        template.add(CKA_PRIVATE, true, .keepsSecretIn)
+        template.add(CKA_MODIFIABLE, false, .narrowing)
     }
 
     /// The half that holds the secret: sensitive, never extractable, one usage (decrypt or derive).
-    private static func addSecret(_ template: AttributeTemplate, label: String, id: [UInt8], decrypt: Bool, derive: Bool,
-                                  without leftOut: [Narrowing] = []) {
-        addIdentity(template, label: label, id: id, unmodifiable: !leftOut.contains(.modifiable))
-        template.add(CKA_SENSITIVE, true)
-        template.add(CKA_EXTRACTABLE, false)
+    private static func addSecret(_ template: inout KeyTemplate, label: String, id: [UInt8], decrypt: Bool, derive: Bool) {
+        addIdentity(&template, label: label, id: id)
+        template.add(CKA_SENSITIVE, true, .keepsSecretIn)
+        template.add(CKA_EXTRACTABLE, false, .keepsSecretIn)
         template.add(CKA_DECRYPT, decrypt)
-        if derive || !leftOut.contains(.privateDerive) { template.add(CKA_DERIVE, derive) }
-        if !leftOut.contains(.privateSign) { template.add(CKA_SIGN, false) }
-        if !leftOut.contains(.privateUnwrap) { template.add(CKA_UNWRAP, false) }
+        template.add(CKA_DERIVE, derive, derive ? .needed : .narrowing)
+        template.add(CKA_SIGN, false, .narrowing)
+        template.add(CKA_UNWRAP, false, .narrowing)
     }
 
     // MARK: Finding keys

@@ -18,6 +18,8 @@ struct TokenBackendTests {
         let env: [String: String]
         /// The module's path: the one module its URIs load (loading all of p11-kit's would start tpm2-pkcs11 too).
         let module: String
+        /// The module `objects()` lists the token's objects with.
+        let listingModule: String
         /// What runs behind the token (pkcsslotd), ended with it.
         let stack: TokenModuleStack
         var store: String { tpm.directory + "/store" }
@@ -34,15 +36,16 @@ struct TokenBackendTests {
             tpm = try SoftwareTPM()
             dir = tpm.directory + "/token"
             module = kind.path
+            listingModule = kind.listingPath
             stack = TokenModuleStack()
             try FileManager.default.createDirectory(atPath: dir + "/tokens", withIntermediateDirectories: true)
             try "1234\n".write(toFile: dir + "/pin", atomically: true, encoding: .utf8)
             try "9999\n".write(toFile: dir + "/wrong-pin", atomically: true, encoding: .utf8)
             switch kind {
-            case .softHSM(let mechanisms):
+            case .softHSM(let mechanisms), .refusingSoftHSM(let mechanisms, _, _, _):
                 try ("directories.tokendir = \(dir)/tokens\n" + (mechanisms.map { "slots.mechanisms = \($0)\n" } ?? ""))
                     .write(toFile: dir + "/softhsm2.conf", atomically: true, encoding: .utf8)
-                env = ["SOFTHSM2_CONF": dir + "/softhsm2.conf"]
+                env = kind.environment.merging(["SOFTHSM2_CONF": dir + "/softhsm2.conf"]) { $1 }
                 let made = try run("/usr/bin/softhsm2-util", ["--init-token", "--free", "--label", "kc", "--so-pin", "12345678", "--pin", "1234"],
                                    environment: env)
                 #expect(made.status == 0, "softhsm2-util: \(made.stderr)")
@@ -69,7 +72,7 @@ struct TokenBackendTests {
 
         /// pkcs11-tool's listing of the token's objects, logged in (another process: token objects only).
         func objects() throws -> String {
-            String(decoding: try run("/usr/bin/pkcs11-tool", ["--module", module, "--login", "--pin", "1234", "-O"],
+            String(decoding: try run("/usr/bin/pkcs11-tool", ["--module", listingModule, "--login", "--pin", "1234", "-O"],
                                      environment: env).stdout, as: UTF8.self)
         }
 

@@ -12,13 +12,32 @@ enum TokenModule: Sendable {
     case openCryptoki
     /// tpm2-pkcs11 (Debian's libtpm2-pkcs11-1) on a swtpm of its own, through tpm2-abrmd on a private bus.
     case tpm2PKCS11
+    /// SoftHSM2 behind this package's test module (Sources/KeychainTestRefusingToken): a key generation
+    /// whose template carries an attribute of `refusing` ("CKA_WRAP") is refused with `with` (a CKR name),
+    /// and those of `ignoring` are taken out of the template unsaid (the token makes the key without them).
+    case refusingSoftHSM(mechanisms: String?, refusing: [String], with: String = "CKR_ATTRIBUTE_TYPE_INVALID", ignoring: [String] = [])
 
     var path: String {
         switch self {
         case .softHSM: TokenBackendTests.module
         case .openCryptoki: "/usr/lib/x86_64-linux-gnu/opencryptoki/libopencryptoki.so.0"
         case .tpm2PKCS11: "/usr/lib/x86_64-linux-gnu/pkcs11/libtpm2_pkcs11.so"
+        case .refusingSoftHSM: buildDirectory.appendingPathComponent("libKeychainTestRefusingToken.so").path
         }
+    }
+
+    /// The module that lists the token's objects: SoftHSM2's own under the test module, so the count does
+    /// not go through the module under test.
+    var listingPath: String {
+        if case .refusingSoftHSM = self { return TokenBackendTests.module }
+        return path
+    }
+
+    /// What the test module reads (nothing for the others).
+    var environment: [String: String] {
+        guard case .refusingSoftHSM(_, let refusing, let with, let ignoring) = self else { return [:] }
+        return ["KEYCHAIN_TEST_TOKEN_REFUSES": refusing.joined(separator: ","), "KEYCHAIN_TEST_TOKEN_REFUSES_WITH": with,
+                "KEYCHAIN_TEST_TOKEN_IGNORES": ignoring.joined(separator: ",")]
     }
 }
 

@@ -147,7 +147,7 @@ final class TokenSession {
         let identity = Self.keyIdentity(service: service)
         let found: WrappingKey?
         do { found = try token.wrappingKey(label: identity.label, id: identity.id, create: create) } catch {
-            throw Self.map(error, doing: "find the wrapping key of service '\(Self.shown(service))'")
+            throw Self.map(error, doing: "\(create ? "find or make" : "find") the wrapping key of service '\(Self.shown(service))'")
         }
         guard let handle = found else {
             throw create
