@@ -1,3 +1,6 @@
+import Foundation
+import SecureMemory
+
 /// What keychaind does not serve, done in this process on the store itself: backup and restore of
 /// the whole store, provisioning (taking TPM ownership, importing a bundle for one of keychaind's
 /// users, the attestation key), boot-state administration. `KeychainDevice` and `Keychain` reach the
@@ -30,6 +33,24 @@ public struct KeychainAdministration: Sendable {
     public func initialize(takingOwnership ownership: Ownership) async throws(KeychainError) -> DeviceStatus {
         _ = try await engine.initialize()
         try await engine.takeOwnership(ownership)
+        // The owner authorization just set, else the one given: NV_DefineSpace of the rollback counter needs it.
+        var owner = configuration.ownerAuthorization
+        if let file = ownership.ownerAuthorizationFile, FileManager.default.fileExists(atPath: file) {
+            owner = try AuthorizationText.readFile(file)
+        }
+        try await engine.bindRollbackCounter(ownerAuthorization: owner)
         return try await engine.status()
+    }
+
+    /// The administrator's recovery from a rollback (`status` says `rolled-back`, every operation
+    /// refuses with `DATA_CORRUPTED`): keeps the store as it is now and binds it to a new TPM counter,
+    /// undefining the old one. Items removed since the copy was made stay back; nothing else changes.
+    /// Also binds a store that is not bound yet, as `initialize` does.
+    /// - Parameter ownerAuthorization: the TPM's owner authorization (`configuration.ownerAuthorization`
+    ///   when nil); whoever put a copy back does not have it.
+    /// - Throws: `AUTHENTICATION_FAILED` when the TPM refuses it, before the store changes.
+    @discardableResult
+    public func acceptStore(ownerAuthorization: SecureBytes? = nil) async throws(KeychainError) -> RollbackCounterStatus {
+        try await engine.acceptStore(ownerAuthorization: ownerAuthorization ?? configuration.ownerAuthorization)
     }
 }

@@ -55,6 +55,16 @@ actor Engine {
     /// device not unlocked since), until the next read without a user or unlock (`unsealWithoutUser`).
     var startedTPMNeedsUnlock = false
 
+    /// The store's rollback counter as this process last read or made it (nil: read it at the next
+    /// TPM operation), the TPM's clock counts then, and the counter's ESAPI resource (RollbackCounter.swift).
+    var rollbackKnown: UInt64?
+    var rollbackClock: TPMContext.ClockCounts?
+    var rollbackCounterTR: (index: UInt32, tr: [UInt8])?
+    /// Set while `status` and `acceptStore` look at a store that may be rolled back: no check, no counted write.
+    var rollbackCheckSuspended = false
+    /// The keyring of the TPM operation under way, so a write inside it counts on the same connection.
+    var activeKeyring: TPMKeyring?
+
     private init(configuration: KeychainConfiguration) {
         self.configuration = configuration
         self.executor = SerialThreadExecutor(name: "keychain.engine")
@@ -425,7 +435,7 @@ actor Engine {
 
     func removeInvalidated(_ record: ItemRecord) throws {
         let store = try store()
-        try store.write { tx in
+        try writeStore(store) { tx in
             _ = try tx.deleteItem(service: record.service, key: record.key)
             try Self.releaseRetired(service: record.service, key: record.key, tx)
             if try tx.itemCount(service: record.service, protection: record.protection) == 0 {
@@ -550,7 +560,12 @@ actor Engine {
         }
     }
 
+    /// A write bound to the store's rollback counter when it has one (`countedWrite`).
     func writeStore<T>(_ store: Store, _ body: (Transaction) throws -> T) throws(KeychainError) -> T {
+        try countedWrite(store, body)
+    }
+
+    func writeUncounted<T>(_ store: Store, _ body: (Transaction) throws -> T) throws(KeychainError) -> T {
         do { return try store.write(body) } catch let error as StoreError {
             throw KeychainError(store: error)
         } catch let error as KeychainError {

@@ -178,8 +178,11 @@ public struct DeviceStatus: Sendable, Hashable, Codable {
     /// The persistent storage root key compared with the one this store pinned at provisioning.
     public enum StorageRootKey: String, Sendable, Hashable, Codable { case pinned, missing, replaced }
     public var storageRootKey: StorageRootKey
-    /// What is weak or wrong, in words: empty authorizations and what they cost, a missing or replaced SRK.
+    /// What is weak or wrong, in words: empty authorizations and what they cost, a missing or replaced
+    /// SRK, a store with no rollback counter or one behind it.
     public var warnings: [String]
+    /// The TPM monotonic counter the store is bound to (nil from a keychaind of an older version).
+    public var rollbackCounter: RollbackCounterStatus?
 }
 
 /// The device: its passcode and lock, shared by every storage of a store; in this process or through

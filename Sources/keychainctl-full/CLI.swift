@@ -72,7 +72,11 @@ let usage = """
                                    authorization already set (first line); never argv. The embedded software
                                    TPM keeps random ones in <store>/swtpm/ (owner.auth, lockout.auth)
       status                       the TPM, the passcode, the lock state, the TPM's authorizations and
-                                   storage root key, with warnings in words
+                                   storage root key, the store's rollback counter, with warnings in words
+      accept-store [--owner-auth-file FILE|-]
+                                   after a rollback (a copy of the store put back: every operation refuses
+                                   it as DATA_CORRUPTED), keep the store as it is now: bind it to a new TPM
+                                   counter, undefining the old one (needs the owner authorization)
       passcode set|change|remove   PINs on stdin, one per line (change: old then new)
       passcode reset-tries [--owner-auth-file FILE|-]   reset the TPM's count of wrong passcodes
       unlock                       the passcode on stdin (no input when none is set)

@@ -70,6 +70,11 @@ struct Commands {
                 }
                 return text
             }
+        case "accept-store":
+            // Before anything else: keychaind's store is accepted where it is, as the service's user.
+            let counter = try await administration.acceptStore()
+            output(counter) { "rollback counter: \($0.state.rawValue)" + ($0.index.map { String(format: " (NV 0x%08X, ", $0) } ?? " (")
+                + "value \($0.tpmValue ?? $0.storeValue ?? 0)): the store as it is now is the baseline" }
         case "unlock":
             let lines = try readLines(1)
             try await device.unlock(passcode: lines.first.flatMap { $0.count == 0 ? nil : $0 })
@@ -241,7 +246,18 @@ struct Commands {
         (["owner authorization: \(status.ownerAuthorizationSet ? "set" : "EMPTY")",
           "lockout authorization: \(status.lockoutAuthorizationSet ? "set" : "EMPTY")",
           "storage root key: \(status.storageRootKey.rawValue)"]
+            + (status.rollbackCounter.map { [rollbackLine($0)] } ?? [])
             + status.warnings.map { "warning: \($0)" }).joined(separator: "\n")
+    }
+
+    /// `rollback counter: current (NV 0x01004C2A, store 12, TPM 12, window 256)`.
+    private func rollbackLine(_ counter: RollbackCounterStatus) -> String {
+        var details: [String] = []
+        if let index = counter.index { details.append(String(format: "NV 0x%08X", index)) }
+        if let value = counter.storeValue { details.append("store \(value)") }
+        if let value = counter.tpmValue { details.append("TPM \(value)") }
+        if let window = counter.window { details.append("window \(window)") }
+        return "rollback counter: \(counter.state.rawValue)" + (details.isEmpty ? "" : " (" + details.joined(separator: ", ") + ")")
     }
 
     func notFound(_ args: [String]) -> Exit {

@@ -63,17 +63,23 @@ extension Engine {
         try resetPasscodeBudgets()
     }
 
+    /// The device lock, the TPM's authorizations and the store's rollback counter; a store behind its
+    /// counter is reported (`rollbackCounter`, a warning), not refused.
     func status() throws(KeychainError) -> DeviceStatus {
-        try withKeyring { keyring throws(KeychainError) in
+        rollbackCheckSuspended = true
+        defer { rollbackCheckSuspended = false }
+        return try withKeyring { keyring throws(KeychainError) in
             let passcodeSet = try keyring.passcodeIsSet()
             let state = try keyring.lockState()
             let ownership = try ownershipStatus(keyring)
+            let counter = try rollbackCounterStatus(keyring)
             return DeviceStatus(passcodeSet: passcodeSet,
                                 lockState: passcodeSet ? .init(rawValue: state.rawValue)! : .unlocked,
                                 securityLevel: keyring.isSoftwareTPM ? .softwareTPM : .hardwareTPM,
                                 tpm: "\(keyring.context.device)",
                                 ownerAuthorizationSet: ownership.owner, lockoutAuthorizationSet: ownership.lockout,
-                                storageRootKey: ownership.srk, warnings: ownership.warnings)
+                                storageRootKey: ownership.srk, warnings: ownership.warnings + counter.warnings,
+                                rollbackCounter: counter)
         }
     }
 

@@ -21,7 +21,11 @@ extension Engine {
             do { device = try TPMDevice(parsing: conf) } catch { throw .invalidArgument(error.description) }
         case .embedded:
             (device, started) = try EmbeddedTPM.ensureRunning(storeDirectory: configuration.storeDirectory)
-            if started { startedTPMNeedsUnlock = true }
+            if started {
+                startedTPMNeedsUnlock = true
+                // A TPM restart: the counter may have moved, and its clock counts did.
+                (rollbackKnown, rollbackClock) = (nil, nil)
+            }
             try pinStoreInEmbeddedTPM(store)
         }
         let turn = try TPMTurn.take(device, configuration: configuration)
@@ -74,6 +78,9 @@ extension Engine {
                     // count must stay possible. Operations that need the answer get LOCKOUT.
                 }
             }
+            activeKeyring = keyring
+            defer { activeKeyring = nil }
+            if !rollbackCheckSuspended { try checkRollback(keyring) }
             return try body(keyring)
         } catch {
             // Whatever the step made of it: a TPM that stopped answering is the cause.

@@ -33,6 +33,10 @@ package final class TPMTurn {
         return try TPMTurn(path: path)
     }
 
+    /// An exclusive flock on `path`, a private file of this user's, waited for as a turn is
+    /// (the rollback counter's lock in a store's directory).
+    static func take(path: String) throws(KeychainError) -> TPMTurn { try TPMTurn(path: path) }
+
     private init(path: String) throws(KeychainError) {
         self.path = path
         fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0o600)
