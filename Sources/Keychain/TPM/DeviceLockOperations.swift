@@ -72,6 +72,8 @@ extension Engine {
             let passcodeSet = try keyring.passcodeIsSet()
             let state = try keyring.lockState()
             let ownership = try ownershipStatus(keyring)
+            // The embedded TPM's store is bound on first use: this may be it.
+            if case .embedded = configuration.tpm, try rollbackState(keyring.store)?.record == nil { try bindRollbackCounter(keyring) }
             let counter = try rollbackCounterStatus(keyring)
             return DeviceStatus(passcodeSet: passcodeSet,
                                 lockState: passcodeSet ? .init(rawValue: state.rawValue)! : .unlocked,
