@@ -104,6 +104,11 @@ public struct WireMessage: Sendable {
 
     /// Decodes a message; anything else is `malformed` or `version`, never a crash.
     public static func decode(_ data: [UInt8]) throws(WireError) -> WireMessage {
+        try data.withUnsafeBufferPointer { bytes throws(WireError) in try decode(bytes) }
+    }
+
+    /// Decodes a message in place (a frame in `WireReader`'s buffer), copying only its fields.
+    static func decode(_ data: UnsafeBufferPointer<UInt8>) throws(WireError) -> WireMessage {
         guard data.count >= 2 else { throw WireError(.malformed, "message shorter than its header") }
         guard data[0] == Wire.version else {
             throw WireError(.version, "protocol version \(data[0]), this side speaks \(Wire.version)")
@@ -154,68 +159,18 @@ public enum WireSocket {
         try writeAll(fd, frame)
     }
 
-    /// Sends a request and reads the peer's next frame. When the peer closed the connection before
-    /// reading the request (EPIPE, ECONNRESET), the frame it left before closing is the reply:
-    /// keychaind says so when it cannot serve a connection (no thread for it).
+    /// Sends a request and reads the peer's next frame, never reading past it (`WireReader.exchange`).
     public static func exchange(_ fd: Int32, _ message: WireMessage, idle: Int, stall: Int) throws(WireError) -> WireMessage {
-        do {
-            try send(fd, message)
-        } catch {
-            guard case .io(let code) = error.kind, code == EPIPE || code == ECONNRESET,
-                  let left = try? receive(fd, idle: 1, stall: 1) else { throw error }
-            return left
-        }
-        return try receive(fd, idle: idle, stall: stall)
+        try WireReader(fd: fd, batched: false).exchange(message, idle: idle, stall: stall)
     }
 
-    /// Reads one frame and decodes it. `idle` bounds the wait for its first byte, `stall` every
-    /// later wait (seconds; 0 for none), so a peer that starts a frame and stops is cut off.
+    /// Reads one frame and decodes it, never reading past it (`WireReader.receive`).
     public static func receive(_ fd: Int32, idle: Int, stall: Int, max: Int = Wire.maxMessage) throws(WireError) -> WireMessage {
-        var header = [UInt8](repeating: 0, count: 4)
-        try readAll(fd, &header, first: idle, then: stall, started: false)
-        let length = Int(header[0]) << 24 | Int(header[1]) << 16 | Int(header[2]) << 8 | Int(header[3])
-        guard length >= 2, length <= max else {
-            throw WireError(.badLength, "frame of \(length) bytes (2 to \(max) allowed)")
-        }
-        // The buffer grows with the bytes that arrive, never ahead of them: a header alone announcing
-        // 16 MiB (4 bytes, then a stall) cost 16 MiB per connection, gigabytes for a few hundred.
-        var body = [UInt8](repeating: 0, count: Swift.min(length, 64 * 1024))
-        defer { body.wipe() }
-        var filled = 0
-        while true {
-            try readAll(fd, &body, from: filled, first: stall, then: stall, started: true)
-            filled = body.count
-            if filled == length { break }
-            var bigger = [UInt8](repeating: 0, count: Swift.min(length, filled * 2))
-            bigger.withUnsafeMutableBytes { dest in body.withUnsafeBytes { dest.copyMemory(from: $0) } }
-            body.wipe()  // what arrived so far may be a secret: no stale copy
-            body = bigger
-        }
-        return try WireMessage.decode(body)
-    }
-
-    /// Fills `buffer`: waits (`poll`, at most `first` seconds, then `then` once bytes came) only when
-    /// nothing is ready, so a frame that is already there costs one `recv`.
-    private static func readAll(_ fd: Int32, _ buffer: inout [UInt8], from: Int = 0, first: Int, then: Int, started: Bool) throws(WireError) {
-        var at = from
-        var ready = started
-        while at < buffer.count {
-            if !ready { try wait(fd, seconds: at == 0 ? first : then) }
-            let n = buffer.withUnsafeMutableBytes { raw in recv(fd, raw.baseAddress! + at, raw.count - at, Int32(MSG_DONTWAIT)) }
-            if n > 0 { at += n; ready = true; continue }
-            if n == 0 {
-                throw at == 0 && !started ? WireError(.closed, "the peer closed the connection")
-                    : WireError(.truncated, "the peer closed the connection mid-message")
-            }
-            let code = errno
-            if code == EINTR { continue }
-            if code == EAGAIN || code == EWOULDBLOCK { ready = false; continue }
-            throw WireError(.io(code), "read failed: errno \(code)")
-        }
+        try WireReader(fd: fd, batched: false).receive(idle: idle, stall: stall, max: max)
     }
 
     /// Until `fd` is readable (or closed); `timedOut` after `seconds` (0: no limit).
-    private static func wait(_ fd: Int32, seconds: Int) throws(WireError) {
+    static func wait(_ fd: Int32, seconds: Int) throws(WireError) {
         var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         while true {
             let n = poll(&entry, 1, seconds > 0 ? Int32(clamping: seconds * 1000) : -1)
@@ -226,7 +181,7 @@ public enum WireSocket {
         }
     }
 
-    private static func writeAll(_ fd: Int32, _ bytes: [UInt8]) throws(WireError) {
+    static func writeAll(_ fd: Int32, _ bytes: [UInt8]) throws(WireError) {
         var at = 0
         while at < bytes.count {
             // MSG_NOSIGNAL: a peer gone mid-write is EPIPE here, not a SIGPIPE that ends the process.

@@ -90,4 +90,66 @@ struct DaemonConnectionTests {
         for _ in 0..<20 { #expect(try await storage.getItem("k") == "v") }
         #expect(client.hops.count.load(ordering: .relaxed) == before + 20)
     }
+
+    /// keychaind closes a connection idle past --idle-timeout; the library's kept connection is then
+    /// dead, and the next call (a write, which must not be sent twice) goes on a new one, once.
+    @Test func aCallAfterTheDaemonClosedTheKeptConnectionGoesOnANewOne() async throws {
+        let daemon = try KeychainDaemon(tpm: tpm, arguments: ["--idle-timeout", "1"])
+        let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
+        try await storage.setItem("k", "1")
+        #expect(try await storage.getItem("k") == "1")
+        // A connection made after the kept one went idle: once the daemon has closed it, the kept one is closed too.
+        let later = try { () throws -> Int32 in
+            switch WireSocket.connect(path: daemon.socket) {
+            case .success(let fd): return fd
+            case .failure(let error): throw error
+            }
+        }()
+        defer { close(later) }
+        var entry = pollfd(fd: later, events: Int16(POLLIN) | 0x2000, revents: 0)  // POLLRDHUP
+        #expect(poll(&entry, 1, 30_000) == 1, "keychaind did not close an idle connection")
+        try await storage.setItem("k", "2")
+        #expect(try await storage.getItem("k") == "2")
+    }
+
+    /// A connection is the daemon's record of who made it (SO_PEERCRED, at connect): a thread that
+    /// changed its effective uid never reuses one made as root, nor root one made as the other uid.
+    /// The uid changes for one thread only (the raw setresuid system call; glibc's would change every
+    /// thread of the test process), and the calls run on that thread.
+    @Test(.enabled(if: geteuid() == 0, "changing the effective uid needs root"))
+    func aCallerWhoseEffectiveUidChangedGetsItsOwnConnection() async throws {
+        let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
+        try await storage.setItem("k", "root's")
+        let thread = SerialThreadExecutor(name: "a caller that changes its euid")
+        defer { thread.stop() }
+        let values = try await Task(executorPreference: thread) { () async throws -> [String?] in
+            let nobody: UInt32 = 65534
+            var values: [String?] = [try await storage.getItem("k")]
+            #expect(threadSetEffectiveUID(nobody) == 0 && geteuid() == nobody)
+            do {
+                values.append(try await storage.getItem("k"))
+            } catch {
+                _ = threadSetEffectiveUID(0)
+                throw error
+            }
+            #expect(threadSetEffectiveUID(0) == 0 && geteuid() == 0)
+            values.append(try await storage.getItem("k"))
+            return values
+        }.value
+        #expect(values == ["root's", nil, "root's"])
+    }
+}
+
+/// setresuid(-1, uid, -1) for the calling thread alone: the kernel keeps credentials per thread, and
+/// only glibc's wrapper applies them to every thread. Through `syscall`, which Swift does not import
+/// (it is variadic): its integer arguments pass in the same registers either way.
+private func threadSetEffectiveUID(_ uid: UInt32) -> Int {
+    typealias Syscall = @convention(c) (Int, UInt32, UInt32, UInt32) -> Int
+    #if arch(x86_64)
+    let setresuid = 117  // __NR_setresuid (Glibc's SYS_setresuid is not imported)
+    #elseif arch(arm64)
+    let setresuid = 147
+    #endif
+    guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "syscall") else { return -1 }
+    return unsafeBitCast(symbol, to: Syscall.self)(setresuid, UInt32.max, uid, UInt32.max)
 }

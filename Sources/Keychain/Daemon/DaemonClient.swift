@@ -11,7 +11,7 @@ struct DaemonClient: Sendable {
     /// the daemon start a connection (a thread) per read.
     /// The daemon knows a connection by the credentials it had at connect: one is reused only by the
     /// same effective uid and gid (a process that changed identity since gets a new connection).
-    private static let idle = Mutex<[String: [(fd: Int32, uid: uid_t, gid: gid_t)]]>([:])
+    private static let idle = Mutex<[String: [Kept]]>([:])
     static let maxIdle = 16
 
     let socketPath: String
@@ -30,11 +30,27 @@ struct DaemonClient: Sendable {
         var request = WireMessage(kind: op.rawValue)
         build(&request)
         defer { request.wipe() }
-        let fd = try await checkOut()
+        // Read once a call (two system calls): the connection's identity is the one it was made with.
+        let identity = Identity.current
+        var connection = try await checkOut(as: identity)
         // Back to the pool only after a complete exchange; on any failure the stream may be out of step.
         var complete = false
-        defer { if complete { checkIn(fd) } else { close(fd) } }
-        var reply = try await exchange(fd, request)
+        defer {
+            // Bytes past the reply: the daemon said more than it was asked, the stream is out of step.
+            if complete && !connection.reader.hasPending { checkIn(connection) } else { close(connection.reader.fd) }
+        }
+        var reply: WireMessage
+        if connection.reused, let served = try await exchangeKept(connection.reader, request) {
+            reply = served
+        } else {
+            if connection.reused {
+                // Closed by the daemon while idle (its idle timeout, a restart): the request was not served.
+                let fresh = try await connect(as: identity)
+                close(connection.reader.fd)
+                connection = fresh
+            }
+            reply = try await exchange(connection.reader, request)
+        }
         while true {
             switch reply.kind {
             case WireKind.ok:
@@ -49,7 +65,7 @@ struct DaemonClient: Sendable {
                 var answer = try await answer(reply, authenticator: authenticator)
                 defer { answer.wipe() }
                 reply.wipe()
-                reply = try await exchange(fd, answer)
+                reply = try await exchange(connection.reader, answer)
             default:
                 throw KeychainError(.internal, "The keychain service sent a reply of unknown kind \(reply.kind)")
             }
@@ -92,31 +108,51 @@ struct DaemonClient: Sendable {
         return message
     }
 
-    /// An idle connection the daemon has not closed (no EOF or data waiting), or a new one.
-    private func checkOut() async throws(KeychainError) -> Int32 {
-        let (uid, gid) = (geteuid(), getegid())
-        while let (fd, owner, group) = Self.idle.withLock({ $0[socketPath]?.popLast() }) {
-            guard owner == uid, group == gid else { close(fd); continue }
-            // POLLIN | POLLRDHUP (0x2000, hidden by Glibc without _GNU_SOURCE).
-            var poll = pollfd(fd: fd, events: Int16(POLLIN) | 0x2000, revents: 0)
-            if Glibc.poll(&poll, 1, 0) == 0 { return fd }
-            close(fd)  // closed by the daemon (idle timeout, restart) while it waited here
-        }
-        return try await connect()
+    /// The effective uid and gid that the daemon sees on a connection made now (SO_PEERCRED).
+    struct Identity: Equatable {
+        let uid: uid_t
+        let gid: gid_t
+        static var current: Identity { Identity(uid: geteuid(), gid: getegid()) }
     }
 
-    private func checkIn(_ fd: Int32) {
-        let kept = Self.idle.withLock { idle in
+    /// A connection of this process to the daemon, its frames read by `reader` (which keeps the
+    /// socket's receive timeout and its buffer from one call to the next).
+    struct Kept: Sendable {
+        let reader: WireReader
+        /// Who the daemon knows it as; nil when the identity changed while it was made (it is not kept).
+        let identity: Identity?
+        /// Whether it comes from the pool: the daemon may have closed it meanwhile.
+        var reused = false
+    }
+
+    /// An idle connection made as `identity`, or a new one. One the daemon closed meanwhile is found
+    /// when the request is sent (`exchangeKept`), not by a `poll` of it here.
+    private func checkOut(as identity: Identity) async throws(KeychainError) -> Kept {
+        while var kept = Self.idle.withLock({ $0[socketPath]?.popLast() }) {
+            guard kept.identity == identity else { close(kept.reader.fd); continue }
+            kept.reused = true
+            return kept
+        }
+        return try await connect(as: identity)
+    }
+
+    private func checkIn(_ connection: Kept) {
+        var connection = connection
+        connection.reused = false
+        let kept = connection.identity != nil && Self.idle.withLock { idle in
             guard idle[socketPath, default: []].count < Self.maxIdle else { return false }
-            idle[socketPath, default: []].append((fd, geteuid(), getegid()))
+            idle[socketPath, default: []].append(connection)
             return true
         }
-        if !kept { close(fd) }
+        if !kept { close(connection.reader.fd) }
     }
 
-    private func connect() async throws(KeychainError) -> Int32 {
+    /// A new connection; kept for later calls only when this process's identity was `identity` both
+    /// before and after the connect (another thread may change it meanwhile, and the kernel records
+    /// the one of the moment).
+    private func connect(as identity: Identity) async throws(KeychainError) -> Kept {
         switch WireSocket.connect(path: socketPath) {
-        case .success(let fd): return fd
+        case .success(let fd): return Kept(reader: WireReader(fd: fd), identity: Identity.current == identity ? identity : nil)
         case .failure(let error): throw KeychainError(WireFailure(connecting: error, socket: socketPath))
         }
     }
@@ -125,24 +161,28 @@ struct DaemonClient: Sendable {
         KeychainError(WireFailure(exchanging: error, socket: socketPath, replyTimeout: Self.replyTimeout))
     }
 
-    /// Sends `message` and waits for the daemon's next message, never on Swift's shared pool (two
-    /// threads here): on the caller's thread when it is a thread of its own (a synchronous caller's,
-    /// such as the vault's: `SerialThreadExecutor.isOwnThread`), else one hop to a blocking thread
-    /// and back. A thread of this process waiting in epoll for every caller's reply, tried instead,
-    /// switched threads more often per read (docs/performance.md, "Where a read through keychaind goes").
-    private func exchange(_ fd: Int32, _ message: WireMessage) async throws(KeychainError) -> WireMessage {
+    /// Sends `message` and waits for the daemon's next message (`WireReader.exchange`).
+    private func exchange(_ reader: WireReader, _ message: WireMessage) async throws(KeychainError) -> WireMessage {
+        try await blocking { () throws(WireError) in try reader.exchange(message, idle: Self.replyTimeout, stall: Self.stallTimeout) }
+    }
+
+    /// `exchange` on a connection from the pool; nil when the daemon had closed it unread (`WireReader.exchangeKept`).
+    private func exchangeKept(_ reader: WireReader, _ message: WireMessage) async throws(KeychainError) -> WireMessage? {
+        try await blocking { () throws(WireError) in try reader.exchangeKept(message, idle: Self.replyTimeout, stall: Self.stallTimeout) }
+    }
+
+    /// Runs an exchange, never on Swift's shared pool (two threads here): on the caller's thread when
+    /// it is a thread of its own (a synchronous caller's, such as the vault's:
+    /// `SerialThreadExecutor.isOwnThread`), else one hop to a blocking thread and back. A thread of
+    /// this process waiting in epoll for every caller's reply, tried instead, switched threads more
+    /// often per read (docs/performance.md, "Where a read through keychaind goes").
+    private func blocking<T: Sendable>(_ body: @escaping @Sendable () throws(WireError) -> T) async throws(KeychainError) -> T {
         if SerialThreadExecutor.isOwnThread {
-            do { return try WireSocket.exchange(fd, message, idle: Self.replyTimeout, stall: Self.stallTimeout) } catch {
-                throw failure(error)
-            }
+            do { return try body() } catch { throw failure(error) }
         }
         hops.count.add(1, ordering: .relaxed)
-        let result: Result<WireMessage, WireError> = await withCheckedContinuation { continuation in
-            DispatchQueue.global().async {
-                continuation.resume(returning: Result { () throws(WireError) in
-                    try WireSocket.exchange(fd, message, idle: Self.replyTimeout, stall: Self.stallTimeout)
-                })
-            }
+        let result: Result<T, WireError> = await withCheckedContinuation { continuation in
+            DispatchQueue.global().async { continuation.resume(returning: Result { () throws(WireError) in try body() }) }
         }
         switch result {
         case .success(let value): return value

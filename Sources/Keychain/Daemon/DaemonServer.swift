@@ -174,10 +174,12 @@ package final class DaemonServer: Sendable {
         let connection = Connection()
         var sendTimeout = timeval(tv_sec: limits.stallTimeout, tv_usec: 0)
         _ = setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &sendTimeout, socklen_t(MemoryLayout<timeval>.size))
+        // A request's length and body in one recv, and the wait for it that recv (WireReader).
+        let reader = WireReader(fd: fd)
         while true {
             var request: WireMessage
             do {
-                request = try WireSocket.receive(fd, idle: limits.idleTimeout, stall: limits.stallTimeout)
+                request = try reader.receive(idle: limits.idleTimeout, stall: limits.stallTimeout)
             } catch {
                 switch error.kind {
                 case .malformed, .version, .badLength:
@@ -187,7 +189,7 @@ package final class DaemonServer: Sendable {
                 }
                 return
             }
-            let reply = respond(to: request, from: peer, connection: connection, on: fd)
+            let reply = respond(to: request, from: peer, connection: connection, on: reader)
             request.wipe()
             guard var reply else { return }
             defer { reply.wipe() }
@@ -201,7 +203,7 @@ package final class DaemonServer: Sendable {
     /// The task prefers the engine's executor, and this thread runs the engine's jobs itself while no
     /// other thread does (`drive`): a warm read then wakes no other thread in the daemon, where a
     /// task on the shared pool took three wake-ups (pool, engine, back to this thread).
-    private func respond(to request: WireMessage, from peer: Peer, connection: Connection, on fd: Int32) -> WireMessage? {
+    private func respond(to request: WireMessage, from peer: Peer, connection: Connection, on reader: WireReader) -> WireMessage? {
         // A warm read on this thread: it never waits behind another call's TPM command.
         if let reply = handler.respondAtOnce(to: request, from: peer, options: connection.options) { return reply }
         let mailbox = Mailbox()
@@ -223,8 +225,8 @@ package final class DaemonServer: Sendable {
                 do {
                     // A person answers: the uid's other calls go in meanwhile.
                     let answer = try fairShare.pause(peer.uid) { () throws(WireError) in
-                        try WireSocket.send(fd, prompt)
-                        return try WireSocket.receive(fd, idle: limits.promptTimeout, stall: limits.stallTimeout)
+                        try WireSocket.send(reader.fd, prompt)
+                        return try reader.receive(idle: limits.promptTimeout, stall: limits.stallTimeout)
                     }
                     guard answer.kind == WireKind.answer else { throw WireError(.malformed, "expected an answer") }
                     drive { continuation.resume(returning: answer) }
