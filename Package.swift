@@ -43,8 +43,11 @@ let package = Package(
         // glibc's spawn and pipe calls that Swift's Glibc module leaves out.
         .systemLibrary(name: "CSpawn"),
 
+        // tpm2-tss's OpenSSL contexts: one private OSSL_LIB_CTX per process instead of one per hash, HMAC
+        // and nonce (it interposes OSSL_LIB_CTX_new and _free in every program linking TPM2; docs/performance.md).
+        .target(name: "CTSSCrypto"),
         // The TPM 2.0 layer: one ESYS call point, sessions, policies, offline policy digests.
-        .target(name: "TPM2", dependencies: ["CTSS2", "CSodium", "COpenSSL", "SecureMemory"]),
+        .target(name: "TPM2", dependencies: ["CTSS2", "CTSSCrypto", "CSodium", "COpenSSL", "SecureMemory"]),
         // Secrets on sodium_malloc, and the libsodium primitives the keychain uses.
         .target(name: "SecureMemory", dependencies: ["CSodium"]),
         // The SQLite store: one database per store directory.
@@ -99,7 +102,7 @@ let package = Package(
         .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "Keychain", "SecureMemory", "KeychainTestSupport",
                                                           "KeychainTestThreads"]),
         .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport", "KeychainWire",
-                                                     "KeychainClient", "KeychainTestThreads"]),
+                                                     "KeychainClient", "KeychainTestThreads", "CTSSCrypto", "COpenSSL"]),
     ],
     swiftLanguageModes: [.v6]
 )

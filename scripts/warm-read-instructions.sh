@@ -9,8 +9,10 @@
 # With --daemon, the reads go through keychaind (`keychain-bench --daemon-warm-reads N`, one client):
 # the client's instructions per read (the bench's process) and keychaind's, both under callgrind
 # (keychaind through a `keychaind` beside a copy of the bench that runs the real one under valgrind).
+# With --cold, in-process cold reads instead (`keychain-bench --cold-reads N`: the key unsealed again
+# before each read), READS 20 by default.
 #
-#   scripts/warm-read-instructions.sh [--daemon] [--functions]
+#   scripts/warm-read-instructions.sh [--daemon | --cold] [--functions]
 #       BUILD=release|debug (release), READS (2000), SCRATCH as for scripts/bench.sh
 #
 # valgrind 3.19 (Debian 12) dies in its own code at the first sigsuspend of a Swift program with an
@@ -18,16 +20,19 @@
 set -eu
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-release}
-READS=${READS:-2000}
 FUNCTIONS=no
 DAEMON=no
+COLD=no
 for arg in "$@"; do
     case $arg in
     --functions) FUNCTIONS=yes ;;
     --daemon) DAEMON=yes ;;
-    *) echo "usage: $0 [--daemon] [--functions]" >&2; exit 2 ;;
+    --cold) COLD=yes ;;
+    *) echo "usage: $0 [--daemon | --cold] [--functions]" >&2; exit 2 ;;
     esac
 done
+[ "$DAEMON$COLD" = yesyes ] && { echo "usage: $0 [--daemon | --cold] [--functions]" >&2; exit 2; }
+if [ "$COLD" = yes ]; then READS=${READS:-20}; else READS=${READS:-2000}; fi
 command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
 products="keychain-bench"
 [ "$DAEMON" = yes ] && products="keychain-bench keychaind"
@@ -36,16 +41,21 @@ bin="$(swift build -c "$BUILD" --show-bin-path ${SCRATCH:+--scratch-path "$SCRAT
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT INT TERM
 cc -shared -fPIC -O2 -o "$work/sigsuspend.so" scripts/valgrind-sigsuspend.c
-bench="$bin/keychain-bench"
+# valgrind 3.19's debuginfo reader gives up on the DWARF 5 that clang emits for CTSSCrypto's C (Swift's
+# is DWARF 4): the programs run as copies without debug info (their symbols stay, for --functions).
+objcopy --strip-debug "$bin/keychain-bench" "$work/keychain-bench"
+[ "$DAEMON" = yes ] && objcopy --strip-debug "$bin/keychaind" "$work/keychaind"
+bench="$work/keychain-bench"
 mode=--warm-reads
+[ "$COLD" = yes ] && mode=--cold-reads
 if [ "$DAEMON" = yes ]; then
     # The bench starts the keychaind beside it: this one runs the real one under callgrind.
     mkdir "$work/bin"
-    cp "$bin/keychain-bench" "$work/bin/keychain-bench"
+    cp "$work/keychain-bench" "$work/bin/keychain-bench"
     {
         echo '#!/bin/sh'
         echo "LD_PRELOAD='$work/sigsuspend.so' exec valgrind --tool=callgrind --callgrind-out-file=\"\$WARM_READS_DAEMON_OUT\" \\"
-        echo "    '$bin/keychaind' \"\$@\" 2>>'$work/keychaind.log'"
+        echo "    '$work/keychaind' \"\$@\" 2>>'$work/keychaind.log'"
     } >"$work/bin/keychaind"
     chmod +x "$work/bin/keychaind"
     bench="$work/bin/keychain-bench"
@@ -70,7 +80,9 @@ if [ "$DAEMON" = yes ]; then
         "instructions per read, keychaind $(per_read "$work/daemon.$small.out" "$work/daemon.$large.out")" \
         "(callgrind, $small and $large reads); $(cat "$work/$large.report")"
 else
-    echo "warm getItem ($BUILD build): $(per_read "$work/$small.out" "$work/$large.out") instructions per read" \
+    kind=warm
+    [ "$COLD" = yes ] && kind=cold
+    echo "$kind getItem ($BUILD build): $(per_read "$work/$small.out" "$work/$large.out") instructions per read" \
         "(callgrind: $(total "$work/$small.out") instructions for $small reads, $(total "$work/$large.out") for $large);" \
         "$(cat "$work/$large.report")"
 fi

@@ -6,6 +6,7 @@
 #include <openssl/rand.h>
 #include <openssl/rsa.h>
 #include <openssl/crypto.h>
+#include <openssl/provider.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
 #include <openssl/pem.h>

@@ -39,6 +39,7 @@ struct BenchOptions {
           --daemon         only keychaind: keychainctl get through it vs tpm2-tools, 16 clients × --cold×20 reads
           --attestation    only attestation: TPM commands of init, respond, key; the server's calls/s, --writes×5 rounds
         keychain-bench --warm-reads N: N warm in-process getItem calls (for callgrind)
+        keychain-bench --cold-reads N: N in-process getItem calls, each after dropCaches (for callgrind)
         keychain-bench --vault-state N [in-process|keychaind] [ready|available|signed-in]: N reads of a
           BiometricsVault's state and biometricsAvailable (for callgrind: one mode and one kind)
         keychain-bench --prompter-reach N: N reachability checks of gcr's desktop prompter (DISPLAY and

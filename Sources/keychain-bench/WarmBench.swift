@@ -9,7 +9,8 @@ import KeychainTestSupport
 /// `--daemon-warm-reads N`: the same through keychaind (found beside the bench, as `--daemon` finds
 /// it), one client: the bench's instructions are the client's, keychaind's its own (a `keychaind`
 /// beside a copy of the bench that runs the real one under valgrind counts them; it ends by SIGTERM).
-func warmReadBench(reads: Int, throughDaemon: Bool = false) async throws -> String {
+/// `--cold-reads N`: N in-process reads each made cold first (`dropCaches`: the key unsealed again).
+func warmReadBench(reads: Int, throughDaemon: Bool = false, cold: Bool = false) async throws -> String {
     let tpm = try SoftwareTPM()
     defer { tpm.stop() }
     let daemon = throughDaemon ? try KeychainDaemon(tpm: tpm) : nil
@@ -28,11 +29,12 @@ func warmReadBench(reads: Int, throughDaemon: Bool = false) async throws -> Stri
     _ = await device.takeTPMCommandCount()
     let started = ContinuousClock.now
     for _ in 0..<reads {
+        if cold { await device.dropCaches() }
         guard try await keychain.getItem("k0") == secret else { throw BenchFailure("getItem returned another value") }
     }
     let took = ContinuousClock.now - started
     let seconds = Double(took.components.seconds) + Double(took.components.attoseconds) / 1e18
     let commands = await device.takeTPMCommandCount()
-    return "warm getItem\(throughDaemon ? " through keychaind" : ""), one caller: \(reads) reads in \(String(format: "%.3f", seconds)) s, "
+    return "\(cold ? "cold" : "warm") getItem\(throughDaemon ? " through keychaind" : ""), one caller: \(reads) reads in \(String(format: "%.3f", seconds)) s, "
         + "\(Int(Double(reads) / seconds)) reads/s, \(commands) TPM commands"
 }

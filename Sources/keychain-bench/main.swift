@@ -26,10 +26,11 @@ func runBench(_ options: BenchOptions) async -> Int32 {
     }
 }
 
-if CommandLine.arguments.count == 3, ["--warm-reads", "--daemon-warm-reads"].contains(CommandLine.arguments[1]),
+if CommandLine.arguments.count == 3, ["--warm-reads", "--daemon-warm-reads", "--cold-reads"].contains(CommandLine.arguments[1]),
    let reads = Int(CommandLine.arguments[2]), reads > 0 {
     do {
-        print(try await warmReadBench(reads: reads, throughDaemon: CommandLine.arguments[1] == "--daemon-warm-reads"))
+        print(try await warmReadBench(reads: reads, throughDaemon: CommandLine.arguments[1] == "--daemon-warm-reads",
+                                      cold: CommandLine.arguments[1] == "--cold-reads"))
         exit(0)
     } catch {
         FileHandle.standardError.write(Data("keychain-bench: \(error)\n".utf8))
