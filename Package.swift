@@ -67,7 +67,7 @@ let package = Package(
         .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn", "COpenSSL",
                                                  "KeychainWire", "KeychainCLIText", "DBus"]),
 
-        .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2"]),
+        .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2", "KeychainTestThreads"]),
         // C: the token tests' PKCS#11 module (see its product); p11-kit's pkcs11.h only, no C library of its own.
         .target(name: "KeychainTestRefusingToken", dependencies: ["CP11Kit"]),
         // Our test suites' trait that runs tests which block off Swift's cooperative pool (Swift Testing: tests only).

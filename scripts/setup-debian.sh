@@ -17,6 +17,7 @@ packages=(
   debootstrap systemd-container lintian bc binutils      # the package and its tests under a booted systemd (scripts/test-systemd.sh)
   gcr xvfb xdotool                                       # SystemPrompterTests: gcr-prompter under Xvfb, its dialog typed into
   systemd util-linux                                     # SystemPromptTests: systemd-tty-ask-password-agent answering the ask-password protocol (script, unshare)
+  iproute2                                               # FrozenTPMTests: ss, what a stopped swtpm has not read yet
 )
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -1,5 +1,6 @@
 import Foundation
 import Keychain
+import KeychainTestThreads
 
 /// keychaind for tests: serving a store on a `SoftwareTPM`, its socket in a folder of its own that
 /// every uid can reach (`/tmp/keychaind-<id>/keychaind.sock`, `groups.d/` beside it), killed and
@@ -123,16 +124,19 @@ public final class KeychainDaemon: @unchecked Sendable {
             }
             try out.fileHandleForWriting.close()
             pid = child
-            var said = ""
-            while !said.contains("ready") {
-                let chunk = out.fileHandleForReading.availableData
-                if chunk.isEmpty {
-                    let log = (try? String(contentsOfFile: directory + "/keychaind.log", encoding: .utf8)) ?? ""
-                    _ = Processes.wait(child)
-                    pid = 0
-                    throw SoftwareTPMError("keychaind ended before it was ready: \(log)")
-                }
-                said += String(decoding: chunk, as: UTF8.self)
+            let ready = { (said: Data) in String(decoding: said, as: UTF8.self).contains("ready") }
+            var said = Data(), failure = "keychaind ended before it was ready"
+            do {
+                said = try read(out.fileHandleForReading, until: "keychaind to say it is ready", enough: ready)
+            } catch {
+                failure = "\(error)"
+                Glibc.kill(child, SIGKILL)
+            }
+            if !ready(said) {
+                let log = (try? String(contentsOfFile: directory + "/keychaind.log", encoding: .utf8)) ?? ""
+                _ = Processes.wait(child)
+                pid = 0
+                throw SoftwareTPMError("\(failure): \(log)")
             }
         }
     }

@@ -458,11 +458,11 @@ struct StoreMultiProcessTests {
             let store = try Store(directory: path)
             // 11 s is longer than the 10 s busy timeout, so only our retry loop gets us through.
             let holder = try PythonChild(holdLockScript, [store.databasePath, "11"])
-            #expect(holder.waitForLine() == "locked")
+            #expect(try holder.waitForLine() == "locked")
             let start = ContinuousClock.now
             try store.write { try $0.putItem(sampleItem()) }
             #expect(ContinuousClock.now - start > .seconds(9))
-            #expect(holder.wait() == 0)
+            #expect(try holder.wait() == 0)
             #expect(try store.meta("python") == [1])
             #expect(try store.item(service: "mail", key: "alice") == sampleItem())
         }
@@ -475,7 +475,7 @@ struct StoreMultiProcessTests {
                 directory: path, busy: BusyPolicy(sqliteTimeoutMilliseconds: 200, retryLimit: .milliseconds(400)))
             try store.write { try $0.setMeta("before", [1]) }
             let holder = try PythonChild(holdLockScript, [store.databasePath, "3"])
-            #expect(holder.waitForLine() == "locked")
+            #expect(try holder.waitForLine() == "locked")
             let error = #expect(throws: StoreError.self) {
                 try store.write { try $0.putItem(sampleItem()) }
             }
@@ -484,7 +484,7 @@ struct StoreMultiProcessTests {
             #expect(error?.description.contains("locked by another process") == true)
             // Readers are not blocked by the other process's write lock.
             #expect(try store.meta("before") == [1])
-            #expect(holder.wait() == 0)
+            #expect(try holder.wait() == 0)
             #expect(try store.item(service: "mail", key: "alice") == nil)
             try store.write { try $0.putItem(sampleItem()) }
             #expect(try store.meta("python") == [1])
@@ -501,8 +501,8 @@ struct StoreMultiProcessTests {
                 db.commit()
                 print("done", flush=True)
                 """, [path + "/keychain.db"])
-            #expect(bump.waitForLine() == "done")
-            #expect(bump.wait() == 0)
+            #expect(try bump.waitForLine() == "done")
+            #expect(try bump.wait() == 0)
             let error = #expect(throws: StoreError.self) { try Store(directory: path) }
             #expect(error?.kind == .cannotOpen)
             #expect(error?.description.contains("schema version 3") == true)
@@ -514,7 +514,7 @@ struct StoreMultiProcessTests {
             let store = try Store(directory: path)
             let rows = 150
             let children = try (0..<3).map { try PythonChild(writerScript, [store.databasePath, "py\($0)", "\(rows)"]) }
-            for child in children { #expect(child.waitForLine() == "ready") }
+            for child in children { #expect(try child.waitForLine() == "ready") }
             let failures = Failures()
             onThreads(3) { t in
                 for i in 0..<rows {
@@ -525,7 +525,7 @@ struct StoreMultiProcessTests {
                     }
                 }
             }
-            for child in children { #expect(child.wait() == 0) }
+            for child in children { #expect(try child.wait() == 0) }
             #expect(failures.all.isEmpty)
             for name in ["py0", "py1", "py2", "swift0", "swift1", "swift2"] {
                 #expect(try store.keys(service: name).count == rows, "service \(name)")
@@ -546,11 +546,16 @@ struct StoreMultiProcessTests {
                 }
             }
             for round in 0..<3 {
+                let watcher = try Store(directory: path)
+                let before = try watcher.meta("counter")
                 let child = try PythonChild(crashScript, [path + "/keychain.db"])
-                #expect(child.waitForLine() == "ready")
-                usleep(UInt32(50_000 + round * 70_000))
+                #expect(try child.waitForLine() == "ready")
+                // Killed once it has committed in this round (before, a fixed 50 ms that a loaded machine
+                // could spend before the first commit), then at a point the scheduler picks.
+                try waitUntil("the writer's first commit of round \(round)") { try watcher.meta("counter") != before }
+                usleep(UInt32(round * 70_000))
                 kill(child.process.processIdentifier, SIGKILL)
-                _ = child.wait()
+                _ = try child.wait()
 
                 let store = try Store(directory: path)
                 let item = try #require(try store.item(service: "crash", key: "k"))

@@ -1,4 +1,5 @@
 import Foundation
+import KeychainTestThreads
 @testable import KeychainStore
 
 /// A fresh directory path (not yet created) under the system temp directory,
@@ -88,8 +89,9 @@ let python3: String? = {
     return nil
 }()
 
-/// A python3 child running `script` with `arguments`; `waitForLine` blocks
-/// until it prints a line (its signal that it is ready).
+/// A python3 child running `script` with `arguments`; `waitForLine` blocks until it prints a line (its
+/// signal that it is ready). Each wait has a deadline that names it (`WaitTimedOut`); a child still
+/// running when it is released is killed.
 final class PythonChild {
     let process = Process()
     private let output = Pipe()
@@ -101,18 +103,25 @@ final class PythonChild {
         try process.run()
     }
 
-    func waitForLine() -> String {
-        var line = Data()
-        while true {
-            let byte = output.fileHandleForReading.readData(ofLength: 1)
-            if byte.isEmpty || byte == Data([0x0a]) { break }
-            line.append(byte)
+    private var unread = Data()
+
+    deinit {
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+    }
+
+    func waitForLine() throws -> String {
+        if !unread.contains(0x0a) {
+            unread += try read(output.fileHandleForReading, until: "a line from python3 \(process.arguments?.dropFirst(2) ?? [])") {
+                $0.contains(0x0a)
+            }
         }
+        let line = unread.prefix { $0 != 0x0a }
+        unread = Data(unread.dropFirst(line.count + 1))
         return String(decoding: line, as: UTF8.self)
     }
 
-    func wait() -> Int32 {
-        process.waitUntilExit()
+    func wait() throws -> Int32 {
+        try waitForExit(process, "python3 \(process.arguments?.dropFirst(2) ?? []) to end")
         return process.terminationStatus
     }
 }

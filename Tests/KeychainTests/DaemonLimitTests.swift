@@ -239,9 +239,9 @@ struct DaemonLimitTests {
         let victim = try run("/usr/bin/setpriv", ["--reuid=\(Self.other)", "--regid=\(Self.other)", "--clear-groups",
                                                   "/usr/bin/python3", "-c", reads, daemon.socket])
         try held.fileHandleForWriting.close()
-        let completions = String(decoding: floodOut.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        let completions = String(decoding: try read(floodOut.fileHandleForReading, until: "the flooding uid's writes to end"), as: UTF8.self)
             .split(whereSeparator: \.isWhitespace).compactMap { Double($0) }
-        python.waitUntilExit()
+        try waitForExit(python, "the flooding uid's python")
         let windows = String(decoding: victim.stdout, as: UTF8.self).split(separator: "\n").map {
             $0.split(separator: " ").compactMap { Double($0) }
         }.filter { $0.count == 2 }

@@ -41,7 +41,14 @@ struct DaemonResourceTests {
         python.standardInput = hold
         python.standardOutput = out
         try python.run()
-        let line = String(decoding: out.fileHandleForReading.availableData, as: UTF8.self)
+        let said: Data
+        do {
+            said = try read(out.fileHandleForReading, until: "uid \(uid)'s \(count) tasks") { $0.contains(UInt8(ascii: "\n")) }
+        } catch {
+            python.terminate()
+            throw error
+        }
+        let line = String(decoding: said, as: UTF8.self)
         #expect(Int(line.trimmingCharacters(in: .whitespacesAndNewlines)).map { $0 >= count } == true, "tasks of \(uid): \(line)")
         return (python, hold)
     }

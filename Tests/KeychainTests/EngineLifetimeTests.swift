@@ -26,7 +26,7 @@ struct EngineLifetimeTests {
         }
         #expect(engine == nil, "the engine went with its last storage")
         // The thread ends on its own once told: wait for it (no assertion on how long it takes).
-        for _ in 0..<500 where !(executor?.hasEnded ?? true) { usleep(10_000) }
+        try waitUntil("the engine's thread to end") { executor?.hasEnded ?? true }
         #expect(executor?.hasEnded == true)
         // The next storage gets a new engine, and the store's items.
         let again = try createKeychain(.init(service: "s"), configuration: configuration)

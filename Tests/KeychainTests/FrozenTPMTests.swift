@@ -37,12 +37,23 @@ struct FrozenTPMTests {
 
         var isRunning: Bool { ended.withLock { $0 == nil } }
 
-        /// Its exit status, what it said on stderr, and how long it ran.
-        func wait() -> (status: Int32, stderr: String, took: Duration) {
-            let stderr = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            process.waitUntilExit()
-            let end = ended.withLock { $0 } ?? .now
-            return (process.terminationStatus, stderr, end - started)
+        /// Its exit status, what it said on stderr, and when it ended.
+        func wait() throws -> (status: Int32, stderr: String, end: ContinuousClock.Instant) {
+            let what = "keychainctl \(process.arguments?.joined(separator: " ") ?? "")"
+            let stderr = String(decoding: try read(errors.fileHandleForReading, until: what + " to end"), as: UTF8.self)
+            try waitForExit(process, what)
+            return (process.terminationStatus, stderr, ended.withLock { $0 } ?? .now)
+        }
+    }
+
+    /// Whether the stopped swtpm has something unread on its command socket, a connection not accepted
+    /// yet or a command's bytes: the Recv-Q that `ss -a` shows of the sockets bound to its path (a
+    /// listening one counts the connections it has not accepted).
+    static func tpmHasUnreadInput(_ tpm: SoftwareTPM) throws -> Bool {
+        let listing = String(decoding: try run("/usr/bin/ss", ["-xan"]).stdout, as: UTF8.self)
+        return listing.split(separator: "\n").contains { line in
+            let fields = line.split(separator: " ")
+            return fields.count > 4 && fields[4] == tpm.directory + "/tpm" && (Int(fields[2]) ?? 0) > 0
         }
     }
 
@@ -64,26 +75,30 @@ struct FrozenTPMTests {
         defer { kill(pid, SIGCONT) }
         // Root's cold writes (a new key for their service: TPM commands): the first waits for the
         // TPM, the second behind it for the engine.
+        #expect(try !Self.tpmHasUnreadInput(tpm), "the frozen TPM has nothing unread before the cold calls")
         let first = try ColdCall(keychainctl, ["set", "other", "k1"], environment: daemon.environment)
-        Thread.sleep(forTimeInterval: 1)
+        try waitUntil("the first cold call to reach the frozen TPM") { try Self.tpmHasUnreadInput(tpm) }
         let second = try ColdCall(keychainctl, ["set", "other", "k2"], environment: daemon.environment)
-        Thread.sleep(forTimeInterval: 1)
         #expect(first.isRunning, "the cold call waits for the frozen TPM")
 
-        // The TPM stays frozen for the first cold call's 30 s: a warm read that waited would take that long.
-        let started = ContinuousClock.now
+        // The TPM stays frozen for the first cold call's 30 s: a warm read that waited for it would
+        // return after that call had ended.
         for _ in 0..<3 { #expect(try asNobody(["get", "mail", "token"]).out == "nobody's") }
-        let took = ContinuousClock.now - started
-        #expect(took < .seconds(10), "three warm reads took \(took) while the TPM was frozen")
         #expect(first.isRunning, "the TPM was still frozen when the warm reads returned")
 
-        for (name, call) in [("first", first), ("second", second)] {
-            let result = call.wait()
+        let results = try [first, second].map { try $0.wait() }
+        for (name, result) in zip(["first", "second"], results) {
             #expect(result.status != 0, "the \(name) cold call")
             #expect(result.stderr.contains("did not answer within \(Duration.seconds(30))"), "\(name): \(result.stderr)")
-            // Without the deadline counted from the call, the second took about 29 s + 30 s.
-            #expect(result.took < .seconds(34), "the \(name) cold call took \(result.took) against a deadline of 30 s")
         }
+        // The first ends at its deadline, not at twice it (60 s, before); the margin is for the load.
+        let firstTook = results[0].end - first.started
+        #expect(firstTook < .seconds(50), "the first cold call took \(firstTook) against a deadline of 30 s")
+        // Each deadline counts from its own call: the second, queued behind the first, ends about as long
+        // after the first as it started after it. Without that it ended a whole deadline (30 s) after the
+        // first; a machine's load delays both ends alike.
+        let lag = (results[1].end - results[0].end) - (second.started - first.started)
+        #expect(lag < .seconds(15), "the second cold call ended \(lag) later than its own deadline would have it")
 
         #expect(kill(pid, SIGCONT) == 0)
         let after = try run(keychainctl, ["set", "other", "k1"], input: Array("after".utf8), environment: daemon.environment)

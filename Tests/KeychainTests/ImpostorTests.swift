@@ -62,11 +62,10 @@ struct ImpostorTests {
             }
             try out.fileHandleForWriting.close()
             pid = child
-            var said = ""
-            while !said.contains("ready") {
-                let chunk = out.fileHandleForReading.availableData
-                if chunk.isEmpty { _ = Processes.wait(child); throw SoftwareTPMError("the impostor ended before it listened") }
-                said += String(decoding: chunk, as: UTF8.self)
+            let said = try read(out.fileHandleForReading, until: "the impostor to listen") { String(decoding: $0, as: UTF8.self).contains("ready") }
+            if !String(decoding: said, as: UTF8.self).contains("ready") {
+                _ = Processes.wait(child)
+                throw SoftwareTPMError("the impostor ended before it listened")
             }
         }
 

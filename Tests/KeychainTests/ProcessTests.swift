@@ -338,7 +338,12 @@ final class ResourceManager {
             throw SoftwareTPMError("cannot start dbus-daemon: errno \(errno)")
         }
         daemons.append(dbus)
-        for _ in 0..<200 where !FileManager.default.fileExists(atPath: busDirectory + "/bus") { usleep(10_000) }
+        do {
+            try waitUntil("dbus-daemon to listen at \(busDirectory)/bus") { FileManager.default.fileExists(atPath: busDirectory + "/bus") }
+        } catch {
+            stop()
+            throw error
+        }
         guard let abrmd = Processes.spawn("/usr/sbin/tpm2-abrmd", ["tpm2-abrmd", "--session", "--allow-root",
                                                                    "--tcti=\(tpm.tcti)", "--flush-all"], environment: env) else {
             stop()
@@ -346,12 +351,12 @@ final class ResourceManager {
         }
         daemons.append(abrmd)
         // Ready when a client can talk to the TPM through it.
-        for _ in 0..<300 {
-            if let context = try? TPMContextProbe.connect(tcti: tcti, environment: environment), context { return }
-            usleep(20_000)
+        do {
+            try waitUntil("tpm2-abrmd to answer on \(address)") { (try? TPMContextProbe.connect(tcti: tcti, environment: environment)) == true }
+        } catch {
+            stop()
+            throw error
         }
-        stop()
-        throw SoftwareTPMError("tpm2-abrmd did not come up")
     }
 
     func stop() {

@@ -2,6 +2,7 @@ import Foundation
 import Keychain
 import KeychainWire
 import KeychainTestSupport
+import KeychainTestThreads
 import SecureMemory
 import Synchronization
 import Testing
@@ -105,13 +106,16 @@ func startBenchUntilItNamesItsStore(environment: [String: String]? = nil) throws
     let pid = try #require(Processes.spawn(bench, [bench, "--quick"], environment: environment,
                                            stderr: stderr.fileHandleForWriting.fileDescriptor))
     try stderr.fileHandleForWriting.close()
-    var said = ""
-    while !said.contains("store in") {
-        let chunk = stderr.fileHandleForReading.availableData
-        if chunk.isEmpty { break }
-        said += String(decoding: chunk, as: UTF8.self)
+    do {
+        let said = try read(stderr.fileHandleForReading, until: "keychain-bench to name its store") {
+            String(decoding: $0, as: UTF8.self).contains("store in")
+        }
+        return (pid, String(decoding: said, as: UTF8.self))
+    } catch {
+        kill(pid, SIGKILL)
+        _ = Processes.wait(pid)
+        throw error
     }
-    return (pid, said)
 }
 
 /// The start of a python3 script that speaks keychaind's wire by hand, as a client we did not write:

@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 
 /// The PKCS#11 modules `TokenBackendTests.Token` runs on: SoftHSM2, and the two a Linux device is
 /// likely to have (tpm2-pkcs11, openCryptoki's software token), each a real stack started for one
@@ -77,10 +78,10 @@ final class TokenModuleStack: @unchecked Sendable {  // mutated only while it is
         try FileManager.default.createDirectory(atPath: directory + "/store", withIntermediateDirectories: true)
         let env = ["DBUS_SESSION_BUS_ADDRESS": "unix:path=" + bus, "TPM2_PKCS11_TCTI": "tabrmd:bus_type=session",
                    "TPM2TOOLS_TCTI": "tabrmd:bus_type=session", "TPM2_PKCS11_STORE": directory + "/store"]
-        try waitUntil("the private bus") { access(bus, F_OK) == 0 }
+        try waitUntil("the private bus to listen") { access(bus, F_OK) == 0 }
         try start("/usr/sbin/tpm2-abrmd", ["--session", "--allow-root", "--tcti=" + tpm.tcti], environment: env,
                   log: directory + "/abrmd.log")
-        try waitUntil("tpm2-abrmd") { (try? run("/usr/bin/tpm2_getrandom", ["1"], environment: env).status) == 0 }
+        try waitUntil("tpm2-abrmd to answer") { (try? run("/usr/bin/tpm2_getrandom", ["1"], environment: env).status) == 0 }
         for args in [["init"], ["addtoken", "--pid=1", "--sopin=12345678", "--userpin=1234", "--label=kc"]] {
             let made = try run("/usr/bin/tpm2_ptool", args, environment: env)
             guard made.status == 0 else { throw SoftwareTPMError("tpm2_ptool \(args[0]): \(made.stderr)") }
@@ -102,7 +103,7 @@ final class TokenModuleStack: @unchecked Sendable {  // mutated only while it is
         if !slotDaemonAnswers() {
             let started = try run("/usr/sbin/pkcsslotd", [])
             guard started.status == 0 else { throw SoftwareTPMError("pkcsslotd: \(started.stderr)") }
-            try waitUntil("pkcsslotd", slotDaemonAnswers)
+            try waitUntil("pkcsslotd to answer", slotDaemonAnswers)
             if let pid = (try? String(contentsOfFile: "/var/run/pkcsslotd.pid", encoding: .utf8))
                 .flatMap({ Int32($0.trimmingCharacters(in: .whitespacesAndNewlines)) }) {
                 daemonized.append(pid)
@@ -117,11 +118,4 @@ final class TokenModuleStack: @unchecked Sendable {  // mutated only while it is
     /// pkcsslotd forks into the background: ours to end, though not our child.
     private var daemonized: [pid_t] = []
 
-    private func waitUntil(_ what: String, _ ready: () -> Bool) throws {
-        for _ in 0..<100 {
-            if ready() { return }
-            usleep(50_000)
-        }
-        throw SoftwareTPMError("\(what) did not start within 5 s")
-    }
 }

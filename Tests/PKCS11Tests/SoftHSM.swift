@@ -1,4 +1,5 @@
 import Foundation
+import KeychainTestThreads
 import PKCS11
 import SecureMemory
 
@@ -69,8 +70,14 @@ final class SoftHSM {
         process.standardOutput = output
         process.standardError = output
         try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
+        let data: Data
+        do {
+            data = try read(output.fileHandleForReading, until: "\(program) \(arguments.first ?? "") to end")
+        } catch {
+            kill(process.processIdentifier, SIGKILL)
+            throw error
+        }
+        try waitForExit(process, "\(program) \(arguments.first ?? "")")
         return (process.terminationStatus, String(decoding: data, as: UTF8.self))
     }
 }

@@ -71,7 +71,7 @@ import Testing
         }
         // A provider started again by activation finds the items where they are: in keychaind.
         kill(provider, SIGTERM)
-        for _ in 0..<1000 where kill(provider, 0) == 0 { usleep(10_000) }
+        try waitUntil("the provider to exit on SIGTERM") { kill(provider, 0) != 0 }
         #expect(try lookup(bus, ["app", "through-keychaind"]) == "kept by keychaind")
         #expect(bus.providerPIDs().count == 1 && bus.providerPIDs().first != provider)
         // And keychaind started again (its items on its TPM) serves it on.

@@ -88,10 +88,10 @@ import Testing
     }
 
     /// Stops the providers the bus started (the software TPM serves one connection at a time).
-    func stopActivated() {
+    func stopActivated() throws {
         let pids = bus.providerPIDs()
         for pid in pids { kill(pid, SIGTERM) }
-        for _ in 0..<1000 where pids.contains(where: { kill($0, 0) == 0 }) { usleep(10_000) }
+        try waitUntil("the providers \(pids) to exit on SIGTERM") { !pids.contains(where: { kill($0, 0) == 0 }) }
     }
 
     /// A provider started by the test with `hook=n`: nil when it died before owning the name (the crash
@@ -105,7 +105,17 @@ import Testing
                                                environment: environment, stdout: out.fileHandleForWriting.fileDescriptor))
         try out.fileHandleForWriting.close()
         // The line it prints when it owns the name, or end of file when it dies first.
-        let line = String(decoding: out.fileHandleForReading.availableData, as: UTF8.self)
+        let said: Data
+        do {
+            said = try read(out.fileHandleForReading, until: "the provider (\(hook)=\(n)) to own its name or die") {
+                String(decoding: $0, as: UTF8.self).contains("owns org.freedesktop.secrets")
+            }
+        } catch {
+            kill(pid, SIGKILL)
+            _ = Processes.wait(pid)
+            throw error
+        }
+        let line = String(decoding: said, as: UTF8.self)
         try out.fileHandleForReading.close()
         if line.contains("owns org.freedesktop.secrets") { return pid }
         #expect(Processes.wait(pid) == 134, "the provider died in its start without reaching the crash point")
@@ -128,7 +138,7 @@ import Testing
         for n in 1...400 {
             let tag = "\(operation)-\(hook.contains("TPM") ? "tpm" : "store")-\(n)"
             if operation != "create" { try prepare(tag) }
-            stopActivated()
+            try stopActivated()
             guard let provider = try startProvider(hook: hook, n) else { continue }
             let reply = try operate(operation, tag)
             if let status = exitStatus(provider, within: reply == "replied\n" ? 1 : 30) {
@@ -150,7 +160,7 @@ import Testing
             kill(provider, SIGTERM)
             #expect(Processes.wait(provider) == 0)
             #expect(try state(tag) == (operation == "delete" ? "absent" : "new"))
-            stopActivated()
+            try stopActivated()
             return crashes
         }
         Issue.record("\(operation): more than 400 crash points of \(hook)")

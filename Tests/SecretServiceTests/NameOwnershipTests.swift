@@ -38,7 +38,7 @@ import Testing
                 _ = Processes.wait(replacement)
             }
         }
-        for _ in 0..<1000 where kill(first, 0) == 0 { usleep(10_000) }
+        try waitUntil("the first provider to exit when the name was taken") { kill(first, 0) != 0 }
         #expect(kill(first, 0) != 0, "the first provider exited when the name was taken")
         // The replacement serves its own (empty) store.
         #expect(try bus.run(PrivateBus.secretTool, ["lookup", "owner", "first"]).status != 0)

@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainTestSupport
+import KeychainTestThreads
 import Synchronization
 import Testing
 
@@ -82,8 +83,7 @@ final class PrivateBus: @unchecked Sendable {
             throw SoftwareTPMError("cannot start dbus-daemon: errno \(errno)")
         }
         daemon = pid
-        for _ in 0..<200 where !FileManager.default.fileExists(atPath: socket) { usleep(10_000) }
-        guard FileManager.default.fileExists(atPath: socket) else { throw SoftwareTPMError("dbus-daemon did not listen at \(socket)") }
+        try waitUntil("dbus-daemon to listen at \(socket)") { FileManager.default.fileExists(atPath: socket) }
     }
 
     /// Sets the device passcode of the store with keychainctl-full, before the provider starts (the

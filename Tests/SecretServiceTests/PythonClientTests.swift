@@ -73,7 +73,7 @@ import Testing
             print(coll.collection_path)
             """)
         for pid in bus.providerPIDs() { kill(pid, SIGTERM) }
-        for _ in 0..<500 where !bus.providerPIDs().isEmpty { usleep(10_000) }
+        try waitUntil("the provider to exit on SIGTERM") { bus.providerPIDs().isEmpty }
         let out = try bus.python("""
             import secretstorage
             conn = secretstorage.dbus_init()

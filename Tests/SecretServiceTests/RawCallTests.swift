@@ -213,7 +213,7 @@ import Testing
         #expect(try bus.run(PrivateBus.secretTool, ["store", "--label=one-property", "get", "1"], input: Array("value".utf8)).status == 0)
         // A provider started again knows the item's hashes and dates, not its label: reading that needs the TPM.
         for pid in bus.providerPIDs() { kill(pid, SIGTERM) }
-        for _ in 0..<1000 where !bus.providerPIDs().isEmpty { usleep(10_000) }
+        try waitUntil("the provider to exit on SIGTERM") { bus.providerPIDs().isEmpty }
         let item = try bus.python(Self.prelude + """
             [found], [] = call(BASE, SVC, 'SearchItems', 'a{ss}', ({'get': '1'},))
             print(found)

@@ -80,8 +80,7 @@ import Testing
     @Test func theItemsOutliveTheProvider() throws {
         #expect(try tool("store", "--label=p", "kind", "persist", input: Array("kept".utf8)).status == 0)
         for pid in bus.providerPIDs() { kill(pid, SIGTERM) }
-        for _ in 0..<500 where !bus.providerPIDs().isEmpty { usleep(10_000) }
-        #expect(bus.providerPIDs().isEmpty)
+        try waitUntil("the provider to exit on SIGTERM") { bus.providerPIDs().isEmpty }
         // Activation starts it again; the item is read from the store.
         #expect(try tool("lookup", "kind", "persist").stdout == Array("kept".utf8))
         #expect(bus.providerPIDs().count == 1)

@@ -35,7 +35,7 @@ import Testing
         try expectNoMarker(in: bus.store)
         // … and after it checkpointed and closed the database.
         for pid in bus.providerPIDs() { kill(pid, SIGTERM) }
-        for _ in 0..<500 where !bus.providerPIDs().isEmpty { usleep(10_000) }
+        try waitUntil("the provider to exit on SIGTERM") { bus.providerPIDs().isEmpty }
         try expectNoMarker(in: bus.store)
         // What a search needs is there: the keyed hashes, in the keychain items' labels.
         let labels = try bus.python("""
