@@ -43,6 +43,12 @@ enum StoreMeta {
     static let bootGenerationTR = "tpm.boot-generation.tr"
     /// The PCR selection (one byte per PCR) the store was set up with; every later call uses it.
     static let pcrSelection = "tpm.pcr-selection"
+    /// The store's rollback counter (RollbackBinding): its NV index, window and authValue.
+    static let rollbackCounter = "rollback.counter"
+    /// The counter's value and the TPM's clock counts at the last committing write (RollbackRecord).
+    static let rollbackValue = "rollback.counter.value"
+    /// A counter being replaced by `acceptStore` (RollbackBinding), until its index is undefined.
+    static let rollbackRetired = "rollback.counter.retired"
     /// The attestation key (`attest init`): its TPM2B_PUBLIC then its TPM2B_PRIVATE, loadable under the RSA EK.
     static let attestationKey = "tpm.attestation-key"
 

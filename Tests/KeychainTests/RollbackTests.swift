@@ -119,6 +119,32 @@ struct RollbackTests {
         #expect(try d.cli(["get", "s", "k"]).stdout == Array("v".utf8))
     }
 
+    // MARK: What a write costs
+
+    /// An overwrite in a process that read the counter already: the leftover check, then
+    /// StartAuthSession and NV_Increment after the commit (docs/performance.md). Unbound: none.
+    @Test func aBoundOverwriteSendsThreeTPMCommandsAndAnUnboundOneNone() async throws {
+        let tpm = try SoftwareTPM()
+        var counts: [String: Int] = [:]
+        for bound in [false, true] {
+            let configuration = tpm.configuration(store: tpm.directory + (bound ? "/bound" : "/unbound"))
+            let device = KeychainDevice(configuration: configuration)
+            if bound {
+                try await KeychainAdministration(configuration: configuration).initialize(takingOwnership: Ownership(allowEmpty: true))
+            } else {
+                _ = try await device.initialize()
+            }
+            let storage = try createKeychain(.init(service: "s"), configuration: configuration)
+            try await storage.setItem("k", "v0")
+            try await storage.setItem("k", "v1")
+            _ = await device.takeTPMCommandCount()
+            try await storage.setItem("k", "v2")
+            counts[bound ? "bound" : "unbound"] = await device.takeTPMCommandCount()
+            #expect(try await device.status().rollbackCounter?.state == (bound ? .current : .unbound))
+        }
+        #expect(counts == ["unbound": 0, "bound": 3])
+    }
+
     // MARK: The recovery
 
     @Test func acceptStoreWithTheOwnerAuthorizationKeepsTheCopyAndAWrongOneChangesNothing() throws {

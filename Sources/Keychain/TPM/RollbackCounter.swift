@@ -129,15 +129,6 @@ public struct RollbackCounterStatus: Sendable, Hashable, Codable {
     public var window: UInt32?
 }
 
-extension StoreMeta {
-    /// The store's rollback counter (RollbackBinding): its index and authValue.
-    static let rollbackCounter = "rollback.counter"
-    /// The counter's value and the TPM's clock counts at the last committing write (RollbackRecord).
-    static let rollbackValue = "rollback.counter.value"
-    /// A counter being replaced by `acceptStore` (RollbackBinding), until its index is undefined.
-    static let rollbackRetired = "rollback.counter.retired"
-}
-
 extension Engine {
     /// The binding and record of `store`; nil binding: unbound; nil record: a binding was interrupted.
     nonisolated func rollbackState(_ store: Store) throws(KeychainError) -> (binding: RollbackBinding, record: RollbackRecord?)? {
