@@ -47,19 +47,21 @@ extension TPMContext {
 
     /// TPM2_ActivateCredential: the credential `credentialBlob` (TPM2B_ID_OBJECT) and `secret`
     /// (TPM2B_ENCRYPTED_SECRET) protect, when they were made for this EK and the loaded `ak`'s name.
+    /// The EK's USER role: its policy (PolicySecret on the endorsement hierarchy) for templates L-1
+    /// and L-2; its empty authValue for H-3, whose userWithAuth is set (its PolicyB is SHA-384).
     /// - Throws: `INTEGRITY` (or a `VALUE`/`SIZE` error) when they were made for another EK or key.
-    public func activateCredential(ak: TPMHandle, endorsementKey ek: TPMHandle,
+    public func activateCredential(ak: TPMHandle, endorsementKey ek: TPMHandle, type: EndorsementKeyType = .rsa2048,
                                    credentialBlob: [UInt8], secret: [UInt8]) throws(TPMError) -> SecureBytes {
         var blob = try Marshal.decode("TPM2B_ID_OBJECT", credentialBlob, as: TPM2B_ID_OBJECT(), Tss2_MU_TPM2B_ID_OBJECT_Unmarshal)
         var encrypted = try Marshal.decode("TPM2B_ENCRYPTED_SECRET", secret, as: TPM2B_ENCRYPTED_SECRET(),
                                            Tss2_MU_TPM2B_ENCRYPTED_SECRET_Unmarshal)
-        let session = try endorsementSession()
+        let session: TPMHandle? = if type.userWithAuth { nil } else { try endorsementSession() }
         var used = false
-        defer { if !used { flush(session) } }
+        defer { if !used, let session { flush(session) } }
         var certInfo: UnsafeMutablePointer<TPM2B_DIGEST>?
         // The AK's role is ADMIN: with adminWithPolicy clear its (empty) authValue serves.
         try call("ActivateCredential") {
-            Esys_ActivateCredential(esys, ak.tr, ek.tr, Self.password, session.tr, Self.none, &blob, &encrypted, &certInfo)
+            Esys_ActivateCredential(esys, ak.tr, ek.tr, Self.password, session?.tr ?? Self.password, Self.none, &blob, &encrypted, &certInfo)
         }
         used = true
         guard let certInfo else { throw TPMError(command: "ActivateCredential", code: .failure) }
@@ -145,7 +147,10 @@ public enum Attestation {
 
     /// TPM2_MakeCredential (Part 3, 12.6) as a verifier computes it: the credential (at most 32
     /// bytes) wrapped for the object named `objectName` in the TPM holding the EK `endorsementPublic`,
-    /// with the machinery of a duplication blob (the seed's label is "IDENTITY").
+    /// with the machinery of a duplication blob (the seed's label is "IDENTITY"). The EK decides the
+    /// rest (Part 1, 24.4): RSA-OAEP for an RSA EK; for an ECC EK an ephemeral key on its curve,
+    /// Z = ECDH, seed = KDFe(nameAlg, Z, "IDENTITY", ephemeral x, EK x); KDFa, the HMAC and the
+    /// AES key size are its name algorithm's and its symmetric definition's.
     /// - Returns: the TPM2B_ID_OBJECT and the TPM2B_ENCRYPTED_SECRET, marshalled.
     public static func makeCredential(_ credential: SecureBytes, objectName: [UInt8],
                                       endorsementPublic: [UInt8]) throws(AttestationError) -> (credentialBlob: [UInt8], secret: [UInt8]) {
@@ -154,13 +159,16 @@ public enum Attestation {
             throw AttestationError("the key's name is not a SHA-256 name (34 bytes, 000b…)")
         }
         do {
-            let (seed, encryptedSeed) = try Duplication.seed(to: try Duplication.storageParent(endorsementPublic), label: "IDENTITY")
+            let protector = try Duplication.protector(try parsePublic(endorsementPublic, what: "the EK").publicArea)
+            let (seed, encryptedSeed) = try Duplication.seed(to: protector, label: "IDENTITY")
             // encIdentity covers the credential's TPM2B size field too (Part 2, 12.4.2).
             let plaintext = credential.withUnsafeBytes { SecureBytes(copying: UInt16(credential.count).bigEndianBytes + Array($0)) }
-            let body = try Duplication.outerWrap(plaintext, seed: seed, name: objectName)
+            let body = try Duplication.outerWrap(plaintext, seed: seed, name: objectName, protector: protector)
             return (UInt16(body.count).bigEndianBytes + body, encryptedSeed)
-        } catch {
+        } catch let error as DuplicationError {
             throw AttestationError(error.description)
+        } catch {
+            throw AttestationError("\(error)")
         }
     }
 

@@ -15,6 +15,18 @@ extension TPMContext {
         /// swtpm (0.7) certifies its ECC EK here, not at L-2's index.
         case eccP384
 
+        /// userWithAuth: its USER role takes its empty authValue (H-3); L-1 and L-2 take their policy only.
+        public var userWithAuth: Bool { self == .eccP384 }
+
+        /// The key and its template in words, for messages.
+        public var description: String {
+            switch self {
+            case .rsa2048: "RSA EK (template L-1)"
+            case .eccP256: "ECC P-256 EK (template L-2)"
+            case .eccP384: "ECC P-384 EK (template H-3)"
+            }
+        }
+
         public var certificateIndex: UInt32 {
             switch self {
             case .rsa2048: 0x01C0_0002
@@ -47,8 +59,26 @@ extension TPMContext {
         return ek.publicArea
     }
 
-    /// CreatePrimary of the EK: the transient handle (the caller flushes it) and its public area.
-    func createEndorsementKey(_ type: EndorsementKeyType) throws(TPMError) -> (handle: TPMHandle, publicArea: [UInt8]) {
+    /// Whether `publicArea` (marshalled TPM2B_PUBLIC) is the EK of `type`'s template: the same
+    /// type, name algorithm, attributes, authPolicy, curve or key size and symmetric definition.
+    public static func isEndorsementKey(_ type: EndorsementKeyType, publicArea: [UInt8]) -> Bool {
+        guard let area = try? Marshal.public(publicArea).publicArea else { return false }
+        let template = endorsementKeyTemplate(type).publicArea
+        guard area.type == template.type, area.nameAlg == template.nameAlg, area.objectAttributes == template.objectAttributes,
+              TPM2B.bytes(area.authPolicy.buffer, size: area.authPolicy.size)
+                == TPM2B.bytes(template.authPolicy.buffer, size: template.authPolicy.size) else { return false }
+        if area.type == UInt16(TPM2_ALG_RSA) {
+            let (a, t) = (area.parameters.rsaDetail, template.parameters.rsaDetail)
+            return a.keyBits == t.keyBits && a.symmetric.algorithm == t.symmetric.algorithm && a.symmetric.keyBits.aes == t.symmetric.keyBits.aes
+                && a.symmetric.mode.aes == t.symmetric.mode.aes && a.scheme.scheme == t.scheme.scheme
+        }
+        let (a, t) = (area.parameters.eccDetail, template.parameters.eccDetail)
+        return a.curveID == t.curveID && a.symmetric.algorithm == t.symmetric.algorithm && a.symmetric.keyBits.aes == t.symmetric.keyBits.aes
+            && a.symmetric.mode.aes == t.symmetric.mode.aes && a.scheme.scheme == t.scheme.scheme && a.kdf.scheme == t.kdf.scheme
+    }
+
+    /// The default template of `type` (EK Credential Profile: L-1, L-2, H-3), with an empty unique.
+    static func endorsementKeyTemplate(_ type: EndorsementKeyType) -> TPM2B_PUBLIC {
         var inPublic = TPM2B_PUBLIC()
         inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA256)
         inPublic.publicArea.objectAttributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT | TPMA_OBJECT_SENSITIVEDATAORIGIN
@@ -78,6 +108,12 @@ extension TPMContext {
             inPublic.publicArea.parameters.eccDetail.curveID = UInt16(TPM2_ECC_NIST_P384)
             inPublic.publicArea.parameters.eccDetail.kdf.scheme = UInt16(TPM2_ALG_NULL)
         }
+        return inPublic
+    }
+
+    /// CreatePrimary of the EK: the transient handle (the caller flushes it) and its public area.
+    func createEndorsementKey(_ type: EndorsementKeyType) throws(TPMError) -> (handle: TPMHandle, publicArea: [UInt8]) {
+        var inPublic = Self.endorsementKeyTemplate(type)
         var inSensitive = TPM2B_SENSITIVE_CREATE()
         var outsideInfo = TPM2B_DATA()
         var creationPCR = TPML_PCR_SELECTION()

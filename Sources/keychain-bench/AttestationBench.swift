@@ -29,6 +29,15 @@ func attestationBench(rounds: Int) async throws -> String {
     _ = await device.takeTPMCommandCount()
     let answer = try await administration.answer(challenge)
     report += "| attest respond | \(await device.takeTPMCommandCount()) |\n"
+    let eccRequest = try await administration.attestationRequest(endorsementKey: .eccP384)
+    report += "| attest request --endorsement-key eccP384 | \(await device.takeTPMCommandCount()) |\n"
+    let (eccChallenge, eccState) = try AttestationServer.challenge(for: eccRequest)
+    _ = await device.takeTPMCommandCount()
+    let eccAnswer = try await administration.answer(eccChallenge)
+    report += "| attest respond, ECC P-384 EK (H-3) | \(await device.takeTPMCommandCount()) |\n"
+    guard try AttestationServer.verify(eccAnswer, state: eccState, ekCA: ca).endorsementCertificateVerified else {
+        throw SoftwareTPMError("the bench's ECC EK certificate did not verify")
+    }
     let nonce = Sodium.randomBytes(32)
     let attestation = try await storage.attestKey(nonce: nonce)
     report += "| attest key (afterFirstUnlockThisDeviceOnly: CertifyCreation and NV_Certify) | \(await device.takeTPMCommandCount()) |\n"
@@ -46,8 +55,13 @@ func attestationBench(rounds: Int) async throws -> String {
         report += "| \(what) | \(Int(Double(rounds) / wallSeconds)) | \(Int(Double(rounds) / cpuSeconds)) |\n"
     }
     try measure("attest challenge (RSA-OAEP to the EK, KDFa, HMAC)") { _ = try AttestationServer.challenge(for: request) }
+    try measure("attest challenge, ECC P-384 EK (ECDH, KDFe and KDFa SHA-384, HMAC-SHA384, AES-256)") {
+        _ = try AttestationServer.challenge(for: eccRequest)
+    }
     try measure("attest verify, no --ek-ca") { _ = try AttestationServer.verify(answer, state: state, ekCA: nil) }
+    try measure("attest verify, ECC P-384 EK, no --ek-ca") { _ = try AttestationServer.verify(eccAnswer, state: eccState, ekCA: nil) }
     try measure("attest verify --ek-ca (the EK certificate's chain too)") { _ = try AttestationServer.verify(answer, state: state, ekCA: ca) }
+    try measure("attest verify --ek-ca, ECC P-384 EK and its certificate") { _ = try AttestationServer.verify(eccAnswer, state: eccState, ekCA: ca) }
     try measure("attest verify-key (CertifyCreation and NV_Certify)") {
         _ = try AttestationServer.verifyKey(attestation, identity: identity, nonce: nonce)
     }

@@ -26,8 +26,14 @@ extension Commands {
                 "attestation key \($0.name) (\($0.created ? "made" : "kept: the store has one"))"
             }
         case "request":
-            _ = try operands(0, "no arguments")
-            document(try await administration.attestationRequest().json())
+            _ = try operands(0, "no arguments (and --endorsement-key rsa2048|eccP256|eccP384)")
+            let type = try inv.flags["--endorsement-key"].map { (name: String) throws(UsageError) in
+                guard let type = EndorsementKeyType(rawValue: name) else {
+                    throw UsageError(message: "--endorsement-key takes rsa2048 (template L-1, the default), eccP256 (L-2) or eccP384 (H-3)")
+                }
+                return type
+            } ?? .rsa2048
+            document(try await administration.attestationRequest(endorsementKey: type).json())
         case "challenge":
             let request = try AttestationRequest(json: try readFile(try operands(1, "REQUEST --state FILE")[0],
                                                                     limit: AttestationRequest.maxLength, what: "the request"))

@@ -123,7 +123,8 @@ let usage = """
       seal-for IDENTITY --credential UNIT:ID [--accessible A] [--version N] …   the same, for a systemd credential:
                                    its import makes it UNIT's credential ID (docs/credentials.md)
       attest init                  (device) the attestation key: restricted signing, under the RSA EK, kept in the store
-      attest request               (device) EK public and certificate, AK public and name, SRK name, PCR selection (JSON)
+      attest request [--endorsement-key rsa2048|eccP256|eccP384]   (device) EK public and certificate (the RSA EK,
+                                   or that ECC EK), AK public and name, SRK name, PCR selection (JSON)
       attest challenge REQUEST --state FILE   (server, no TPM) a credential for that EK and AK and a nonce (JSON on
                                    stdout); the credential and nonce kept in FILE (made new, 0600)
       attest respond CHALLENGE     (device) ActivateCredential, a Quote of the PCRs and a Certify of the SRK (JSON)

@@ -29,11 +29,12 @@ struct AttestationTests: TwoDeviceTest {
         return path
     }
 
-    /// `attest init` then `attest request` on `d`: the request's path.
-    func request(_ d: Device) throws -> String {
+    /// `attest init` then `attest request` on `d` (for the EK `endorsementKey` names, the RSA one by
+    /// default): the request's path.
+    func request(_ d: Device, endorsementKey: String? = nil) throws -> String {
         let made = try cli(d, ["attest", "init"])
         #expect(made.status == 0, "\(made.stderr)")
-        let out = try cli(d, ["attest", "request"])
+        let out = try cli(d, ["attest", "request"] + (endorsementKey.map { ["--endorsement-key", $0] } ?? []))
         #expect(out.status == 0, "\(out.stderr)")
         return try write(out.stdout, d.tpm.directory + "/request-\(UUID().uuidString).json")
     }
@@ -874,6 +875,16 @@ struct AttestationTests: TwoDeviceTest {
         #expect(try captured(["attest", "respond", challengePath]) == opening + [
             "CreatePrimary", "StartAuthSession", "PolicySecret", "Load", "StartAuthSession", "PolicySecret", "ActivateCredential",
             "Quote", "Certify", "FlushContext", "Load", "CertifyCreation", "FlushContext", "NV_Certify", "PCR_Read", "FlushContext"])
+        // With the P-384 EK: the AK loaded under the RSA EK, which goes to make room for the ECC EK;
+        // ActivateCredential with the ECC EK's empty authValue (H-3 has userWithAuth), the ECC EK
+        // flushed; then as with the RSA EK. ESAPI sends ActivateCredential twice here (seen in every
+        // capture; the call point counts one call, as theAttestationCallsSendTheCountedTPMCommands does).
+        let eccRequestPath = try write(try cli(b, ["attest", "request", "--endorsement-key", "eccP384"]).stdout, dir + "/ecc-request.json")
+        let (eccChallengePath, _) = try challenge(eccRequestPath, in: dir)
+        let eccCommands = try captured(["attest", "respond", eccChallengePath])
+        #expect(eccCommands == opening + [
+            "CreatePrimary", "StartAuthSession", "PolicySecret", "Load", "FlushContext", "CreatePrimary", "ActivateCredential", "ActivateCredential",
+            "FlushContext", "Quote", "Certify", "Load", "CertifyCreation", "FlushContext", "NV_Certify", "PCR_Read", "FlushContext"], "\(eccCommands)")
         // The key under the SRK; the EK while the AK loads (three object slots), then flushed;
         // CertifyCreation, NV_Certify of the approval index (ThisDeviceOnly); the AK and the key flushed.
         #expect(try captured(["attest", "key", "svc", "--accessible", "afterFirstUnlockThisDeviceOnly", "--nonce", "00"]) == opening + [
@@ -911,7 +922,16 @@ struct AttestationTests: TwoDeviceTest {
         let (challenge, state) = try AttestationServer.challenge(for: request)
         let answer = try await administration.answer(challenge)
         counts["respond"] = await device.takeTPMCommandCount()
-        let identity = try AttestationServer.verify(answer, state: state, ekCA: [UInt8](try Data(contentsOf: URL(fileURLWithPath: tpm.directory + "/fleet-ca.pem"))))
+        let ca = [UInt8](try Data(contentsOf: URL(fileURLWithPath: tpm.directory + "/fleet-ca.pem")))
+        let identity = try AttestationServer.verify(answer, state: state, ekCA: ca)
+        for type in [EndorsementKeyType.eccP384, .eccP256] {
+            let eccRequest = try await administration.attestationRequest(endorsementKey: type)
+            counts["request \(type.rawValue)"] = await device.takeTPMCommandCount()
+            let (eccChallenge, eccState) = try AttestationServer.challenge(for: eccRequest)
+            let eccAnswer = try await administration.answer(eccChallenge)
+            counts["respond \(type.rawValue)"] = await device.takeTPMCommandCount()
+            #expect(try AttestationServer.verify(eccAnswer, state: eccState, ekCA: type == .eccP384 ? ca : nil).endorsementKey.type == type.rawValue)
+        }
         #expect(identity.wrappingKeys?.count == 2 && identity.wrappingKeys?.allSatisfy { $0.matchesClaim } == true && identity.bootApproval != nil)
         for (level, storage) in zip(levels, storages) {
             let nonce = Sodium.randomBytes(32)
@@ -925,7 +945,12 @@ struct AttestationTests: TwoDeviceTest {
         // lists: init 5 (a second init finds the key in the store: the check only), request 8, the
         // answer 19 (12, then Load, CertifyCreation and FlushContext for each of the two wrapping
         // keys, and the approval index's NV_Certify), a key 9 (10 with the approval index's NV_Certify).
+        // With an ECC EK: the request reads that EK and its certificate index (swtpm has none for
+        // P-256: one NV_ReadPublic that fails, no NV_Read); the answer as many as with the RSA EK
+        // for P-384 (FlushContext of the RSA EK and CreatePrimary of the ECC one in place of the
+        // second policy session), two more for P-256 (its activation takes the policy session).
         #expect(counts == ["init": 6, "init again": 1, "request": 9, "respond": 20,
+                           "request eccP384": 9, "respond eccP384": 20, "request eccP256": 6, "respond eccP256": 22,
                            "key afterFirstUnlock": 10, "key afterFirstUnlockThisDeviceOnly": 11])
     }
 

@@ -3,6 +3,9 @@ import KeychainStore
 import SecureMemory
 import TPM2
 
+/// The EK templates a credential can be made for: `rsa2048` (L-1), `eccP256` (L-2), `eccP384` (H-3).
+public typealias EndorsementKeyType = TPMContext.EndorsementKeyType
+
 /// The documents of credential activation (docs/formats.md), format 1 each: the device's request,
 /// the server's challenge and the state it keeps, the device's answer, and the verified identity.
 public struct AttestationRequest: Sendable, Hashable, Codable {
@@ -17,7 +20,9 @@ public struct AttestationRequest: Sendable, Hashable, Codable {
 
     public var format: String
     public var version: Int
-    /// The RSA EK (template L-1) the AK was made under, with its certificate when the TPM holds one.
+    /// The EK the credential is to be made for, with its certificate when the TPM holds one: the RSA
+    /// EK (template L-1) the AK was made under, or an ECC EK (L-2, H-3) of the same TPM
+    /// (`attest request --endorsement-key`); its `type` names which.
     public var endorsementKey: DeviceIdentity.EndorsementKey
     /// The AK: a restricted signing key, child of that EK.
     public var attestationKey: Key
@@ -37,6 +42,9 @@ public struct AttestationChallenge: Sendable, Hashable, Codable {
     public var version: Int
     /// The AK the credential was made for (hex name): the device answers with that key only.
     public var attestationKeyName: String
+    /// The type of the EK the secret is sealed to (`rsa2048`, `eccP256`, `eccP384`): the device
+    /// activates the credential with that EK. Absent from the first challenges: `rsa2048`.
+    public var endorsementKey: String?
     /// TPM2B_ID_OBJECT and TPM2B_ENCRYPTED_SECRET, base64 (`tpm2_activatecredential`'s credential blob, split).
     public var credentialBlob: String
     public var secret: String
@@ -221,10 +229,18 @@ public enum AttestationServer {
                                    (srk, request.storageRootKey.name, "SRK")] where DeviceIdentity.name(ofPublic: area) != name {
             throw KeychainError(.dataCorrupted, "The request's \(what) does not match its name")
         }
-        guard request.endorsementKey.type == TPMContext.EndorsementKeyType.rsa2048.rawValue else {
-            throw KeychainError(.unsupported, "The request's EK is \(request.endorsementKey.type): credentials are made for the RSA 2048 EK (template L-1)")
+        guard let type = TPMContext.EndorsementKeyType(rawValue: request.endorsementKey.type) else {
+            throw KeychainError(.unsupported, "The request's EK is \(request.endorsementKey.type): credentials are made for the "
+                                + "EK templates L-1 (rsa2048), L-2 (eccP256) and H-3 (eccP384)")
+        }
+        guard TPMContext.isEndorsementKey(type, publicArea: ek) else {
+            throw KeychainError(.dataCorrupted, "The request's EK is not an \(type.description) with its template's attributes and policy")
         }
         do { _ = try Attestation.checkAttestationKey(ak) } catch { throw KeychainError(.dataCorrupted, "The request's \(error.description)") }
+        // The certification proves the SRK's name, not its handle: only the keychain's own is taken.
+        guard request.storageRootKey.handle == hexHandle(TPMKeyring.srkHandle) else {
+            throw KeychainError(.dataCorrupted, "The request's SRK handle is \(request.storageRootKey.handle.prefix(16)), not the keychain's \(hexHandle(TPMKeyring.srkHandle))")
+        }
         guard !request.pcrs.isEmpty, request.pcrs.allSatisfy({ (0..<24).contains($0) }), request.pcrs == PCRSelection(request.pcrs).indices else {
             throw KeychainError(.dataCorrupted, "The request's PCR selection is not sorted PCR indices 0-23")
         }
@@ -244,7 +260,7 @@ public enum AttestationServer {
             throw KeychainError(.dataCorrupted, "Cannot make a credential for this request: \(error.description)")
         }
         let challenge = AttestationChallenge(format: AttestationChallenge.formatName, version: 1,
-                                             attestationKeyName: request.attestationKey.name,
+                                             attestationKeyName: request.attestationKey.name, endorsementKey: request.endorsementKey.type,
                                              credentialBlob: Data(made.credentialBlob).base64EncodedString(),
                                              secret: Data(made.secret).base64EncodedString(), nonce: Data(nonce).base64EncodedString())
         let state = AttestationState(format: AttestationState.formatName, version: 1, request: request,
@@ -273,12 +289,13 @@ public enum AttestationServer {
         }
         var certified = false
         if let ekCA {
+            let type = TPMContext.EndorsementKeyType(rawValue: request.endorsementKey.type) ?? .rsa2048
             guard let certificate = request.endorsementKey.certificate.flatMap({ Data(base64Encoded: $0) }) else {
-                throw refuse("the request carries no certificate of the RSA EK (template L-1) to check against the CA: the TPM's maker "
-                             + "certified none (a TPM may hold only an ECC EK's, which credential activation here does not use); "
-                             + "verify without --ek-ca to enrol its EK as uncertified")
+                throw refuse("the request carries no certificate of the \(type.description) to check against the CA: the TPM's maker "
+                             + "certified none (a TPM may hold another EK's: ask for a request with --endorsement-key "
+                             + "naming the certified one); verify without --ek-ca to enrol its EK as uncertified")
             }
-            do { try EndorsementCertificate.verify(der: [UInt8](certificate), caPEM: ekCA, rsaModulus: Array(ek.suffix(256))) } catch {
+            do { try EndorsementCertificate.verify(der: [UInt8](certificate), caPEM: ekCA, endorsementPublic: ek) } catch {
                 throw refuse(error.description)
             }
             certified = true
@@ -403,8 +420,10 @@ extension KeychainAdministration {
     }
 
     /// The request a provisioning server challenges (`attest request`).
-    public func attestationRequest() async throws(KeychainError) -> AttestationRequest {
-        try await engine.attestationRequest()
+    /// - Parameter endorsementKey: the EK the server is to make the credential for (its certificate
+    ///   goes in the request): the RSA EK the AK is a child of, or one of the TPM's ECC EKs.
+    public func attestationRequest(endorsementKey: EndorsementKeyType = .rsa2048) async throws(KeychainError) -> AttestationRequest {
+        try await engine.attestationRequest(endorsementKey: endorsementKey)
     }
 
     /// The answer to a server's challenge (`attest respond`).
@@ -461,7 +480,7 @@ extension Engine {
         KeychainError(.invalidArgument, "This device has no attestation key: make one with keychainctl attest init (where the store is, as its user)")
     }
 
-    func attestationRequest() throws(KeychainError) -> AttestationRequest {
+    func attestationRequest(endorsementKey type: TPMContext.EndorsementKeyType) throws(KeychainError) -> AttestationRequest {
         try configuration.checkPCRSelection()
         return try withKeyring { keyring throws(KeychainError) -> AttestationRequest in
             guard let blob = try Self.attestationKey(keyring), let akName = DeviceIdentity.name(ofPublic: blob.publicArea) else {
@@ -469,7 +488,6 @@ extension Engine {
             }
             let context = keyring.context
             do throws(TPMError) {
-                let type = TPMContext.EndorsementKeyType.rsa2048
                 let ekArea = try context.endorsementKeyPublic(type)
                 let certificate = try context.readWholeNV(type.certificateIndex)
                 let srkArea = try context.publicArea(of: keyring.srk)
@@ -495,6 +513,10 @@ extension Engine {
         let secret = try decoded(challenge.secret, "challenge's secret")
         let nonce = try decoded(challenge.nonce, "challenge's nonce")
         guard (1...32).contains(nonce.count) else { throw KeychainError(.dataCorrupted, "The challenge's nonce is not 1 to 32 bytes") }
+        guard let ekType = TPMContext.EndorsementKeyType(rawValue: challenge.endorsementKey ?? TPMContext.EndorsementKeyType.rsa2048.rawValue) else {
+            throw KeychainError(.unsupported, "The challenge is for an EK of type '\(challenge.endorsementKey ?? "")': this keychain "
+                                + "activates credentials with rsa2048, eccP256 and eccP384")
+        }
         return try withKeyring { keyring throws(KeychainError) -> AttestationAnswer in
             guard let blob = try Self.attestationKey(keyring), let akName = DeviceIdentity.name(ofPublic: blob.publicArea) else {
                 throw Self.noAttestationKey()
@@ -516,11 +538,23 @@ extension Engine {
                 defer { if ekLoaded { context.flush(ek) } }
                 let ak = try context.load(blob, endorsementKey: ek)
                 defer { context.flush(ak) }
-                let credential = try context.activateCredential(ak: ak, endorsementKey: ek, credentialBlob: credentialBlob, secret: secret)
+                let credential: SecureBytes
+                if ekType == .rsa2048 {
+                    credential = try context.activateCredential(ak: ak, endorsementKey: ek, credentialBlob: credentialBlob, secret: secret)
+                } else {
+                    // The AK is the RSA EK's child, but activation needs only both loaded in one TPM:
+                    // the RSA EK makes room (three slots) for the ECC EK the secret is sealed to.
+                    context.flush(ek)
+                    ekLoaded = false
+                    let ecc = try context.endorsementKey(ekType)
+                    defer { context.flush(ecc) }
+                    credential = try context.activateCredential(ak: ak, endorsementKey: ecc, type: ekType,
+                                                                credentialBlob: credentialBlob, secret: secret)
+                }
                 let quote = try context.quote(ak: ak, selection: pcrs, nonce: nonce)
                 let certification = try context.certify(keyring.srk, ak: ak, nonce: nonce)
                 // Three object slots: the EK goes, so each wrapping key loads beside the AK.
-                context.flush(ek)
+                if ekLoaded { context.flush(ek) }
                 ekLoaded = false
                 var certified: [AttestationAnswer.CertifiedKey] = []
                 for (record, creation) in keys {

@@ -186,7 +186,9 @@ public enum Provisioning {
             throw KeychainError(.dataCorrupted, "This verified identity lacks the keychain's NV indices (its request came from an "
                                 + "earlier keychain): attest the device again")
         }
-        let target = Target(rsaEK: verified.endorsementKey, srk: verified.storageRootKey, nvIndices: nvIndices,
+        // A credential activated with an ECC EK leaves no RSA EK to seal to: the attested SRK is the parent.
+        let rsaEK = verified.endorsementKey.type == TPMContext.EndorsementKeyType.rsa2048.rawValue ? verified.endorsementKey : nil
+        let target = Target(rsaEK: rsaEK, srk: verified.storageRootKey, nvIndices: nvIndices,
                             pcrs: verified.bootState.pcrs, attested: true)
         return try seal(value, service: service, key: key, accessible: accessible, accessControl: accessControl, label: label,
                         version: version, credential: credential, to: target, parent: chosen, ekCA: ekCA)
@@ -224,7 +226,7 @@ public enum Provisioning {
                 guard let certificate = ek.certificate.flatMap({ Data(base64Encoded: $0) }) else {
                     throw KeychainError(.authenticationFailed, "The identity has no EK certificate to check against the CA: nothing was sealed")
                 }
-                do { try EndorsementCertificate.verify(der: [UInt8](certificate), caPEM: ekCA, rsaModulus: Array(area.suffix(256))) } catch {
+                do { try EndorsementCertificate.verify(der: [UInt8](certificate), caPEM: ekCA, endorsementPublic: [UInt8](area)) } catch {
                     throw KeychainError(.authenticationFailed, "This device's EK is not vouched for by the CA (\(error)): nothing was sealed")
                 }
             }
