@@ -66,16 +66,7 @@ extension AttestationTests {
         let p256Path = try request(b, endorsementKey: "eccP256")
         let p256: AttestationRequest = try json(p256Path)
         #expect(p256.endorsementKey.type == "eccP256" && p256.endorsementKey.certificate == nil)
-        let (c256, s256) = try challenge(p256Path, in: dir)
-        let a256 = try respond(b, c256)
-        #expect(a256.status == 0, "\(String(decoding: a256.stdout, as: UTF8.self))")
-        let a256Path = try write(a256.stdout, dir + "/a256.json")
-        try FileManager.default.copyItem(atPath: s256, toPath: s256 + ".kept")
-        let noCertificate = try server(["verify", a256Path, "--state", s256, "--ek-ca", ca], in: dir)
-        #expect(noCertificate.status == 3 && noCertificate.stderr.contains("no certificate of the ECC P-256 EK (template L-2)"), "\(noCertificate.stderr)")
-        let uncertified = try server(["verify", a256Path, "--state", s256 + ".kept"], in: dir)
-        #expect(uncertified.status == 0, "\(uncertified.stderr)")
-        #expect(try !VerifiedIdentity(json: Data(uncertified.stdout)).endorsementCertificateVerified)
+        try answerVerifiesOnlyUncertified(b, p256Path, ca: ca, refusal: ["no certificate of the ECC P-256 EK (template L-2)"])
 
         // An EK type the keychain does not know, in the request or the challenge: UNSUPPORTED.
         var unknown = eccRequest
@@ -114,13 +105,7 @@ extension AttestationTests {
         let refusedBorrowed = try server(["verify", try write(answered.stdout, dir + "/borrowed-answer.json"), "--state", sb,
                                           "--ek-ca", try fleetCA(a)], in: dir)
         #expect(refusedBorrowed.status == 3 && refusedBorrowed.stderr.contains("certifies another key than the identity's EK"), "\(refusedBorrowed.stderr)")
-        var forged = requestA
-        forged.attestationKey = requestB.attestationKey
-        let (challengePath, _) = try challenge(try write(forged.json(), dir + "/forged.json"), in: dir)
-        let onB = try respond(b, challengePath)
-        #expect(errorCode(onB) == "AUTHENTICATION_FAILED" && String(decoding: onB.stdout, as: UTF8.self).contains("refused to activate"),
-                "\(String(decoding: onB.stdout, as: UTF8.self))")
-        #expect(errorCode(try respond(a, challengePath)) == "INVALID_ARGUMENT")
+        let challengePath = try aForgedPairingIsRefusedByBoth(a, requestA, b, requestB)
         var renamed: AttestationChallenge = try json(challengePath)
         renamed.attestationKeyName = requestA.attestationKey.name
         #expect(errorCode(try respond(a, try write(renamed.json(), dir + "/renamed.json"))) == "AUTHENTICATION_FAILED")
@@ -140,42 +125,14 @@ extension AttestationTests {
         let dir = b.tpm.directory
         let requestPath = try request(b, endorsementKey: "eccP384")
         let eccRequest: AttestationRequest = try json(requestPath)
-        _ = try write(Data(base64Encoded: eccRequest.endorsementKey.publicArea)!, dir + "/ecc-ek.pub")
-        let secret = Sodium.randomBytes(32)
-        _ = try write(secret, dir + "/secret.bin")
-        let made = try run("/usr/bin/tpm2_makecredential", ["-T", "none", "-u", dir + "/ecc-ek.pub", "-s", dir + "/secret.bin",
-                                                            "-n", eccRequest.attestationKey.name, "-o", dir + "/theirs.out"])
-        #expect(made.status == 0, "\(made.stderr)")
-        let blob = [UInt8](try Data(contentsOf: URL(fileURLWithPath: dir + "/theirs.out")))
-        try #require(blob.count > 12 && blob.prefix(4) == [0xBA, 0xDC, 0xC0, 0xDE])
-        let idSize = Int(blob[8]) << 8 | Int(blob[9])
-        let theirs = AttestationChallenge(format: AttestationChallenge.formatName, version: 1, attestationKeyName: eccRequest.attestationKey.name,
-                                          endorsementKey: "eccP384", credentialBlob: Data(blob[8..<(10 + idSize)]).base64EncodedString(),
-                                          secret: Data(blob[(10 + idSize)...]).base64EncodedString(),
-                                          nonce: Data(Sodium.randomBytes(32)).base64EncodedString())
-        let activated = try respond(b, try write(theirs.json(), dir + "/theirs.json"))
-        #expect(activated.status == 0, "\(String(decoding: activated.stdout, as: UTF8.self))")
-        #expect(try AttestationAnswer(json: Data(activated.stdout)).credential == Data(secret).base64EncodedString())
+        try answersAnOfflineMakecredentialChallenge(b, eccRequest, endorsementKey: "eccP384")
 
         let (challengePath, statePath) = try challenge(requestPath, in: dir)
         let made2: AttestationChallenge = try json(challengePath)
         let state: AttestationState = try json(statePath)
-        let ak = try attestationKeyBlob(b)
-        _ = try write(ak.publicArea, dir + "/ak.pub")
-        _ = try write(ak.privateArea, dir + "/ak.priv")
-        _ = try write([0xBA, 0xDC, 0xC0, 0xDE, 0, 0, 0, 1] + [UInt8](Data(base64Encoded: made2.credentialBlob)!)
-                      + [UInt8](Data(base64Encoded: made2.secret)!), dir + "/cred.blob")
+        try writeForTpm2Activatecredential(b, made2)
         let script = """
-            set -e
-            cd '\(dir)'
-            # No resource manager: each tool's objects are flushed once saved (3 slots).
-            tpm2_createek -c rsa-ek.ctx -G rsa -u rsa-ek.pub
-            tpm2_flushcontext -t
-            tpm2_startauthsession --policy-session -S s.ctx
-            tpm2_policysecret -S s.ctx -c e
-            tpm2_load -C rsa-ek.ctx -u ak.pub -r ak.priv -c ak.ctx -P session:s.ctx
-            tpm2_flushcontext s.ctx
-            tpm2_flushcontext -t
+            \(loadOurAKUnderTheRSAEK(dir))
             tpm2_createek -c ecc-ek.ctx -G ecc384 -u tools-ecc-ek.pub
             tpm2_flushcontext -t
             # H-3 has userWithAuth: its empty authValue serves the EK's USER role.

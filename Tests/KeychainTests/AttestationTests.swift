@@ -52,6 +52,29 @@ struct AttestationTests: TwoDeviceTest {
     }
 
     /// The CA chain `manufacture()` wrote.
+    /// A challenge made with no TPM by `tpm2_makecredential -T none` for the request's EK (its blob: a
+    /// header, TPM2B_ID_OBJECT, TPM2B_ENCRYPTED_SECRET, split into our challenge's two fields) is
+    /// answered by the device with the secret it was made with.
+    func answersAnOfflineMakecredentialChallenge(_ d: Device, _ request: AttestationRequest, endorsementKey: String? = nil) throws {
+        let dir = d.tpm.directory
+        _ = try write(Data(base64Encoded: request.endorsementKey.publicArea)!, dir + "/offline-ek.pub")
+        let secret = Sodium.randomBytes(32)
+        _ = try write(secret, dir + "/secret.bin")
+        let made = try run("/usr/bin/tpm2_makecredential", ["-T", "none", "-u", dir + "/offline-ek.pub", "-s", dir + "/secret.bin",
+                                                            "-n", request.attestationKey.name, "-o", dir + "/offline.out"])
+        #expect(made.status == 0, "\(made.stderr)")
+        let blob = [UInt8](try Data(contentsOf: URL(fileURLWithPath: dir + "/offline.out")))
+        try #require(blob.count > 12 && blob.prefix(4) == [0xBA, 0xDC, 0xC0, 0xDE])
+        let idSize = Int(blob[8]) << 8 | Int(blob[9])
+        let theirs = AttestationChallenge(format: AttestationChallenge.formatName, version: 1, attestationKeyName: request.attestationKey.name,
+                                          endorsementKey: endorsementKey, credentialBlob: Data(blob[8..<(10 + idSize)]).base64EncodedString(),
+                                          secret: Data(blob[(10 + idSize)...]).base64EncodedString(),
+                                          nonce: Data(Sodium.randomBytes(32)).base64EncodedString())
+        let activated = try respond(d, try write(theirs.json(), dir + "/offline.json"))
+        #expect(activated.status == 0, "\(String(decoding: activated.stdout, as: UTF8.self))")
+        #expect(try AttestationAnswer(json: Data(activated.stdout)).credential == Data(secret).base64EncodedString())
+    }
+
     func fleetCA(_ d: Device) throws -> String { d.tpm.directory + "/fleet-ca.pem" }
 
     @Test func theWholeFlowProvesTheCertifiedEKsTPMHoldsTheAKAndTheSRKInThisBootState() throws {
@@ -177,15 +200,7 @@ struct AttestationTests: TwoDeviceTest {
         let dir = a.tpm.directory
         let requestA = try AttestationRequest(json: Data(contentsOf: URL(fileURLWithPath: try request(a))))
         let requestB = try AttestationRequest(json: Data(contentsOf: URL(fileURLWithPath: try request(b))))
-        var forged = requestA
-        forged.attestationKey = requestB.attestationKey
-        let (challengePath, _) = try challenge(try write(forged.json(), dir + "/forged.json"), in: dir)
-
-        let onB = try respond(b, challengePath)
-        #expect(errorCode(onB) == "AUTHENTICATION_FAILED" && String(decoding: onB.stdout, as: UTF8.self).contains("refused to activate"),
-                "\(String(decoding: onB.stdout, as: UTF8.self))")
-        let onA = try respond(a, challengePath)
-        #expect(errorCode(onA) == "INVALID_ARGUMENT", "\(String(decoding: onA.stdout, as: UTF8.self))")
+        let challengePath = try aForgedPairingIsRefusedByBoth(a, requestA, b, requestB)
         // With the challenge's AK name rewritten to A's, A's TPM itself refuses: the credential names B's AK.
         var renamed = try AttestationChallenge(json: Data(contentsOf: URL(fileURLWithPath: challengePath)))
         renamed.attestationKeyName = requestA.attestationKey.name
@@ -335,22 +350,7 @@ struct AttestationTests: TwoDeviceTest {
         _ = state
 
         // tpm2_makecredential with no TPM: its blob (header, TPM2B_ID_OBJECT, TPM2B_ENCRYPTED_SECRET) as our challenge.
-        _ = try write(Data(base64Encoded: request.endorsementKey.publicArea)!, dir + "/ek.pub")
-        let secret = Sodium.randomBytes(32)
-        _ = try write(secret, dir + "/secret.bin")
-        let made = try run("/usr/bin/tpm2_makecredential", ["-T", "none", "-u", dir + "/ek.pub", "-s", dir + "/secret.bin",
-                                                            "-n", request.attestationKey.name, "-o", dir + "/cred.out"])
-        #expect(made.status == 0, "\(made.stderr)")
-        let blob = [UInt8](try Data(contentsOf: URL(fileURLWithPath: dir + "/cred.out")))
-        try #require(blob.count > 12 && blob.prefix(4) == [0xBA, 0xDC, 0xC0, 0xDE])
-        let idSize = Int(blob[8]) << 8 | Int(blob[9])
-        let theirs = AttestationChallenge(format: AttestationChallenge.formatName, version: 1, attestationKeyName: request.attestationKey.name,
-                                          credentialBlob: Data(blob[8..<(10 + idSize)]).base64EncodedString(),
-                                          secret: Data(blob[(10 + idSize)...]).base64EncodedString(),
-                                          nonce: Data(Sodium.randomBytes(32)).base64EncodedString())
-        let activated = try respond(b, try write(theirs.json(), dir + "/theirs.json"))
-        #expect(activated.status == 0, "\(String(decoding: activated.stdout, as: UTF8.self))")
-        #expect(try AttestationAnswer(json: Data(activated.stdout)).credential == Data(secret).base64EncodedString())
+        try answersAnOfflineMakecredentialChallenge(b, request)
     }
 
     /// `attest key` and `verify-key` of each of the six access controls at two levels: the verifier
@@ -444,7 +444,6 @@ struct AttestationTests: TwoDeviceTest {
     @Test func aTPMWithOnlyAnECCEKCertificateVerifiesOnlyAsUncertified() throws {
         let b = try Device()
         let ca = try b.tpm.manufacture()
-        let dir = b.tpm.directory
         let removed = try run("/usr/bin/tpm2_nvundefine", ["-C", "p", "0x01c00002"], environment: b.env)
         #expect(removed.status == 0, "\(removed.stderr)")
         let remaining = try run("/usr/bin/tpm2_getcap", ["handles-nv-index"], environment: b.env)
@@ -452,14 +451,35 @@ struct AttestationTests: TwoDeviceTest {
                 && String(decoding: remaining.stdout, as: UTF8.self).lowercased().contains("0x1c000"), "an ECC EK certificate is left")
         let requestPath = try request(b)
         #expect(try AttestationRequest(json: Data(contentsOf: URL(fileURLWithPath: requestPath))).endorsementKey.certificate == nil)
+        try answerVerifiesOnlyUncertified(b, requestPath, ca: ca, refusal: ["no certificate of the RSA EK", "without --ek-ca"])
+    }
+
+    /// A challenge for A's EK made for B's AK (the request's AK swapped): B's TPM cannot activate it,
+    /// and A has no such AK. Returns the challenge's path, for more tries.
+    func aForgedPairingIsRefusedByBoth(_ a: Device, _ requestA: AttestationRequest, _ b: Device, _ requestB: AttestationRequest) throws -> String {
+        let dir = a.tpm.directory
+        var forged = requestA
+        forged.attestationKey = requestB.attestationKey
+        let (challengePath, _) = try challenge(try write(forged.json(), dir + "/forged.json"), in: dir)
+        let onB = try respond(b, challengePath)
+        #expect(errorCode(onB) == "AUTHENTICATION_FAILED" && String(decoding: onB.stdout, as: UTF8.self).contains("refused to activate"),
+                "\(String(decoding: onB.stdout, as: UTF8.self))")
+        let onA = try respond(a, challengePath)
+        #expect(errorCode(onA) == "INVALID_ARGUMENT", "\(String(decoding: onA.stdout, as: UTF8.self))")
+        return challengePath
+    }
+
+    /// The answer to a request whose EK has no certificate: `verify --ek-ca` refuses it with each of
+    /// `refusal` in its message, and `verify` without `--ek-ca` gives an identity whose EK is uncertified.
+    func answerVerifiesOnlyUncertified(_ d: Device, _ requestPath: String, ca: String, refusal: [String]) throws {
+        let dir = d.tpm.directory
         let (challengePath, statePath) = try challenge(requestPath, in: dir)
-        let answer = try respond(b, challengePath)
+        let answer = try respond(d, challengePath)
         #expect(answer.status == 0, "\(String(decoding: answer.stdout, as: UTF8.self))")
-        let answerPath = try write(answer.stdout, dir + "/answer.json")
+        let answerPath = try write(answer.stdout, dir + "/uncertified-answer.json")
         try FileManager.default.copyItem(atPath: statePath, toPath: statePath + ".kept")
         let refused = try server(["verify", answerPath, "--state", statePath, "--ek-ca", ca], in: dir)
-        #expect(refused.status == 3 && refused.stderr.contains("no certificate of the RSA EK") && refused.stderr.contains("without --ek-ca"),
-                "\(refused.stderr)")
+        #expect(refused.status == 3 && refusal.allSatisfy { refused.stderr.contains($0) }, "\(refused.stderr)")
         let uncertified = try server(["verify", answerPath, "--state", statePath + ".kept"], in: dir)
         #expect(uncertified.status == 0, "\(uncertified.stderr)")
         #expect(try !VerifiedIdentity(json: Data(uncertified.stdout)).endorsementCertificateVerified)
@@ -603,23 +623,9 @@ struct AttestationTests: TwoDeviceTest {
         let (challengePath, statePath) = try challenge(try request(b), in: dir)
         let challenge = try AttestationChallenge(json: Data(contentsOf: URL(fileURLWithPath: challengePath)))
         let state = try AttestationState(json: Data(contentsOf: URL(fileURLWithPath: statePath)))
-        let ak = try attestationKeyBlob(b)
-        _ = try write(ak.publicArea, dir + "/ak.pub")
-        _ = try write(ak.privateArea, dir + "/ak.priv")
-        // tpm2_makecredential's file: magic, version, then the TPM2B_ID_OBJECT and TPM2B_ENCRYPTED_SECRET.
-        _ = try write([0xBA, 0xDC, 0xC0, 0xDE, 0, 0, 0, 1] + [UInt8](Data(base64Encoded: challenge.credentialBlob)!)
-                      + [UInt8](Data(base64Encoded: challenge.secret)!), dir + "/cred.blob")
+        try writeForTpm2Activatecredential(b, challenge)
         let script = """
-            set -e
-            cd '\(dir)'
-            # No resource manager: each tool's objects are flushed once saved (3 slots).
-            tpm2_createek -c ek.ctx -G rsa -u ek.pub
-            tpm2_flushcontext -t
-            tpm2_startauthsession --policy-session -S s.ctx
-            tpm2_policysecret -S s.ctx -c e
-            tpm2_load -C ek.ctx -u ak.pub -r ak.priv -c ak.ctx -P session:s.ctx
-            tpm2_flushcontext s.ctx
-            tpm2_flushcontext -t
+            \(loadOurAKUnderTheRSAEK(dir))
             tpm2_startauthsession --policy-session -S s.ctx
             tpm2_policysecret -S s.ctx -c e
             tpm2_activatecredential -c ak.ctx -C ek.ctx -i cred.blob -o cred.out -P session:s.ctx
@@ -630,6 +636,34 @@ struct AttestationTests: TwoDeviceTest {
         #expect(activated.status == 0, "\(activated.stderr)")
         let credential = try Data(contentsOf: URL(fileURLWithPath: dir + "/cred.out"))
         #expect(credential.base64EncodedString() == state.credential)
+    }
+
+    /// What tpm2_activatecredential reads, in the device's folder: our AK's public and private areas
+    /// (`ak.pub`, `ak.priv`) and the challenge as tpm2_makecredential's file (`cred.blob`: magic,
+    /// version, then the TPM2B_ID_OBJECT and TPM2B_ENCRYPTED_SECRET).
+    func writeForTpm2Activatecredential(_ d: Device, _ challenge: AttestationChallenge) throws {
+        let dir = d.tpm.directory
+        let ak = try attestationKeyBlob(d)
+        _ = try write(ak.publicArea, dir + "/ak.pub")
+        _ = try write(ak.privateArea, dir + "/ak.priv")
+        _ = try write([0xBA, 0xDC, 0xC0, 0xDE, 0, 0, 0, 1] + [UInt8](Data(base64Encoded: challenge.credentialBlob)!)
+                      + [UInt8](Data(base64Encoded: challenge.secret)!), dir + "/cred.blob")
+    }
+
+    /// The shell lines that load our AK (`ak.ctx`) under tpm2_createek's RSA EK (`ek.ctx`) in `dir`.
+    func loadOurAKUnderTheRSAEK(_ dir: String) -> String {
+        """
+        set -e
+        cd '\(dir)'
+        # No resource manager: each tool's objects are flushed once saved (3 slots).
+        tpm2_createek -c ek.ctx -G rsa -u ek.pub
+        tpm2_flushcontext -t
+        tpm2_startauthsession --policy-session -S s.ctx
+        tpm2_policysecret -S s.ctx -c e
+        tpm2_load -C ek.ctx -u ak.pub -r ak.priv -c ak.ctx -P session:s.ctx
+        tpm2_flushcontext s.ctx
+        tpm2_flushcontext -t
+        """
     }
 
     /// The AK blob the store keeps (its TPM2B_PUBLIC, then its TPM2B_PRIVATE).

@@ -8,17 +8,6 @@ import Testing
 /// keychaind's wire format: round trips, and a decoder that refuses without crashing.
 @Suite("keychaind protocol", .offThePool)
 struct WireTests {
-    /// A fixed-seed generator, so a failure is found again.
-    struct SplitMix: RandomNumberGenerator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
 
     static func sample() -> WireMessage {
         var message = WireMessage(kind: WireOp.setItem.rawValue)
@@ -71,7 +60,7 @@ struct WireTests {
     /// spliced. The decoder and the request's field readers never crash and never accept a message
     /// whose encoding differs from its input (one encoding per message).
     @Test func theDecoderSurvivesFuzzing() {
-        var random = SplitMix(state: 13)
+        var random = SeededGenerator(seed: 13)
         let good = Self.sample().encoded()
         var accepted = 0
         for round in 0..<200_000 {
@@ -106,7 +95,7 @@ struct WireTests {
         let daemon = try KeychainDaemon(tpm: tpm)
         let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
         try await storage.setItem("k", "v")
-        var random = SplitMix(state: 31)
+        var random = SeededGenerator(seed: 31)
         let good = Self.sample().encoded()
         for _ in 0..<300 {
             var input = good
