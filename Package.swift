@@ -27,6 +27,9 @@ let package = Package(
         // the template attributes a test names (Sources/KeychainTestRefusingToken). A dynamic library
         // product so that SwiftPM's own C compiler builds it wherever the package builds.
         .library(name: "KeychainTestRefusingToken", type: .dynamic, targets: ["KeychainTestRefusingToken"]),
+        // Not for users: TSSCryptoTests' LD_PRELOAD probe, which says at a program's exit whether
+        // OpenSSL's clean-up ran (Sources/KeychainTestExitProbe).
+        .library(name: "KeychainTestExitProbe", type: .dynamic, targets: ["KeychainTestExitProbe"]),
     ],
     targets: [
         // C libraries, seen only by the modules directly above them.
@@ -70,6 +73,7 @@ let package = Package(
         .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2", "KeychainTestThreads"]),
         // C: the token tests' PKCS#11 module (see its product); p11-kit's pkcs11.h only, no C library of its own.
         .target(name: "KeychainTestRefusingToken", dependencies: ["CP11Kit"]),
+        .target(name: "KeychainTestExitProbe", dependencies: ["COpenSSL"]),
         // Our test suites' trait that runs tests which block off Swift's cooperative pool (Swift Testing: tests only).
         .target(name: "KeychainTestThreads"),
         // The Secret Service API over the public Keychain API: the bus (sd-bus), the sessions' crypto, the items.

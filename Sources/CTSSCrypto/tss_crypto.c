@@ -19,6 +19,16 @@
 //   states are separate objects, freed after each). What stays is OpenSSL's: the default provider,
 //   fetched algorithms, and DRBGs, which OpenSSL keeps per thread and reseeds in a forked child (it
 //   compares the pid at each generate). OpenSSL contexts are safe to share between threads.
+//
+// And one more process-wide setting, here because every program that links TPM2 links this file:
+// OpenSSL's own clean-up at exit is turned off. libcrypto registers OPENSSL_cleanup with atexit on
+// its first initialization, and exit() then frees OpenSSL's global tables while other threads of
+// the process may still use them or run OpenSSL's thread-exit handlers (openssl/openssl#6214). A
+// Swift program calls exit from a pool thread while idle libdispatch workers, which ran TPM and
+// OpenSSL work, exit too: keychainctl-full aborted in about 1 of 1,000 runs under load with
+// "malloc_consolidate(): invalid chunk size", OPENSSL_cleanup on one thread and a worker's
+// tcache_thread_shutdown on another. OPENSSL_INIT_NO_ATEXIT (OPENSSL_init_crypto(3)) keeps the
+// clean-up from being registered; the memory it would free goes back to the system with the process.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -88,6 +98,12 @@ void OSSL_LIB_CTX_free(OSSL_LIB_CTX *context) {
     }
     atomic_fetch_add(&forwardedFrees, 1);
     if (realFree != NULL) realFree(context);
+}
+
+/// Before main and before anything in the program initializes OpenSSL: the first initialization
+/// decides whether OPENSSL_cleanup is registered with atexit.
+__attribute__((constructor)) static void noCleanupAtExit(void) {
+    OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
 }
 
 CTSSCryptoCounts CTSSCrypto_counts(void) {
