@@ -92,6 +92,19 @@ func run(_ path: String, _ args: [String], input: [UInt8] = [], environment: [St
     try runChild(path, args, input: input, environment: environment, deadline: childDeadlineSeconds)
 }
 
+/// For a test that needs a process of its own (it changes the process's environment or OpenSSL's
+/// global context): in the test process it runs `test` again, alone, in a child test process and
+/// expects it to pass, and returns false; in that child (`variable` set) it returns true, and the
+/// test's body runs there.
+func isTheChildRun(of test: String, variable: String) throws -> Bool {
+    if ProcessInfo.processInfo.environment[variable] != nil { return true }
+    let me = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
+    let child = try run(me, ["--testing-library", "swift-testing", "--filter", test], environment: [variable: "1"])
+    let output = String(decoding: child.stdout, as: UTF8.self) + child.stderr
+    #expect(child.status == 0 && output.contains("1 test"), "\(output)")
+    return false
+}
+
 /// How long a child of a test may run.
 let childDeadlineSeconds = 120
 

@@ -61,14 +61,7 @@ struct TSSCryptoTests {
     /// HMACs, AES-CFB and ECDH salt use the global one (docs/security.md), so the child runs the TPM
     /// commands that need no more, an NV index's name and a trial policy session, not a salted read.
     @Test func tpm2TSSHashesAndDrawsNoncesWhenTheGlobalContextCannot() throws {
-        guard ProcessInfo.processInfo.environment[Self.childVariable] != nil else {
-            let me = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
-            let child = try run(me, ["--testing-library", "swift-testing", "--filter", "tpm2TSSHashesAndDrawsNoncesWhenTheGlobalContextCannot"],
-                                environment: [Self.childVariable: "1"])
-            let output = String(decoding: child.stdout, as: UTF8.self) + child.stderr
-            #expect(child.status == 0 && output.contains("1 test"), "\(output)")
-            return
-        }
+        guard try isTheChildRun(of: "tpm2TSSHashesAndDrawsNoncesWhenTheGlobalContextCannot", variable: Self.childVariable) else { return }
         // Loading a provider explicitly turns off the default provider's fallback loading.
         let null = try #require(OSSL_PROVIDER_load(nil, "null"))
         defer { OSSL_PROVIDER_unload(null) }

@@ -343,14 +343,7 @@ struct TokenDataKeyCacheTests {
     static let childVariable = "KEYCHAIN_TEST_TOKEN_CACHE_CHILD"
 
     @Test func aReadDataKeyIsForgottenByDropCachesAndByLock() async throws {
-        guard ProcessInfo.processInfo.environment[Self.childVariable] != nil else {
-            let me = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
-            let child = try run(me, ["--testing-library", "swift-testing", "--filter", "aReadDataKeyIsForgottenByDropCachesAndByLock"],
-                                environment: [Self.childVariable: "1"])
-            let output = String(decoding: child.stdout, as: UTF8.self) + child.stderr
-            #expect(child.status == 0 && output.contains("1 test"), "\(output)")
-            return
-        }
+        guard try isTheChildRun(of: "aReadDataKeyIsForgottenByDropCachesAndByLock", variable: Self.childVariable) else { return }
         let t = try TokenBackendTests.Token()
         setenv("SOFTHSM2_CONF", t.env["SOFTHSM2_CONF"]!, 1)
         var configuration = t.tpm.configuration(store: t.store)
