@@ -208,8 +208,11 @@ struct DaemonLimitTests {
                 while not stop.is_set():
                     body = bytes([V, 1]) + field(1, options('flood-%d-%d' % (n, i))) + field(2, b'k') + field(3, b'x' * 64)
                     request(s, body)
-                    with lock: done.append(time.monotonic())
+                    with lock:
+                        done.append(time.monotonic())
+                        os.write(progress, b'.')
                     i += 1
+            progress = os.open(sys.argv[2], os.O_WRONLY | os.O_APPEND)
             threads = [threading.Thread(target=writer, args=(n,), daemon=True) for n in range(32)]
             for t in threads: t.start()
             sys.stdin.read()
@@ -220,24 +223,34 @@ struct DaemonLimitTests {
         let reads = rawWireClient + """
             s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
             body = bytes([V, 2]) + field(1, options('mine')) + field(2, b'k')
-            time.sleep(1.0)  # the flood is under way
-            for _ in range(20):
+            # Reads while the flood is under way, until 20 reads saw at least 60 of its writes complete
+            # (counted in the progress file, one byte a write): a machine's load sets how long that takes.
+            while os.path.getsize(sys.argv[2]) < 5: time.sleep(0.05)
+            first = os.path.getsize(sys.argv[2])
+            reads = 0
+            while reads < 20 or (os.path.getsize(sys.argv[2]) - first < 60 and reads < 600):
+                reads += 1
                 start = time.monotonic()
                 reply = request(s, body)
                 assert reply[1] == 0x80, reply
                 print('%.6f %.6f' % (start, time.monotonic()), flush=True)
                 time.sleep(0.1)
             """
+        // The flood's progress, one byte per completed write: written by the flooding uid, read by the other.
+        let progress = tpm.directory + "-flood-progress"
+        #expect(FileManager.default.createFile(atPath: progress, contents: nil, attributes: [.posixPermissions: 0o666]))
+        chmod(progress, 0o666)
+        defer { unlink(progress) }
         let held = Pipe(), floodOut = Pipe()
         let python = Process()
         python.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
         python.arguments = ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups", "/usr/bin/python3", "-c", flood,
-                            daemon.socket]
+                            daemon.socket, progress]
         python.standardInput = held
         python.standardOutput = floodOut
         try python.run()
         let victim = try run("/usr/bin/setpriv", ["--reuid=\(Self.other)", "--regid=\(Self.other)", "--clear-groups",
-                                                  "/usr/bin/python3", "-c", reads, daemon.socket])
+                                                  "/usr/bin/python3", "-c", reads, daemon.socket, progress])
         try held.fileHandleForWriting.close()
         let completions = String(decoding: try read(floodOut.fileHandleForReading, until: "the flooding uid's writes to end"), as: UTF8.self)
             .split(whereSeparator: \.isWhitespace).compactMap { Double($0) }
@@ -245,14 +258,14 @@ struct DaemonLimitTests {
         let windows = String(decoding: victim.stdout, as: UTF8.self).split(separator: "\n").map {
             $0.split(separator: " ").compactMap { Double($0) }
         }.filter { $0.count == 2 }
-        #expect(victim.status == 0 && windows.count == 20, "\(victim.stderr)")
+        #expect(victim.status == 0 && windows.count >= 20, "\(victim.stderr)")
         let during = windows.map { window in completions.filter { $0 > window[0] && $0 < window[1] }.count }.sorted()
         let latencies = windows.map { ($0[1] - $0[0]) * 1000 }.sorted()
         let floodSeconds = (completions.last ?? 0) - (completions.first ?? 0)
         print("flood: \(completions.count) cold writes in \(String(format: "%.1f", floodSeconds)) s; other uid's read: "
               + "p50 \(String(format: "%.1f", latencies[latencies.count / 2])) ms, max \(String(format: "%.1f", latencies.last ?? 0)) ms; "
               + "flood writes completed during a read: \(during)")
-        #expect(completions.count > 40, "the flood made too few writes to test anything: \(completions.count)")
+        #expect(completions.count >= 65, "the flood made too few writes to test anything: \(completions.count)")
         #expect(during[during.count / 2] <= 3, "the flood's writes ran ahead of the read: \(during)")
     }
 
