@@ -156,12 +156,18 @@ private func tpm2ToolsPolicyPipeline(tpm: SoftwareTPM, secret: String, runs: Int
 /// `clients` tasks of this process, each with a storage of its own, reading `k0` `readsPerClient`
 /// times, every value checked: each read's time, the reads that failed or returned another value,
 /// and the reads per second of all together.
+/// With `ownThreads`, each client's task prefers a thread of its own (`SerialThreadExecutor`, as the
+/// vault's synchronous calls do), so it waits for keychaind's replies there instead of hopping to
+/// Dispatch's global threads: the 16 clients are then 16 callers in flight at once, as 16 processes
+/// with one thread each would be.
 func concurrentReads(_ configuration: KeychainConfiguration, clients: Int, readsPerClient: Int,
-                     secret: String) async -> (samples: Samples, errors: Int, readsPerSecond: Double) {
+                     secret: String, ownThreads: Bool = false) async -> (samples: Samples, errors: Int, readsPerSecond: Double) {
+    let threads = ownThreads ? (0..<clients).map { SerialThreadExecutor(name: "bench.client.\($0)") } : []
+    defer { for thread in threads { thread.stop() } }
     let started = monotonicNanoseconds()
     let perClient = await withTaskGroup(of: (Samples, Int).self) { group in
-        for _ in 0..<clients {
-            group.addTask {
+        for client in 0..<clients {
+            group.addTask(executorPreference: ownThreads ? threads[client] : nil) {
                 var samples = Samples(capacity: readsPerClient)
                 var errors = 0
                 guard let mine = try? createKeychain(.init(service: "bench"), configuration: configuration) else {
@@ -189,7 +195,7 @@ func concurrentReads(_ configuration: KeychainConfiguration, clients: Int, reads
 /// `--daemon-concurrent-reads CLIENTS READS`: only the concurrent warm reads of `--daemon` (keychaind
 /// on a private swtpm, `CLIENTS` clients of this process × `READS` reads each), for `perf stat` and
 /// `strace -c` of that part alone.
-func concurrentReadBench(clients: Int, readsPerClient: Int) async throws -> String {
+func concurrentReadBench(clients: Int, readsPerClient: Int, ownThreads: Bool = false) async throws -> String {
     let tpm = try SoftwareTPM()
     defer { tpm.stop() }
     let daemon = try KeychainDaemon(tpm: tpm)
@@ -199,9 +205,10 @@ func concurrentReadBench(clients: Int, readsPerClient: Int) async throws -> Stri
     }
     let (configuration, device, secret) = try await storeBenchSecret(through: daemon)
     _ = await device.takeTPMCommandCount()
-    let (samples, errors, rate) = await concurrentReads(configuration, clients: clients, readsPerClient: readsPerClient, secret: secret)
+    let (samples, errors, rate) = await concurrentReads(configuration, clients: clients, readsPerClient: readsPerClient, secret: secret,
+                                                        ownThreads: ownThreads)
     let commands = await device.takeTPMCommandCount()
-    return "\(clients) clients × \(readsPerClient) warm reads through keychaind: \(Format.rate(rate)) reads/s aggregate, "
+    return "\(clients) clients\(ownThreads ? " on threads of their own" : "") × \(readsPerClient) warm reads through keychaind: \(Format.rate(rate)) reads/s aggregate, "
         + "p50 \(Format.duration(samples.p50)), p99 \(Format.duration(samples.p99)), \(errors) errors, \(commands) TPM commands"
 }
 

@@ -38,10 +38,11 @@ if CommandLine.arguments.count == 3, ["--warm-reads", "--daemon-warm-reads", "--
     }
 }
 
-if CommandLine.arguments.count == 4, CommandLine.arguments[1] == "--daemon-concurrent-reads",
-   let clients = Int(CommandLine.arguments[2]), let reads = Int(CommandLine.arguments[3]), clients > 0, reads > 0 {
+if (4...5).contains(CommandLine.arguments.count), CommandLine.arguments[1] == "--daemon-concurrent-reads",
+   let clients = Int(CommandLine.arguments[2]), let reads = Int(CommandLine.arguments[3]), clients > 0, reads > 0,
+   CommandLine.arguments.count == 4 || CommandLine.arguments[4] == "--own-threads" {
     do {
-        print(try await concurrentReadBench(clients: clients, readsPerClient: reads))
+        print(try await concurrentReadBench(clients: clients, readsPerClient: reads, ownThreads: CommandLine.arguments.count == 5))
         exit(0)
     } catch {
         FileHandle.standardError.write(Data("keychain-bench: \(error)\n".utf8))
