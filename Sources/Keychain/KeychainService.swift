@@ -300,7 +300,7 @@ package struct LocalService: KeychainService {
         try await checked().deleteReader(passcode: passcode, readerDirectory: try readerDirectory())
     }
     package func enrolledFingers() async throws(KeychainError) -> [String] {
-        try FingerprintReader(directory: try readerDirectory()).enrolled
+        try await checked().enrolledFingers(readerDirectory: try readerDirectory())
     }
     package func biometryTypes() -> [BiometryType] { configuration.readerDirectory == nil ? [] : [.fingerprint] }
     package func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck {

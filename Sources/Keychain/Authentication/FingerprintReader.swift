@@ -35,6 +35,12 @@ final class FingerprintReader {
         var failures: Int = 0
         /// keychaind's callers' failures, by account (`DaemonCaller.readerAccount`); absent in older files.
         var accountFailures: [String: Int]? = nil
+        /// How many enrollment changes this reader has had, which a bound store records after each
+        /// (`Engine.checkedReader`): a copy of this file put back is behind it. Absent in older files.
+        var generation: UInt64? = nil
+
+        /// An enrollment change: the generation one further (and past `floor`, a bound store's record).
+        mutating func changedEnrollment(past floor: UInt64 = 0) { generation = max(generation ?? 0, floor) + 1 }
     }
 
     let directory: String
@@ -50,6 +56,8 @@ final class FingerprintReader {
     /// Today's enrollment set (what CurrentSet keys are sealed to); empty when nothing is enrolled.
     var enrollmentSet: [UInt8] { state?.enrollmentSet ?? [] }
     var keyName: [UInt8]? { state?.keyName }
+    /// The enrollment changes counted in the file (0: none, or a file older than the count).
+    var generation: UInt64 { state?.generation ?? 0 }
 
     enum Match: Equatable { case match, noMatch, lockout, permanentLockout }
 
@@ -154,25 +162,29 @@ final class FingerprintReader {
         if let existing = state { current = existing } else { current = try provision(keyring) }
         current.fingers[finger] = Sodium.randomBytes(32)
         current.enrollmentSet = Sodium.randomBytes(16)
+        current.changedEnrollment()
         try save(current)
     }
 
     func remove(_ finger: String) throws(KeychainError) -> Bool {
         guard var current = state, current.fingers.removeValue(forKey: finger) != nil else { return false }
         current.enrollmentSet = current.fingers.isEmpty ? [] : Sodium.randomBytes(16)
+        current.changedEnrollment()
         try save(current)
         return true
     }
 
     /// Removes every enrolled finger (the passcode's removal ends biometrics) and the lockout; the
-    /// reader and its TPM key stay. - Returns: whether a finger was enrolled.
+    /// reader and its TPM key stay. Its generation goes past `floor` (the store's record), so even a
+    /// copy put back is current once emptied. - Returns: whether a finger was enrolled.
     @discardableResult
-    func removeAll() throws(KeychainError) -> Bool {
+    func removeAll(past floor: UInt64 = 0) throws(KeychainError) -> Bool {
         guard var current = state, !current.fingers.isEmpty || current.failures != 0 else { return false }
         let had = !current.fingers.isEmpty
         current.fingers = [:]
         current.enrollmentSet = []
         current.failures = 0
+        if had { current.changedEnrollment(past: floor) }
         try save(current)
         return had
     }

@@ -53,7 +53,12 @@ extension Engine {
         guard old != nil, new == nil else { return }
         // No secret of an access-controlled item outlives the passcode in this process (authValidity windows).
         unsealed = unsealed.filter { $0.value.opened == nil }
-        if let readerDirectory { try FingerprintReader(directory: readerDirectory).removeAll() }
+        if let readerDirectory {
+            // A reader put back from an older copy is emptied too, and current after it.
+            let reader = try FingerprintReader(directory: readerDirectory)
+            let recorded = try reader.keyName.map { (name: [UInt8]) throws(KeychainError) in try recordedGeneration(of: name) } ?? 0
+            if try reader.removeAll(past: recorded) { try recordGeneration(of: reader) }
+        }
     }
 
     func resetPasscodeTries() throws(KeychainError) {

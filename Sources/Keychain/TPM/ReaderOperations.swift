@@ -42,7 +42,7 @@ extension Engine {
     func canUse(_ value: AccessControl, readerDirectory: String?) -> AccessControlCheck {
         guard value != .none else { return .init(available: true) }
         do {
-            let reader = try readerDirectory.map { (dir: String) throws(KeychainError) in try FingerprintReader(directory: dir) }
+            let reader = try readerDirectory.map { (dir: String) throws(KeychainError) in try checkedReader(dir) }
             _ = try writeRequirements(try ItemProtection(accessControl: value), reader: reader)
             return .init(available: true)
         } catch {
@@ -69,8 +69,9 @@ extension Engine {
 
     func enroll(_ finger: String, passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) {
         try requirePasscodeForEnrollment(passcode)
-        let reader = try FingerprintReader(directory: readerDirectory)
+        let reader = try checkedReader(readerDirectory)
         try withKeyring { keyring throws(KeychainError) in try reader.enroll(finger, keyring: keyring) }
+        try recordGeneration(of: reader)
         try reader.resetLockout()
         unsealed = unsealed.filter { $0.value.opened == nil }
         if let passcode { try addReaderBranch(passcode: passcode, readerDirectory: readerDirectory) }
@@ -101,7 +102,7 @@ extension Engine {
         guard policy.biometry == nil, policy.passcode == true, !wrapping.protection.contains("~"),
               wrapping.backend == .tpm,
               ItemProtection(storageTag: wrapping.protection)?.accessControl == .biometryAnyOrPasscode,
-              let readerDirectory, let reader = try? FingerprintReader(directory: readerDirectory),
+              let readerDirectory, let reader = try? checkedReader(readerDirectory),
               !reader.enrolled.isEmpty, let state = reader.state else { return nil }
         var upgraded = policy
         upgraded.biometry = .init(keyName: state.keyName, tpmHandle: state.tpmHandle, enrollmentSet: [], currentSet: false)
@@ -110,18 +111,75 @@ extension Engine {
     }
 
     /// Deletes the reader and frees its TPM key's persistent handle; its items keep only their
-    /// passcode branch (CurrentSet ones report KEY_INVALIDATED).
+    /// passcode branch (CurrentSet ones report KEY_INVALIDATED). A reader put back from an older
+    /// copy can be deleted (the recovery `checkedReader` names), and a bound store records one more
+    /// change than either it or the copy had, so the copy put back again is refused.
     func deleteReader(passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) -> Bool {
         try requirePasscodeForEnrollment(passcode)
         let reader = try FingerprintReader(directory: readerDirectory)
         unsealed = unsealed.filter { $0.value.opened == nil }
-        return try withKeyring { keyring throws(KeychainError) in try reader.delete(keyring: keyring) }
+        let deleted = (keyName: reader.keyName, generation: reader.generation)
+        guard try withKeyring({ keyring throws(KeychainError) in try reader.delete(keyring: keyring) }) else { return false }
+        if let keyName = deleted.keyName {
+            try recordGeneration(max(deleted.generation, try recordedGeneration(of: keyName)) + 1, keyName: keyName)
+        }
+        return true
     }
 
     func removeFinger(_ finger: String, passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) -> Bool {
         try requirePasscodeForEnrollment(passcode)
-        let reader = try FingerprintReader(directory: readerDirectory)
+        let reader = try checkedReader(readerDirectory)
         unsealed = unsealed.filter { $0.value.opened == nil }
-        return try reader.remove(finger)
+        guard try reader.remove(finger) else { return false }
+        try recordGeneration(of: reader)
+        return true
+    }
+
+    func enrolledFingers(readerDirectory: String) throws(KeychainError) -> [String] {
+        try checkedReader(readerDirectory).enrolled
+    }
+}
+
+// MARK: Rollback of the reader's directory
+
+extension Engine {
+    /// The reader at `directory`, refused when the store recorded more enrollment changes of it than
+    /// its file holds: an older copy of the reader's directory was put back (fingers removed since,
+    /// an older enrollment set that CurrentSet keys of then were sealed to). Only bound stores record
+    /// (`recordGeneration`), so with an unbound one nothing is refused.
+    /// - Throws: `DATA_CORRUPTED` naming rollback, with the recovery.
+    func checkedReader(_ directory: String) throws(KeychainError) -> FingerprintReader {
+        let reader = try FingerprintReader(directory: directory)
+        guard let keyName = reader.keyName else { return reader }
+        let recorded = try recordedGeneration(of: keyName)
+        guard reader.generation < recorded else { return reader }
+        throw KeychainError(.dataCorrupted, "Rollback: the fingerprint reader's state in \(directory) is an older copy (its "
+                            + "\(reader.generation) enrollment changes are behind the store's \(recorded)), put back in place of the "
+                            + "current one: fingers removed since would be back. Put the current reader.json back; or delete the "
+                            + "reader and enroll again, with the passcode: keychainctl reader delete, then keychainctl reader enroll NAME")
+    }
+
+    func recordedGeneration(of keyName: [UInt8]) throws(KeychainError) -> UInt64 {
+        let store = try store()
+        return try read { try store.meta(StoreMeta.readerGeneration(keyName: keyName)) }.flatMap(UInt64.init(bigEndianBytes:)) ?? 0
+    }
+
+    /// Records the reader's generation once its file holds it, in a counted write (a bound store
+    /// only). Crash-atomic: the file comes first, so a kill in between leaves the file ahead of the
+    /// store, which `checkedReader` accepts, never behind.
+    func recordGeneration(of reader: FingerprintReader) throws(KeychainError) {
+        guard let keyName = reader.keyName else { return }
+        try recordGeneration(reader.generation, keyName: keyName)
+    }
+
+    private func recordGeneration(_ generation: UInt64, keyName: [UInt8]) throws(KeychainError) {
+        let store = try store()
+        guard try rollbackState(store)?.record != nil else { return }
+        let key = StoreMeta.readerGeneration(keyName: keyName)
+        try writeStore(store) { tx in
+            // Never backwards: another store's changes of a shared reader may have gone further.
+            let recorded = try tx.meta(key).flatMap(UInt64.init(bigEndianBytes:)) ?? 0
+            try tx.setMeta(key, max(recorded, generation).bigEndianBytes)
+        }
     }
 }

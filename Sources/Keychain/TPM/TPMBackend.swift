@@ -41,7 +41,7 @@ extension Engine {
         if protection.accessible.isThisDeviceOnly { try configuration.checkPCRSelection() }
         // The reader's state is read only for writes that need it.
         let reader = protection.accessControl == .none ? nil
-            : try readerDirectory.map { (dir: String) throws(KeychainError) in try FingerprintReader(directory: dir) }
+            : try readerDirectory.map { (dir: String) throws(KeychainError) in try checkedReader(dir) }
         let requirements = try writeRequirements(protection, reader: reader)
         var wrapping = stored
         var staleKey: [UInt8]?
@@ -296,7 +296,7 @@ extension Engine {
             return .unavailable(KeychainError(.biometryNotAvailable, "no fingerprint reader is configured (KEYCHAIN_READER=none)"))
         }
         let reader: FingerprintReader
-        do { reader = try FingerprintReader(directory: directory) } catch { return .unavailable(error) }
+        do { reader = try checkedReader(directory) } catch { return .unavailable(error) }
         guard let keyName = reader.keyName else {
             return .unavailable(KeychainError(.biometryNotAvailable, "there is no fingerprint reader at \(directory)"))
         }

@@ -1,0 +1,147 @@
+import Foundation
+@testable import Keychain
+import KeychainTestSupport
+import Testing
+
+/// The fingerprint reader's directory bound to the store's counter (issue 22, item 10): a bound
+/// store records each enrollment change in a counted write, and a `reader.json` put back from an
+/// older copy is behind that record: refused as `DATA_CORRUPTED` naming rollback.
+extension RollbackTests {
+    static let pin = "2468\n"
+
+    static func readerFile(_ d: Device) -> String { d.store + ".reader/reader.json" }
+
+    static func putBackReader(_ copy: Data, _ d: Device) {
+        unlink(readerFile(d))
+        #expect(FileManager.default.createFile(atPath: readerFile(d), contents: copy, attributes: [.posixPermissions: 0o600]))
+    }
+
+    @Test func aReaderDirectoryPutBackAfterARemovalIsRefusedNamingRollback() throws {
+        let d = try Device(ctl: ctl)
+        #expect(try d.cli(["init", "--allow-empty-owner-auth"]).status == 0)
+        #expect(try d.cli(["passcode", "set"], Self.pin).status == 0)
+        #expect(try d.cli(["reader", "enroll", "thumb"], Self.pin).status == 0)
+        #expect(try d.cli(["reader", "enroll", "index"], Self.pin).status == 0)
+        #expect(try d.cli(["set", "bio", "any", "--access-control", "biometryAny"], "any").status == 0)
+        #expect(try d.cli(["set", "bio", "current", "--access-control", "biometryCurrentSet"], "current").status == 0)
+        let copy = try #require(FileManager.default.contents(atPath: Self.readerFile(d)))
+        #expect(try d.cli(["reader", "remove", "thumb"], Self.pin).status == 0)
+        #expect(try d.cli(["get", "bio", "any", "--touch", "thumb"]).status != 0, "the removed finger opens")
+
+        // The copy would bring the removed finger back, and the enrollment set the CurrentSet item was sealed to.
+        Self.putBackReader(copy, d)
+        expectRollback(try d.cli(["get", "bio", "any", "--touch", "thumb"]))
+        expectRollback(try d.cli(["get", "bio", "current", "--touch", "index"]))
+        expectRollback(try d.cli(["reader", "list"]))
+        // An enrollment on top of the copy would make it current: refused too.
+        expectRollback(try d.cli(["reader", "enroll", "middle"], Self.pin))
+        expectRollback(try d.cli(["set", "bio", "new", "--access-control", "biometryAny"], "x"))
+
+        // The recovery: the reader deleted (with the passcode) and enrolled again.
+        let deleted = try d.cli(["reader", "delete"], Self.pin)
+        #expect(deleted.status == 0, "\(deleted.stderr)")
+        #expect(try d.cli(["reader", "enroll", "index"], Self.pin).status == 0)
+        #expect(try d.text(["reader", "list"]) == "index\n")
+        // (Another service: "bio"'s key is the deleted reader's.)
+        #expect(try d.cli(["set", "after", "k", "--access-control", "biometryAny"], "after").status == 0)
+        #expect(try d.text(["get", "after", "k", "--touch", "index"]) == "after")
+        // The deleted reader's copy put back again is still behind the store.
+        Self.putBackReader(copy, d)
+        expectRollback(try d.cli(["reader", "list"]))
+    }
+
+    @Test func aReaderEmptiedByThePasscodesRemovalIsCurrentEvenFromACopy() throws {
+        let d = try Device(ctl: ctl)
+        #expect(try d.cli(["init", "--allow-empty-owner-auth"]).status == 0)
+        #expect(try d.cli(["passcode", "set"], Self.pin).status == 0)
+        #expect(try d.cli(["reader", "enroll", "thumb"], Self.pin).status == 0)
+        let copy = try #require(FileManager.default.contents(atPath: Self.readerFile(d)))
+        #expect(try d.cli(["reader", "enroll", "index"], Self.pin).status == 0)
+        Self.putBackReader(copy, d)
+        expectRollback(try d.cli(["reader", "list"]))
+        // Removing the passcode removes every finger, the copy's too: nothing of it is left to refuse.
+        #expect(try d.cli(["passcode", "remove"], Self.pin).status == 0)
+        let list = try d.cli(["reader", "list"])
+        #expect(list.status == 0 && list.stdout.isEmpty, "\(list.stderr)")
+        #expect(try d.cli(["reader", "enroll", "thumb"]).status == 0)
+    }
+
+    @Test func aReaderPutBackBesideAnUnboundStoreIsNotRefused() throws {
+        let d = try Device(ctl: ctl)
+        // No init: an unbound store records nothing, as before.
+        #expect(try d.cli(["reader", "enroll", "thumb"]).status == 0)
+        let copy = try #require(FileManager.default.contents(atPath: Self.readerFile(d)))
+        #expect(try d.cli(["reader", "remove", "thumb"]).status == 0)
+        Self.putBackReader(copy, d)
+        #expect(try d.text(["reader", "list"]) == "thumb\n")
+    }
+
+    /// Enrollments and a removal on a bound store killed after each of their TPM commands in turn:
+    /// the reader's file is written before the store's counted record, so a kill leaves the file
+    /// level with the store or ahead of it, never behind: the reader is in the old state or the
+    /// new one, and nothing is refused.
+    @Test func anEnrollmentChangeKilledAtEveryTPMCommandNeverLooksLikeARollback() throws {
+        let d = try Device(ctl: ctl)
+        #expect(try d.cli(["init", "--allow-empty-owner-auth"]).status == 0)
+        #expect(try d.cli(["passcode", "set"], Self.pin).status == 0)
+        let changes: [(args: [String], before: String, after: String, undo: [String])] = [
+            (["reader", "enroll", "thumb"], "", "thumb\n", ["reader", "remove", "thumb"]),
+            (["reader", "enroll", "index"], "thumb\n", "index\nthumb\n", ["reader", "remove", "index"]),
+            (["reader", "remove", "thumb"], "index\nthumb\n", "index\n", ["reader", "enroll", "thumb"]),
+        ]
+        for change in changes {
+            var completed = false
+            for n in 1...80 where !completed {
+                let killed = try d.cli(change.args, Self.pin, environment: ["KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS": "\(n)"])
+                #expect(killed.status == 134 || killed.status == 0, "\(change.args) kill \(n): \(killed.stderr)")
+                let list = try d.cli(["reader", "list"])
+                #expect(list.status == 0, "\(change.args) after kill \(n): \(list.stderr)")
+                let fingers = String(decoding: list.stdout, as: UTF8.self)
+                #expect(fingers == change.before || fingers == change.after, "\(change.args) after kill \(n): \(fingers)")
+                // One ahead: the record committed before its NV_Increment; the next TPM operation catches up.
+                let counter = try d.text(["status"])
+                #expect(counter.contains("rollback counter: current") || counter.contains("rollback counter: one-ahead"),
+                        "\(change.args) after kill \(n): \(counter)")
+                completed = killed.status == 0
+                if completed { print("\(change.args) on a bound store: killed at each of its first \(n - 1) TPM commands") }
+                if !completed && fingers == change.after {
+                    let undone = try d.cli(change.undo, Self.pin)
+                    #expect(undone.status == 0, "\(change.args) after kill \(n): \(undone.stderr)")
+                }
+                if n % 4 == 0 { #expect(try d.cli(["passcode", "reset-tries"]).status == 0) }
+            }
+            #expect(completed, "\(change.args) never completed")
+            #expect(try d.text(["reader", "list"]) == change.after)
+        }
+        // The last state is recorded: the first state's file put back would be refused (aReaderDirectoryPutBack…).
+        #expect(try d.cli(["set", "bio", "k", "--access-control", "biometryAny"], "bio").status == 0)
+        #expect(try d.text(["get", "bio", "k", "--touch", "index"]) == "bio")
+    }
+
+    /// What an enrollment change costs a bound store: its counted record, three TPM commands as a
+    /// bound overwrite's (docs/performance.md).
+    @Test func anEnrollmentChangeOnABoundStoreSendsThreeMoreTPMCommands() async throws {
+        let tpm = try SoftwareTPM()
+        var counts: [String: Int] = [:]
+        for bound in [false, true] {
+            var configuration = tpm.configuration(store: tpm.directory + (bound ? "/bound" : "/unbound"))
+            configuration.readerDirectory = tpm.directory + (bound ? "/bound.reader" : "/unbound.reader")
+            let device = KeychainDevice(configuration: configuration)
+            if bound {
+                try await KeychainAdministration(configuration: configuration).initialize(takingOwnership: Ownership(allowEmpty: true))
+            } else {
+                _ = try await device.initialize()
+            }
+            try await device.enrollFinger("thumb", passcode: nil)
+            _ = await device.takeTPMCommandCount()
+            try await device.enrollFinger("index", passcode: nil)
+            counts[bound ? "bound" : "unbound"] = await device.takeTPMCommandCount()
+            _ = await device.takeTPMCommandCount()
+            #expect(try await device.removeFinger("index", passcode: nil))
+            counts[bound ? "bound removal" : "unbound removal"] = await device.takeTPMCommandCount()
+        }
+        print("TPM commands per enrollment change: \(counts)")
+        #expect(counts["bound"] == counts["unbound"].map { $0 + 3 }, "\(counts)")
+        #expect(counts["bound removal"] == counts["unbound removal"].map { $0 + 3 }, "\(counts)")
+    }
+}
