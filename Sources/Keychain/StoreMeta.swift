@@ -65,7 +65,7 @@ enum StoreMeta {
     /// The enrolled fingerprint readers' keys (ReaderKeys.Entry list, JSON).
     static let readerKeys = "reader.keys"
     /// The enrollment changes of the reader whose TPM key has this name (UInt64, big endian), recorded
-    /// by a counted write after each (`Engine.recordReaderGeneration`); present in bound stores only.
+    /// by a counted write after each (`Engine.recordGeneration(of:)`); present in bound stores only.
     static func readerGeneration(keyName: [UInt8]) -> String { "reader.generation:" + keyName.hexString }
 
     /// A TPM ticket (TPMKeyring.StoredTicket, JSON) for one wrapping key, kept for its authValidity window.
