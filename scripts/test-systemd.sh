@@ -269,6 +269,15 @@ if [ -n "$score" ] && [ "$(echo "$score <= 2.0" | bc)" = 1 ]; then pass "systemd
 else fail "systemd-analyze security keychaind.service scores at most 2.0" "score '$score'"; fi
 # What keeps it from lower: the settings it counts against the unit (docs/security.md says why each stays).
 grep '✗' <<<"$analysis" | sed 's/^/    exposed: /'
+# The kernel's tunables in keychaind's mount namespace: /sys hidden whole (InaccessiblePaths=, in place of
+# ProtectKernelTunables=' read-only /sys), /proc's tunables absent (ProcSubset=pid).
+in_container systemctl start keychaind.service
+pid=$(in_container systemctl show -p MainPID --value keychaind.service)
+seen=$(in_container nsenter --target "$pid" --mount -- sh -c 'for p in /sys/kernel /sys/devices/system/cpu/online /sys/fs/cgroup \
+  /proc/sys/kernel /proc/sysrq-trigger; do [ -e "$p" ] && echo "$p"; done; ls -A /sys' 2>&1)
+[ -n "$pid" ] && [ "$pid" != 0 ] && [ -z "$seen" ] \
+  && pass "keychaind (pid $pid) sees nothing of /sys, nor /proc/sys or /proc/sysrq-trigger" \
+  || fail "keychaind's mount namespace hides /sys and /proc's tunables" "pid '$pid', visible: $seen"
 
 
 echo "== a ThisDeviceOnly credential and the boot state"
