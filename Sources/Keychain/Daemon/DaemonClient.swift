@@ -17,7 +17,20 @@ struct DaemonClient: Sendable {
     let socketPath: String
     /// This client's exchanges that hopped to a blocking thread (for tests).
     let hops = HopCount()
-    final class HopCount: Sendable { let count = Atomic<Int>(0) }
+    final class HopCount: Sendable {
+        let count = Atomic<Int>(0)
+        /// This client's exchanges waiting for a reply now on Dispatch's global queue, and on a thread of their own.
+        let waitingOnGlobalQueue = Atomic<Int>(0)
+        let waitingOnOwnThread = Atomic<Int>(0)
+        func waiting(_ onGlobalQueue: Bool, _ change: Int) {
+            if onGlobalQueue { waitingOnGlobalQueue.add(change, ordering: .relaxed) } else { waitingOnOwnThread.add(change, ordering: .relaxed) }
+        }
+    }
+    /// This process's exchanges waiting on Dispatch's global queue now: at most `globalQueueWaits`.
+    private static let waitingOnGlobalQueue = Atomic<Int>(0)
+    /// Dispatch's global queue runs as many threads as there are processors, and Swift's tasks run on
+    /// them too: one more exchange waiting there would wait for a thread, not for keychaind.
+    static let globalQueueWaits = max(1, ProcessInfo.processInfo.activeProcessorCount)
 
     /// How long a reply may take: the daemon's own TPM timeout bounds each of its commands, so this
     /// only ends the wait for a daemon that is stopped (SIGSTOP) or wedged.
@@ -171,18 +184,32 @@ struct DaemonClient: Sendable {
         try await blocking { () throws(WireError) in try reader.exchangeKept(message, idle: Self.replyTimeout, stall: Self.stallTimeout) }
     }
 
-    /// Runs an exchange, never on Swift's shared pool (two threads here): on the caller's thread when
-    /// it is a thread of its own (a synchronous caller's, such as the vault's:
-    /// `SerialThreadExecutor.isOwnThread`), else one hop to a blocking thread and back. A thread of
-    /// this process waiting in epoll for every caller's reply, tried instead, switched threads more
-    /// often per read (docs/performance.md, "Where a read through keychaind goes").
+    /// Runs an exchange, never on Swift's shared pool's task: on the caller's thread when it is a thread
+    /// of its own (a synchronous caller's, such as the vault's: `SerialThreadExecutor.isOwnThread`), else
+    /// one hop to a thread that waits for the reply, and back. The hop goes to Dispatch's global queue
+    /// while fewer than `globalQueueWaits` of this process's exchanges wait there (the cheapest: the
+    /// thread that ran the task is free to take it, no thread switch), and beyond that to a serial
+    /// queue of its own, which Dispatch's overcommitting threads run (one is started when none is
+    /// free): so 16 callers have 16 requests in flight, not one per processor, and the global queue's
+    /// threads stay free for the process's tasks. A thread of this process waiting in epoll for every
+    /// caller's reply, tried instead, switched threads more often per read (docs/performance.md,
+    /// "Where a read through keychaind goes").
     private func blocking<T: Sendable>(_ body: @escaping @Sendable () throws(WireError) -> T) async throws(KeychainError) -> T {
         if SerialThreadExecutor.isOwnThread {
             do { return try body() } catch { throw failure(error) }
         }
         hops.count.add(1, ordering: .relaxed)
+        let onGlobalQueue = Self.waitingOnGlobalQueue.wrappingAdd(1, ordering: .relaxed).newValue <= Self.globalQueueWaits
+        if !onGlobalQueue { Self.waitingOnGlobalQueue.wrappingSubtract(1, ordering: .relaxed) }
+        let hops = hops
         let result: Result<T, WireError> = await withCheckedContinuation { continuation in
-            DispatchQueue.global().async { continuation.resume(returning: Result { () throws(WireError) in try body() }) }
+            (onGlobalQueue ? DispatchQueue.global() : DispatchQueue(label: "keychain.exchange")).async {
+                hops.waiting(onGlobalQueue, 1)
+                let result = Result { () throws(WireError) in try body() }
+                hops.waiting(onGlobalQueue, -1)
+                if onGlobalQueue { Self.waitingOnGlobalQueue.wrappingSubtract(1, ordering: .relaxed) }
+                continuation.resume(returning: result)
+            }
         }
         switch result {
         case .success(let value): return value
