@@ -125,6 +125,38 @@ struct DaemonConnectionTests {
         #expect(waiting() == (0, 0))
     }
 
+    /// No more than `ownThreadWaits` of a process's exchanges wait on threads of their own (a thread
+    /// each): with keychaind stopped and more callers than that and the processors together, the rest
+    /// wait for the global queue's threads, as every exchange did before.
+    @Test func atMostSixtyFourExchangesWaitOnThreadsOfTheirOwn() async throws {
+        let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
+        let client = try #require(storage.backing as? DaemonClient)
+        try await storage.setItem("k", "v")
+        let processors = ProcessInfo.processInfo.activeProcessorCount
+        #expect(DaemonClient.ownThreadWaits == 64)
+        let callers = processors + 64 + 4
+        let pid = daemon.processIdentifier
+        #expect(kill(pid, SIGSTOP) == 0)
+        var stopped = true
+        defer { if stopped { kill(pid, SIGCONT) } }
+        let reads = (0..<callers).map { _ in
+            Task(executorPreference: globalConcurrentExecutor) { try await storage.getItem("k") }
+        }
+        let waiting = { (onGlobalQueue: client.hops.waitingOnGlobalQueue.load(ordering: .relaxed),
+                         onOwnThread: client.hops.waitingOnOwnThread.load(ordering: .relaxed)) }
+        let deadline = ContinuousClock.now + .seconds(60)
+        while waiting().onGlobalQueue + waiting().onOwnThread < processors + 64, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let seen = waiting()
+        #expect(seen.onGlobalQueue + seen.onOwnThread >= processors + 64, "\(seen) of \(callers) reads waiting for keychaind's reply")
+        #expect(seen.onOwnThread <= 64, "\(seen)")
+        #expect(kill(pid, SIGCONT) == 0)
+        stopped = false
+        for read in reads { #expect(try await read.value == "v") }
+        #expect(waiting() == (0, 0))
+    }
+
     /// keychaind closes a connection idle past --idle-timeout; the library's kept connection is then
     /// dead, and the next call (a write, which must not be sent twice) goes on a new one, once.
     @Test func aCallAfterTheDaemonClosedTheKeptConnectionGoesOnANewOne() async throws {

@@ -31,6 +31,11 @@ struct DaemonClient: Sendable {
     /// Dispatch's global queue runs as many threads as there are processors, and Swift's tasks run on
     /// them too: one more exchange waiting there would wait for a thread, not for keychaind.
     static let globalQueueWaits = max(1, ProcessInfo.processInfo.activeProcessorCount)
+    /// This process's exchanges waiting now on threads of their own: at most `ownThreadWaits`, a thread
+    /// each (beyond that they queue on the global queue, as all did before): a process with hundreds of
+    /// tasks calling a stopped keychaind at once does not start hundreds of threads.
+    private static let waitingOnOwnThread = Atomic<Int>(0)
+    static let ownThreadWaits = 64
 
     /// How long a reply may take: the daemon's own TPM timeout bounds each of its commands, so this
     /// only ends the wait for a daemon that is stopped (SIGSTOP) or wedged.
@@ -199,15 +204,24 @@ struct DaemonClient: Sendable {
             do { return try body() } catch { throw failure(error) }
         }
         hops.count.add(1, ordering: .relaxed)
-        let onGlobalQueue = Self.waitingOnGlobalQueue.wrappingAdd(1, ordering: .relaxed).newValue <= Self.globalQueueWaits
-        if !onGlobalQueue { Self.waitingOnGlobalQueue.wrappingSubtract(1, ordering: .relaxed) }
-        let hops = hops
+        var onGlobalQueue = Self.waitingOnGlobalQueue.wrappingAdd(1, ordering: .relaxed).newValue <= Self.globalQueueWaits
+        if !onGlobalQueue {
+            if Self.waitingOnOwnThread.wrappingAdd(1, ordering: .relaxed).newValue > Self.ownThreadWaits {
+                Self.waitingOnOwnThread.wrappingSubtract(1, ordering: .relaxed)
+                onGlobalQueue = true  // over both limits: it waits for a thread of the global queue
+            } else {
+                Self.waitingOnGlobalQueue.wrappingSubtract(1, ordering: .relaxed)
+            }
+        }
+        let hops = hops, waited = onGlobalQueue
         let result: Result<T, WireError> = await withCheckedContinuation { continuation in
-            (onGlobalQueue ? DispatchQueue.global() : DispatchQueue(label: "keychain.exchange")).async {
-                hops.waiting(onGlobalQueue, 1)
+            (waited ? DispatchQueue.global() : DispatchQueue(label: "keychain.exchange")).async {
+                hops.waiting(waited, 1)
                 let result = Result { () throws(WireError) in try body() }
-                hops.waiting(onGlobalQueue, -1)
-                if onGlobalQueue { Self.waitingOnGlobalQueue.wrappingSubtract(1, ordering: .relaxed) }
+                hops.waiting(waited, -1)
+                if waited { Self.waitingOnGlobalQueue.wrappingSubtract(1, ordering: .relaxed) } else {
+                    Self.waitingOnOwnThread.wrappingSubtract(1, ordering: .relaxed)
+                }
                 continuation.resume(returning: result)
             }
         }
