@@ -136,8 +136,8 @@ private struct CredentialPeer {
     }
 }
 
-/// Runs an async call to its end on this thread (a credential connection's own thread).
-private func blocking<T: Sendable>(_ body: @escaping @Sendable () async throws(KeychainError) -> T) -> Result<T, KeychainError> {
+/// Runs an async call to its end on this thread (a credential connection's own thread, the start's).
+func blocking<T: Sendable>(_ body: @escaping @Sendable () async throws(KeychainError) -> T) -> Result<T, KeychainError> {
     let done = DispatchSemaphore(value: 0)
     let box = ResultBox<T>()
     Task {

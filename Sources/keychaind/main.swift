@@ -144,5 +144,9 @@ if let credentialsListener {
     let thread = Thread { [service = server.handler.service] in serveCredentials(listener: credentialsListener, service: service) }
     thread.start()
 }
+// Before "ready", so that a unit's credential asked for at boot finds it done (docs/credentials.md).
+if case .success(let said?) = blocking({ () async throws(KeychainError) -> String? in await server.prepareForFirstRequest() }) {
+    DaemonLog.say(said)
+}
 FileHandle.standardOutput.write(Data("keychaind: ready (store \(store))\n".utf8))
 server.serve(listener: listener)

@@ -102,6 +102,19 @@ package final class DaemonServer: Sendable {
         self.limits = limits
     }
 
+    /// What the first request after a TPM reset would begin with, made before keychaind says it is ready
+    /// (`Engine.unlockWithoutPasscodeAtStart`): a credential asked for at boot then finds it done. The
+    /// line to log: what was done, or what failed (never fatal: the first request meets it again and
+    /// answers with it); nil when there was nothing to do.
+    package func prepareForFirstRequest() async -> String? {
+        do throws(KeychainError) {
+            return try await engine.unlockWithoutPasscodeAtStart()
+                ? "keychaind: the device has no passcode and the TPM had it locked (a TPM reset): unlocked it" : nil
+        } catch {
+            return "keychaind: preparing for the first request failed (\(error.code.rawValue): \(error.message)); each request meets it again"
+        }
+    }
+
     /// Accepts connections on `listener` forever.
     package func serve(listener: Int32) -> Never {
         var starved = false

@@ -24,6 +24,21 @@ extension Engine {
         }
     }
 
+    /// keychaind's start (issue 20): a device without a passcode counts as unlocked, so the unlock that
+    /// the first read after a TPM reset (every boot) would begin with is made now, before keychaind says
+    /// it is ready, and the store's open and tpm2-tss's set-up with it. Nothing for a device with a
+    /// passcode (its lock is its user's) nor for one the TPM says is unlocked.
+    /// - Returns: whether it unlocked.
+    func unlockWithoutPasscodeAtStart() throws(KeychainError) -> Bool {
+        let locked = try withKeyring { keyring throws(KeychainError) -> Bool in
+            guard try !keyring.passcodeIsSet() else { return false }
+            return try keyring.lockState() != .unlocked
+        }
+        guard locked else { return false }
+        try unlock(passcode: nil)
+        return true
+    }
+
     func lock() throws(KeychainError) {
         try withKeyring { keyring throws(KeychainError) in try keyring.lock() }
         let store = try store()
