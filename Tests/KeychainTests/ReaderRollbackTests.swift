@@ -118,6 +118,47 @@ extension RollbackTests {
         #expect(try d.text(["get", "bio", "k", "--touch", "index"]) == "bio")
     }
 
+    /// `reader delete` on a bound store killed after each of its TPM commands in turn: the store
+    /// records the deletion before the file goes, so whenever the file is gone the store's record
+    /// is past it, and the deleted reader's copy put back is refused; a kill in between leaves the
+    /// file behind the record, refused naming `reader delete`, which then completes.
+    @Test func aReaderDeleteKilledAtEveryTPMCommandLeavesItsCopyRefused() throws {
+        let d = try Device(ctl: ctl)
+        #expect(try d.cli(["init", "--allow-empty-owner-auth"]).status == 0)
+        #expect(try d.cli(["passcode", "set"], Self.pin).status == 0)
+        var completed = false
+        for n in 1...60 where !completed {
+            if n % 4 == 0 { #expect(try d.cli(["passcode", "reset-tries"]).status == 0) }
+            if !FileManager.default.fileExists(atPath: Self.readerFile(d)) {
+                let enrolled = try d.cli(["reader", "enroll", "thumb"], Self.pin)
+                #expect(enrolled.status == 0, "kill \(n): \(enrolled.stderr)")
+            }
+            let copy = try #require(FileManager.default.contents(atPath: Self.readerFile(d)))
+            let killed = try d.cli(["reader", "delete"], Self.pin, environment: ["KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS": "\(n)"])
+            #expect(killed.status == 134 || killed.status == 0, "kill \(n): \(killed.stderr)")
+            completed = killed.status == 0
+            if FileManager.default.fileExists(atPath: Self.readerFile(d)) {
+                // Killed before the file went: as it was, or behind the deletion's record, naming its recovery.
+                let list = try d.cli(["reader", "list"])
+                if list.status != 0 {
+                    expectRollback(list)
+                    #expect(list.stderr.contains("keychainctl reader delete"), "kill \(n): \(list.stderr)")
+                    let again = try d.cli(["reader", "delete"], Self.pin)
+                    #expect(again.status == 0, "kill \(n): \(again.stderr)")
+                } else {
+                    #expect(String(decoding: list.stdout, as: UTF8.self) == "thumb\n", "kill \(n)")
+                    continue
+                }
+            }
+            if completed { print("reader delete on a bound store: killed at each of its first \(n - 1) TPM commands") }
+            // The file is gone: the store recorded it, and the copy is behind.
+            Self.putBackReader(copy, d)
+            expectRollback(try d.cli(["reader", "list"]))
+            unlink(Self.readerFile(d))
+        }
+        #expect(completed, "reader delete never completed")
+    }
+
     /// What an enrollment change costs a bound store: its counted record, three TPM commands as a
     /// bound overwrite's (docs/performance.md).
     @Test func anEnrollmentChangeOnABoundStoreSendsThreeMoreTPMCommands() async throws {

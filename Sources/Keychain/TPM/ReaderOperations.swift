@@ -114,16 +114,18 @@ extension Engine {
     /// passcode branch (CurrentSet ones report KEY_INVALIDATED). A reader put back from an older
     /// copy can be deleted (the recovery `checkedReader` names), and a bound store records one more
     /// change than either it or the copy had, so the copy put back again is refused.
+    ///
+    /// Crash-atomic: the record comes first, then the file goes. A kill in between leaves the file
+    /// behind the record, which `checkedReader` refuses naming `reader delete`, what was being done;
+    /// the other order left the store's record unchanged, and a copy of the file put back passed.
     func deleteReader(passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) -> Bool {
         try requirePasscodeForEnrollment(passcode)
         let reader = try FingerprintReader(directory: readerDirectory)
         unsealed = unsealed.filter { $0.value.opened == nil }
-        let deleted = (keyName: reader.keyName, generation: reader.generation)
-        guard try withKeyring({ keyring throws(KeychainError) in try reader.delete(keyring: keyring) }) else { return false }
-        if let keyName = deleted.keyName {
-            try recordGeneration(max(deleted.generation, try recordedGeneration(of: keyName)) + 1, keyName: keyName)
+        if let keyName = reader.keyName {
+            try recordGeneration(keyName: keyName) { recorded in max(reader.generation, recorded) + 1 }
         }
-        return true
+        return try withKeyring { keyring throws(KeychainError) in try reader.delete(keyring: keyring) }
     }
 
     func removeFinger(_ finger: String, passcode: SecureBytes?, readerDirectory: String) throws(KeychainError) -> Bool {
@@ -169,17 +171,19 @@ extension Engine {
     /// store, which `checkedReader` accepts, never behind.
     func recordGeneration(of reader: FingerprintReader) throws(KeychainError) {
         guard let keyName = reader.keyName else { return }
-        try recordGeneration(reader.generation, keyName: keyName)
+        let generation = reader.generation
+        try recordGeneration(keyName: keyName) { _ in generation }
     }
 
-    private func recordGeneration(_ generation: UInt64, keyName: [UInt8]) throws(KeychainError) {
+    /// Records `generation(recorded)`, read and written in one counted transaction (a bound store only).
+    private func recordGeneration(keyName: [UInt8], _ generation: (UInt64) -> UInt64) throws(KeychainError) {
         let store = try store()
         guard try rollbackState(store)?.record != nil else { return }
         let key = StoreMeta.readerGeneration(keyName: keyName)
         try writeStore(store) { tx in
             // Never backwards: another store's changes of a shared reader may have gone further.
             let recorded = try tx.meta(key).flatMap(UInt64.init(bigEndianBytes:)) ?? 0
-            try tx.setMeta(key, max(recorded, generation).bigEndianBytes)
+            try tx.setMeta(key, max(recorded, generation(recorded)).bigEndianBytes)
         }
     }
 }
