@@ -159,6 +159,19 @@ extension RollbackTests {
         #expect(completed, "reader delete never completed")
     }
 
+    /// `reader list` reads the store's record of the reader (`checkedReader`); where no store exists
+    /// yet (a reader beside a store directory not made), it records nothing: the list is the file's,
+    /// and no store is created for a look.
+    @Test func readerListWhereNoStoreExistsMakesNone() throws {
+        let d = try Device(ctl: ctl)
+        #expect(try d.cli(["reader", "enroll", "thumb"]).status == 0)
+        let elsewhere = d.tpm.directory + "/no-store"
+        let list = try run(ctl, ["--store", elsewhere, "--tcti", d.tpm.tcti, "--reader", d.store + ".reader", "reader", "list"],
+                           environment: ["KEYCHAIN_SOCKET": "", "KEYCHAIN_READER": ""])
+        #expect(list.status == 0 && String(decoding: list.stdout, as: UTF8.self) == "thumb\n", "\(list.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: elsewhere), "reader list made a store at \(elsewhere)")
+    }
+
     /// What an enrollment change costs a bound store: its counted record, three TPM commands as a
     /// bound overwrite's (docs/performance.md).
     @Test func anEnrollmentChangeOnABoundStoreSendsThreeMoreTPMCommands() async throws {

@@ -145,6 +145,16 @@ extension Engine {
 // MARK: Rollback of the reader's directory
 
 extension Engine {
+    /// The store, or nil when its directory holds none yet (neither a database nor an identity: a
+    /// lost database beside its identity is `store()`'s refusal, not "none").
+    func existingStore() throws(KeychainError) -> Store? {
+        if let openedStore { return openedStore }
+        let directory = configuration.storeDirectory + "/"
+        guard FileManager.default.fileExists(atPath: directory + "keychain.db")
+            || FileManager.default.fileExists(atPath: directory + Store.identityFileName) else { return nil }
+        return try store()
+    }
+
     /// The reader at `directory`, refused when the store recorded more enrollment changes of it than
     /// its file holds: an older copy of the reader's directory was put back (fingers removed since,
     /// an older enrollment set that CurrentSet keys of then were sealed to). Only bound stores record
@@ -161,8 +171,10 @@ extension Engine {
                             + "reader and enroll again, with the passcode: keychainctl reader delete, then keychainctl reader enroll NAME")
     }
 
+    /// What the store recorded of the reader's enrollment changes; 0 where no store exists yet,
+    /// which records nothing (`reader list` on a device with no store does not make one).
     func recordedGeneration(of keyName: [UInt8]) throws(KeychainError) -> UInt64 {
-        let store = try store()
+        guard let store = try existingStore() else { return 0 }
         return try read { try store.meta(StoreMeta.readerGeneration(keyName: keyName)) }.flatMap(UInt64.init(bigEndianBytes:)) ?? 0
     }
 
