@@ -229,6 +229,37 @@ struct RollbackTests {
         #expect(String(decoding: status.stdout, as: UTF8.self).contains("rollback counter: rolled-back"), "\(status.stderr)")
     }
 
+    /// keychaind's budget of wrong passcodes per non-admin uid is in the store's meta. Before, its
+    /// writes were not counted: a snapshot of the store put back gave a uid its spent budget back
+    /// (three more of the TPM's passcode tries). Now each is a counted write, and the snapshot is
+    /// refused as a rollback.
+    @Test func aSnapshotPutBackDoesNotGiveAUidItsSpentPasscodeBudgetBack() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        #expect(try run(ctl, ["--direct", "--store", store, "--tcti", tpm.tcti, "init", "--allow-empty-owner-auth"]).status == 0)
+        let daemon = try KeychainDaemon(tpm: tpm, store: store)
+        let nobody: UInt32 = 65534
+        func client(_ args: [String], _ input: String = "", uid: UInt32? = nil) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+            guard let uid else { return try run(ctl, args, input: Array(input.utf8), environment: daemon.environment) }
+            return try run("/usr/bin/setpriv", ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", ctl] + args,
+                           input: Array(input.utf8), environment: daemon.environment)
+        }
+        #expect(try client(["passcode", "set"], "2468\n").status == 0)
+        daemon.kill()
+        let copy = Self.snapshot(store)
+        try daemon.start()
+        for _ in 1...3 { #expect(try client(["unlock"], "0000\n", uid: nobody).stderr.contains("AUTHENTICATION_FAILED")) }
+        let spent = try client(["unlock"], "0000\n", uid: nobody)
+        #expect(spent.stderr.contains("LOCKOUT") && spent.stderr.contains("uid \(nobody) gave 3 wrong passcodes"), "\(spent.stderr)")
+        daemon.kill()
+        try Self.putBack(copy, store)
+        try daemon.start()
+        // The copy's budget is unspent: refused as a rollback, not three more tries of the TPM's.
+        let again = try client(["unlock"], "0000\n", uid: nobody)
+        expectRollback(again)
+        #expect(!again.stderr.contains("AUTHENTICATION_FAILED"), "\(again.stderr)")
+    }
+
     // MARK: The embedded software TPM
 
     @Test(.enabled(if: !FileManager.default.fileExists(atPath: "/dev/tpmrm0"), "the embedded TPM is used only without a TPM device"))

@@ -39,9 +39,8 @@ struct PasscodeBudget: Codable, Equatable {
         return budget
     }
 
-    func save(_ store: Store) throws {
-        let data = try JSONEncoder().encode(self)
-        try store.write { try $0.setMeta(StoreMeta.passcodeBudget, Array(data)) }
+    func save(_ tx: Transaction) throws {
+        try tx.setMeta(StoreMeta.passcodeBudget, Array(try JSONEncoder().encode(self)))
     }
 }
 
@@ -49,7 +48,9 @@ extension Engine {
     /// Runs one passcode `attempt` (an unlock, or a read's passcode answer) for `caller`: refused with
     /// `LOCKOUT` before the TPM when the caller's budget is spent, and charged before it runs (a kill
     /// during the attempt leaves it counted), given back unless the TPM found the passcode wrong.
-    /// Root and `admin` spend the TPM's own tries, as in-process.
+    /// Root and `admin` spend the TPM's own tries, as in-process. On a bound store each change of
+    /// the budget is a counted write: a snapshot of the store put back is refused as a rollback,
+    /// never a spent budget given back.
     func spendingPasscodeBudget<T>(of caller: DaemonCaller?, _ attempt: () throws(KeychainError) -> T) throws(KeychainError) -> T {
         guard let caller, !caller.isAdmin() else { return try attempt() }
         let store = try store()
@@ -68,17 +69,17 @@ extension Engine {
                                 + "resets the tries (keychainctl passcode reset-tries)")
         }
         budget.failures[uid, default: 0] += 1
-        try read { try budget.save(store) }
+        try writeStore(store) { [budget] tx in try budget.save(tx) }
         do throws(KeychainError) {
             let result = try attempt()
             budget.failures[uid, default: 1] -= 1
             if budget.failures[uid] == 0 { budget.failures[uid] = nil }
-            try read { try budget.save(store) }
+            try writeStore(store) { [budget] tx in try budget.save(tx) }
             return result
         } catch where error.code != .authenticationFailed {
             budget.failures[uid, default: 1] -= 1
             if budget.failures[uid] == 0 { budget.failures[uid] = nil }
-            try? budget.save(store)
+            _ = try? writeStore(store) { [budget] tx in try budget.save(tx) }
             throw error
         }
     }
