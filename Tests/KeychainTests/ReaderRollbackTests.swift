@@ -172,6 +172,35 @@ extension RollbackTests {
         #expect(!FileManager.default.fileExists(atPath: elsewhere), "reader list made a store at \(elsewhere)")
     }
 
+    /// keychaind's reader (`--reader`) put back from an older copy, beside its bound store: a
+    /// client's read with the removed finger is refused as `DATA_CORRUPTED` naming rollback, and
+    /// so are the client's list and enrollment.
+    @Test func keychaindRefusesItsReaderPutBackNamingRollback() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store", reader = tpm.directory + "/reader"
+        #expect(try run(ctl, ["--direct", "--store", store, "--tcti", tpm.tcti, "init", "--allow-empty-owner-auth"]).status == 0)
+        let daemon = try KeychainDaemon(tpm: tpm, store: store, reader: reader)
+        func client(_ args: [String], _ input: String = "") throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+            try run(ctl, args, input: Array(input.utf8), environment: daemon.environment)
+        }
+        #expect(try client(["passcode", "set"], Self.pin).status == 0)
+        #expect(try client(["reader", "enroll", "thumb"], Self.pin).status == 0)
+        #expect(try client(["reader", "enroll", "index"], Self.pin).status == 0)
+        #expect(try client(["set", "bank", "pin", "--access-control", "biometryAny"], "4321").status == 0)
+        let file = reader + "/reader.json"
+        let copy = try #require(FileManager.default.contents(atPath: file))
+        #expect(try client(["reader", "remove", "thumb"], Self.pin).status == 0)
+        #expect(try client(["get", "bank", "pin", "--touch", "thumb"]).status != 0, "the removed finger opens")
+        unlink(file)
+        #expect(FileManager.default.createFile(atPath: file, contents: copy, attributes: [.posixPermissions: 0o600]))
+        let refused = try client(["get", "bank", "pin", "--touch", "thumb"])
+        expectRollback(refused)
+        #expect(refused.stderr.contains("fingerprint reader's state in \(reader) is an older copy"), "\(refused.stderr)")
+        expectRollback(try client(["reader", "list"]))
+        expectRollback(try client(["reader", "enroll", "middle"], Self.pin))
+        #expect(try client(["get", "bank", "pin", "--touch", "index"]).status != 0)
+    }
+
     /// What an enrollment change costs a bound store: its counted record, three TPM commands as a
     /// bound overwrite's (docs/performance.md).
     @Test func anEnrollmentChangeOnABoundStoreSendsThreeMoreTPMCommands() async throws {
