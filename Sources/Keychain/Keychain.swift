@@ -183,6 +183,31 @@ public struct DeviceStatus: Sendable, Hashable, Codable {
     public var warnings: [String]
     /// The TPM monotonic counter the store is bound to (nil from a keychaind of an older version).
     public var rollbackCounter: RollbackCounterStatus?
+    /// The fingerprint reader against the store's record of it (nil: no reader is configured, or a
+    /// keychaind of an older version).
+    public var reader: ReaderStatus? = nil
+}
+
+/// The fingerprint reader's directory as `status` shows it: a copy put back is reported (a
+/// warning with the recovery), not refused, so the rest of the status is still seen.
+public struct ReaderStatus: Sendable, Hashable, Codable {
+    public enum State: String, Sendable, Hashable, Codable {
+        /// No reader yet: nothing was enrolled.
+        case absent
+        /// The file holds the enrollment changes the store recorded (or more; or the store records none).
+        case current
+        /// The file is behind the store's record: an older copy was put back; every use of the reader refuses it.
+        case rolledBack = "rolled-back"
+        /// The file cannot be read or trusted (see the warning).
+        case unreadable
+    }
+    public var state: State
+    public var directory: String
+    /// Enrolled fingers, when the file was read.
+    public var enrolled: Int?
+    /// The enrollment changes counted in the file, and those the store recorded (bound stores only).
+    public var generation: UInt64?
+    public var recordedGeneration: UInt64?
 }
 
 /// The device: its passcode and lock, shared by every storage of a store; in this process or through

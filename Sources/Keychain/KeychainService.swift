@@ -307,7 +307,9 @@ package struct LocalService: KeychainService {
         await engine.canUse(value, readerDirectory: configuration.readerDirectory)
     }
     package func initialize() async throws(KeychainError) -> DeviceStatus { try await checked().initialize() }
-    package func status() async throws(KeychainError) -> DeviceStatus { try await checked().status() }
+    package func status() async throws(KeychainError) -> DeviceStatus {
+        try await checked().status(readerDirectory: configuration.readerDirectory)
+    }
     package func resetTokenPINTries() async throws(KeychainError) { try await checked().resetTokenPINTries() }
     package func tokenStatus() async throws(KeychainError) -> TokenStatus? {
         guard let uri = configuration.pkcs11URI else { return nil }

@@ -247,6 +247,7 @@ struct Commands {
           "lockout authorization: \(status.lockoutAuthorizationSet ? "set" : "EMPTY")",
           "storage root key: \(status.storageRootKey.rawValue)"]
             + (status.rollbackCounter.map { [rollbackLine($0)] } ?? [])
+            + (status.reader.map { [readerLine($0)] } ?? [])
             + status.warnings.map { "warning: \($0)" }).joined(separator: "\n")
     }
 
@@ -258,6 +259,16 @@ struct Commands {
         if let value = counter.tpmValue { details.append("TPM \(value)") }
         if let window = counter.window { details.append("window \(window)") }
         return "rollback counter: \(counter.state.rawValue)" + (details.isEmpty ? "" : " (" + details.joined(separator: ", ") + ")")
+    }
+
+    /// `fingerprint reader: rolled-back (2 enrolled, enrollment changes: file 2, store 3)`.
+    private func readerLine(_ reader: ReaderStatus) -> String {
+        var details: [String] = []
+        if let enrolled = reader.enrolled { details.append("\(enrolled) enrolled") }
+        if let generation = reader.generation, let recorded = reader.recordedGeneration {
+            details.append("enrollment changes: file \(generation), store \(recorded)")
+        }
+        return "fingerprint reader: \(reader.state.rawValue)" + (details.isEmpty ? "" : " (" + details.joined(separator: ", ") + ")")
     }
 
     func notFound(_ args: [String]) -> Exit {

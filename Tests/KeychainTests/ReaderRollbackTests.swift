@@ -50,6 +50,35 @@ extension RollbackTests {
         expectRollback(try d.cli(["reader", "list"]))
     }
 
+    /// `status` beside a reader put back from an older copy: the rest of the status as before, the
+    /// reader `rolled-back` with the refusal's reason and recovery as a warning; current once deleted.
+    @Test func statusShowsAReaderPutBackAsRolledBackWithItsRecovery() async throws {
+        let d = try Device(ctl: ctl)
+        #expect(try d.cli(["init", "--allow-empty-owner-auth"]).status == 0)
+        #expect(try d.cli(["passcode", "set"], Self.pin).status == 0)
+        #expect(try d.cli(["reader", "enroll", "thumb"], Self.pin).status == 0)
+        #expect(try d.text(["status"]).contains("fingerprint reader: current (1 enrolled, enrollment changes: file 1, store 1)"))
+        let copy = try #require(FileManager.default.contents(atPath: Self.readerFile(d)))
+        #expect(try d.cli(["reader", "enroll", "index"], Self.pin).status == 0)
+        Self.putBackReader(copy, d)
+        let status = try d.cli(["status"])
+        let text = String(decoding: status.stdout, as: UTF8.self)
+        #expect(status.status == 0, "\(status.stderr)")
+        #expect(text.contains("passcode: set") && text.contains("rollback counter: current"), "\(text)")
+        #expect(text.contains("fingerprint reader: rolled-back (1 enrolled, enrollment changes: file 1, store 2)"), "\(text)")
+        #expect(text.contains("warning: Rollback: the fingerprint reader's state in \(d.store).reader is an older copy")
+                && text.contains("keychainctl reader delete, then keychainctl reader enroll NAME"), "\(text)")
+        // The library's call says the same.
+        var configuration = d.tpm.configuration(store: d.store)
+        configuration.readerDirectory = d.store + ".reader"
+        let device = try await KeychainDevice(configuration: configuration).status()
+        #expect(device.reader?.state == .rolledBack && device.reader?.recordedGeneration == 2, "\(String(describing: device.reader))")
+        #expect(device.warnings.contains { $0.hasPrefix("Rollback: the fingerprint reader's state") }, "\(device.warnings)")
+
+        #expect(try d.cli(["reader", "delete"], Self.pin).status == 0)
+        #expect(try d.text(["status"]).contains("fingerprint reader: absent"))
+    }
+
     @Test func aReaderEmptiedByThePasscodesRemovalIsCurrentEvenFromACopy() throws {
         let d = try Device(ctl: ctl)
         #expect(try d.cli(["init", "--allow-empty-owner-auth"]).status == 0)

@@ -83,9 +83,10 @@ extension Engine {
         try resetPasscodeBudgets()
     }
 
-    /// The device lock, the TPM's authorizations and the store's rollback counter; a store behind its
-    /// counter is reported (`rollbackCounter`, a warning), not refused.
-    func status() throws(KeychainError) -> DeviceStatus {
+    /// The device lock, the TPM's authorizations, the store's rollback counter and the reader at
+    /// `readerDirectory`; a store behind its counter, or a reader behind the store's record of it,
+    /// is reported (`rollbackCounter`, `reader`, a warning), not refused.
+    func status(readerDirectory: String? = nil) throws(KeychainError) -> DeviceStatus {
         rollbackCheckSuspended = true
         defer { rollbackCheckSuspended = false }
         return try withKeyring { keyring throws(KeychainError) in
@@ -95,13 +96,15 @@ extension Engine {
             // The embedded TPM's store is bound on first use: this may be it.
             if case .embedded = configuration.tpm, try rollbackState(keyring.store)?.record == nil { try bindRollbackCounter(keyring) }
             let counter = try rollbackCounterStatus(keyring)
+            let reader = try readerDirectory.map { (directory: String) throws(KeychainError) in try readerStatus(directory) }
             return DeviceStatus(passcodeSet: passcodeSet,
                                 lockState: passcodeSet ? .init(rawValue: state.rawValue)! : .unlocked,
                                 securityLevel: keyring.isSoftwareTPM ? .softwareTPM : .hardwareTPM,
                                 tpm: "\(keyring.context.device)",
                                 ownerAuthorizationSet: ownership.owner, lockoutAuthorizationSet: ownership.lockout,
-                                storageRootKey: ownership.srk, warnings: ownership.warnings + counter.warnings,
-                                rollbackCounter: counter)
+                                storageRootKey: ownership.srk,
+                                warnings: ownership.warnings + counter.warnings + (reader?.warning.map { [$0] } ?? []),
+                                rollbackCounter: counter, reader: reader?.status)
         }
     }
 

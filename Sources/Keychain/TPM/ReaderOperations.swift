@@ -165,10 +165,36 @@ extension Engine {
         guard let keyName = reader.keyName else { return reader }
         let recorded = try recordedGeneration(of: keyName)
         guard reader.generation < recorded else { return reader }
-        throw KeychainError(.dataCorrupted, "Rollback: the fingerprint reader's state in \(directory) is an older copy (its "
-                            + "\(reader.generation) enrollment changes are behind the store's \(recorded)), put back in place of the "
-                            + "current one: fingers removed since would be back. Put the current reader.json back; or delete the "
-                            + "reader and enroll again, with the passcode: keychainctl reader delete, then keychainctl reader enroll NAME")
+        throw Self.readerRolledBack(directory, generation: reader.generation, recorded: recorded)
+    }
+
+    nonisolated static func readerRolledBack(_ directory: String, generation: UInt64, recorded: UInt64) -> KeychainError {
+        KeychainError(.dataCorrupted, "Rollback: the fingerprint reader's state in \(directory) is an older copy (its "
+                      + "\(generation) enrollment changes are behind the store's \(recorded)), put back in place of the "
+                      + "current one: fingers removed since would be back. Put the current reader.json back; or delete the "
+                      + "reader and enroll again, with the passcode: keychainctl reader delete, then keychainctl reader enroll NAME")
+    }
+
+    /// The reader for `status`: a copy put back, or a file that cannot be read, is said (with the
+    /// refusal's words as a warning), never thrown.
+    func readerStatus(_ directory: String) throws(KeychainError) -> (status: ReaderStatus, warning: String?) {
+        var status = ReaderStatus(state: .absent, directory: directory)
+        let reader: FingerprintReader
+        do { reader = try FingerprintReader(directory: directory) } catch {
+            status.state = .unreadable
+            return (status, error.message)
+        }
+        guard let keyName = reader.keyName else { return (status, nil) }
+        let recorded = try recordedGeneration(of: keyName)
+        status.enrolled = reader.enrolled.count
+        status.generation = reader.generation
+        status.recordedGeneration = recorded
+        guard reader.generation < recorded else {
+            status.state = .current
+            return (status, nil)
+        }
+        status.state = .rolledBack
+        return (status, Self.readerRolledBack(directory, generation: reader.generation, recorded: recorded).message)
     }
 
     /// What the store recorded of the reader's enrollment changes; 0 where no store exists yet,
