@@ -1,5 +1,6 @@
 import Foundation
 @testable import Keychain
+import KeychainStore
 import KeychainTestSupport
 import Testing
 
@@ -228,6 +229,126 @@ extension RollbackTests {
         expectRollback(try client(["reader", "list"]))
         expectRollback(try client(["reader", "enroll", "middle"], Self.pin))
         #expect(try client(["get", "bank", "pin", "--touch", "index"]).status != 0)
+    }
+
+    // MARK: Failed touches
+
+    /// The failed touches of `account` as the reader's file and the store record them.
+    static func failures(_ d: Device, account: String = "owner") throws -> (file: Int, store: Int) {
+        let bytes = try #require(FileManager.default.contents(atPath: readerFile(d)))
+        let state = try JSONDecoder().decode(FingerprintReader.State.self, from: bytes)
+        let file = account == "owner" ? state.failures : state.accountFailures?[account] ?? 0
+        let recorded = try Store(directory: d.store).meta(StoreMeta.readerFailures(keyName: state.keyName))
+        let counts = try recorded.map { try JSONDecoder().decode([String: Int].self, from: Data($0)) } ?? [:]
+        return (file, counts[account] ?? 0)
+    }
+
+    /// Before, the failure count lived in reader.json alone: a copy saved with no failures, put back
+    /// after five wrong touches, ended the lockout (and ten would never be permanent). On a bound
+    /// store each failure is a counted write too, and the lockout holds over the copy until the
+    /// passcode, which clears both.
+    @Test func aReaderCopyPutBackDoesNotEndALockout() throws {
+        let d = try Device(ctl: ctl)
+        #expect(try d.cli(["init", "--allow-empty-owner-auth"]).status == 0)
+        #expect(try d.cli(["passcode", "set"], Self.pin).status == 0)
+        #expect(try d.cli(["reader", "enroll", "thumb"], Self.pin).status == 0)
+        #expect(try d.cli(["set", "bio", "k", "--access-control", "biometryAny"], "secret").status == 0)
+        let copy = try #require(FileManager.default.contents(atPath: Self.readerFile(d)))
+        var answers: [String] = []
+        for guess in 1...5 { answers.append(try d.cli(["get", "bio", "k", "--touch", "guess\(guess)"]).stderr) }
+        #expect(answers.last!.contains("LOCKOUT"), "\(answers)")
+        #expect(try d.cli(["get", "bio", "k", "--touch", "thumb"]).stderr.contains("LOCKOUT"))
+
+        Self.putBackReader(copy, d)
+        let after = try d.cli(["get", "bio", "k", "--touch", "thumb"])
+        #expect(after.status != 0 && after.stderr.contains("LOCKOUT") && after.stdout.isEmpty, "the copy ended the lockout: \(after.stderr)")
+        // Touches go on counting from the store's count: ten make it permanent, over the copy too.
+        for _ in 1...3 { _ = try d.cli(["get", "bio", "k", "--touch", "thumb"]) }
+        Self.putBackReader(copy, d)
+        #expect(try d.cli(["get", "bio", "k", "--touch", "thumb"]).stderr.contains("LOCKOUT_PERMANENT"))
+
+        // The passcode ends it, in the file and the store.
+        #expect(try d.cli(["unlock"], Self.pin).status == 0)
+        #expect(try Self.failures(d) == (0, 0))
+        #expect(try d.text(["get", "bio", "k", "--touch", "thumb"]) == "secret")
+    }
+
+    /// keychaind's uid accounts: another uid's lockout holds over a copy put back too, and stays that
+    /// uid's own (the owner still reads).
+    @Test func keychaindsUidLockoutHoldsOverAReaderCopyPutBack() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store", reader = tpm.directory + "/reader"
+        #expect(try run(ctl, ["--direct", "--store", store, "--tcti", tpm.tcti, "init", "--allow-empty-owner-auth"]).status == 0)
+        let daemon = try KeychainDaemon(tpm: tpm, store: store, reader: reader)
+        let nobody: UInt32 = 65534
+        func client(_ args: [String], _ input: String = "", uid: UInt32? = nil) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
+            guard let uid else { return try run(ctl, args, input: Array(input.utf8), environment: daemon.environment) }
+            return try run("/usr/bin/setpriv", ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", ctl] + args,
+                           input: Array(input.utf8), environment: daemon.environment)
+        }
+        #expect(try client(["passcode", "set"], Self.pin).status == 0)
+        #expect(try client(["reader", "enroll", "thumb"], Self.pin).status == 0)
+        #expect(try client(["set", "nbio", "k", "--access-control", "biometryAny"], "nobody's", uid: nobody).status == 0)
+        #expect(try client(["set", "rbio", "k", "--access-control", "biometryAny"], "root's").status == 0)
+        let file = reader + "/reader.json"
+        let copy = try #require(FileManager.default.contents(atPath: file))
+        for guess in 1...5 { _ = try client(["get", "nbio", "k", "--touch", "guess\(guess)"], uid: nobody) }
+        #expect(try client(["get", "nbio", "k", "--touch", "thumb"], uid: nobody).stderr.contains("LOCKOUT"))
+        unlink(file)
+        #expect(FileManager.default.createFile(atPath: file, contents: copy, attributes: [.posixPermissions: 0o600]))
+        let after = try client(["get", "nbio", "k", "--touch", "thumb"], uid: nobody)
+        #expect(after.stderr.contains("LOCKOUT") && after.stdout.isEmpty, "the copy ended uid \(nobody)'s lockout: \(after.stderr)")
+        #expect(String(decoding: try client(["get", "rbio", "k", "--touch", "thumb"]).stdout, as: UTF8.self) == "root's")
+    }
+
+    /// A wrong touch killed after each of its TPM commands in turn: the store's count is written
+    /// before the file's, so wherever the kill lands the store holds at least the file's count (a
+    /// copy of the file put back after it loses no failure).
+    @Test func aWrongTouchKilledAtEveryTPMCommandNeverLeavesTheFileAheadOfTheStore() throws {
+        let d = try Device(ctl: ctl)
+        #expect(try d.cli(["init", "--allow-empty-owner-auth"]).status == 0)
+        #expect(try d.cli(["passcode", "set"], Self.pin).status == 0)
+        #expect(try d.cli(["reader", "enroll", "thumb"], Self.pin).status == 0)
+        #expect(try d.cli(["set", "bio", "k", "--access-control", "biometryAny"], "secret").status == 0)
+        var completed = false
+        for n in 1...40 where !completed {
+            let killed = try d.cli(["get", "bio", "k", "--touch", "wrong"], environment: ["KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS": "\(n)"])
+            completed = killed.status != 134
+            #expect(completed ? killed.stderr.contains("AUTHENTICATION_FAILED") : true, "kill \(n): \(killed.stderr)")
+            let (file, store) = try Self.failures(d)
+            #expect(store >= file && file <= 1, "kill \(n): file \(file), store \(store)")
+            if completed { print("a wrong touch on a bound store: killed at each of its first \(n - 1) TPM commands") }
+            #expect(try d.cli(["unlock"], Self.pin).status == 0)
+        }
+        #expect(completed, "the wrong touch never completed")
+    }
+
+    /// What a failed touch costs a bound store: its counted record, as a bound overwrite's.
+    @Test func aFailedTouchOnABoundStoreSendsTheCountedWritesCommands() async throws {
+        let tpm = try SoftwareTPM()
+        var counts: [String: Int] = [:]
+        for bound in [false, true] {
+            let answers = ScriptedAuthenticator()
+            var configuration = tpm.configuration(store: tpm.directory + (bound ? "/bound" : "/unbound"))
+            configuration.readerDirectory = tpm.directory + (bound ? "/bound.reader" : "/unbound.reader")
+            configuration.authenticator = answers
+            let device = KeychainDevice(configuration: configuration)
+            if bound {
+                try await KeychainAdministration(configuration: configuration).initialize(takingOwnership: Ownership(allowEmpty: true))
+            } else {
+                _ = try await device.initialize()
+            }
+            if !bound { try await device.setPasscode(bytes("2468")) }  // the TPM's, both stores'
+            try await device.enrollFinger("thumb", passcode: bytes("2468"))
+            let storage = try createKeychain(.init(service: "bio", accessControl: .biometryAny), configuration: configuration)
+            try await storage.setItem("k", "v")
+            answers.push(.finger("wrong"))
+            _ = await device.takeTPMCommandCount()
+            await #expect(throws: KeychainError.self) { try await storage.getItem("k") }
+            counts[bound ? "bound" : "unbound"] = await device.takeTPMCommandCount()
+        }
+        print("TPM commands per failed touch: \(counts)")
+        #expect(counts["bound"] == counts["unbound"].map { $0 + 3 }, "\(counts)")
     }
 
     /// What an enrollment change costs a bound store: its counted record, three TPM commands as a

@@ -61,12 +61,16 @@ final class FingerprintReader {
 
     enum Match: Equatable { case match, noMatch, lockout, permanentLockout }
 
-    /// The lockout of `account` (nil: the in-process caller's).
-    func lockState(of account: String? = nil) -> Match? {
+    /// The lockout of `account` (nil: the in-process caller's), counting at least `recorded`
+    /// failures (a bound store's record of them: `Engine.touch`).
+    func lockState(of account: String? = nil, recorded: Int = 0) -> Match? {
         guard let current = state else { return nil }
-        let failures = Self.failures(current, account)
-        if failures >= Self.permanentLockoutAfter { return .permanentLockout }
-        if failures >= Self.lockoutAfter { return .lockout }
+        return Self.lockState(max(Self.failures(current, account), recorded))
+    }
+
+    private static func lockState(_ failures: Int) -> Match? {
+        if failures >= permanentLockoutAfter { return .permanentLockout }
+        if failures >= lockoutAfter { return .lockout }
         return nil
     }
 
@@ -83,28 +87,29 @@ final class FingerprintReader {
     }
 
     /// Reads a finger for `account` (nil: the in-process caller): a match if it is enrolled. Failed
-    /// matches count toward that account's lockouts.
-    func read(finger: String, account: String? = nil) throws(KeychainError) -> Match {
+    /// matches count toward that account's lockouts, from at least `recorded` (a bound store's
+    /// record); `record` records a new count there. Crash-atomic: a failure is recorded before the
+    /// file, so a kill in between leaves it counted; a match's reset goes to the file first (a kill
+    /// then leaves a lockout standing, never one ended).
+    func read(finger: String, account: String? = nil, recorded: Int = 0,
+              record: (Int) throws(KeychainError) -> Void = { _ in }) throws(KeychainError) -> Match {
         guard var current = state else { return .noMatch }
-        let failures = Self.failures(current, account)
-        let locked = lockState(of: account)
+        let failures = max(Self.failures(current, account), recorded)
+        let locked = Self.lockState(failures)
         if locked == .permanentLockout { return .permanentLockout }
-        if locked == .lockout {
-            // Touches during a lockout keep counting: ten in a row make it permanent.
-            Self.setFailures(&current, account, failures + 1)
-            try save(current)
-            return lockState(of: account)!
-        }
-        if current.fingers[finger] != nil {
-            if failures != 0 {  // write the file only when the count changes
+        // Touches during a lockout keep counting: ten in a row make it permanent.
+        if locked == nil, current.fingers[finger] != nil {
+            if failures != 0 {  // write only when the count changes
                 Self.setFailures(&current, account, 0)
                 try save(current)
+                if recorded != 0 { try record(0) }
             }
             return .match
         }
+        try record(failures + 1)
         Self.setFailures(&current, account, failures + 1)
         try save(current)
-        return lockState(of: account) ?? .noMatch
+        return Self.lockState(failures + 1) ?? .noMatch
     }
 
     /// PolicySigned's policyRef for a key: SHA-256 of a domain string, the CurrentSet flag, the

@@ -20,7 +20,7 @@ extension Engine {
         seenUnlocked = generation
         startedTPMNeedsUnlock = false
         if passcode != nil, let readerDirectory {
-            try FingerprintReader(directory: readerDirectory).resetLockout(account: caller?.readerAccount)
+            try resetLockout(of: FingerprintReader(directory: readerDirectory), account: caller?.readerAccount)
         }
     }
 

@@ -72,7 +72,7 @@ extension Engine {
         let reader = try checkedReader(readerDirectory)
         try withKeyring { keyring throws(KeychainError) in try reader.enroll(finger, keyring: keyring) }
         try recordGeneration(of: reader)
-        try reader.resetLockout()
+        try resetLockout(of: reader, account: nil)
         unsealed = unsealed.filter { $0.value.opened == nil }
         if let passcode { try addReaderBranch(passcode: passcode, readerDirectory: readerDirectory) }
     }
@@ -223,5 +223,64 @@ extension Engine {
             let recorded = try tx.meta(key).flatMap(UInt64.init(bigEndianBytes:)) ?? 0
             try tx.setMeta(key, max(recorded, generation(recorded)).bigEndianBytes)
         }
+    }
+}
+
+// MARK: Failed touches bound to the store
+
+extension Engine {
+    /// A touch of `reader` for `account` (nil: the in-process caller). On a bound store its failures
+    /// are recorded in a counted write too (before the file), and the lockout is the more of the
+    /// file's and the store's counts: a copy of reader.json put back does not end a lockout.
+    func touch(_ reader: FingerprintReader, finger: String, account: String?) throws(KeychainError) -> FingerprintReader.Match {
+        let recorded = try recordedFailures(of: reader)[Self.failureAccount(account)] ?? 0
+        return try reader.read(finger: finger, account: account, recorded: recorded) { count throws(KeychainError) in
+            try recordFailures(of: reader) { counts in counts[Self.failureAccount(account)] = count == 0 ? nil : count }
+        }
+    }
+
+    /// The lockout of `account` on `reader`, the store's record counted.
+    func lockState(of reader: FingerprintReader, account: String?) throws(KeychainError) -> FingerprintReader.Match? {
+        reader.lockState(of: account, recorded: try recordedFailures(of: reader)[Self.failureAccount(account)] ?? 0)
+    }
+
+    /// The passcode was entered: the lockout of `account` ends (nil: every account's), in the file and
+    /// in the store's record (a counted write only when the store holds a count to clear).
+    func resetLockout(of reader: FingerprintReader, account: String?) throws(KeychainError) {
+        try reader.resetLockout(account: account)
+        let recorded = try recordedFailures(of: reader)
+        guard account.map({ recorded[Self.failureAccount($0)] != nil }) ?? !recorded.isEmpty else { return }
+        try recordFailures(of: reader) { counts in
+            if let account { counts[Self.failureAccount(account)] = nil } else { counts = [:] }
+        }
+    }
+
+    private nonisolated static func failureAccount(_ account: String?) -> String { account ?? "owner" }
+
+    /// The failed touches the store recorded of `reader`, by account; none where no store exists.
+    private func recordedFailures(of reader: FingerprintReader) throws(KeychainError) -> [String: Int] {
+        guard let keyName = reader.keyName, let store = try existingStore() else { return [:] }
+        return try read { try Self.decodeFailures(store.meta(StoreMeta.readerFailures(keyName: keyName)), keyName) }
+    }
+
+    /// Changes the store's record of `reader`'s failures in one counted transaction (a bound store only).
+    private func recordFailures(of reader: FingerprintReader, _ change: (inout [String: Int]) -> Void) throws(KeychainError) {
+        guard let keyName = reader.keyName, let store = try existingStore(), try rollbackState(store)?.record != nil else { return }
+        let key = StoreMeta.readerFailures(keyName: keyName)
+        try writeStore(store) { tx in
+            var counts = try Self.decodeFailures(tx.meta(key), keyName)
+            change(&counts)
+            if counts.isEmpty { _ = try tx.deleteMeta(key) } else { try tx.setMeta(key, Array(try JSONEncoder().encode(counts))) }
+        }
+    }
+
+    private nonisolated static func decodeFailures(_ bytes: [UInt8]?, _ keyName: [UInt8]) throws(KeychainError) -> [String: Int] {
+        guard let bytes else { return [:] }
+        guard let counts = try? JSONDecoder().decode([String: Int].self, from: Data(bytes)) else {
+            throw KeychainError(.dataCorrupted, "The store's record of the fingerprint reader's failed touches "
+                                + "(\(StoreMeta.readerFailures(keyName: keyName))) cannot be read: delete the reader and enroll again, "
+                                + "with the passcode (keychainctl reader delete)")
+        }
+        return counts
     }
 }

@@ -175,7 +175,7 @@ extension Engine {
             switch try readerVerdict(for: binding, directory: context.readerDirectory) {
             case .usable(let present):
                 reader = present
-                if present.lockState(of: context.caller?.readerAccount) != .permanentLockout || policy.passcode != true {
+                if try lockState(of: present, account: context.caller?.readerAccount) != .permanentLockout || policy.passcode != true {
                     methods.append(.fingerprint)
                 }
             case .enrollmentChanged:
@@ -221,7 +221,7 @@ extension Engine {
             switch answer {
             case .finger(let finger):
                 guard methods.contains(.fingerprint), let reader else { return .failed("a fingerprint does not open this item") }
-                switch try reader.read(finger: finger, account: context.caller?.readerAccount) {
+                switch try touch(reader, finger: finger, account: context.caller?.readerAccount) {
                 case .match:
                     return .opened(try withKeyring { keyring throws(KeychainError) in
                         let secret = try keyring.unseal(blob, policy: policy, authorization: .finger(reader, window: window))
@@ -245,7 +245,7 @@ extension Engine {
                             return secret
                         }
                     }
-                    try reader?.resetLockout(account: context.caller?.readerAccount)
+                    if let reader { try resetLockout(of: reader, account: context.caller?.readerAccount) }
                     return .opened(secret)
                 } catch where error.code == .authenticationFailed {
                     return .failed("wrong passcode")
