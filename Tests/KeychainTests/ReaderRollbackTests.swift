@@ -233,6 +233,17 @@ extension RollbackTests {
 
     // MARK: Failed touches
 
+    /// A bound store with the passcode set, the finger `thumb` enrolled and the biometryAny item
+    /// `bio`/`k` holding "secret".
+    func boundDeviceWithABiometricItem() throws -> Device {
+        let d = try Device(ctl: ctl)
+        #expect(try d.cli(["init", "--allow-empty-owner-auth"]).status == 0)
+        #expect(try d.cli(["passcode", "set"], Self.pin).status == 0)
+        #expect(try d.cli(["reader", "enroll", "thumb"], Self.pin).status == 0)
+        #expect(try d.cli(["set", "bio", "k", "--access-control", "biometryAny"], "secret").status == 0)
+        return d
+    }
+
     /// The failed touches of `account` as the reader's file and the store record them.
     static func failures(_ d: Device, account: String = "owner") throws -> (file: Int, store: Int) {
         let bytes = try #require(FileManager.default.contents(atPath: readerFile(d)))
@@ -248,11 +259,7 @@ extension RollbackTests {
     /// store each failure is a counted write too, and the lockout holds over the copy until the
     /// passcode, which clears both.
     @Test func aReaderCopyPutBackDoesNotEndALockout() throws {
-        let d = try Device(ctl: ctl)
-        #expect(try d.cli(["init", "--allow-empty-owner-auth"]).status == 0)
-        #expect(try d.cli(["passcode", "set"], Self.pin).status == 0)
-        #expect(try d.cli(["reader", "enroll", "thumb"], Self.pin).status == 0)
-        #expect(try d.cli(["set", "bio", "k", "--access-control", "biometryAny"], "secret").status == 0)
+        let d = try boundDeviceWithABiometricItem()
         let copy = try #require(FileManager.default.contents(atPath: Self.readerFile(d)))
         var answers: [String] = []
         for guess in 1...5 { answers.append(try d.cli(["get", "bio", "k", "--touch", "guess\(guess)"]).stderr) }
@@ -281,35 +288,26 @@ extension RollbackTests {
         #expect(try run(ctl, ["--direct", "--store", store, "--tcti", tpm.tcti, "init", "--allow-empty-owner-auth"]).status == 0)
         let daemon = try KeychainDaemon(tpm: tpm, store: store, reader: reader)
         let nobody: UInt32 = 65534
-        func client(_ args: [String], _ input: String = "", uid: UInt32? = nil) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
-            guard let uid else { return try run(ctl, args, input: Array(input.utf8), environment: daemon.environment) }
-            return try run("/usr/bin/setpriv", ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", ctl] + args,
-                           input: Array(input.utf8), environment: daemon.environment)
-        }
-        #expect(try client(["passcode", "set"], Self.pin).status == 0)
-        #expect(try client(["reader", "enroll", "thumb"], Self.pin).status == 0)
-        #expect(try client(["set", "nbio", "k", "--access-control", "biometryAny"], "nobody's", uid: nobody).status == 0)
-        #expect(try client(["set", "rbio", "k", "--access-control", "biometryAny"], "root's").status == 0)
+        #expect(try client(daemon, ["passcode", "set"], Self.pin).status == 0)
+        #expect(try client(daemon, ["reader", "enroll", "thumb"], Self.pin).status == 0)
+        #expect(try client(daemon, ["set", "nbio", "k", "--access-control", "biometryAny"], "nobody's", uid: nobody).status == 0)
+        #expect(try client(daemon, ["set", "rbio", "k", "--access-control", "biometryAny"], "root's").status == 0)
         let file = reader + "/reader.json"
         let copy = try #require(FileManager.default.contents(atPath: file))
-        for guess in 1...5 { _ = try client(["get", "nbio", "k", "--touch", "guess\(guess)"], uid: nobody) }
-        #expect(try client(["get", "nbio", "k", "--touch", "thumb"], uid: nobody).stderr.contains("LOCKOUT"))
+        for guess in 1...5 { _ = try client(daemon, ["get", "nbio", "k", "--touch", "guess\(guess)"], uid: nobody) }
+        #expect(try client(daemon, ["get", "nbio", "k", "--touch", "thumb"], uid: nobody).stderr.contains("LOCKOUT"))
         unlink(file)
         #expect(FileManager.default.createFile(atPath: file, contents: copy, attributes: [.posixPermissions: 0o600]))
-        let after = try client(["get", "nbio", "k", "--touch", "thumb"], uid: nobody)
+        let after = try client(daemon, ["get", "nbio", "k", "--touch", "thumb"], uid: nobody)
         #expect(after.stderr.contains("LOCKOUT") && after.stdout.isEmpty, "the copy ended uid \(nobody)'s lockout: \(after.stderr)")
-        #expect(String(decoding: try client(["get", "rbio", "k", "--touch", "thumb"]).stdout, as: UTF8.self) == "root's")
+        #expect(String(decoding: try client(daemon, ["get", "rbio", "k", "--touch", "thumb"]).stdout, as: UTF8.self) == "root's")
     }
 
     /// A wrong touch killed after each of its TPM commands in turn: the store's count is written
     /// before the file's, so wherever the kill lands the store holds at least the file's count (a
     /// copy of the file put back after it loses no failure).
     @Test func aWrongTouchKilledAtEveryTPMCommandNeverLeavesTheFileAheadOfTheStore() throws {
-        let d = try Device(ctl: ctl)
-        #expect(try d.cli(["init", "--allow-empty-owner-auth"]).status == 0)
-        #expect(try d.cli(["passcode", "set"], Self.pin).status == 0)
-        #expect(try d.cli(["reader", "enroll", "thumb"], Self.pin).status == 0)
-        #expect(try d.cli(["set", "bio", "k", "--access-control", "biometryAny"], "secret").status == 0)
+        let d = try boundDeviceWithABiometricItem()
         var completed = false
         for n in 1...40 where !completed {
             let killed = try d.cli(["get", "bio", "k", "--touch", "wrong"], environment: ["KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS": "\(n)"])

@@ -54,6 +54,14 @@ struct RollbackTests {
         }
     }
 
+    /// keychainctl through `daemon`, as root or as `uid` (setpriv).
+    func client(_ daemon: KeychainDaemon, _ args: [String], _ input: String = "", uid: UInt32? = nil) throws
+        -> (status: Int32, stdout: [UInt8], stderr: String) {
+        guard let uid else { return try run(ctl, args, input: Array(input.utf8), environment: daemon.environment) }
+        return try run("/usr/bin/setpriv", ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", ctl] + args,
+                       input: Array(input.utf8), environment: daemon.environment)
+    }
+
     func expectRollback(_ result: (status: Int32, stdout: [UInt8], stderr: String), sourceLocation: SourceLocation = #_sourceLocation) {
         #expect(result.status == 3, "\(result.stderr)", sourceLocation: sourceLocation)
         #expect(result.stderr.contains("DATA_CORRUPTED: Rollback"), "\(result.stderr)", sourceLocation: sourceLocation)
@@ -239,23 +247,18 @@ struct RollbackTests {
         #expect(try run(ctl, ["--direct", "--store", store, "--tcti", tpm.tcti, "init", "--allow-empty-owner-auth"]).status == 0)
         let daemon = try KeychainDaemon(tpm: tpm, store: store)
         let nobody: UInt32 = 65534
-        func client(_ args: [String], _ input: String = "", uid: UInt32? = nil) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
-            guard let uid else { return try run(ctl, args, input: Array(input.utf8), environment: daemon.environment) }
-            return try run("/usr/bin/setpriv", ["--reuid=\(uid)", "--regid=\(uid)", "--clear-groups", ctl] + args,
-                           input: Array(input.utf8), environment: daemon.environment)
-        }
-        #expect(try client(["passcode", "set"], "2468\n").status == 0)
+        #expect(try client(daemon, ["passcode", "set"], "2468\n").status == 0)
         daemon.kill()
         let copy = Self.snapshot(store)
         try daemon.start()
-        for _ in 1...3 { #expect(try client(["unlock"], "0000\n", uid: nobody).stderr.contains("AUTHENTICATION_FAILED")) }
-        let spent = try client(["unlock"], "0000\n", uid: nobody)
+        for _ in 1...3 { #expect(try client(daemon, ["unlock"], "0000\n", uid: nobody).stderr.contains("AUTHENTICATION_FAILED")) }
+        let spent = try client(daemon, ["unlock"], "0000\n", uid: nobody)
         #expect(spent.stderr.contains("LOCKOUT") && spent.stderr.contains("uid \(nobody) gave 3 wrong passcodes"), "\(spent.stderr)")
         daemon.kill()
         try Self.putBack(copy, store)
         try daemon.start()
         // The copy's budget is unspent: refused as a rollback, not three more tries of the TPM's.
-        let again = try client(["unlock"], "0000\n", uid: nobody)
+        let again = try client(daemon, ["unlock"], "0000\n", uid: nobody)
         expectRollback(again)
         #expect(!again.stderr.contains("AUTHENTICATION_FAILED"), "\(again.stderr)")
     }
