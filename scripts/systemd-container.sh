@@ -3,7 +3,8 @@
 #
 # Source it, then: container_root (the cached debootstrap root, built when absent), container_boot NAME
 # (a throw-away overlay on that root, booted with systemd-nspawn), container_exec NAME CMD… (a command
-# inside, as root), container_stop NAME. Or run it: `scripts/systemd-container.sh root` builds the cache.
+# inside, as root), container_reboot NAME (a reboot that keeps the overlay), container_stop NAME. Or run it:
+# `scripts/systemd-container.sh root` builds the cache.
 #
 # - The root is `debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus bookworm` from the mirror
 #   apt is configured with here, plus the packages the keychain package depends on and swtpm (the tests'
@@ -81,7 +82,7 @@ container_dir() { echo "/run/keychain-tests/$1"; }
 # Boots NAME on an overlay of the cached root and waits until systemd inside is up (is-system-running
 # answers running or degraded). Fails, saying why, when the machine cannot boot it.
 container_boot() {
-  local name=$1 root dir leader state
+  local name=$1 root dir
   root=$(container_root) || return
   command -v systemd-nspawn >/dev/null || container_fail "systemd-nspawn is not installed (package systemd-container)" || return
   dir=$(container_dir "$name")
@@ -96,6 +97,15 @@ container_boot() {
   else container_fail "no systemd or unified cgroup hierarchy at /sys/fs/cgroup"; return; fi
   mkdir -p "$cg"
   echo "$cg" >"$dir/cgroup"
+  container_launch "$name"
+}
+
+# Runs systemd-nspawn on NAME's overlay (mounted by container_boot, kept across a reboot) and waits until
+# systemd inside is up.
+container_launch() {
+  local name=$1 dir leader state cg
+  dir=$(container_dir "$name")
+  cg=$(cat "$dir/cgroup")
   # setsid: the container's console is a pipe to our log, never our terminal.
   # CONTAINER_NSPAWN_ARGS: more of nspawn's options (e.g. --setenv=SYSTEMD_TPM2_DEVICE=… for PID 1).
   # shellcheck disable=SC2086
@@ -120,6 +130,23 @@ container_boot() {
   tail -n 30 "$dir/console.log" >&2
   container_fail "systemd in $name did not come up in 30 s (state '${state:-none}', console above)"
 }
+
+# Reboots NAME as a device reboots: `systemctl reboot` inside (every unit stopped in order, then PID 1's
+# reboot(), on which systemd-nspawn exits with status 133 rather than boot again), then a new boot of the same
+# overlay, so whatever was written inside (the package, its enablement links, the store) is still there.
+container_reboot() {
+  local name=$1 dir pid i
+  dir=$(container_dir "$name")
+  pid=$(cat "$dir/nspawn.pid")
+  container_exec "$name" systemctl reboot || container_fail "systemctl reboot failed in $name" || return
+  for i in $(seq 1 150); do container_running "$pid" || break; sleep 0.2; done
+  if container_running "$pid"; then container_fail "$name did not go down within 30 s of systemctl reboot"; return; fi
+  wait "$pid" 2>/dev/null || true
+  container_launch "$name"
+}
+
+# Whether process PID still runs: a zombie (nspawn exited, its parent this shell, not reaped yet) does not.
+container_running() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) && [[ $st != Z* ]]; }
 
 # The container's PID 1 as the host sees it: the child of systemd-nspawn.
 container_leader() {
@@ -151,7 +178,7 @@ container_stop() {
     # SIGRTMIN+4 to the container's systemd is poweroff; nspawn exits once it has.
     local leader; leader=$(container_leader "$name" 2>/dev/null || true)
     [ -n "$leader" ] && kill -s SIGRTMIN+4 "$leader" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    local i; for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    local i; for i in $(seq 1 50); do container_running "$pid" || break; sleep 0.2; done
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
   fi

@@ -78,9 +78,11 @@ else
 fi
 groups=$(in_container id -nG keychaind 2>&1)
 [[ " $groups " == *" tss "* ]] && pass "postinst made the system user keychaind, in tss" || fail "keychaind user and its groups" "$groups"
-state=$(in_container systemctl is-enabled keychaind.socket; in_container systemctl is-active keychaind.socket keychaind.service)
-[ "$state" = $'enabled\nactive\ninactive' ] && pass "keychaind.socket enabled and listening, keychaind.service not started yet" \
-  || fail "keychaind.socket enabled+active, keychaind.service inactive" "$state"
+# Nothing has connected yet: a running keychaind was started by postinst, not by the socket.
+state=$(in_container systemctl is-enabled keychaind.socket keychaind.service; in_container systemctl is-active keychaind.socket keychaind.service)
+[ "$state" = $'enabled\nenabled\nactive\nactive' ] \
+  && pass "keychaind.socket and keychaind.service enabled, the socket listening and keychaind running before any client connected" \
+  || fail "postinst enables and starts keychaind.socket and keychaind.service" "$state"
 for exe in /usr/bin/keychainctl /usr/bin/keychainctl-full /usr/bin/keychain-secret-service /usr/sbin/keychaind /usr/lib/keychain/keychain-bench; do
   libs=$(in_container ldd "$exe" 2>&1)
   if grep -Eq 'not found|swift|Foundation|dispatch' <<<"$libs"; then fail "$exe loads only Debian's libraries" "$libs"
@@ -91,10 +93,30 @@ done
 # by keychaind under the unit's own sandbox), so the unit runs exactly as shipped, with no drop-in.
 in_container sh -c 'useradd -m alice && useradd -m bob'
 
+echo "== at boot"
+# A device's boot: keychaind.service (WantedBy=multi-user.target) starts with the system, so the first unit asking
+# for a credential finds it running; nothing connects to keychaind's sockets between the boot and that unit.
+printf 'boot-value' >"$(container_dir pkg)/root/root/boot.bin"
+out=$(in_container sh -c 'keychainctl credential set boot.service token </root/boot.bin' 2>&1) || fail "credential set boot.service token" "$out"
+credential_unit boot token /usr/bin/cat
+if ! out=$(container_reboot pkg 2>&1); then fail "the container reboots (systemctl reboot, the same overlay booted again)" "$out"; finish; fi
+st=$(in_container systemctl is-active keychaind.service; in_container systemctl show -p NRestarts --value keychaind.service)
+boots=$(in_container journalctl --list-boots --no-pager -q | wc -l)
+[ "$st" = $'active\n0' ] && [ "$boots" -ge 2 ] \
+  && pass "rebooted (boot $boots of the journal): keychaind.service is running before any client connected" \
+  || fail "after a reboot keychaind.service runs before any client connects" "$st, boots $boots"
+out=$(in_container systemctl start boot.service 2>&1); rc=$?
+got=$(in_container journalctl -b -u boot.service -o cat --no-pager | grep -x boot-value)
+[ $rc -eq 0 ] && [ "$got" = boot-value ] && pass "the boot's first LoadCredential= unit (boot.service) starts with its value" \
+  || fail "the first LoadCredential= unit after a boot gets its value" "exit $rc, got '$got' $out $(in_container journalctl -b -u keychaind.service -o cat --no-pager | tail -n 5)"
+
 echo "== socket activation"
-out=$(printf 'v-root' | in_container keychainctl set appliance root-key 2>&1)
+# Stopped (or crashed), keychaind starts again on the next connection: the socket stays enabled beside the service.
+in_container systemctl stop keychaind.service
+out=$(printf 'v-root' | in_container keychainctl set appliance root-key 2>&1); rc=$?
 st=$(in_container systemctl is-active keychaind.service)
-[ "$st" = active ] && pass "the first connection started keychaind.service" || fail "the first connection starts keychaind.service" "$st $out"
+[ "$st" = active ] && [ $rc -eq 0 ] && pass "stopped, keychaind.service is started again by the next connection (socket activation)" \
+  || fail "a connection starts a stopped keychaind.service" "$st, exit $rc: $out"
 out=$(in_container keychainctl get appliance root-key 2>&1)
 [ "$out" = v-root ] && pass "root's set and get through the socket" || fail "root's set and get through the socket" "$out"
 pid1=$(in_container systemctl show -p MainPID --value keychaind.service)
