@@ -112,7 +112,7 @@ got=$(in_container journalctl -b -u boot.service -o cat --no-pager | grep -x boo
 
 echo "== socket activation"
 # Stopped (or crashed), keychaind starts again on the next connection: the socket stays enabled beside the service.
-in_container systemctl stop keychaind.service
+in_container systemctl stop keychaind.service 2>/dev/null
 out=$(printf 'v-root' | in_container keychainctl set appliance root-key 2>&1); rc=$?
 st=$(in_container systemctl is-active keychaind.service)
 [ "$st" = active ] && [ $rc -eq 0 ] && pass "stopped, keychaind.service is started again by the next connection (socket activation)" \
@@ -328,6 +328,15 @@ out=$(printf '24680\n' | direct boot-state approve 2>&1 && direct tpm reboot 2>&
   || fail "approved again, tdo.service starts" "$out $(in_container journalctl -u keychaind.service -o cat --no-pager | grep 'unit tdo.service' | tail -n1)"
 journal=$(in_container journalctl -u keychaind.service -o cat --no-pager)
 ! grep -q -e 'tdo-value' -e 'for-this-tpm' <<<"$journal" && pass "keychaind's journal holds neither value" || fail "keychaind's journal holds no value" "$journal"
+
+echo "== upgrade"
+# An administrator who wants keychaind on the first connection only disables the service; an upgrade (the same
+# package again: postinst configure with the old version) keeps that, and starts nothing.
+in_container systemctl disable --now keychaind.service 2>/dev/null
+out=$(in_container dpkg -i "/root/$(basename "$deb")" 2>&1) || fail "dpkg -i of the package over itself (an upgrade)" "$out"
+st=$(in_container systemctl is-enabled keychaind.service; in_container systemctl is-active keychaind.service keychaind.socket)
+[ "$st" = $'disabled\ninactive\nactive' ] && pass "an upgrade keeps a keychaind.service the administrator disabled disabled and stopped, its socket listening" \
+  || fail "an upgrade keeps the administrator's disabled keychaind.service" "$st"
 
 echo "== remove and purge"
 out=$(in_container env DEBIAN_FRONTEND=noninteractive apt-get remove -y -q keychain 2>&1) || fail "apt-get remove keychain" "$out"
