@@ -1,6 +1,7 @@
 import Foundation
 import KeychainWire
 import SecureMemory
+import TPM2
 import Synchronization
 
 /// keychaind's service: owns the store and the TPM connection (through this process's engine) and
@@ -107,11 +108,14 @@ package final class DaemonServer: Sendable {
     /// line to log: what was done, or what failed (never fatal: the first request meets it again and
     /// answers with it); nil when there was nothing to do.
     package func prepareForFirstRequest() async -> String? {
-        do throws(KeychainError) {
-            return try await engine.unlockWithoutPasscodeAtStart()
-                ? "keychaind: the device has no passcode and the TPM had it locked (a TPM reset): unlocked it" : nil
-        } catch {
-            return "keychaind: preparing for the first request failed (\(error.code.rawValue): \(error.message)); each request meets it again"
+        let engine = engine
+        return await TPMContext.pausingCrashPoints { () async -> String? in
+            do throws(KeychainError) {
+                return try await engine.unlockWithoutPasscodeAtStart()
+                    ? "keychaind: the device has no passcode and the TPM had it locked (a TPM reset): unlocked it" : nil
+            } catch {
+                return "keychaind: preparing for the first request failed (\(error.code.rawValue): \(error.message)); each request meets it again"
+            }
         }
     }
 
