@@ -91,16 +91,13 @@ struct DaemonConnectionTests {
         #expect(client.hops.count.load(ordering: .relaxed) == before + 20)
     }
 
-    /// More of the pool's callers at once than Dispatch's global queue has threads: the exchanges beyond
-    /// `globalQueueWaits` wait for their replies on threads of their own, so every request is in flight
-    /// at once (not one per processor, the rest queued behind them for a thread). keychaind is stopped
-    /// so that they all wait; the deadline only bounds a failure.
-    @Test func thePoolsCallersBeyondTheProcessorsWaitOnThreadsOfTheirOwn() async throws {
+    /// `callers` reads by tasks of Swift's pool with keychaind stopped (SIGSTOP), so that each waits for its
+    /// reply: where this client's exchanges waited once `enough` of them did (the deadline only bounds a
+    /// failure); then, keychaind going on, every read's value.
+    func readsWaitingOnAStoppedDaemon(_ callers: Int, enough: Int) async throws -> (onGlobalQueue: Int, onOwnThread: Int) {
         let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
         let client = try #require(storage.backing as? DaemonClient)
         try await storage.setItem("k", "v")
-        let processors = ProcessInfo.processInfo.activeProcessorCount
-        let callers = processors + 4
         let pid = daemon.processIdentifier
         #expect(kill(pid, SIGSTOP) == 0)
         var stopped = true
@@ -111,50 +108,37 @@ struct DaemonConnectionTests {
         let waiting = { (onGlobalQueue: client.hops.waitingOnGlobalQueue.load(ordering: .relaxed),
                          onOwnThread: client.hops.waitingOnOwnThread.load(ordering: .relaxed)) }
         let deadline = ContinuousClock.now + .seconds(60)
-        while waiting().onGlobalQueue + waiting().onOwnThread < callers, ContinuousClock.now < deadline {
+        while waiting().onGlobalQueue + waiting().onOwnThread < enough, ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(20))
         }
         let seen = waiting()
-        #expect(seen.onGlobalQueue + seen.onOwnThread == callers, "\(seen) of \(callers) reads waiting for keychaind's reply")
-        // Dispatch's global queue has a thread per processor (it adds more only after its threads
-        // have blocked for a while): no more exchanges than that wait there.
-        #expect(seen.onGlobalQueue <= processors && seen.onOwnThread >= callers - processors, "\(seen)")
+        #expect(seen.onGlobalQueue + seen.onOwnThread >= enough, "\(seen) of \(callers) reads waiting for keychaind's reply")
         #expect(kill(pid, SIGCONT) == 0)
         stopped = false
         for read in reads { #expect(try await read.value == "v") }
         #expect(waiting() == (0, 0))
+        return seen
+    }
+
+    /// More of the pool's callers at once than Dispatch's global queue has threads: the exchanges beyond
+    /// `globalQueueWaits` wait for their replies on threads of their own, so every request is in flight
+    /// at once (not one per processor, the rest queued behind them for a thread).
+    @Test func thePoolsCallersBeyondTheProcessorsWaitOnThreadsOfTheirOwn() async throws {
+        let processors = ProcessInfo.processInfo.activeProcessorCount
+        let seen = try await readsWaitingOnAStoppedDaemon(processors + 4, enough: processors + 4)
+        // Dispatch's global queue has a thread per processor (it adds more only after its threads
+        // have blocked for a while): no more exchanges than that wait there.
+        #expect(seen.onGlobalQueue <= processors && seen.onOwnThread >= 4, "\(seen)")
     }
 
     /// No more than `ownThreadWaits` of a process's exchanges wait on threads of their own (a thread
     /// each): with keychaind stopped and more callers than that and the processors together, the rest
     /// wait for the global queue's threads, as every exchange did before.
     @Test func atMostSixtyFourExchangesWaitOnThreadsOfTheirOwn() async throws {
-        let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
-        let client = try #require(storage.backing as? DaemonClient)
-        try await storage.setItem("k", "v")
-        let processors = ProcessInfo.processInfo.activeProcessorCount
         #expect(DaemonClient.ownThreadWaits == 64)
-        let callers = processors + 64 + 4
-        let pid = daemon.processIdentifier
-        #expect(kill(pid, SIGSTOP) == 0)
-        var stopped = true
-        defer { if stopped { kill(pid, SIGCONT) } }
-        let reads = (0..<callers).map { _ in
-            Task(executorPreference: globalConcurrentExecutor) { try await storage.getItem("k") }
-        }
-        let waiting = { (onGlobalQueue: client.hops.waitingOnGlobalQueue.load(ordering: .relaxed),
-                         onOwnThread: client.hops.waitingOnOwnThread.load(ordering: .relaxed)) }
-        let deadline = ContinuousClock.now + .seconds(60)
-        while waiting().onGlobalQueue + waiting().onOwnThread < processors + 64, ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        let seen = waiting()
-        #expect(seen.onGlobalQueue + seen.onOwnThread >= processors + 64, "\(seen) of \(callers) reads waiting for keychaind's reply")
+        let processors = ProcessInfo.processInfo.activeProcessorCount
+        let seen = try await readsWaitingOnAStoppedDaemon(processors + 64 + 4, enough: processors + 64)
         #expect(seen.onOwnThread <= 64, "\(seen)")
-        #expect(kill(pid, SIGCONT) == 0)
-        stopped = false
-        for read in reads { #expect(try await read.value == "v") }
-        #expect(waiting() == (0, 0))
     }
 
     /// keychaind closes a connection idle past --idle-timeout; the library's kept connection is then
