@@ -21,6 +21,8 @@ public final class Store: @unchecked Sendable {
 
     /// The file beside `keychain.db` that records the store's identity outside the database.
     public static let identityFileName = "keychain.id"
+    /// The database in the store's directory.
+    public static let databaseFileName = "keychain.db"
     static let identityMeta = "store.id"
 
     /// Opens (or creates) the store in `directory`.
@@ -38,7 +40,7 @@ public final class Store: @unchecked Sendable {
     init(directory: String, busy: BusyPolicy, initializedBecause evidence: String? = nil) throws(StoreError) {
         self.directory = directory
         let base = directory.hasSuffix("/") ? directory : directory + "/"
-        databasePath = base + "keychain.db"
+        databasePath = base + Store.databaseFileName
         let identityPath = base + Store.identityFileName
 
         try FileSystem.preparePrivateDirectory(directory, what: "store directory")

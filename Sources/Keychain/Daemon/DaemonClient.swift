@@ -179,6 +179,25 @@ struct DaemonClient: Sendable {
         KeychainError(WireFailure(exchanging: error, socket: socketPath, replyTimeout: Self.replyTimeout))
     }
 
+    /// Where the next exchange waits for its reply, counted there until `leaveWaitingPlace`: the global
+    /// queue (true) while it has room, else a thread of its own while fewer than `ownThreadWaits` do,
+    /// else the global queue after all (it waits for one of its threads, as every exchange did before).
+    private static func takeWaitingPlace() -> Bool {
+        guard waitingOnGlobalQueue.wrappingAdd(1, ordering: .relaxed).newValue > globalQueueWaits else { return true }
+        guard waitingOnOwnThread.wrappingAdd(1, ordering: .relaxed).newValue <= ownThreadWaits else {
+            waitingOnOwnThread.wrappingSubtract(1, ordering: .relaxed)
+            return true
+        }
+        waitingOnGlobalQueue.wrappingSubtract(1, ordering: .relaxed)
+        return false
+    }
+
+    private static func leaveWaitingPlace(_ onGlobalQueue: Bool) {
+        if onGlobalQueue { waitingOnGlobalQueue.wrappingSubtract(1, ordering: .relaxed) } else {
+            waitingOnOwnThread.wrappingSubtract(1, ordering: .relaxed)
+        }
+    }
+
     /// Sends `message` and waits for the daemon's next message (`WireReader.exchange`).
     private func exchange(_ reader: WireReader, _ message: WireMessage) async throws(KeychainError) -> WireMessage {
         try await blocking { () throws(WireError) in try reader.exchange(message, idle: Self.replyTimeout, stall: Self.stallTimeout) }
@@ -204,24 +223,13 @@ struct DaemonClient: Sendable {
             do { return try body() } catch { throw failure(error) }
         }
         hops.count.add(1, ordering: .relaxed)
-        var onGlobalQueue = Self.waitingOnGlobalQueue.wrappingAdd(1, ordering: .relaxed).newValue <= Self.globalQueueWaits
-        if !onGlobalQueue {
-            if Self.waitingOnOwnThread.wrappingAdd(1, ordering: .relaxed).newValue > Self.ownThreadWaits {
-                Self.waitingOnOwnThread.wrappingSubtract(1, ordering: .relaxed)
-                onGlobalQueue = true  // over both limits: it waits for a thread of the global queue
-            } else {
-                Self.waitingOnGlobalQueue.wrappingSubtract(1, ordering: .relaxed)
-            }
-        }
-        let hops = hops, waited = onGlobalQueue
+        let hops = hops, onGlobalQueue = Self.takeWaitingPlace()
         let result: Result<T, WireError> = await withCheckedContinuation { continuation in
-            (waited ? DispatchQueue.global() : DispatchQueue(label: "keychain.exchange")).async {
-                hops.waiting(waited, 1)
+            (onGlobalQueue ? DispatchQueue.global() : DispatchQueue(label: "keychain.exchange")).async {
+                hops.waiting(onGlobalQueue, 1)
                 let result = Result { () throws(WireError) in try body() }
-                hops.waiting(waited, -1)
-                if waited { Self.waitingOnGlobalQueue.wrappingSubtract(1, ordering: .relaxed) } else {
-                    Self.waitingOnOwnThread.wrappingSubtract(1, ordering: .relaxed)
-                }
+                hops.waiting(onGlobalQueue, -1)
+                Self.leaveWaitingPlace(onGlobalQueue)
                 continuation.resume(returning: result)
             }
         }

@@ -150,7 +150,7 @@ extension Engine {
     func existingStore() throws(KeychainError) -> Store? {
         if let openedStore { return openedStore }
         let directory = configuration.storeDirectory + "/"
-        guard FileManager.default.fileExists(atPath: directory + "keychain.db")
+        guard FileManager.default.fileExists(atPath: directory + Store.databaseFileName)
             || FileManager.default.fileExists(atPath: directory + Store.identityFileName) else { return nil }
         return try store()
     }
