@@ -64,6 +64,15 @@ actor Engine {
     var rollbackCheckSuspended = false
     /// The keyring of the TPM operation under way, so a write inside it counts on the same connection.
     var activeKeyring: TPMKeyring?
+    /// The TPM connection of the last operation that ended well, for the next one (`withKeyring`):
+    /// only where it leaves the TPM free for other processes between operations (`allowsAKeptConnection`).
+    var keptConnection: TPMContext?
+    /// The mark of this engine's last turn at the TPM (`TPMTurn.mark`) when that turn's operation
+    /// ended well and left nothing in the TPM: a turn whose lock still holds it follows that one
+    /// directly, so the TPM holds nothing a killed process left, and the leftover check is skipped.
+    var lastTurnMark: [UInt8]?
+    /// Which connection is kept, nil when none is (KeptConnectionTests).
+    var keptConnectionIdentity: ObjectIdentifier? { keptConnection.map(ObjectIdentifier.init) }
 
     private init(configuration: KeychainConfiguration) {
         self.configuration = configuration

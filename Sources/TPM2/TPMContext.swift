@@ -49,6 +49,12 @@ public final class TPMContext {
         self.esys = ctx
     }
 
+    /// How long each later command may wait for the TPM's answer: a context kept between operations
+    /// takes each operation's own deadline.
+    public func setAnswerTimeout(_ timeout: Duration) {
+        deadline = AnswerDeadline(device: device, timeout: timeout)
+    }
+
     /// Ends one operation: the owner's session is flushed and the ESAPI resources of persistent
     /// handles closed.
     public func endOperation() {
@@ -114,8 +120,11 @@ public final class TPMContext {
     /// Flushes a transient object or session; never throws, so it can run on every error path.
     public func flush(_ handle: TPMHandle?) {
         guard let handle, handle.mustFlush else { return }
-        try? call("FlushContext") { Esys_FlushContext(esys, handle.tr) }
+        do { try call("FlushContext") { Esys_FlushContext(esys, handle.tr) } } catch { failedFlushes += 1 }
     }
+
+    /// Flushes that failed on this connection: the TPM may still hold what they were for.
+    public private(set) var failedFlushes = 0
 
     // MARK: Resources by TPM handle
 

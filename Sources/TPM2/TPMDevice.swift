@@ -74,6 +74,17 @@ public enum TPMDevice: Sendable, Hashable, CustomStringConvertible {
 
     public var description: String { tctiConfiguration }
 
+    /// Whether a connection kept open between operations leaves the TPM free for other processes:
+    /// tpm2-tss's swtpm TCTI connects for each command and closes after its answer, and a resource
+    /// manager serves many connections. Not `/dev/tpm0` (one open at a time), nor a TCTI this code
+    /// does not know (mssim's keeps its socket, which its simulator serves one at a time).
+    public var allowsAKeptConnection: Bool {
+        switch self {
+        case .swtpm, .swtpmSocket: true
+        default: hasResourceManager
+        }
+    }
+
     /// Whether a resource manager stands between processes and the TPM (`/dev/tpmrm*`, tpm2-abrmd):
     /// it flushes what a dead client left and swaps contexts. Without one (swtpm, mssim, `/dev/tpm0`,
     /// and any kind this code does not know), processes must take turns and clean up after each other.

@@ -21,8 +21,8 @@ struct EmbeddedTPMStartTests {
         try await unlocked.setItem("k", "unlocked value")
 
         // The writes started the TPM; the first read after that unlocks (below). What the parts cost on a TPM
-        // that runs: a cold read, and an unlock, each on a connection of its own (each starts with the leftover
-        // check, GetCapability).
+        // that runs: a cold read, and an unlock (each on the kept connection, and without the leftover check:
+        // each turn follows this engine's last).
         await device.dropCaches()
         #expect(try await storage.getItem("k") == "value")
         await device.dropCaches()
@@ -33,17 +33,18 @@ struct EmbeddedTPMStartTests {
         let unlock = await device.takeTPMCommandCount()
 
         // A restart of the swtpm is a TPM reset. The first read: the start's own two commands (its permanent
-        // flags and dictionary-attack settings), then on one connection the leftover check, the passcode mark
-        // (NV_Read: none is set), the store's rollback counter read again after the restart (StartAuthSession,
-        // NV_Read, ReadClock: 3), the unlock's commands and the unseal's. An Unseal tried before the unlock would
+        // flags and dictionary-attack settings), then on one connection the passcode mark (NV_Read: none is
+        // set), the store's rollback counter read again after the restart (StartAuthSession, NV_Read,
+        // ReadClock: 3), the unlock's commands and the unseal's (no leftover check: the turn follows this
+        // engine's last, and a TPM just started holds nothing). An Unseal tried before the unlock would
         // add StartAuthSession, Load, PolicyNV and two FlushContext.
         EmbeddedTPM.reboot(storeDirectory: store.directory)
         await device.dropCaches()
         _ = await device.takeTPMCommandCount()
         #expect(try await storage.getItem("k") == "value")
         let first = await device.takeTPMCommandCount()
-        #expect(first == 2 + 3 + unlock + coldRead,
-                "the first read after the start: \(first) TPM commands, not 2 + 3 + an unlock's \(unlock) + a cold read's \(coldRead)")
+        #expect(first == 2 + 1 + 3 + unlock + coldRead,
+                "the first read after the start: \(first) TPM commands, not 2 + 1 + 3 + an unlock's \(unlock) + a cold read's \(coldRead)")
         await device.dropCaches()
         #expect(try await unlocked.getItem("k") == "unlocked value")
         #expect(await device.takeTPMCommandCount() == coldRead, "later reads unseal at once")

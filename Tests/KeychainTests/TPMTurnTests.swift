@@ -80,6 +80,44 @@ struct TPMTurnTests {
         #expect(try leftovers() == [])
     }
 
+    /// A turn that directly follows this engine's last (which ended well) skips the leftover check: no
+    /// process can have been killed in between. One that follows another process's turn makes it, and
+    /// flushes what that process left when it was killed. The lock's mark tells them apart
+    /// (`TPMTurn.mark`): with the mark ignored, the killed process's session is still in the TPM after
+    /// the read.
+    @Test func onlyATurnThatFollowsAnotherProcesssChecksForLeftovers() async throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        let configuration = tpm.configuration(store: store)
+        let keychain = try createKeychain(.init(service: "svc"), configuration: configuration)
+        let device = KeychainDevice(configuration: configuration)
+        try await keychain.setItem("k", "value")
+        func coldRead() async throws -> Int {
+            await device.dropCaches()
+            _ = await device.takeTPMCommandCount()
+            #expect(try await keychain.getItem("k") == "value")
+            return await device.takeTPMCommandCount()
+        }
+        _ = try await coldRead()  // the engine's first TPM operation also reads the passcode mark and the rollback counter
+        let followingOurs = try await coldRead()
+        #expect(try await coldRead() == followingOurs)
+
+        // Another process's turn, killed at the first command after which it holds a session in the TPM.
+        let context = try TPMContext(device: tpm.device)
+        for commands in 2...12 where try context.handles(from: 0x0200_0000).isEmpty {
+            let killed = try run(ctl, ["--store", store, "--tcti", tpm.tcti, "--reader", "none", "get", "svc", "k"],
+                                 environment: ["KEYCHAIN_TEST_ABORT_AFTER_TPM_COMMANDS": "\(commands)"])
+            #expect(killed.status == 134, "the test hook did not end the read: \(killed.stderr)")
+        }
+        #expect(try context.handles(from: 0x0200_0000) != [], "no killed read left a session")
+
+        let followingAnother = try await coldRead()
+        #expect(try context.handles(from: 0x0200_0000) + context.handles(from: 0x8000_0000) == [], "leftovers after the read")
+        // The leftover check (one GetCapability when nothing is left) and the flush of what was.
+        #expect(followingAnother > followingOurs, "\(followingAnother) commands after another process's turn, \(followingOurs) after ours")
+        #expect(try await coldRead() == followingOurs)
+    }
+
     /// Another user made the directory where the TPM lock would go (`$XDG_RUNTIME_DIR/keychain`,
     /// or `/tmp/keychain-<uid>`), open to all: the lock goes to the store instead, nothing is made
     /// in the planted directory, and the keychain works. The control: our own directory gets it.

@@ -471,7 +471,7 @@ extension Engine {
         let records: [WrappingKeyRecord]
         do { records = try keyring.store.wrappingKeys(whereProtectionHasPrefix: "") } catch { throw KeychainError(store: error) }
         return records.compactMap { record in
-            guard record.backend == .tpm, !record.sealedPublic.isEmpty, let creation = SealPolicy.decode(record.policy)?.creation else { return nil }
+            guard record.backend == .tpm, !record.sealedPublic.isEmpty, let creation = SealPolicy.decode(record.policy, withCreation: true)?.creation else { return nil }
             return (record, creation)
         }
     }

@@ -97,7 +97,7 @@ extension AttestationServer {
         guard !thisDeviceOnly || (object.fixedTPM && object.fixedParent) else {
             throw refuse("the key claims \(claim.accessible.rawValue) but its public area lacks fixedTPM or fixedParent: it could leave its TPM")
         }
-        guard let policy = SealPolicy.decode(try decoded(attestation.policy, "key's policy")) else {
+        guard let policy = SealPolicy.decode(try decoded(attestation.policy, "key's policy"), withCreation: true) else {
             throw KeychainError(.dataCorrupted, "The key attestation's policy is not a keychain policy")
         }
 
@@ -238,7 +238,7 @@ extension Engine {
             guard record.backend == .tpm, !record.sealedPublic.isEmpty else {
                 throw KeychainError(.unsupported, "The key of '\(service)' (\(tag)) is held by a token: the TPM cannot attest it")
             }
-            guard let policy = SealPolicy.decode(record.policy) else { throw KeychainError(.dataCorrupted, "The stored policy of '\(service)' (\(tag)) is malformed") }
+            guard let policy = SealPolicy.decode(record.policy, withCreation: true) else { throw KeychainError(.dataCorrupted, "The stored policy of '\(service)' (\(tag)) is malformed") }
             guard let creation = policy.creation else {
                 throw KeychainError(.unsupported, "The key of '\(service)' (\(tag)) was sealed before key attestation and has no creation "
                                     + "ticket: a new key of that protection (clear the service's items and store them again) can be attested")

@@ -127,7 +127,37 @@ struct SealPolicy: Codable, Equatable {
     }
 
     func encoded() -> [UInt8] { Array((try? JSONEncoder().encode(self)) ?? Data()) }
-    static func decode(_ bytes: [UInt8]) -> SealPolicy? { try? JSONDecoder().decode(SealPolicy.self, from: Data(bytes)) }
+
+    /// - Parameter withCreation: also decode `creation`, which only key attestation reads. Left out,
+    ///   it is nil: its byte arrays, numbers in JSON, were about a sixth of a cold read's instructions.
+    ///   A policy is encoded again only with a new blob's creation (`seal`, `reseal`), so none is lost.
+    static func decode(_ bytes: [UInt8], withCreation: Bool = false) -> SealPolicy? {
+        let decoder = JSONDecoder()
+        decoder.userInfo[decodesCreation] = withCreation
+        return try? decoder.decode(SealPolicy.self, from: Data(bytes))
+    }
+
+    fileprivate static let decodesCreation = CodingUserInfoKey(rawValue: "SealPolicy.decodesCreation")!
+}
+
+/// In an extension, so the memberwise initializer stays.
+extension SealPolicy {
+    init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        availability = try c.decode(Availability.self, forKey: .availability)
+        pcrs = try c.decodeIfPresent([Int].self, forKey: .pcrs)
+        pcrDigest = try c.decodeIfPresent([UInt8].self, forKey: .pcrDigest)
+        bootApprovalName = try c.decodeIfPresent([UInt8].self, forKey: .bootApprovalName)
+        bootVendorKeyName = try c.decodeIfPresent([UInt8].self, forKey: .bootVendorKeyName)
+        passcodeEpoch = try c.decodeIfPresent(UInt64.self, forKey: .passcodeEpoch)
+        stateName = try c.decode([UInt8].self, forKey: .stateName)
+        biometry = try c.decodeIfPresent(BiometryBinding.self, forKey: .biometry)
+        passcode = try c.decodeIfPresent(Bool.self, forKey: .passcode)
+        keyRef = try c.decodeIfPresent([UInt8].self, forKey: .keyRef)
+        authValidity = try c.decodeIfPresent(Int.self, forKey: .authValidity)
+        creation = decoder.userInfo[Self.decodesCreation] as? Bool == false ? nil
+            : try c.decodeIfPresent(TPMContext.Creation.self, forKey: .creation)
+    }
 }
 
 extension SealPolicy.Availability {

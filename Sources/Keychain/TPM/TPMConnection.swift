@@ -6,12 +6,16 @@ import TPM2
 
 /// The TPM connection of one operation, and the embedded TPM's first use.
 extension Engine {
-    /// Connects to the TPM for one operation; the connection closes when `body` returns, so a software
-    /// TPM (one client at a time) is free for other processes between operations.
+    /// Runs one TPM operation. Its connection is kept for the next one where that leaves the TPM free
+    /// for other processes between operations (`TPMDevice.allowsAKeptConnection`: swtpm's TCTI
+    /// connects for each command, a resource manager serves many connections); elsewhere (`/dev/tpm0`)
+    /// it closes when `body` returns. A kept connection holds no TPM handle between operations
+    /// (`endOperation`), and is given up after an operation that failed.
     ///
     /// Without a resource manager (swtpm, `/dev/tpm0`) the operation is this process's turn at the
     /// TPM (`TPMTurn`): no other process's commands interleave, and it starts by flushing what killed
-    /// processes left (each kill mid-operation leaks a session; three make every read fail).
+    /// processes left (each kill mid-operation leaks a session; three make every read fail), unless
+    /// the turn directly follows this engine's last, which ended well (`lastTurnMark`).
     func withKeyring<T>(_ body: (TPMKeyring) throws(KeychainError) -> T) throws(KeychainError) -> T {
         let store = try store()
         let device: TPMDevice
@@ -22,6 +26,7 @@ extension Engine {
         case .embedded:
             (device, started) = try EmbeddedTPM.ensureRunning(storeDirectory: configuration.storeDirectory)
             if started {
+                keptConnection = nil
                 startedTPMNeedsUnlock = true
                 // A TPM restart: the counter may have moved, and its clock counts did.
                 (rollbackKnown, rollbackClock) = (nil, nil)
@@ -29,6 +34,9 @@ extension Engine {
             try pinStoreInEmbeddedTPM(store)
         }
         let turn = try TPMTurn.take(device, configuration: configuration)
+        // Nobody took a turn since this engine's last ended well: nothing was left to flush.
+        let followsOurLastTurn = turn.map { lastTurnMark != nil && $0.previousMark == lastTurnMark } ?? false
+        lastTurnMark = nil
         if case .embedded = configuration.tpm, started || !embeddedTPMChecked {
             embeddedOwnerAuthorization = try prepareEmbeddedTPM(device, started: started)
             embeddedTPMChecked = true
@@ -40,9 +48,25 @@ extension Engine {
             throw .tpmDidNotAnswer(device, timeout: configuration.tpmTimeout,
                                    TPMError(command: "wait for earlier calls' TPM commands", code: .success, timedOut: true))
         }
-        let context = try TPMKeyring.connect(device, configuration: configuration, answerTimeout: answerTimeout)
+        let context: TPMContext
+        if let kept = keptConnection, kept.device == device, kept.unanswered == nil {
+            kept.setAnswerTimeout(answerTimeout)
+            context = kept
+        } else {
+            keptConnection = nil
+            context = try TPMKeyring.connect(device, configuration: configuration, answerTimeout: answerTimeout)
+        }
         defer { withExtendedLifetime(turn) {} }
-        return try withConnection(context, store: store, flushLeftovers: turn != nil, body)
+        let failedFlushes = context.failedFlushes
+        do {
+            let result = try withConnection(context, store: store, flushLeftovers: turn != nil && !followsOurLastTurn, body)
+            keptConnection = device.allowsAKeptConnection && context.unanswered == nil ? context : nil
+            if context.failedFlushes == failedFlushes { lastTurnMark = turn?.mark }
+            return result
+        } catch {
+            keptConnection = nil
+            throw error
+        }
     }
 
     /// One operation on `context`: the keyring reads the store's handles, and when the operation ends
@@ -59,7 +83,15 @@ extension Engine {
             context.endOperation()
             tpmCommands += context.commandCount - before
         }
-        let keyring = try TPMKeyring(context: context, store: store, configuration: configuration, flushLeftovers: flushLeftovers)
+        let keyring: TPMKeyring
+        do {
+            keyring = try TPMKeyring(context: context, store: store, configuration: configuration, flushLeftovers: flushLeftovers)
+        } catch {
+            // On a kept connection the leftover check is the first command: a TPM that stopped
+            // answering is the cause, as below.
+            if let unanswered = context.unanswered { throw .tpmDidNotAnswer(context.device, timeout: configuration.tpmTimeout, unanswered) }
+            throw error
+        }
         defer {
             if keyring.finishedRemoval {
                 unsealed = unsealed.filter { !$0.key.protection.hasPrefix(Accessible.whenPasscodeSetThisDeviceOnly.rawValue + "/") }

@@ -1,4 +1,5 @@
 import Foundation
+import SecureMemory
 import TPM2
 
 /// One process's turn at a TPM that no resource manager shares out (swtpm, mssim, `/dev/tpm0`):
@@ -20,6 +21,13 @@ package final class TPMTurn {
 
     private let fd: Int32
     let path: String
+    /// A TPM's turns are marked: each writes random bytes of its own over the lock file's first
+    /// bytes when it is taken, so the next taker can tell whether anyone took a turn since the one it
+    /// last ended (`Engine.withKeyring`: no leftover check then). Empty for other locks.
+    private(set) var mark: [UInt8] = []
+    /// The mark the lock file held when this turn was taken: the previous turn's (nil in a new file).
+    private(set) var previousMark: [UInt8]?
+    static let markLength = 16
 
     /// Takes the turn, waiting for the current holder; nil when the TPM has a resource manager.
     static func take(_ device: TPMDevice, configuration: KeychainConfiguration) throws(KeychainError) -> TPMTurn? {
@@ -30,14 +38,14 @@ package final class TPMTurn {
         } else {
             path = (userDirectory() ?? configuration.storeDirectory) + "/" + lockName(device)
         }
-        return try TPMTurn(path: path)
+        return try TPMTurn(path: path, marked: true)
     }
 
     /// An exclusive flock on `path`, a private file of this user's, waited for as a turn is
     /// (the rollback counter's lock in a store's directory).
     static func take(path: String) throws(KeychainError) -> TPMTurn { try TPMTurn(path: path) }
 
-    private init(path: String) throws(KeychainError) {
+    private init(path: String, marked: Bool = false) throws(KeychainError) {
         self.path = path
         fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else {
@@ -60,6 +68,18 @@ package final class TPMTurn {
             usleep(pause)
             pause = min(pause * 2, 5_000)
         }
+        guard marked else { return }
+        var previous = [UInt8](repeating: 0, count: Self.markLength)
+        if pread(fd, &previous, Self.markLength, 0) == Self.markLength { previousMark = previous }
+        let mark = Sodium.randomBytes(Self.markLength)
+        // Unmarked, this turn would pass for the one before it: a taker that ended that one would
+        // skip the leftover check after a process killed in this one.
+        guard pwrite(fd, mark, Self.markLength, 0) == Self.markLength else {
+            let error = errno
+            close(fd)
+            throw KeychainError(.storageError, "Cannot write the TPM lock \(path)", underlying: .errno(error))
+        }
+        self.mark = mark
     }
 
     deinit { close(fd) }  // closing releases the flock
@@ -93,7 +113,9 @@ package final class TPMTurn {
 
     /// `$XDG_RUNTIME_DIR/keychain` (when set), then `/tmp/keychain-<uid>`.
     private static func userDirectories() -> [String] {
-        let base = ProcessInfo.processInfo.environment["XDG_RUNTIME_DIR"].flatMap { $0.hasPrefix("/") ? $0 : nil }
+        // getenv, not ProcessInfo's environment: that copies the whole environment into a dictionary,
+        // about a seventh of a cold read's instructions when it ran at every turn.
+        let base = getenv("XDG_RUNTIME_DIR").map { String(cString: $0) }.flatMap { $0.hasPrefix("/") ? $0 : nil }
         return (base.map { [$0 + "/keychain"] } ?? []) + ["/tmp/keychain-\(geteuid())"]
     }
 

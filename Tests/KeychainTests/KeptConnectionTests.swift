@@ -1,0 +1,93 @@
+import Foundation
+@testable import Keychain
+import KeychainTestSupport
+import KeychainTestThreads
+import Testing
+import TPM2
+
+/// The engine keeps its TPM connection from one operation to the next where that leaves the TPM to
+/// other processes (`TPMDevice.allowsAKeptConnection`: swtpm's TCTI connects for each command), so a
+/// cold read does not load the TCTI, talk to swtpm's control socket and set ESAPI up again. Between
+/// operations the TPM holds nothing of it, and after a failed operation the connection is given up.
+@Suite("The kept TPM connection", .offThePool)
+struct KeptConnectionTests {
+    /// tpm2-tools on the same swtpm, bounded: a TPM connection held between our operations would
+    /// keep it waiting (swtpm serves one connection at a time) until its deadline kills it.
+    func tools(_ tpm: SoftwareTPM, _ script: String) throws -> ChildResult {
+        try runChild("/bin/sh", ["-c", script], environment: ["TPM2TOOLS_TCTI": tpm.tcti], deadline: 20)
+    }
+
+    @Test func coldReadsShareOneConnectionAndLeaveTheTPMToOtherProcessesBetweenThem() async throws {
+        let tpm = try SoftwareTPM()
+        let configuration = tpm.configuration()
+        let keychain = try createKeychain(.init(service: "kept"), configuration: configuration)
+        let device = KeychainDevice(configuration: configuration)
+        try await keychain.setItem("k", "value")
+        let engine = Engine.shared(for: configuration).engine
+        await device.dropCaches()
+        #expect(try await keychain.getItem("k") == "value")
+        let kept = try #require(await engine.keptConnectionIdentity, "no connection kept after a cold read")
+
+        // Between two operations another process has the TPM at once, and finds none of our handles.
+        let between = try tools(tpm, "tpm2_getcap handles-transient && tpm2_getcap handles-loaded-session "
+                                + "&& tpm2_getcap handles-saved-session")
+        #expect(between.status == 0, "tpm2_getcap between two operations: \(between.stderr)")
+        #expect(String(decoding: between.stdout, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines) == "",
+                "handles left in the TPM between operations: \(String(decoding: between.stdout, as: UTF8.self))")
+
+        await device.dropCaches()
+        #expect(try await keychain.getItem("k") == "value")
+        #expect(await engine.keptConnectionIdentity == kept, "the second cold read made a connection of its own")
+    }
+
+    /// A TPM reset between two operations (swtpm restarted: what a reboot does to a real one) leaves
+    /// the kept connection usable: it holds no handle, and swtpm's TCTI connects again for each command.
+    @Test func aKeptConnectionOutlivesATPMReset() async throws {
+        let tpm = try SoftwareTPM()
+        let configuration = tpm.configuration()
+        let keychain = try createKeychain(.init(service: "kept", accessible: .always), configuration: configuration)
+        let device = KeychainDevice(configuration: configuration)
+        try await keychain.setItem("k", "value")
+        let engine = Engine.shared(for: configuration).engine
+        await device.dropCaches()
+        #expect(try await keychain.getItem("k") == "value")
+        let kept = try #require(await engine.keptConnectionIdentity)
+        try tpm.reboot()
+        await device.dropCaches()
+        #expect(try await keychain.getItem("k") == "value")
+        #expect(await engine.keptConnectionIdentity == kept)
+    }
+
+    /// A TPM that does not answer ends the call at its deadline and the connection with it; once it
+    /// answers again, the next operation connects anew and reads.
+    @Test func anOperationThatFailedGivesItsConnectionUp() async throws {
+        let tpm = try SoftwareTPM()
+        var configuration = tpm.configuration()
+        configuration.tpmTimeout = .seconds(2)
+        let keychain = try createKeychain(.init(service: "kept"), configuration: configuration)
+        let device = KeychainDevice(configuration: configuration)
+        try await keychain.setItem("k", "value")
+        let engine = Engine.shared(for: configuration).engine
+        await device.dropCaches()
+        #expect(try await keychain.getItem("k") == "value")
+        #expect(await engine.keptConnectionIdentity != nil)
+
+        kill(tpm.processIdentifier, SIGSTOP)
+        await device.dropCaches()
+        let frozen = await code { try await keychain.getItem("k") }
+        kill(tpm.processIdentifier, SIGCONT)
+        #expect(frozen == .hardwareUnavailable, "a read from a stopped TPM")
+        #expect(await engine.keptConnectionIdentity == nil, "a connection kept after its TPM did not answer")
+
+        #expect(try await keychain.getItem("k") == "value")
+        #expect(await engine.keptConnectionIdentity != nil)
+    }
+
+    @Test func onlyConnectionsThatLeaveTheTPMToOthersAreKept() throws {
+        let kept = try ["swtpm:path=/run/tpm", "swtpm:host=127.0.0.1,port=2321", "device:/dev/tpmrm0", "tabrmd:"]
+            .map { try TPMDevice(parsing: $0) }
+        let closed = try ["device:/dev/tpm0", "/dev/tpm0", "mssim:host=localhost,port=2321"].map { try TPMDevice(parsing: $0) }
+        #expect(kept.filter { !$0.allowsAKeptConnection } == [])
+        #expect(closed.filter { $0.allowsAKeptConnection } == [])
+    }
+}
