@@ -17,16 +17,23 @@ struct KeptConnectionTests {
         try runChild("/bin/sh", ["-c", script], environment: ["TPM2TOOLS_TCTI": tpm.tcti], deadline: 20)
     }
 
-    @Test func coldReadsShareOneConnectionAndLeaveTheTPMToOtherProcessesBetweenThem() async throws {
-        let tpm = try SoftwareTPM()
-        let configuration = tpm.configuration()
-        let keychain = try createKeychain(.init(service: "kept"), configuration: configuration)
+    /// An item written under `options`, then read cold once: the keychain, its device, its engine,
+    /// and the connection that read kept.
+    func afterAColdRead(_ configuration: KeychainConfiguration, _ options: KeychainOptions)
+        async throws -> (keychain: Keychain, device: KeychainDevice, engine: Engine, kept: ObjectIdentifier) {
+        let keychain = try createKeychain(options, configuration: configuration)
         let device = KeychainDevice(configuration: configuration)
         try await keychain.setItem("k", "value")
         let engine = Engine.shared(for: configuration).engine
         await device.dropCaches()
         #expect(try await keychain.getItem("k") == "value")
         let kept = try #require(await engine.keptConnectionIdentity, "no connection kept after a cold read")
+        return (keychain, device, engine, kept)
+    }
+
+    @Test func coldReadsShareOneConnectionAndLeaveTheTPMToOtherProcessesBetweenThem() async throws {
+        let tpm = try SoftwareTPM()
+        let (keychain, device, engine, kept) = try await afterAColdRead(tpm.configuration(), .init(service: "kept"))
 
         // Between two operations another process has the TPM at once, and finds none of our handles.
         let between = try tools(tpm, "tpm2_getcap handles-transient && tpm2_getcap handles-loaded-session "
@@ -44,14 +51,8 @@ struct KeptConnectionTests {
     /// the kept connection usable: it holds no handle, and swtpm's TCTI connects again for each command.
     @Test func aKeptConnectionOutlivesATPMReset() async throws {
         let tpm = try SoftwareTPM()
-        let configuration = tpm.configuration()
-        let keychain = try createKeychain(.init(service: "kept", accessible: .always), configuration: configuration)
-        let device = KeychainDevice(configuration: configuration)
-        try await keychain.setItem("k", "value")
-        let engine = Engine.shared(for: configuration).engine
-        await device.dropCaches()
-        #expect(try await keychain.getItem("k") == "value")
-        let kept = try #require(await engine.keptConnectionIdentity)
+        let (keychain, device, engine, kept) = try await afterAColdRead(tpm.configuration(),
+                                                                         .init(service: "kept", accessible: .always))
         try tpm.reboot()
         await device.dropCaches()
         #expect(try await keychain.getItem("k") == "value")
@@ -64,13 +65,7 @@ struct KeptConnectionTests {
         let tpm = try SoftwareTPM()
         var configuration = tpm.configuration()
         configuration.tpmTimeout = .seconds(2)
-        let keychain = try createKeychain(.init(service: "kept"), configuration: configuration)
-        let device = KeychainDevice(configuration: configuration)
-        try await keychain.setItem("k", "value")
-        let engine = Engine.shared(for: configuration).engine
-        await device.dropCaches()
-        #expect(try await keychain.getItem("k") == "value")
-        #expect(await engine.keptConnectionIdentity != nil)
+        let (keychain, device, engine, _) = try await afterAColdRead(configuration, .init(service: "kept"))
 
         kill(tpm.processIdentifier, SIGSTOP)
         await device.dropCaches()
