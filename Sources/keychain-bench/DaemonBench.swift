@@ -99,7 +99,7 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     report += "| `keychainctl --help` (the front, then the full tool's start-up) | \(Format.duration(help.p50)) | \(Format.duration(help.p99)) | 0 |\n"
     report += "| `keychainctl-full --help` (the full tool's start-up alone: the front's hand-over costs the difference) | \(Format.duration(fullHelp.p50)) | \(Format.duration(fullHelp.p99)) | 0 |\n"
     report += "| `/bin/true` (the spawn-and-reap floor) | \(Format.duration(trueProcess.p50)) | \(Format.duration(trueProcess.p99)) | 0 |\n"
-    report += "| cold read through keychaind (its first read of the key: the daemon forgot every key, `dropCaches`; a connection and salted session per operation) | \(Format.duration(coldRead.p50)) | \(Format.duration(coldRead.p99)) | \(Format.commands(Double(coldRead.tpmCommands) / Double(runs + 1))) |\n"
+    report += "| cold read through keychaind (its first read of the key: the daemon forgot every key, `dropCaches`; the connection kept from its last operation, a salted session per operation) | \(Format.duration(coldRead.p50)) | \(Format.duration(coldRead.p99)) | \(Format.commands(Double(coldRead.tpmCommands) / Double(runs + 1))) |\n"
     if loadUnseal.count > 0 {
         report += "| tpm2-tools: `tpm2_load && tpm2_unseal` of a 32-byte secret under the same SRK (two processes), alternated with the row above | \(Format.duration(loadUnseal.p50)) | \(Format.duration(loadUnseal.p99)) | — |\n"
     }
