@@ -1,5 +1,6 @@
 import Foundation
 import KeychainTestThreads
+import Synchronization
 import Testing
 @testable import KeychainStore
 
@@ -392,6 +393,49 @@ import Testing
             let store = try Store(directory: path)
             #expect(try store.keys(service: "mail").count == 6)
             #expect(try store.schemaVersionOnDisk() == 2)
+        }
+    }
+
+    /// The contract the warm reads rely on (`Engine.warmGet`), under load: a row read between two equal
+    /// data versions is the row at that version, whichever threads read it, while another store commits.
+    @Test func equalDataVersionsMeanTheSameRowsWhileOtherThreadsReadAndCommit() throws {
+        try withTemporaryStorePath { path in
+            let store = try Store(directory: path), writer = try Store(directory: path)
+            try writer.write { try $0.putItem(sampleItem(label: "commit 0")) }
+            let seen = Mutex<[Int64: ItemRecord]>([:])
+            let failures = Failures(), stop = Atomic<Bool>(false), agreed = Atomic<Int>(0)
+            onThreads(5) { t in
+                if t == 0 {
+                    for commit in 1...300 {
+                        do { try writer.write { try $0.putItem(sampleItem(label: "commit \(commit)")) } } catch { failures.add("commit \(commit): \(error)") }
+                    }
+                    stop.store(true, ordering: .sequentiallyConsistent)
+                    return
+                }
+                while !stop.load(ordering: .sequentiallyConsistent) {
+                    do {
+                        let before = try store.dataVersion()
+                        guard let row = try store.item(service: "mail", key: "alice") else { failures.add("the item is missing"); return }
+                        guard try store.dataVersion() == before else { continue }
+                        let conflict = seen.withLock { seen -> ItemRecord? in
+                            if let kept = seen[before], kept != row { return kept }
+                            seen[before] = row
+                            return nil
+                        }
+                        if let conflict {
+                            failures.add("version \(before): the rows of \(conflict.label ?? "") and of \(row.label ?? "")")
+                            return
+                        }
+                        agreed.add(1, ordering: .relaxed)
+                    } catch {
+                        failures.add("thread \(t): \(error)")
+                        return
+                    }
+                }
+            }
+            #expect(failures.all.isEmpty)
+            #expect(agreed.load(ordering: .relaxed) > 0)
+            #expect(seen.withLock { $0.count } > 1, "the readers saw the commits go by")
         }
     }
 
