@@ -407,7 +407,11 @@ import Testing
             onThreads(5) { t in
                 if t == 0 {
                     for commit in 1...300 {
-                        do { try writer.write { try $0.putItem(sampleItem(label: "commit \(commit)")) } } catch { failures.add("commit \(commit): \(error)") }
+                        do {
+                            try writer.write { try $0.putItem(sampleItem(label: "commit \(commit)")) }
+                        } catch {
+                            failures.add("commit \(commit): \(error)")
+                        }
                     }
                     stop.store(true, ordering: .sequentiallyConsistent)
                     return
