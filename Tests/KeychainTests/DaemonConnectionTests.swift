@@ -143,9 +143,22 @@ struct DaemonConnectionTests {
 
     /// keychaind closes a connection idle past --idle-timeout; the library's kept connection is then
     /// dead, and the next call (a write, which must not be sent twice) goes on a new one, once.
+    ///
+    /// The calls run on a thread of their own, which makes each exchange there (no hop): a pool task's
+    /// exchange waits for a place when this process's others hold them all, as the stopped-daemon tests
+    /// of this suite make them do at the same time, and a wait past the 1 s idle timeout between the
+    /// new connection and its request had the daemon close that one too (a CI run, EPIPE).
     @Test func aCallAfterTheDaemonClosedTheKeptConnectionGoesOnANewOne() async throws {
         let daemon = try KeychainDaemon(tpm: tpm, arguments: ["--idle-timeout", "1"])
         let storage = try createKeychain(.init(service: "svc"), configuration: daemon.configuration())
+        let client = try #require(storage.backing as? DaemonClient)
+        let thread = SerialThreadExecutor(name: "a caller whose kept connection the daemon closes")
+        defer { thread.stop() }
+        try await Task(executorPreference: thread) { try await Self.callAfterTheDaemonClosedTheKeptConnection(storage, daemon) }.value
+        #expect(client.hops.count.load(ordering: .relaxed) == 0, "an exchange hopped off the caller's own thread")
+    }
+
+    private static func callAfterTheDaemonClosedTheKeptConnection(_ storage: Keychain, _ daemon: KeychainDaemon) async throws {
         try await storage.setItem("k", "1")
         #expect(try await storage.getItem("k") == "1")
         // A connection made after the kept one went idle: once the daemon has closed it, the kept one is closed too.
