@@ -7,7 +7,12 @@ import Testing
 
 /// Many calls on one keychaind connection: the daemon keeps the decoding of a connection's last
 /// options (a client sends the same bytes with every call of a storage), never a decision.
-@Suite("keychaind: one connection, many calls", .offThePool)
+///
+/// One test at a time: the stopped-daemon tests fill this process's places to wait for a reply
+/// (`DaemonClient.globalQueueWaits`, `ownThreadWaits`: counts of the whole process, not of a client),
+/// so beside each other one's reads would find the places the other holds, and wait for threads
+/// Dispatch starts only after a while, or land where its expectations say they must not.
+@Suite("keychaind: one connection, many calls", .offThePool, .serialized)
 struct DaemonConnectionTests {
     let tpm: SoftwareTPM
     let daemon: KeychainDaemon
