@@ -124,7 +124,12 @@ struct WireReaderTests {
         let answered = Atomic<Int>(0)
         let connections = Atomic<Int>(0)
 
-        init(second: Second) throws {
+        /// What the first connection gets: served, closed with its request unread (keychaind's idle
+        /// timeout on a new connection whose request came late), or refused with a word, unread
+        /// (keychaind at its connection limit: `DaemonServer.refuse`).
+        enum First { case served, closeUnread, refuse }
+
+        init(second: Second, first: First = .served) throws {
             directory = FileManager.default.temporaryDirectory.appendingPathComponent("wire-reader-\(UUID().uuidString)").path
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
             listener = Glibc.socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
@@ -137,6 +142,7 @@ struct WireReaderTests {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
             }
             precondition(bound == 0 && listen(listener, 8) == 0, "bind/listen: errno \(errno)")
+            let firstConnection = first
             Thread { [self] in
                 var first = true
                 while true {
@@ -144,6 +150,18 @@ struct WireReaderTests {
                     guard fd >= 0 else { return }
                     connections.add(1, ordering: .sequentiallyConsistent)
                     defer { close(fd) }
+                    if first && firstConnection != .served {
+                        first = false
+                        if firstConnection == .refuse {
+                            var refusal = WireMessage(kind: WireKind.error)
+                            refusal.add(WireTag.errorCode, "HARDWARE_UNAVAILABLE")
+                            refusal.add(WireTag.errorMessage, "the fake daemon is full")
+                            try? WireSocket.send(fd, refusal)
+                        }
+                        var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+                        _ = poll(&entry, 1, 60_000)
+                        continue
+                    }
                     if first {
                         first = false
                         guard (try? WireSocket.receive(fd, idle: 60, stall: 60)) != nil, answer(fd) else { continue }
@@ -189,6 +207,69 @@ struct WireReaderTests {
         #expect(try await client.call(.status).uint(WireTag.resultNumber) == 1)
         #expect(try await client.call(.status).uint(WireTag.resultNumber) == 2)
         #expect(daemon.connections.load(ordering: .sequentiallyConsistent) == 2)
+    }
+
+    /// `exchangeNew` on a connection made for the request: nil exactly when the peer cannot have
+    /// served it and said nothing (closed before the request, or with the request unread); the word
+    /// it left is the reply; an end after it read the request is an error (it may have served it).
+    @Test func aNewConnectionsRequestIsNotServedOnlyWhenThePeerClosedItUnread() throws {
+        let request = Self.message(40, 1)
+        let before = try Pair()
+        before.closeWriting()
+        #expect(try WireReader(fd: before.reading).exchangeNew(request, idle: 10, stall: 10) == nil, "closed before the request")
+
+        let refused = try Pair()
+        var refusal = WireMessage(kind: WireKind.error)
+        refusal.add(WireTag.errorCode, "HARDWARE_UNAVAILABLE")
+        refused.write(Self.frame(refusal))
+        refused.closeWriting()
+        let word = try #require(try WireReader(fd: refused.reading).exchangeNew(request, idle: 10, stall: 10), "the refusal was dropped")
+        #expect(Self.same(word, refusal))
+
+        let unread = try Pair()
+        let closer = Thread {
+            var entry = pollfd(fd: unread.writing, events: Int16(POLLIN), revents: 0)
+            _ = poll(&entry, 1, 60_000)
+            unread.closeWriting()
+        }
+        closer.start()
+        #expect(try WireReader(fd: unread.reading).exchangeNew(request, idle: 10, stall: 10) == nil, "closed with the request unread")
+
+        let read = try Pair()
+        let reader = Thread {
+            _ = try? WireSocket.receive(read.writing, idle: 60, stall: 60)
+            read.closeWriting()
+        }
+        reader.start()
+        #expect(throws: WireError(.closed, "")) { try WireReader(fd: read.reading).exchangeNew(request, idle: 10, stall: 10) }
+    }
+
+    /// keychaind closed a new connection with its request unread and said nothing (the request came
+    /// after its idle timeout: the caller had waited that long for a thread to wait on): the request
+    /// was not served, and the library sends it once more on another new connection.
+    @Test func aRequestANewConnectionDidNotDeliverIsSentOnAnother() async throws {
+        let daemon = try FakeDaemon(second: .readAndClose, first: .closeUnread)
+        let client = DaemonClient(socketPath: daemon.socket)
+        #expect(try await client.call(.status).uint(WireTag.resultNumber) == 1)
+        #expect(daemon.connections.load(ordering: .sequentiallyConsistent) == 2)
+        #expect(daemon.answered.load(ordering: .sequentiallyConsistent) == 1)
+    }
+
+    /// keychaind refused a new connection with a word and closed it unread (its connection limit): the
+    /// word is the reply, and the request is not sent again.
+    @Test func aNewConnectionsRefusalIsTheReplyAndNothingIsSentAgain() async throws {
+        let daemon = try FakeDaemon(second: .readAndClose, first: .refuse)
+        let client = DaemonClient(socketPath: daemon.socket)
+        do {
+            _ = try await client.call(.status)
+            Issue.record("a refused call succeeded")
+        } catch {
+            #expect(error.code == .hardwareUnavailable)
+            #expect(error.message == "the fake daemon is full", "\(error)")
+        }
+        #expect(daemon.connections.load(ordering: .sequentiallyConsistent) == 1)
+        #expect(!daemon.hasWaitingConnection, "the refused call was sent again")
+        #expect(daemon.answered.load(ordering: .sequentiallyConsistent) == 0)
     }
 
     /// keychaind read the request, then its connection ended without a reply (a crash mid-call): the

@@ -58,16 +58,15 @@ struct DaemonClient: Sendable {
             if complete && !connection.reader.hasPending { checkIn(connection) } else { close(connection.reader.fd) }
         }
         var reply: WireMessage
-        if connection.reused, let served = try await exchangeKept(connection.reader, request) {
+        if let served = try await connection.reused ? exchangeKept(connection.reader, request) : exchangeNew(connection.reader, request) {
             reply = served
         } else {
-            if connection.reused {
-                // Closed by the daemon while idle (its idle timeout, a restart): the request was not served.
-                let fresh = try await connect(as: identity)
-                close(connection.reader.fd)
-                connection = fresh
-            }
-            reply = try await exchange(connection.reader, request)
+            // Closed by the daemon before it read the request: a kept one while idle (its idle timeout, a
+            // restart), a new one that waited past the idle timeout for a thread to wait on. The request was
+            // not served: once more, on a connection made where the request goes at once.
+            let (fresh, served) = try await connectAndExchange(as: identity, request)
+            close(connection.reader.fd)
+            (connection, reply) = (fresh, served)
         }
         while true {
             switch reply.kind {
@@ -206,6 +205,35 @@ struct DaemonClient: Sendable {
     /// `exchange` on a connection from the pool; nil when the daemon had closed it unread (`WireReader.exchangeKept`).
     private func exchangeKept(_ reader: WireReader, _ message: WireMessage) async throws(KeychainError) -> WireMessage? {
         try await blocking { () throws(WireError) in try reader.exchangeKept(message, idle: Self.replyTimeout, stall: Self.stallTimeout) }
+    }
+
+    /// `exchange` on a connection made for this call; nil when the daemon closed it unread and said
+    /// nothing (`WireReader.exchangeNew`).
+    private func exchangeNew(_ reader: WireReader, _ message: WireMessage) async throws(KeychainError) -> WireMessage? {
+        try await blocking { () throws(WireError) in try reader.exchangeNew(message, idle: Self.replyTimeout, stall: Self.stallTimeout) }
+    }
+
+    /// A new connection and `message` sent on it at once, both on the thread that waits for the reply
+    /// (so no wait for a thread comes between them): for a request an earlier connection did not deliver.
+    private func connectAndExchange(as identity: Identity, _ message: WireMessage) async throws(KeychainError) -> (Kept, WireMessage) {
+        let socketPath = socketPath
+        let made: Result<(Kept, Result<WireMessage, WireError>), WireError> = try await blocking { () throws(WireError) in
+            switch WireSocket.connect(path: socketPath) {
+            case .failure(let error): return .failure(error)
+            case .success(let fd):
+                let kept = Kept(reader: WireReader(fd: fd), identity: Identity.current == identity ? identity : nil)
+                return .success((kept, Result { () throws(WireError) in
+                    try kept.reader.exchange(message, idle: Self.replyTimeout, stall: Self.stallTimeout)
+                }))
+            }
+        }
+        switch made {
+        case .failure(let error): throw KeychainError(WireFailure(connecting: error, socket: socketPath))
+        case .success((let kept, .success(let reply))): return (kept, reply)
+        case .success((let kept, .failure(let error))):
+            close(kept.reader.fd)
+            throw failure(error)
+        }
     }
 
     /// Runs an exchange, never on Swift's shared pool's task: on the caller's thread when it is a thread
