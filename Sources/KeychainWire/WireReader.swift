@@ -91,35 +91,29 @@ public final class WireReader: @unchecked Sendable {
     /// This replaces a `poll` of every kept connection before its reuse, which also missed a daemon
     /// closing it between that check and the send.
     public func exchangeKept(_ message: WireMessage, idle: Int, stall: Int) throws(WireError) -> WireMessage? {
-        do {
-            try WireSocket.send(fd, message)
-        } catch {
-            if case .io(let code) = error.kind, code == EPIPE || code == ECONNRESET { return nil }
-            throw error
-        }
-        do {
-            return try receive(idle: idle, stall: stall)
-        } catch {
-            if case .io(ECONNRESET) = error.kind, !hasPending { return nil }
-            throw error
-        }
+        try exchangeUnlessUnread(message, idle: idle, stall: stall, takingWordLeft: false)
     }
 
     /// `exchange` on a connection made for this request; nil when the peer closed it without reading
     /// the request and without a word, so that it was not served and may be sent again on another new
     /// connection, whatever it asks.
     ///
-    /// As `exchangeKept`: nil when the send fails with EPIPE or ECONNRESET, or the reply's first read
-    /// with ECONNRESET before any byte. But a frame the peer left before closing is the reply, as in
-    /// `exchange`: keychaind says so when it cannot serve a connection (its connection limit). A new
-    /// connection closes unread when the request comes after keychaind's idle timeout (the caller waited
-    /// that long for a thread to wait on) or when keychaind stopped between the connect and the request.
+    /// As `exchangeKept`, but a frame the peer left before closing is the reply, as in `exchange`:
+    /// keychaind says so when it cannot serve a connection (its connection limit). A new connection
+    /// closes unread when the request comes after keychaind's idle timeout (the caller waited that long
+    /// for a thread to wait on) or when keychaind stopped between the connect and the request.
     public func exchangeNew(_ message: WireMessage, idle: Int, stall: Int) throws(WireError) -> WireMessage? {
+        try exchangeUnlessUnread(message, idle: idle, stall: stall, takingWordLeft: true)
+    }
+
+    /// `exchangeKept` and `exchangeNew`: after a send the peer refused, the frame it left is the reply
+    /// only when `takingWordLeft`.
+    private func exchangeUnlessUnread(_ message: WireMessage, idle: Int, stall: Int, takingWordLeft: Bool) throws(WireError) -> WireMessage? {
         do {
             try WireSocket.send(fd, message)
         } catch {
             guard case .io(let code) = error.kind, code == EPIPE || code == ECONNRESET else { throw error }
-            return try? receive(idle: 1, stall: 1)
+            return takingWordLeft ? try? receive(idle: 1, stall: 1) : nil
         }
         do {
             return try receive(idle: idle, stall: stall)

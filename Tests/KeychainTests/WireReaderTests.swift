@@ -153,10 +153,7 @@ struct WireReaderTests {
                     if first && firstConnection != .served {
                         first = false
                         if firstConnection == .refuse {
-                            var refusal = WireMessage(kind: WireKind.error)
-                            refusal.add(WireTag.errorCode, "HARDWARE_UNAVAILABLE")
-                            refusal.add(WireTag.errorMessage, "the fake daemon is full")
-                            try? WireSocket.send(fd, refusal)
+                            try? WireSocket.send(fd, KeychainError(.hardwareUnavailable, "the fake daemon is full").wireMessage)
                         }
                         var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
                         _ = poll(&entry, 1, 60_000)
@@ -219,8 +216,7 @@ struct WireReaderTests {
         #expect(try WireReader(fd: before.reading).exchangeNew(request, idle: 10, stall: 10) == nil, "closed before the request")
 
         let refused = try Pair()
-        var refusal = WireMessage(kind: WireKind.error)
-        refusal.add(WireTag.errorCode, "HARDWARE_UNAVAILABLE")
+        let refusal = KeychainError(.hardwareUnavailable, "keychaind is full").wireMessage
         refused.write(Self.frame(refusal))
         refused.closeWriting()
         let word = try #require(try WireReader(fd: refused.reading).exchangeNew(request, idle: 10, stall: 10), "the refusal was dropped")

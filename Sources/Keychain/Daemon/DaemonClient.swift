@@ -58,7 +58,7 @@ struct DaemonClient: Sendable {
             if complete && !connection.reader.hasPending { checkIn(connection) } else { close(connection.reader.fd) }
         }
         var reply: WireMessage
-        if let served = try await connection.reused ? exchangeKept(connection.reader, request) : exchangeNew(connection.reader, request) {
+        if let served = try await exchangeUnlessUnread(connection, request) {
             reply = served
         } else {
             // Closed by the daemon before it read the request: a kept one while idle (its idle timeout, a
@@ -168,10 +168,15 @@ struct DaemonClient: Sendable {
     /// before and after the connect (another thread may change it meanwhile, and the kernel records
     /// the one of the moment).
     private func connect(as identity: Identity) async throws(KeychainError) -> Kept {
-        switch WireSocket.connect(path: socketPath) {
-        case .success(let fd): return Kept(reader: WireReader(fd: fd), identity: Identity.current == identity ? identity : nil)
+        switch Self.connection(to: socketPath, as: identity) {
+        case .success(let kept): return kept
         case .failure(let error): throw KeychainError(WireFailure(connecting: error, socket: socketPath))
         }
+    }
+
+    /// `connect(as:)` on whichever thread runs it.
+    private static func connection(to socketPath: String, as identity: Identity) -> Result<Kept, WireError> {
+        WireSocket.connect(path: socketPath).map { Kept(reader: WireReader(fd: $0), identity: Identity.current == identity ? identity : nil) }
     }
 
     private func failure(_ error: WireError) -> KeychainError {
@@ -202,15 +207,14 @@ struct DaemonClient: Sendable {
         try await blocking { () throws(WireError) in try reader.exchange(message, idle: Self.replyTimeout, stall: Self.stallTimeout) }
     }
 
-    /// `exchange` on a connection from the pool; nil when the daemon had closed it unread (`WireReader.exchangeKept`).
-    private func exchangeKept(_ reader: WireReader, _ message: WireMessage) async throws(KeychainError) -> WireMessage? {
-        try await blocking { () throws(WireError) in try reader.exchangeKept(message, idle: Self.replyTimeout, stall: Self.stallTimeout) }
-    }
-
-    /// `exchange` on a connection made for this call; nil when the daemon closed it unread and said
-    /// nothing (`WireReader.exchangeNew`).
-    private func exchangeNew(_ reader: WireReader, _ message: WireMessage) async throws(KeychainError) -> WireMessage? {
-        try await blocking { () throws(WireError) in try reader.exchangeNew(message, idle: Self.replyTimeout, stall: Self.stallTimeout) }
+    /// `exchange` of a call's first message; nil when the daemon had closed the connection unread and
+    /// said nothing (`WireReader.exchangeKept` on one from the pool, `exchangeNew` on a new one).
+    private func exchangeUnlessUnread(_ connection: Kept, _ message: WireMessage) async throws(KeychainError) -> WireMessage? {
+        let (reader, reused) = (connection.reader, connection.reused)
+        return try await blocking { () throws(WireError) in
+            reused ? try reader.exchangeKept(message, idle: Self.replyTimeout, stall: Self.stallTimeout)
+                : try reader.exchangeNew(message, idle: Self.replyTimeout, stall: Self.stallTimeout)
+        }
     }
 
     /// A new connection and `message` sent on it at once, both on the thread that waits for the reply
@@ -218,13 +222,8 @@ struct DaemonClient: Sendable {
     private func connectAndExchange(as identity: Identity, _ message: WireMessage) async throws(KeychainError) -> (Kept, WireMessage) {
         let socketPath = socketPath
         let made: Result<(Kept, Result<WireMessage, WireError>), WireError> = try await blocking { () throws(WireError) in
-            switch WireSocket.connect(path: socketPath) {
-            case .failure(let error): return .failure(error)
-            case .success(let fd):
-                let kept = Kept(reader: WireReader(fd: fd), identity: Identity.current == identity ? identity : nil)
-                return .success((kept, Result { () throws(WireError) in
-                    try kept.reader.exchange(message, idle: Self.replyTimeout, stall: Self.stallTimeout)
-                }))
+            Self.connection(to: socketPath, as: identity).map { kept in
+                (kept, Result { () throws(WireError) in try kept.reader.exchange(message, idle: Self.replyTimeout, stall: Self.stallTimeout) })
             }
         }
         switch made {
