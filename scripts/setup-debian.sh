@@ -14,7 +14,7 @@ packages=(
   libp11-kit-dev softhsm2 opensc                         # the PKCS#11 backend and its tests (SoftHSM2, pkcs11-tool)
   opencryptoki                                           # TokenModuleTests: openCryptoki's software token (pkcsslotd)
   libtpm2-pkcs11-1 libtpm2-pkcs11-tools                  # TokenModuleTests: tpm2-pkcs11 (tpm2_ptool), through tpm2-abrmd
-  debootstrap systemd-container lintian bc binutils      # the package and its tests under a booted systemd (scripts/test-systemd.sh)
+  debhelper dpkg-dev debootstrap systemd-container lintian bc binutils  # the package (dpkg-buildpackage) and its tests under a booted systemd (scripts/test-systemd.sh)
   gcr xvfb xdotool                                       # SystemPrompterTests: gcr-prompter under Xvfb, its dialog typed into
   systemd util-linux                                     # SystemPromptTests: systemd-tty-ask-password-agent answering the ask-password protocol (script, unshare)
   iproute2                                               # FrozenTPMTests: ss, what a stopped swtpm has not read yet

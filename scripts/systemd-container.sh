@@ -8,7 +8,11 @@
 #
 # - The root is `debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus bookworm` from the mirror
 #   apt is configured with here, plus the packages the keychain package depends on and swtpm (the tests'
-#   TPM), so `apt-get install ./keychain_….deb` inside needs no network. It is cached under
+#   TPM), so `apt-get install ./keychain-linux_….deb` inside needs no network. CONTAINER_UPDATES (or
+#   KEYCHAIN_TEST_UPDATES) chooses which Debian 12 it is, whatever this machine's own apt state:
+#   `no` (the default), bookworm's main alone, a device at the point release with no security updates;
+#   `yes`, bookworm, bookworm-updates and bookworm-security in its sources and upgraded, an updated device.
+#   It is cached under
 #   /var/cache/keychain-tests/ (KEYCHAIN_TEST_CACHE), one root per package list (its path ends in a hash
 #   of the list): a new list builds a new root beside the old one, never under a container booted on it.
 #   Roots of older lists stay until removed by hand (`rm -rf /var/cache/keychain-tests/bookworm-systemd-*`
@@ -19,6 +23,7 @@
 
 CONTAINER_CACHE=${KEYCHAIN_TEST_CACHE:-/var/cache/keychain-tests}
 CONTAINER_SUITE=bookworm
+CONTAINER_UPDATES=${CONTAINER_UPDATES:-${KEYCHAIN_TEST_UPDATES:-no}}
 # What the keychain package needs at run time (its Depends, see scripts/package-deb.sh), the tests' TPM, and a
 # user's manager with its session bus (`systemd --user` under user@UID.service: pam_systemd, dbus-user-session)
 # with secret-tool for the Secret Service provider's user unit.
@@ -36,12 +41,21 @@ container_mirror() {
   echo "${uri:-http://deb.debian.org/debian}"
 }
 
+# The security archive apt uses on this machine, or Debian's.
+container_security_mirror() {
+  local uri
+  uri=$(grep -hsE '^URIs: .*/debian-security/?$' /etc/apt/sources.list.d/*.sources | head -n1 | awk '{print $2}')
+  [ -n "$uri" ] || uri=$(grep -hsE '^deb .*/debian-security/? ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | head -n1 | awk '{print $2}')
+  echo "${uri:-http://deb.debian.org/debian-security}"
+}
+
 # Prints the cached root, building it first when it is absent or incomplete. Two layers, each cached: the
 # debootstrap base (about 100 s on a quiet machine, once) and the root with CONTAINER_PACKAGES on it.
 container_root() {
-  local base="$CONTAINER_CACHE/$CONTAINER_SUITE-minbase" root want
-  want="${CONTAINER_PACKAGES[*]}"
-  root="$CONTAINER_CACHE/$CONTAINER_SUITE-systemd-$(printf '%s' "$want" | sha256sum | cut -c1-12)"
+  local base="$CONTAINER_CACHE/$CONTAINER_SUITE-minbase" root want variant=$CONTAINER_SUITE
+  [ "$CONTAINER_UPDATES" = yes ] && variant=$CONTAINER_SUITE-updated
+  want="$variant: ${CONTAINER_PACKAGES[*]}"
+  root="$CONTAINER_CACHE/$variant-systemd-$(printf '%s' "$want" | sha256sum | cut -c1-12)"
   if [ -f "$root/.keychain-tests-root" ] && [ "$(cat "$root/.keychain-tests-root")" = "$want" ]; then echo "$root"; return; fi
   mkdir -p "$CONTAINER_CACHE"
   # One build at a time (another run may be building the same root); the one that waited finds it made.
@@ -59,10 +73,18 @@ container_root() {
     touch "$base.new/.keychain-tests-base"
     rm -rf "$base" && mv "$base.new" "$base"
   fi
-  echo "systemd container: $root: the base and ${CONTAINER_PACKAGES[*]}" >&2
+  echo "systemd container: $root: the base ($variant) and ${CONTAINER_PACKAGES[*]}" >&2
   rm -rf "$root.new"
   cp -a "$base" "$root.new"
   cp /etc/resolv.conf "$root.new/etc/resolv.conf"
+  # debootstrap's sources are bookworm's main alone; an updated device has the updates and the security archive.
+  if [ "$CONTAINER_UPDATES" = yes ]; then
+    printf 'deb %s %s main\ndeb %s %s-updates main\ndeb %s %s-security main\n' "$(container_mirror)" "$CONTAINER_SUITE" \
+      "$(container_mirror)" "$CONTAINER_SUITE" "$(container_security_mirror)" "$CONTAINER_SUITE" >"$root.new/etc/apt/sources.list"
+    { chroot "$root.new" apt-get update -qq \
+      && DEBIAN_FRONTEND=noninteractive chroot "$root.new" apt-get full-upgrade -y -qq; } >>"$log" 2>&1 \
+      || { tail -n 20 "$log" >&2; rm -rf "$root.new"; container_fail "updating the root from the updates and security archives failed (log above)"; return; }
+  fi
   { chroot "$root.new" apt-get update -qq \
     && DEBIAN_FRONTEND=noninteractive chroot "$root.new" apt-get install -y -qq --no-install-recommends "${CONTAINER_PACKAGES[@]}" \
     && chroot "$root.new" apt-get clean; } >>"$log" 2>&1 \

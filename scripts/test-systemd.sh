@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The keychain under a real systemd (issue 20): builds the Debian package once (scripts/package-deb.sh),
 # boots a Debian 12 with systemd as PID 1 (scripts/systemd-container.sh), installs the package there with
-# `apt-get install ./keychain_….deb` and checks what a device's administrator and users rely on.
+# `apt-get install ./keychain-linux_….deb` and checks what a device's administrator and users rely on.
 #
-#   scripts/test-systemd.sh [--deb FILE]
+#   scripts/test-systemd.sh [--deb FILE] [--updates no|yes]
+#
+# --updates: which Debian 12 the device is (scripts/systemd-container.sh, CONTAINER_UPDATES): `no`, bookworm's
+# main alone (the point release, no security updates); `yes`, with bookworm-updates and bookworm-security.
 #
 # Needs root (debootstrap, nspawn, overlay mounts). A machine that cannot boot the container fails the
 # run and says why; nothing here is skipped. Ends with "N passed, N failed".
@@ -15,9 +18,11 @@ deb=""
 while (($#)); do
   case $1 in
     --deb) deb=$2; shift 2 ;;
-    *) echo "usage: $0 [--deb FILE]" >&2; exit 2 ;;
+    --updates) CONTAINER_UPDATES=$2; shift 2 ;;
+    *) echo "usage: $0 [--deb FILE] [--updates no|yes]" >&2; exit 2 ;;
   esac
 done
+case $CONTAINER_UPDATES in no|yes) ;; *) echo "$0: --updates is no or yes, not '$CONTAINER_UPDATES'" >&2; exit 2 ;; esac
 
 passed=0 failed=0
 failures=()
@@ -27,7 +32,7 @@ finish() {
   container_stop pkg >/dev/null 2>&1 || true
   echo
   for f in "${failures[@]}"; do echo "failed: $f"; done
-  echo "systemd: $passed passed, $failed failed"
+  echo "systemd (bookworm$([ "$CONTAINER_UPDATES" = yes ] && echo ' with its updates and security archives' || echo ' main alone')): $passed passed, $failed failed"
   ((failed == 0))
   exit
 }
@@ -58,10 +63,23 @@ if [ -z "$deb" ]; then
   deb=$(scripts/package-deb.sh | tail -n1) || { fail "scripts/package-deb.sh failed"; finish; }
 fi
 [ -f "$deb" ] && pass "built $(basename "$deb") ($(du -k "$deb" | cut -f1) KiB)" || { fail "no package at '$deb'"; finish; }
+bench_deb=$(dirname "$deb")/$(basename "$deb" | sed 's/^keychain-linux_/keychain-linux-bench_/')
+[ -f "$bench_deb" ] || { fail "no benchmark package beside it at '$bench_deb'"; finish; }
 if ! command -v lintian >/dev/null; then fail "lintian is not installed (scripts/setup-debian.sh installs it)"
-elif out=$(lintian --tag-display-limit 0 "$deb" 2>&1); then
-  pass "lintian: no errors, $(grep -c '^W:' <<<"$out") warnings$(grep '^W:' <<<"$out" | sed 's/^W: keychain: /; /' | tr -d '\n')"
-else fail "lintian reports no errors" "$out"; fi
+else
+  out=$(lintian --tag-display-limit 0 "$deb" "$bench_deb" 2>&1 | grep -v '^running with root privileges')
+  grep -q '^[EW]:' <<<"$out" && fail "lintian: no errors or warnings on the packages" "$out" \
+    || pass "lintian: no errors or warnings on $(basename "$deb") and $(basename "$bench_deb")"
+fi
+# An appliance's budget (issue 37): the runtime package at most 10 MB to download and 25 MiB installed.
+bytes=$(stat -c %s "$deb")
+installed=$(dpkg-deb -f "$deb" Installed-Size)
+((bytes <= 10000000)) && pass "the runtime package is $bytes bytes (at most 10 MB)" || fail "the runtime package is at most 10 MB" "$bytes bytes"
+((installed <= 25 * 1024)) && pass "the runtime package installs $installed KiB (at most 25 MiB)" \
+  || fail "the runtime package installs at most 25 MiB" "Installed-Size: $installed KiB"
+# Nothing it needs is newer than the Debian 12 the device runs: checked by installing it below, on bookworm's
+# main alone (--updates no) and on an updated Debian 12 (--updates yes).
+pass "Depends: $(dpkg-deb -f "$deb" Depends)"
 
 echo "== boot"
 start=$(date +%s.%N)
@@ -83,7 +101,10 @@ state=$(in_container systemctl is-enabled keychaind.socket keychaind.service; in
 [ "$state" = $'enabled\nenabled\nactive\nactive' ] \
   && pass "keychaind.socket and keychaind.service enabled, the socket listening and keychaind running before any client connected" \
   || fail "postinst enables and starts keychaind.socket and keychaind.service" "$state"
-for exe in /usr/bin/keychainctl /usr/bin/keychainctl-full /usr/bin/keychain-secret-service /usr/sbin/keychaind /usr/lib/keychain/keychain-bench; do
+container_put pkg "$bench_deb" /root/
+out=$(in_container env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "/root/$(basename "$bench_deb")" 2>&1) \
+  && pass "apt-get install ./$(basename "$bench_deb") beside it" || fail "apt-get install ./$(basename "$bench_deb")" "$out"
+for exe in /usr/bin/keychainctl /usr/bin/keychainctl-full /usr/bin/keychain-secret-service /usr/sbin/keychaind /usr/lib/keychain-linux/keychain-bench; do
   libs=$(in_container ldd "$exe" 2>&1)
   if grep -Eq 'not found|swift|Foundation|dispatch' <<<"$libs"; then fail "$exe loads only Debian's libraries" "$libs"
   else pass "$exe resolves every library from Debian 12 (no Swift toolchain in the container)"; fi
@@ -338,18 +359,31 @@ st=$(in_container systemctl is-enabled keychaind.service; in_container systemctl
 [ "$st" = $'disabled\ninactive\nactive' ] && pass "an upgrade keeps a keychaind.service the administrator disabled disabled and stopped, its socket listening" \
   || fail "an upgrade keeps the administrator's disabled keychaind.service" "$st"
 
+echo "== apt-get upgrade from Debian's archive"
+# Debian 12 has a package named keychain (an ssh-agent front end): under that name ours was replaced by it on the
+# next upgrade. The container's sources are Debian's (bookworm, with its updates where --updates yes).
+out=$(in_container sh -c 'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get upgrade -y -q && DEBIAN_FRONTEND=noninteractive apt-get full-upgrade -y -q' 2>&1) \
+  || fail "apt-get update, upgrade and full-upgrade in the container" "$(tail -n 20 <<<"$out")"
+st=$(in_container dpkg-query -W -f='${Status} ${Version}' keychain-linux 2>&1; echo; in_container systemctl is-enabled keychaind.socket; in_container systemctl is-active keychaind.socket)
+# keychaind's restarts above restarted its embedded TPM: the first unlock since, then root's item from before.
+got=$(in_container sh -c 'printf "24680\n" | keychainctl unlock && keychainctl get appliance root-key' 2>&1)
+kc=$(in_container dpkg-query -W -f='${Status}' keychain 2>/dev/null)
+[ "$st" = "install ok installed $(dpkg-deb -f "$deb" Version)"$'\nenabled\nactive' ] && [ "$got" = v-root ] && in_container test -x /usr/sbin/keychaind && [ "$kc" != "install ok installed" ] \
+  && pass "apt-get upgrade and full-upgrade leave keychain-linux installed, its socket enabled and listening, and root's item readable" \
+  || fail "apt-get upgrade and full-upgrade keep the keychain" "$st / get: $got / Debian's keychain: '$kc'"
+
 echo "== remove and purge"
-out=$(in_container env DEBIAN_FRONTEND=noninteractive apt-get remove -y -q keychain 2>&1) || fail "apt-get remove keychain" "$out"
+out=$(in_container env DEBIAN_FRONTEND=noninteractive apt-get remove -y -q keychain-linux-bench keychain-linux 2>&1) || fail "apt-get remove keychain-linux" "$out"
 st=$(in_container systemctl is-active keychaind.socket keychaind.service; in_container sh -c 'ls /run/keychain/*.sock 2>/dev/null')
 [ "$st" = $'inactive\ninactive' ] && pass "remove stopped keychaind.socket and keychaind.service and took their sockets" \
   || fail "remove stops the socket and the service and takes their sockets" "$st"
 in_container test -d /var/lib/keychain/store && ! in_container test -e /usr/sbin/keychaind \
   && pass "remove took the binaries and kept the store" || fail "remove keeps the store, takes the binaries"
-out=$(in_container env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q keychain 2>&1) || fail "apt-get purge keychain" "$out"
+out=$(in_container env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q keychain-linux 2>&1) || fail "apt-get purge keychain-linux" "$out"
 grep -q "purge kept /var/lib/keychain" <<<"$out" && in_container test -d /var/lib/keychain/store \
   && pass "purge kept the store and said so: $(grep -m1 'purge kept /var/lib/keychain' <<<"$out")" \
   || fail "purge keeps the store and says so" "$out"
-left=$(in_container sh -c 'dpkg -l keychain 2>/dev/null | grep "^[a-z][a-z] *keychain"; ls /etc/systemd/system/*/keychaind* /etc/systemd/system/keychaind* 2>/dev/null; systemctl list-unit-files "keychaind*" --no-legend')
+left=$(in_container sh -c 'dpkg -l "keychain-linux*" 2>/dev/null | grep "^[a-z][a-z] *keychain"; ls /etc/systemd/system/*/keychaind* /etc/systemd/system/keychaind* 2>/dev/null; systemctl list-unit-files "keychaind*" --no-legend')
 [ -z "$left" ] && pass "purge left no package state, unit file or enablement link" || fail "purge leaves nothing of the package" "$left"
 
 finish
