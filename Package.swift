@@ -19,6 +19,9 @@ let package = Package(
         .executable(name: "keychaind", targets: ["keychaind"]),
         // The freedesktop Secret Service (org.freedesktop.secrets) on the keychain: docs/secret-service.md.
         .executable(name: "keychain-secret-service", targets: ["keychain-secret-service"]),
+        // The four commands above in one executable, as the Debian package ships them (links named after each
+        // command): one copy of the Swift runtime and FoundationEssentials instead of four.
+        .executable(name: "keychain-multicall", targets: ["keychain-multicall"]),
         // For our users' own test suites: a private software TPM per test or suite.
         .library(name: "KeychainTestSupport", targets: ["KeychainTestSupport"]),
         .library(name: "BiometricsVault", targets: ["BiometricsVault"]),
@@ -83,12 +86,22 @@ let package = Package(
         // The seed's "sign in with Face ID" guide as code: where each token lives, the fallbacks.
         .target(name: "SignInFlow", dependencies: ["Keychain"]),
 
-        .executableTarget(name: "keychainctl-full", dependencies: ["Keychain", "SignInFlow", "KeychainCLIText", "KeychainWire"]),
+        // Each command is a module with one entry point (Sources/<command>), which its own executable
+        // (Sources/Executables/<command>) and keychain-multicall call.
+        .target(name: "KeychainctlFull", dependencies: ["Keychain", "SignInFlow", "KeychainCLIText", "KeychainWire"],
+                path: "Sources/keychainctl-full"),
+        .target(name: "KeychainctlFront", dependencies: ["KeychainWire", "KeychainCLIText"], path: "Sources/keychainctl"),
+        .target(name: "Keychaind", dependencies: ["Keychain"], path: "Sources/keychaind"),
+        .target(name: "SecretServiceCommand", dependencies: ["SecretService", "Keychain"], path: "Sources/keychain-secret-service"),
+        .executableTarget(name: "keychainctl-full", dependencies: ["KeychainctlFull"], path: "Sources/Executables/keychainctl-full"),
         // Loads no Foundation, ICU, tpm2-tss, OpenSSL or SQLite: start-up is a static Swift runtime's.
-        .executableTarget(name: "keychainctl", dependencies: ["KeychainWire", "KeychainCLIText"],
+        .executableTarget(name: "keychainctl", dependencies: ["KeychainctlFront"], path: "Sources/Executables/keychainctl",
                           linkerSettings: [.unsafeFlags(["-static-stdlib"])]),
-        .executableTarget(name: "keychaind", dependencies: ["Keychain"]),
-        .executableTarget(name: "keychain-secret-service", dependencies: ["SecretService", "Keychain"]),
+        .executableTarget(name: "keychaind", dependencies: ["Keychaind"], path: "Sources/Executables/keychaind"),
+        .executableTarget(name: "keychain-secret-service", dependencies: ["SecretServiceCommand"],
+                          path: "Sources/Executables/keychain-secret-service"),
+        .executableTarget(name: "keychain-multicall", dependencies: ["KeychainctlFront", "KeychainctlFull", "Keychaind", "SecretServiceCommand"],
+                          path: "Sources/Executables/keychain-multicall"),
         .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport", "BiometricsVault"]),
         // The seed's BiometricsVault example as a command, one vault call per argument (the vault's kill tests run it).
         .executableTarget(name: "vault-example", dependencies: ["BiometricsVault", "Keychain"]),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Debian packages from this repository with dpkg-buildpackage (debian/: debhelper, dh_shlibdeps,
-# dh_strip, dh_installsystemd): keychain-linux (the commands, keychaind's units, sysusers and tmpfiles entries,
-# the Secret Service activation, man pages, bash completion), keychain-linux-bench and their -dbgsym packages.
+# dh_strip, dh_installsystemd): keychain-linux (the commands, one executable, keychain-multicall, with a link named
+# after each; keychaind's units, sysusers and tmpfiles entries, the Secret Service activation, man pages, bash
+# completion), keychain-linux-bench and their -dbgsym packages.
 # The executables link the Swift runtime statically (checked with ldd: nothing from a Swift toolchain).
 #
 #   scripts/package-deb.sh [--out DIR]
@@ -37,8 +38,7 @@ dpkg-buildpackage -b -nc -us -uc >&2
 
 # No Swift toolchain on the target: nothing may load from it, nor a Swift runtime or Foundation library.
 tree=debian/keychain-linux
-for exe in "$tree"/usr/bin/* "$tree"/usr/sbin/* debian/keychain-linux-bench/usr/lib/keychain-linux/*; do
-  [ -L "$exe" ] && continue
+for exe in "$tree"/usr/lib/keychain-linux/* debian/keychain-linux-bench/usr/lib/keychain-linux/*; do
   libs=$(ldd "$exe")
   if grep -Eq 'not found|/opt/swift|libswift|libFoundation|libdispatch|libBlocksRuntime|lib_FoundationICU|libicu' <<<"$libs"; then
     echo "package-deb: $exe still needs the Swift toolchain's libraries:" >&2

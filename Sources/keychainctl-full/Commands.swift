@@ -286,9 +286,9 @@ struct Commands {
     }
 }
 
-@main
-struct KeychainCtl {
-    static func main() async {
+/// keychainctl-full's entry point.
+public enum KeychainctlFull {
+    public static func main() async {
         let code: Exit
         do {
             let inv = try Invocation(try strictArguments())

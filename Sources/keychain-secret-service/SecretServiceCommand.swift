@@ -25,6 +25,8 @@ func fail(_ message: String, code: Int32 = 1) -> Never {
     exit(code)
 }
 
+/// keychain-secret-service's entry point: the arguments, the bus name, then serving until SIGTERM or SIGINT.
+@MainActor public func secretServiceMain() -> Never {
 var arguments = CommandLine.arguments.dropFirst()
 var store: String?
 var tcti: String?
@@ -162,3 +164,5 @@ Task.detached {
 }
 done.wait()
 if lostName { FileHandle.standardError.write(Data("keychain-secret-service: another provider took \(SecretServiceProvider.busName)\n".utf8)) }
+exit(0)
+}

@@ -22,6 +22,8 @@ func fail(_ message: String, status: Int32 = 2) -> Never {
     exit(status)
 }
 
+/// keychaind's entry point: the arguments, the sockets (its own or systemd's), then serving until killed.
+@MainActor public func keychaindMain() -> Never {
 var flags: [String: String] = [:]
 var arguments = CommandLine.arguments.dropFirst()
 while let arg = arguments.popFirst() {
@@ -150,3 +152,4 @@ if case .success(let said?) = blocking({ () async throws(KeychainError) -> Strin
 }
 FileHandle.standardOutput.write(Data("keychaind: ready (store \(store))\n".utf8))
 server.serve(listener: listener)
+}

@@ -18,6 +18,7 @@ import KeychainWire
 /// argv[0], PATH or the working directory, which the caller chooses), in this process: same pid,
 /// arguments, environment and descriptors, and stdin untouched.
 func runFullTool() -> Never {
+    if fullToolIsThisExecutable { runThisExecutableAsFullTool() }
     var link = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
     let n = readlink("/proc/self/exe", &link, Int(PATH_MAX))
     guard n > 0, link[0] == CChar(UInt8(ascii: "/")) else {
@@ -46,6 +47,21 @@ func runFullTool() -> Never {
     let code = errno
     fail("cannot run \(escaped(shown)) (errno \(code): \(String(cString: strerror(code)))): keychainctl-full is installed "
          + "next to keychainctl and does every command but the item commands through keychaind", 3)
+}
+
+/// Set once, at the start: whether keychainctl-full is this program (keychain-multicall).
+nonisolated(unsafe) private var fullToolIsThisExecutable = false
+
+/// The multi-call executable's hand-over: this same program (the kernel's /proc/self/exe, never a path found
+/// by name) run again with argv[0] keychainctl-full, the rest of the arguments, the environment and the
+/// descriptors as they are.
+private func runThisExecutableAsFullTool() -> Never {
+    var argv: [UnsafeMutablePointer<CChar>?] = [strdup("keychainctl-full")]
+    for i in stride(from: 1, to: Int(CommandLine.argc), by: 1) { argv.append(CommandLine.unsafeArgv[i]) }
+    argv.append(nil)
+    execv("/proc/self/exe", argv)
+    let code = errno
+    fail("cannot run keychainctl-full from /proc/self/exe (errno \(code): \(String(cString: strerror(code)))); mount /proc", 3)
 }
 
 func fail(_ text: String, _ status: Int32) -> Never {
@@ -252,7 +268,10 @@ func readValue() -> [UInt8] {
 
 // MARK: The run
 
-func main() -> Never {
+/// keychainctl's entry point. `fullToolInThisExecutable`: the full tool is this very program (keychain-multicall),
+/// run again as keychainctl-full rather than looked for beside it.
+public func keychainctlMain(fullToolInThisExecutable: Bool = false) -> Never {
+    fullToolIsThisExecutable = fullToolInThisExecutable
     guard let args = strictArguments(), let inv = Invocation(args), let socket = daemonSocket(),
           !inv.switches.contains("--direct"), inv.flags["--store"] == nil, inv.flags["--tcti"] == nil,
           let fast = FastCommand(inv) else {
@@ -355,5 +374,3 @@ func main() -> Never {
     reply.wipe()
     exit(0)
 }
-
-main()

@@ -1,0 +1,3 @@
+import KeychainctlFull
+
+await KeychainctlFull.main()

@@ -1,0 +1,3 @@
+import KeychainctlFront
+
+keychainctlMain()

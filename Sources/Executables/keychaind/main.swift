@@ -1,0 +1,3 @@
+import Keychaind
+
+keychaindMain()
