@@ -33,7 +33,9 @@ for p in keychain-linux keychain-linux-bench; do
 done
 names+=("keychain-linux_${version}_${arch}.buildinfo" "keychain-linux_${version}_${arch}.changes")
 for n in "${names[@]}"; do rm -f "$parent/$n"; done
-# -b: binary packages only; -nc: keep the Swift build (incremental); no signing.
+# -b: binary packages only; -nc: no clean, so the Swift build stays (incremental), but its stamp goes, so that
+# debian/rules builds again; no signing.
+rm -f debian/debhelper-build-stamp
 dpkg-buildpackage -b -nc -us -uc >&2
 
 # No Swift toolchain on the target: nothing may load from it, nor a Swift runtime or Foundation library.

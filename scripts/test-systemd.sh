@@ -86,6 +86,9 @@ start=$(date +%s.%N)
 if ! boot_log=$(container_boot pkg 2>&1); then fail "the container did not boot: this machine cannot run systemd in nspawn" "$boot_log"; finish; fi
 pass "booted a Debian 12 with systemd $(in_container systemctl --version | head -n1 | awk '{print $2}') as PID 1 in $(printf '%.1f' "$(echo "$(date +%s.%N) - $start" | bc)") s"
 
+suites=$(in_container sh -c "awk '/^deb /{print \$3}' /etc/apt/sources.list" | tr '\n' ' ')
+pass "its apt sources: ${suites% } (libssl3 $(in_container dpkg-query -W -f='${Version}' libssl3), libsystemd0 $(in_container dpkg-query -W -f='${Version}' libsystemd0))"
+
 echo "== install"
 container_put pkg "$deb" /root/
 start=$(date +%s.%N)
@@ -366,7 +369,7 @@ out=$(in_container sh -c 'apt-get update -q && DEBIAN_FRONTEND=noninteractive ap
   || fail "apt-get update, upgrade and full-upgrade in the container" "$(tail -n 20 <<<"$out")"
 st=$(in_container dpkg-query -W -f='${Status} ${Version}' keychain-linux 2>&1; echo; in_container systemctl is-enabled keychaind.socket; in_container systemctl is-active keychaind.socket)
 # keychaind's restarts above restarted its embedded TPM: the first unlock since, then root's item from before.
-got=$(in_container sh -c 'printf "24680\n" | keychainctl unlock && keychainctl get appliance root-key' 2>&1)
+got=$(in_container sh -c 'printf "24680\n" | keychainctl unlock >/dev/null && keychainctl get appliance root-key' 2>&1)
 kc=$(in_container dpkg-query -W -f='${Status}' keychain 2>/dev/null)
 [ "$st" = "install ok installed $(dpkg-deb -f "$deb" Version)"$'\nenabled\nactive' ] && [ "$got" = v-root ] && in_container test -x /usr/sbin/keychaind && [ "$kc" != "install ok installed" ] \
   && pass "apt-get upgrade and full-upgrade leave keychain-linux installed, its socket enabled and listening, and root's item readable" \
