@@ -26,8 +26,8 @@ public enum VaultEvent: String, CaseIterable, Hashable, Sendable, CustomStringCo
         case .upgradeKeychainWithBiometrics: [.keychainSecured]
         case .enableSecureVaultWithBiometrics: [.ready]
         case .lock, .downgradeBiometricsToKeychain, .disableBiometricsSecureVault: [.biometricsSecured]
-        case .unlockWithBiometrics, .reauthenticateOwner: [.locked]
-        case .resetEverything: VaultStateKind.allCases
+        case .unlockWithBiometrics: [.locked]
+        case .reauthenticateOwner, .resetEverything: VaultStateKind.allCases
         case .operationSucceeded, .credentialsRead, .operationFailed: []
         }
     }

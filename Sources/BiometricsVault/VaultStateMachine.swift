@@ -57,7 +57,7 @@ public import Keychain
 ///     BiometricsSecured --> KeychainSecured: downgradeBiometricsToKeychain
 ///     BiometricsSecured --> Locked: lock
 ///     Locked --> BiometricsSecured: unlockWithBiometrics
-///     Locked --> Locked: reauthenticateOwner, or unlock canceled / locked out
+///     Locked --> Locked: unlock canceled / locked out
 ///     Locked --> Ready: unlockWithBiometrics fails with KEY_INVALIDATED
 ///     BiometricsSecured --> Ready: disableBiometricsSecureVault
 ///     KeychainSecured --> Ready: resetEverything
@@ -70,7 +70,9 @@ public import Keychain
 ///   removing what isn't there does no harm.
 /// - `enableKeychainVault(saving:)` is allowed in `unavailable`: the keychain item needs no
 ///   biometrics, so a device without a sensor can still keep the user signed in.
-/// - `reauthenticateOwner()` is allowed in `locked` only, the one state whose transition prompts.
+/// - `reauthenticateOwner()` is allowed in every state and leaves it as it was: a lockout can follow any
+///   touch (enabling and upgrading verify with a finger as unlocking does), and the seed's answer to a
+///   lockout is this call, whatever the vault's state.
 /// - A failed transition settles in the state that matches what is stored (see each outcome).
 ///   `BIOMETRY_NOT_AVAILABLE`, `BIOMETRY_NOT_ENROLLED` and `PASSCODE_NOT_SET` also mark biometrics
 ///   unavailable: the keychain has just said so.
@@ -214,12 +216,12 @@ public struct VaultStateMachine<Credentials: Codable & Sendable>: Sendable {
         return .remove(.biometrics)
     }
 
-    /// `locked` → `locked`: asks for the device passcode after a biometric lockout.
+    /// Any state → the same state: asks for the device passcode after a biometric lockout.
     ///
-    /// The state doesn't change either way; after a success the app calls `unlockWithBiometrics()`.
+    /// The state doesn't change either way; after a success the app tries its touch again
+    /// (`unlockWithBiometrics()`, `upgradeKeychainWithBiometrics()`, …).
     public mutating func reauthenticateOwner() throws(VaultError) -> Action {
         try checkIdle(.reauthenticateOwner)
-        guard case .locked = state else { throw refusal(.reauthenticateOwner) }
         operation = .reauthenticating
         return .authenticateOwner
     }
@@ -269,7 +271,7 @@ public struct VaultStateMachine<Credentials: Codable & Sendable>: Sendable {
         case .resetting(removingKeychainItem: true):
             settle(.ready)
         case .reauthenticating:
-            settle(.locked)
+            settle(state)
         case .unlocking, nil:
             throw .unexpectedOutcome(.operationSucceeded, pending: pending)
         }

@@ -28,10 +28,10 @@ let transitions = VaultEvent.allCases.filter { !outcomes.contains($0) }
 
 /// The transitions each state allows, written out independently of the implementation.
 let allowed: [VaultStateKind: Set<VaultEvent>] = [
-    .unavailable: [.enableKeychainVault, .resetEverything],
-    .ready: [.enableKeychainVault, .enableSecureVaultWithBiometrics, .resetEverything],
-    .keychainSecured: [.upgradeKeychainWithBiometrics, .resetEverything],
-    .biometricsSecured: [.lock, .downgradeBiometricsToKeychain, .disableBiometricsSecureVault, .resetEverything],
+    .unavailable: [.enableKeychainVault, .reauthenticateOwner, .resetEverything],
+    .ready: [.enableKeychainVault, .enableSecureVaultWithBiometrics, .reauthenticateOwner, .resetEverything],
+    .keychainSecured: [.upgradeKeychainWithBiometrics, .reauthenticateOwner, .resetEverything],
+    .biometricsSecured: [.lock, .downgradeBiometricsToKeychain, .disableBiometricsSecureVault, .reauthenticateOwner, .resetEverything],
     .locked: [.unlockWithBiometrics, .reauthenticateOwner, .resetEverything],
 ]
 

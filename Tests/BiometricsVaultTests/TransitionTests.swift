@@ -104,6 +104,22 @@ import Keychain
         #expect(subject.pending == nil)
     }
 
+    /// Issue 37: an upgrade's touch can end in a lockout, and the seed's answer to a lockout is
+    /// reauthenticateOwner; it used to be refused outside `locked`.
+    @Test func afterAnUpgradesLockoutReauthenticateOwnerAsksForThePasscodeAndTheVaultStaysKeychainSecured() throws {
+        var subject = try machine(in: .keychainSecured)
+        #expect(try subject.upgradeKeychainWithBiometrics() == .store(token, protection: .biometrics))
+        #expect(try subject.operationSucceeded() == .verify(.biometrics))
+        #expect(try subject.operationFailed(.lockout) == .remove(.biometrics))
+        #expect(try subject.operationSucceeded() == .none)
+        #expect(subject.state == .keychainSecured(token))
+
+        #expect(try subject.reauthenticateOwner() == .authenticateOwner)
+        #expect(try subject.operationSucceeded() == .none)
+        #expect(subject.state == .keychainSecured(token))
+        #expect(try subject.upgradeKeychainWithBiometrics() == .store(token, protection: .biometrics))
+    }
+
     @Test func theSeedsFirstFlowGoesFromSignInToBiometricsAndBack() throws {
         var subject = try machine(in: .ready)
         #expect(try subject.enableKeychainVault(saving: newToken) == .store(newToken, protection: .keychain))
