@@ -22,6 +22,11 @@ struct Commands {
             // The read window of the seed's authValidity: a TPM ticket kept in the store for N seconds.
             if let v = inv.flags["--auth-validity"] {
                 guard let n = Int(v) else { throw KeychainError.invalidArgument("Invalid authValidity: expected a whole number of seconds, got '\(v)'") }
+                // A read's 0 is the storage's default, which keeps the item's stored window: it would not ask.
+                guard n != 0 else {
+                    throw KeychainError.invalidArgument("get --auth-validity 0 cannot make this read ask: the window is the item's "
+                                                        + "(set --auth-validity); give a number above 0 to shorten it, or store the item with 0")
+                }
                 options.authValidity = n
             }
         }

@@ -242,6 +242,9 @@ struct ProcessTests {
         // The item's window: asked once, then read by later plain `get`s without an answer.
         #expect(try cli(tpm, store, ["get", "s", "k", "--touch", "thumb"]).stdout == Array("windowed".utf8))
         #expect(try cli(tpm, store, ["get", "s", "k"]).stdout == Array("windowed".utf8))
+        // A read's 0 is the default and keeps the item's window: refused rather than read without asking (issue 37).
+        let zero = try cli(tpm, store, ["get", "s", "k", "--auth-validity", "0"])
+        #expect(zero.status == 2 && zero.stdout.isEmpty && zero.stderr.contains("INVALID_ARGUMENT: get --auth-validity 0 cannot make this read ask"))
         // A TPM reset kills the ticket: asked again.
         try tpm.reboot()
         let afterReset = try cli(tpm, store, ["get", "s", "k"])
