@@ -16,52 +16,60 @@ import KeychainWire
 
 /// Runs keychainctl-full from this executable's own directory (the kernel's /proc/self/exe: never
 /// argv[0], PATH or the working directory, which the caller chooses), in this process: same pid,
-/// arguments, environment and descriptors, and stdin untouched.
+/// arguments, environment and descriptors, and stdin untouched. Where keychainctl-full is not there,
+/// keychain-multicall (the Debian package's one executable, which holds it) run as keychainctl-full.
 func runFullTool() -> Never {
-    if fullToolIsThisExecutable { runThisExecutableAsFullTool() }
+    if fullToolIsThisExecutable { runAsFullTool(Array("/proc/self/exe".utf8CString), shown: "/proc/self/exe") }
     var link = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
     let n = readlink("/proc/self/exe", &link, Int(PATH_MAX))
     guard n > 0, link[0] == CChar(UInt8(ascii: "/")) else {
         fail("cannot find keychainctl-full: /proc/self/exe does not name this program (errno \(errno)); mount /proc", 3)
     }
     // The directory's bytes as they are (a path need not be UTF-8), then the full tool's name.
-    var path = Array(link[0..<n])
-    while let last = path.last, last != CChar(UInt8(ascii: "/")) { path.removeLast() }
-    path += Array("keychainctl-full".utf8CString)
-    let shown = String(decoding: path.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    // The front may be run by root from a folder others can add files to (a sticky /tmp): the full
-    // tool must be a file only its owner can change, and that owner root or this user, as the front
-    // itself is. Not a symbolic link (it could name any program); a hard link to another user's file
-    // is what fs.protected_hardlinks refuses.
+    var directory = Array(link[0..<n])
+    while let last = directory.last, last != CChar(UInt8(ascii: "/")) { directory.removeLast() }
+    let path = directory + Array("keychainctl-full".utf8CString)
+    let multicall = directory + Array("keychain-multicall".utf8CString)
     var info = stat()
-    if lstat(path, &info) == 0 {
-        let foreignGroupWrite = info.st_mode & 0o020 != 0 && info.st_gid != 0 && info.st_gid != getegid()
-        guard info.st_mode & S_IFMT == S_IFREG, info.st_uid == 0 || info.st_uid == geteuid(),
-              info.st_mode & 0o002 == 0, !foreignGroupWrite else {
-            fail("refusing to run \(escaped(shown)): it must be a regular file owned by root or uid \(geteuid()) that no one "
-                 + "else can write (it is uid \(info.st_uid)'s, mode \(String(info.st_mode, radix: 8))); install keychainctl-full "
-                 + "next to keychainctl as they come", 3)
-        }
+    if lstat(path, &info) != 0 && errno == ENOENT && lstat(multicall, &info) == 0 {
+        checkOwnership(multicall, info)
+        runAsFullTool(multicall, shown: shownPath(multicall))
     }
+    if lstat(path, &info) == 0 { checkOwnership(path, info) }
     execv(path, CommandLine.unsafeArgv)
     let code = errno
-    fail("cannot run \(escaped(shown)) (errno \(code): \(String(cString: strerror(code)))): keychainctl-full is installed "
+    fail("cannot run \(escaped(shownPath(path))) (errno \(code): \(String(cString: strerror(code)))): keychainctl-full is installed "
          + "next to keychainctl and does every command but the item commands through keychaind", 3)
+}
+
+private func shownPath(_ path: [CChar]) -> String { String(decoding: path.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self) }
+
+/// The front may be run by root from a folder others can add files to (a sticky /tmp): the full
+/// tool must be a file only its owner can change, and that owner root or this user, as the front
+/// itself is. Not a symbolic link (it could name any program); a hard link to another user's file
+/// is what fs.protected_hardlinks refuses.
+private func checkOwnership(_ path: [CChar], _ info: stat) {
+    let foreignGroupWrite = info.st_mode & 0o020 != 0 && info.st_gid != 0 && info.st_gid != getegid()
+    guard info.st_mode & S_IFMT == S_IFREG, info.st_uid == 0 || info.st_uid == geteuid(),
+          info.st_mode & 0o002 == 0, !foreignGroupWrite else {
+        fail("refusing to run \(escaped(shownPath(path))): it must be a regular file owned by root or uid \(geteuid()) that no one "
+             + "else can write (it is uid \(info.st_uid)'s, mode \(String(info.st_mode, radix: 8))); install keychainctl-full "
+             + "next to keychainctl as they come", 3)
+    }
 }
 
 /// Set once, at the start: whether keychainctl-full is this program (keychain-multicall).
 nonisolated(unsafe) private var fullToolIsThisExecutable = false
 
-/// The multi-call executable's hand-over: this same program (the kernel's /proc/self/exe, never a path found
-/// by name) run again with argv[0] keychainctl-full, the rest of the arguments, the environment and the
-/// descriptors as they are.
-private func runThisExecutableAsFullTool() -> Never {
+/// The multi-call executable at `path` run as keychainctl-full: argv[0] keychainctl-full, the rest of the
+/// arguments, the environment and the descriptors as they are.
+private func runAsFullTool(_ path: [CChar], shown: String) -> Never {
     var argv: [UnsafeMutablePointer<CChar>?] = [strdup("keychainctl-full")]
     for i in stride(from: 1, to: Int(CommandLine.argc), by: 1) { argv.append(CommandLine.unsafeArgv[i]) }
     argv.append(nil)
-    execv("/proc/self/exe", argv)
+    execv(path, argv)
     let code = errno
-    fail("cannot run keychainctl-full from /proc/self/exe (errno \(code): \(String(cString: strerror(code)))); mount /proc", 3)
+    fail("cannot run \(escaped(shown)) as keychainctl-full (errno \(code): \(String(cString: strerror(code))))", 3)
 }
 
 func fail(_ text: String, _ status: Int32) -> Never {

@@ -278,6 +278,19 @@ struct FrontTests {
         #expect(recorded(attacker + "/ran") == nil)
     }
 
+    /// The Debian package's layout: no keychainctl-full beside the front, the multi-call executable that holds it
+    /// instead. The front runs it as keychainctl-full (argv[0]), under the same ownership rules.
+    @Test func withoutKeychainctlFullTheFrontRunsKeychainMulticallBesideItAsTheFullTool() throws {
+        let folder = try frontAlone(withFullTool: false)
+        #expect(try run("/bin/cp", [buildDirectory.appendingPathComponent("keychain-multicall").path, folder + "/keychain-multicall"]).status == 0)
+        let help = try run(folder + "/keychainctl", ["help"])
+        #expect(help.status == 0 && help.stdout.starts(with: Array("usage: keychainctl".utf8)), "\(help.stderr)")
+        // Another user's (or everyone's) multi-call file is refused as keychainctl-full is.
+        #expect(chmod(folder + "/keychain-multicall", 0o777) == 0)
+        let refused = try run(folder + "/keychainctl", ["help"])
+        #expect(refused.status == 3 && refused.stderr.contains("refusing to run \(folder)/keychain-multicall"), "\(refused.stderr)")
+    }
+
     /// Root runs the front from a folder everyone may add files to (sticky, like /tmp): another user
     /// plants keychainctl-full beside it. The front refuses a full tool that is not root's or the
     /// caller's, that others can write, or that is a symbolic link, and runs its own user's.
