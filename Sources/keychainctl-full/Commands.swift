@@ -75,6 +75,15 @@ struct Commands {
                 }
                 return text
             }
+        case "doctor":
+            let findings = await Doctor(configuration: configuration).findings()
+            output(findings) {
+                $0.map { finding in
+                    let verdict = finding.verdict.rawValue + String(repeating: " ", count: 8 - finding.verdict.rawValue.count)
+                    return verdict + escaped("\(finding.check): \(finding.detail)") + (finding.fix.map { "\n         → " + escaped($0) } ?? "")
+                }.joined(separator: "\n")
+            }
+            return findings.contains { $0.verdict == .problem } ? .failure : .ok
         case "accept-store":
             // Before anything else: keychaind's store is accepted where it is, as the service's user.
             let counter = try await administration.acceptStore()

@@ -255,6 +255,38 @@ struct ProcessTests {
         #expect(try cli(tpm, store, ["get", "s", "k"]).status == 3)
     }
 
+    /// `keychainctl doctor` (issue 37): a few lines of what stands and what to do about it; a problem exits 3.
+    @Test func doctorSaysWhatStandsAndWhatToDoAboutIt() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store"
+        let noBus = ["DBUS_SESSION_BUS_ADDRESS": "unix:path=\(tpm.directory)/no-bus"]
+        func doctor(_ args: [String] = [], environment: [String: String] = [:]) throws -> (status: Int32, text: String) {
+            let result = try run(ctl, args + ["doctor"], environment: noBus.merging(environment) { $1 })
+            return (result.status, String(decoding: result.stdout, as: UTF8.self) + result.stderr)
+        }
+        // A TPM nobody provisioned: its empty authorizations are problems, with the command that sets them.
+        let unprovisioned = try doctor(["--store", store, "--tcti", tpm.tcti])
+        #expect(unprovisioned.status == 3, "\(unprovisioned.text)")
+        #expect(unprovisioned.text.contains("problem warning: The TPM's owner authorization is empty") && unprovisioned.text.contains("keychainctl init"),
+                "\(unprovisioned.text)")
+        #expect(try cli(tpm, store, ["init", "--owner-auth-out", tpm.directory + "/owner.auth",
+                                     "--lockout-auth-out", tpm.directory + "/lockout.auth"]).status == 0)
+        let fresh = try doctor(["--store", store, "--tcti", tpm.tcti])
+        #expect(fresh.status == 0, "\(fresh.text)")
+        #expect(fresh.text.contains("ok      store binding: bound to the TPM's rollback counter"), "\(fresh.text)")
+        #expect(fresh.text.contains("note    keychaind: not in use: this user's items are in \(store)"), "\(fresh.text)")
+        #expect(fresh.text.contains("note    passcode: not set") && fresh.text.contains("→ keychainctl passcode set"), "\(fresh.text)")
+        #expect(fresh.text.contains("secret service: no session bus here"), "\(fresh.text)")
+        #expect(try cli(tpm, store, ["passcode", "set"], input: Array("2468\n".utf8)).status == 0)
+        #expect(try cli(tpm, store, ["lock"]).status == 0)
+        let locked = try doctor(["--store", store, "--tcti", tpm.tcti])
+        #expect(locked.status == 0 && locked.text.contains("note    lock: locked") && locked.text.contains("→ keychainctl unlock"), "\(locked.text)")
+        // keychaind named and not answering: a problem, exit 3, and what to look at.
+        let gone = try doctor(environment: ["KEYCHAIN_SOCKET": tpm.directory + "/no-keychaind.sock"])
+        #expect(gone.status == 3, "\(gone.text)")
+        #expect(gone.text.contains("problem keychain: HARDWARE_UNAVAILABLE") && gone.text.contains("→ is keychaind running?"), "\(gone.text)")
+    }
+
     /// A writer killed with SIGKILL in the middle of `set` leaves the old or the new value.
     @Test func aKilledWriterLeavesTheOldOrTheNewValueNeverNeither() async throws {
         let tpm = try SoftwareTPM()
