@@ -43,7 +43,7 @@ let package = Package(
         .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         // sd-bus from libsystemd: keychain-secret-service's D-Bus connection (no GLib).
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
-        // glibc's spawn and pipe calls that Swift's Glibc module leaves out.
+        // glibc's spawn, pipe and thread-name calls that Swift's Glibc module leaves out.
         .systemLibrary(name: "CSpawn"),
 
         // tpm2-tss's OpenSSL contexts: one private OSSL_LIB_CTX per process instead of one per hash, HMAC
@@ -61,7 +61,8 @@ let package = Package(
         .target(name: "KeychainWire"),
         // keychaind's item calls for a program that links nothing else: the wire, blocking calls.
         .target(name: "KeychainClient", dependencies: ["KeychainWire"]),
-        // What keychainctl's front and keychainctl-full print alike (terminal-safe text, the option names).
+        // What keychainctl's front and keychainctl-full print alike (terminal-safe text, the option names), and the
+        // text the executables write without Foundation (hex, printf's %.1f, whole writes to stdout and stderr).
         .target(name: "KeychainCLIText"),
         // The public API.
         // D-Bus over sd-bus (the connection, its values, the DH session crypto): the Secret Service
@@ -77,7 +78,7 @@ let package = Package(
         // Our test suites' trait that runs tests which block off Swift's cooperative pool (Swift Testing: tests only).
         .target(name: "KeychainTestThreads"),
         // The Secret Service API over the public Keychain API: the bus (sd-bus), the sessions' crypto, the items.
-        .target(name: "SecretService", dependencies: ["Keychain", "DBus", "SecureMemory"]),
+        .target(name: "SecretService", dependencies: ["Keychain", "DBus", "SecureMemory", "KeychainCLIText"]),
         // BiometricsVault: biometric sign-in as a state machine over the public Keychain API.
         .target(name: "BiometricsVault", dependencies: ["Keychain"]),
         // The seed's "sign in with Face ID" guide as code: where each token lives, the fallbacks.
@@ -87,11 +88,11 @@ let package = Package(
         // Loads no Foundation, ICU, tpm2-tss, OpenSSL or SQLite: start-up is a static Swift runtime's.
         .executableTarget(name: "keychainctl", dependencies: ["KeychainWire", "KeychainCLIText"],
                           linkerSettings: [.unsafeFlags(["-static-stdlib"])]),
-        .executableTarget(name: "keychaind", dependencies: ["Keychain"]),
-        .executableTarget(name: "keychain-secret-service", dependencies: ["SecretService", "Keychain"]),
+        .executableTarget(name: "keychaind", dependencies: ["Keychain", "KeychainCLIText"]),
+        .executableTarget(name: "keychain-secret-service", dependencies: ["SecretService", "Keychain", "KeychainCLIText"]),
         .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport", "BiometricsVault"]),
         // The seed's BiometricsVault example as a command, one vault call per argument (the vault's kill tests run it).
-        .executableTarget(name: "vault-example", dependencies: ["BiometricsVault", "Keychain"]),
+        .executableTarget(name: "vault-example", dependencies: ["BiometricsVault", "Keychain", "KeychainCLIText"]),
 
         .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory"]),
         .testTarget(name: "TPM2Tests", dependencies: ["TPM2", "SecureMemory", "KeychainTestSupport", "KeychainTestThreads"]),

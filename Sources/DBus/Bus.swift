@@ -1,5 +1,7 @@
 internal import CSystemd
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 import SecureMemory
 import Synchronization
 

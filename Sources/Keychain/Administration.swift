@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 import SecureMemory
 
 /// What keychaind does not serve, done in this process on the store itself: backup and restore of

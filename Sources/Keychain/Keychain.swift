@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 import KeychainWire
 import Synchronization
 /// `SecureBytes` is part of the API (passcodes, values): `import Keychain` brings it.

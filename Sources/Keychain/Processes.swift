@@ -1,5 +1,7 @@
 internal import CSpawn
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 
 /// Child processes: the software TPMs (embedded and test support) and the programs tests run.
 package enum Processes {

@@ -1,5 +1,7 @@
 internal import CSpawn
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 import TPM2
 
 /// The one swtpm launcher, for the embedded TPM and the test support's.

@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 import Keychain
 
 /// The Secret Service (org.freedesktop.secrets) over the keychain: a collection is a keychain storage

@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 public import Keychain
 
 /// The tokens a sign-in returns.

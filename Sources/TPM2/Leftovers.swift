@@ -1,5 +1,7 @@
 internal import CTSS2
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 
 /// What a process killed mid-operation leaves in a TPM that no resource manager cleans up.
 extension TPMContext {

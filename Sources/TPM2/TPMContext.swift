@@ -1,6 +1,8 @@
 internal import CTSS2
 import SecureMemory
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 import Synchronization
 
 /// A handle to a TPM entity, as ESAPI knows it. `mustFlush` is true for transient objects and sessions.

@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 
 struct ListenError: Error, CustomStringConvertible { let description: String }
 

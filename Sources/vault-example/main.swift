@@ -1,5 +1,7 @@
 import BiometricsVault
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 import Keychain
 
 /// The seed's BiometricsVault example as a command: each argument is one of the vault's calls, run

@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 import KeychainStore
 import SecureMemory
 import TPM2
@@ -280,7 +282,7 @@ final class FingerprintReader {
         } catch let error as StoreError {
             throw KeychainError(store: error)
         } catch {
-            throw KeychainError(.storageError, "Cannot save the fingerprint reader's state: \(error.localizedDescription)")
+            throw KeychainError(.storageError, "Cannot save the fingerprint reader's state: \(error)")
         }
     }
 }

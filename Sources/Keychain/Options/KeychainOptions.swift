@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 import KeychainStore
 
 /// A storage's service and the defaults of its calls, the seed's `createKeychain` options.

@@ -1,4 +1,6 @@
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 import TPM2
 
 /// What a wrapping key is sealed to, derived from its item protection in exactly one place.

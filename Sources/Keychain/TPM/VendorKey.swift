@@ -1,5 +1,7 @@
 internal import COpenSSL
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 import SecureMemory
 import TPM2
 

@@ -1,5 +1,7 @@
 internal import DBus
-import Foundation
+import FoundationEssentials
+import Glibc
+import Dispatch
 import SecureMemory
 import Synchronization
 
