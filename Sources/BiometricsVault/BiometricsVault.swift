@@ -1,5 +1,4 @@
 import FoundationEssentials
-import Glibc
 import Dispatch
 public import Keychain
 public import Observation

@@ -1,7 +1,6 @@
+import Glibc
 internal import CSystemd
 import FoundationEssentials
-import Glibc
-import Dispatch
 import SecureMemory
 import Synchronization
 

@@ -1,6 +1,4 @@
 import FoundationEssentials
-import Glibc
-import Dispatch
 import SecureMemory
 
 /// What keychaind does not serve, done in this process on the store itself: backup and restore of

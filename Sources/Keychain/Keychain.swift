@@ -1,6 +1,4 @@
 import FoundationEssentials
-import Glibc
-import Dispatch
 import KeychainWire
 import Synchronization
 /// `SecureBytes` is part of the API (passcodes, values): `import Keychain` brings it.

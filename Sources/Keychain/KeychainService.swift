@@ -1,6 +1,3 @@
-import FoundationEssentials
-import Glibc
-import Dispatch
 import KeychainWire
 
 /// Whose items a storage reaches: the part of an item's name that a caller never spells.

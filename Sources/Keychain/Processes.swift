@@ -1,7 +1,6 @@
+import Glibc
 internal import CSpawn
 import FoundationEssentials
-import Glibc
-import Dispatch
 
 /// Child processes: the software TPMs (embedded and test support) and the programs tests run.
 package enum Processes {

@@ -1,6 +1,5 @@
-import FoundationEssentials
 import Glibc
-import Dispatch
+import FoundationEssentials
 import Synchronization
 
 /// A serial executor on its own thread: the engine's blocking SQLite and TPM calls run here, never

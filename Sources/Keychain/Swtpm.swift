@@ -1,7 +1,5 @@
-internal import CSpawn
-import FoundationEssentials
 import Glibc
-import Dispatch
+internal import CSpawn
 import TPM2
 
 /// The one swtpm launcher, for the embedded TPM and the test support's.

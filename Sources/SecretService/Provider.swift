@@ -1,5 +1,4 @@
 import FoundationEssentials
-import Glibc
 import Dispatch
 import Keychain
 import KeychainCLIText

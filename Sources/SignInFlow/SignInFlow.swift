@@ -1,6 +1,3 @@
-import FoundationEssentials
-import Glibc
-import Dispatch
 public import Keychain
 
 /// The tokens a sign-in returns.

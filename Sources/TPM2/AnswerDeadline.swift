@@ -1,5 +1,5 @@
-import FoundationEssentials
 import Glibc
+import FoundationEssentials
 import Dispatch
 import Synchronization
 

@@ -1,7 +1,4 @@
 internal import CTSS2
-import FoundationEssentials
-import Glibc
-import Dispatch
 
 /// What a process killed mid-operation leaves in a TPM that no resource manager cleans up.
 extension TPMContext {

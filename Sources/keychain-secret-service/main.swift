@@ -1,7 +1,6 @@
-import Dispatch
-import FoundationEssentials
 import Glibc
 import Dispatch
+import FoundationEssentials
 import Keychain
 import SecretService
 import Synchronization

@@ -1,6 +1,4 @@
-import FoundationEssentials
 import Glibc
-import Dispatch
 import Keychain
 import KeychainCLIText
 import SecureMemory

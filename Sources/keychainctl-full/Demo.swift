@@ -1,6 +1,5 @@
-import FoundationEssentials
 import Glibc
-import Dispatch
+import FoundationEssentials
 import Keychain
 import SecureMemory
 import SignInFlow

@@ -1,6 +1,4 @@
-import FoundationEssentials
 import Glibc
-import Dispatch
 
 struct ListenError: Error, CustomStringConvertible { let description: String }
 

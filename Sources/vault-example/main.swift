@@ -1,7 +1,5 @@
-import BiometricsVault
-import FoundationEssentials
 import Glibc
-import Dispatch
+import BiometricsVault
 import Keychain
 import KeychainCLIText
 

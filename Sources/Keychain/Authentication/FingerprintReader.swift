@@ -1,6 +1,5 @@
-import FoundationEssentials
 import Glibc
-import Dispatch
+import FoundationEssentials
 import KeychainStore
 import SecureMemory
 import TPM2

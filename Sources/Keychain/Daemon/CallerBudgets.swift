@@ -1,6 +1,4 @@
 import FoundationEssentials
-import Glibc
-import Dispatch
 import KeychainStore
 
 /// Who a keychaind call comes from (the kernel's `SO_PEERCRED`), for the budgets that are each

@@ -1,6 +1,4 @@
 import FoundationEssentials
-import Glibc
-import Dispatch
 import KeychainWire
 
 // The keychain API on keychaind's wire (docs/daemon.md; the numbers and words are KeychainWire's):

@@ -1,6 +1,3 @@
-import FoundationEssentials
-import Glibc
-import Dispatch
 import KeychainStore
 import SecureMemory
 import Synchronization

@@ -1,6 +1,4 @@
 import FoundationEssentials
-import Glibc
-import Dispatch
 import KeychainStore
 
 /// A storage's service and the defaults of its calls, the seed's `createKeychain` options.

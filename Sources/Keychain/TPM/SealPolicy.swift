@@ -1,6 +1,4 @@
 import FoundationEssentials
-import Glibc
-import Dispatch
 import TPM2
 
 /// What a wrapping key is sealed to, derived from its item protection in exactly one place.

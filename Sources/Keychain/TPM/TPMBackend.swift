@@ -1,6 +1,4 @@
 import FoundationEssentials
-import Glibc
-import Dispatch
 import KeychainStore
 import PKCS11
 import SecureMemory

@@ -1,7 +1,4 @@
 internal import COpenSSL
-import FoundationEssentials
-import Glibc
-import Dispatch
 import SecureMemory
 import TPM2
 

@@ -1,6 +1,5 @@
-import FoundationEssentials
 import Glibc
-import Dispatch
+import FoundationEssentials
 import SecureMemory
 
 /// The prompt through systemd's password agents (the ask-password protocol,

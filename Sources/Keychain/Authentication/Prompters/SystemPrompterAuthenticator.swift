@@ -1,6 +1,5 @@
 internal import DBus
 import FoundationEssentials
-import Glibc
 import Dispatch
 import SecureMemory
 import Synchronization
