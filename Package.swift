@@ -107,7 +107,7 @@ let package = Package(
         .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "Keychain", "SecureMemory", "KeychainTestSupport",
                                                           "KeychainTestThreads"]),
         .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport", "KeychainWire",
-                                                     "KeychainClient", "KeychainTestThreads", "CTSSCrypto", "COpenSSL"]),
+                                                     "KeychainClient", "KeychainTestThreads", "CTSSCrypto", "COpenSSL", "KeychainCLIText"]),
     ],
     swiftLanguageModes: [.v6]
 )
