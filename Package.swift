@@ -46,7 +46,7 @@ let package = Package(
         .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         // sd-bus from libsystemd: keychain-secret-service's D-Bus connection (no GLib).
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
-        // glibc's spawn and pipe calls that Swift's Glibc module leaves out.
+        // glibc's spawn, pipe and thread-name calls that Swift's Glibc module leaves out.
         .systemLibrary(name: "CSpawn"),
 
         // tpm2-tss's OpenSSL contexts: one private OSSL_LIB_CTX per process instead of one per hash, HMAC
@@ -64,7 +64,8 @@ let package = Package(
         .target(name: "KeychainWire"),
         // keychaind's item calls for a program that links nothing else: the wire, blocking calls.
         .target(name: "KeychainClient", dependencies: ["KeychainWire"]),
-        // What keychainctl's front and keychainctl-full print alike (terminal-safe text, the option names).
+        // What keychainctl's front and keychainctl-full print alike (terminal-safe text, the option names), and the
+        // text the executables write without Foundation (hex, printf's %.1f, whole writes to stdout and stderr).
         .target(name: "KeychainCLIText"),
         // The public API.
         // D-Bus over sd-bus (the connection, its values, the DH session crypto): the Secret Service
@@ -80,7 +81,7 @@ let package = Package(
         // Our test suites' trait that runs tests which block off Swift's cooperative pool (Swift Testing: tests only).
         .target(name: "KeychainTestThreads"),
         // The Secret Service API over the public Keychain API: the bus (sd-bus), the sessions' crypto, the items.
-        .target(name: "SecretService", dependencies: ["Keychain", "DBus", "SecureMemory"]),
+        .target(name: "SecretService", dependencies: ["Keychain", "DBus", "SecureMemory", "KeychainCLIText"]),
         // BiometricsVault: biometric sign-in as a state machine over the public Keychain API.
         .target(name: "BiometricsVault", dependencies: ["Keychain"]),
         // The seed's "sign in with Face ID" guide as code: where each token lives, the fallbacks.
@@ -91,8 +92,9 @@ let package = Package(
         .target(name: "KeychainctlFull", dependencies: ["Keychain", "SignInFlow", "KeychainCLIText", "KeychainWire", "DBus"],
                 path: "Sources/keychainctl-full"),
         .target(name: "KeychainctlFront", dependencies: ["KeychainWire", "KeychainCLIText"], path: "Sources/keychainctl"),
-        .target(name: "Keychaind", dependencies: ["Keychain"], path: "Sources/keychaind"),
-        .target(name: "SecretServiceCommand", dependencies: ["SecretService", "Keychain"], path: "Sources/keychain-secret-service"),
+        .target(name: "Keychaind", dependencies: ["Keychain", "KeychainCLIText"], path: "Sources/keychaind"),
+        .target(name: "SecretServiceCommand", dependencies: ["SecretService", "Keychain", "KeychainCLIText"],
+                path: "Sources/keychain-secret-service"),
         .executableTarget(name: "keychainctl-full", dependencies: ["KeychainctlFull"], path: "Sources/Executables/keychainctl-full"),
         // Loads no Foundation, ICU, tpm2-tss, OpenSSL or SQLite: start-up is a static Swift runtime's.
         .executableTarget(name: "keychainctl", dependencies: ["KeychainctlFront"], path: "Sources/Executables/keychainctl",
@@ -104,7 +106,7 @@ let package = Package(
                           path: "Sources/Executables/keychain-multicall"),
         .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport", "BiometricsVault"]),
         // The seed's BiometricsVault example as a command, one vault call per argument (the vault's kill tests run it).
-        .executableTarget(name: "vault-example", dependencies: ["BiometricsVault", "Keychain"]),
+        .executableTarget(name: "vault-example", dependencies: ["BiometricsVault", "Keychain", "KeychainCLIText"]),
 
         .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory"]),
         .testTarget(name: "TPM2Tests", dependencies: ["TPM2", "SecureMemory", "KeychainTestSupport", "KeychainTestThreads"]),
@@ -119,7 +121,7 @@ let package = Package(
         .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "Keychain", "SecureMemory", "KeychainTestSupport",
                                                           "KeychainTestThreads"]),
         .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport", "KeychainWire",
-                                                     "KeychainClient", "KeychainTestThreads", "CTSSCrypto", "COpenSSL"]),
+                                                     "KeychainClient", "KeychainTestThreads", "CTSSCrypto", "COpenSSL", "KeychainCLIText"]),
     ],
     swiftLanguageModes: [.v6]
 )

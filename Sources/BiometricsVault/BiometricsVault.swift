@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Dispatch
 public import Keychain
 public import Observation
 import Synchronization
@@ -396,7 +397,7 @@ enum VaultThread {
 extension SerialThreadExecutor {
     /// Runs `body` as a task on this thread and blocks the caller until it ends.
     func wait<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
-        precondition(Thread.current.name != VaultThread.name, "a synchronous vault call from inside another")
+        precondition(!isCurrent, "a synchronous vault call from inside another")
         let result = Mutex<Result<T, any Error>?>(nil)
         let done = DispatchSemaphore(value: 0)
         Task(executorPreference: self) {

@@ -3,9 +3,11 @@
 #include <spawn.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <pthread.h>
 
 // glibc declares these only for _GNU_SOURCE / _DEFAULT_SOURCE, which Swift's Glibc module is built without.
 // posix_spawn_file_actions_addclosefrom_np: glibc 2.34 (Debian 12 has 2.36).
 extern int posix_spawn_file_actions_addclosefrom_np(posix_spawn_file_actions_t *actions, int from);
 extern int pipe2(int pipefd[2], int flags);
+extern int pthread_setname_np(pthread_t thread, const char *name);
 #endif

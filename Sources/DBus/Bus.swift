@@ -1,5 +1,6 @@
+import Glibc
 internal import CSystemd
-import Foundation
+import FoundationEssentials
 import SecureMemory
 import Synchronization
 

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import SecureMemory
 
 /// What keychaind does not serve, done in this process on the store itself: backup and restore of

@@ -1,7 +1,8 @@
-import Foundation
+import FoundationEssentials
 import KeychainStore
 import SecureMemory
 import TPM2
+import KeychainCLIText
 
 /// The boot state `ThisDeviceOnly` items are bound to, and its approval (docs/boot-state.md).
 public struct BootStateStatus: Sendable, Hashable, Codable {
@@ -198,5 +199,5 @@ extension Engine {
 }
 
 extension BootState {
-    var hexValues: [Int: String] { values.mapValues { $0.map { String(format: "%02x", $0) }.joined() } }
+    var hexValues: [Int: String] { values.mapValues { lowerHex($0) } }
 }

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import SecureMemory
 import KeychainWire
 
@@ -132,7 +132,7 @@ public struct KeychainConfiguration: Sendable {
     public static var direct: KeychainConfiguration {
         let env = ProcessInfo.processInfo.environment
         let store = env["KEYCHAIN_STORE"].flatMap { $0.isEmpty ? nil : $0 }
-            ?? (env["HOME"] ?? NSHomeDirectory()) + "/.local/share/keychain"
+            ?? (env["HOME"] ?? FileManager.default.homeDirectoryForCurrentUser.path) + "/.local/share/keychain"
         let tcti = [env["KEYCHAIN_TCTI"], env["TPM2TCTI"]].compactMap { $0 }.first { !$0.isEmpty }
         let source: TPMSource = if let tcti {
             .tcti(tcti)

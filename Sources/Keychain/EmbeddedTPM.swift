@@ -1,4 +1,5 @@
-import Foundation
+import Glibc
+import FoundationEssentials
 import KeychainStore
 import TPM2
 
@@ -53,7 +54,7 @@ public enum EmbeddedTPM {
     public static func stop(storeDirectory: String) {
         let dir = directory(storeDirectory)
         guard let pidText = try? String(contentsOfFile: dir + "/swtpm.pid", encoding: .utf8),
-              let pid = pid_t(pidText.trimmingCharacters(in: .whitespacesAndNewlines)), pid > 0 else { return }
+              let pid = pid_t(pidText.trimmingSpaces(newlines: true)), pid > 0 else { return }
         defer { try? FileManager.default.removeItem(atPath: dir + "/swtpm.pid") }
         // A stale file's pid may be another process's now.
         guard (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8)) == "swtpm\n" else { return }

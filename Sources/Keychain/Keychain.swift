@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KeychainWire
 import Synchronization
 /// `SecureBytes` is part of the API (passcodes, values): `import Keychain` brings it.

@@ -1,4 +1,3 @@
-import Foundation
 import KeychainWire
 
 /// Whose items a storage reaches: the part of an item's name that a caller never spells.

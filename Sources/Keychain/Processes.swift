@@ -1,5 +1,6 @@
+import Glibc
 internal import CSpawn
-import Foundation
+import FoundationEssentials
 
 /// Child processes: the software TPMs (embedded and test support) and the programs tests run.
 package enum Processes {

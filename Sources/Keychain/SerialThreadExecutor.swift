@@ -1,4 +1,5 @@
-import Foundation
+import Glibc
+import FoundationEssentials
 import Synchronization
 
 /// A serial executor on its own thread: the engine's blocking SQLite and TPM calls run here, never
@@ -9,7 +10,7 @@ import Synchronization
 /// while no one else does (`drive`): one thread at a time runs jobs, whichever it is, so the executor
 /// stays serial, and a request needs no wake-up of the executor's thread and back.
 package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @unchecked Sendable {
-    private let condition = NSCondition()
+    private let condition = Condition()
     private var jobs: [(job: UnownedJob, enqueued: ContinuousClock.Instant)] = []
     /// When the job running now was enqueued: the start of its wait for this executor. Written by the
     /// thread that runs jobs before each one, read by that job (`waitedSinceEnqueued`).
@@ -32,9 +33,8 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
 
     /// The thread holds the executor until `stop()` lets it end.
     package init(name: String) {
-        let thread = Thread { self.run() }
-        thread.name = name
-        thread.start()
+        let failed = DetachedThread.start(name: name) { self.run() }
+        precondition(failed == nil, "cannot start the executor's thread \(name): pthread_create: errno \(failed ?? 0)")
     }
 
     /// Ends the thread once the jobs already enqueued have run (its owner is gone: none can come).
@@ -84,6 +84,8 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
     /// Whether the calling thread is an executor's own: its jobs may block (it is there for that), so
     /// a task that prefers it waits for keychaind's replies on it (`DaemonClient.exchange`).
     package static var isOwnThread: Bool { pthread_getspecific(ownThreadKey) != nil }
+    /// Whether the calling thread is this executor's own.
+    package var isCurrent: Bool { pthread_getspecific(Self.ownThreadKey) == Unmanaged.passUnretained(self).toOpaque() }
     private static let ownThreadKey: pthread_key_t = {
         var key = pthread_key_t()
         pthread_key_create(&key, nil)
@@ -91,7 +93,7 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
     }()
 
     private func run() {
-        pthread_setspecific(Self.ownThreadKey, UnsafeRawPointer(bitPattern: 1))
+        pthread_setspecific(Self.ownThreadKey, Unmanaged.passUnretained(self).toOpaque())
         while true {
             condition.lock()
             while running || (jobs.isEmpty && !stopping) { condition.wait() }

@@ -1,5 +1,5 @@
+import Glibc
 internal import CSpawn
-import Foundation
 import TPM2
 
 /// The one swtpm launcher, for the embedded TPM and the test support's.

@@ -1,6 +1,8 @@
 // What keychainctl's two executables (the front and keychainctl-full) must say alike: one copy,
 // so their outputs cannot drift apart. No Foundation: the front links this alone.
 
+import Glibc
+
 /// keychainctl's options: those that take a value, and those that stand alone.
 public enum CLIOptions {
     public static let valued: Set<String> = [
@@ -35,9 +37,44 @@ public func escaped(_ text: String) -> String {
 }
 
 /// `value` in lower-case hex, at least `digits` long.
-public func lowerHex(_ value: UInt32, digits: Int) -> String {
+public func lowerHex(_ value: some BinaryInteger, digits: Int) -> String {
     let text = String(value, radix: 16)
     return String(repeating: "0", count: max(0, digits - text.count)) + text
+}
+
+/// `bytes` in lower-case hex, two digits each: names, tags and values as the keychain writes them.
+public func lowerHex(_ bytes: some Sequence<UInt8>) -> String {
+    let digits = Array("0123456789abcdef".utf8)
+    var text: [UInt8] = []
+    text.reserveCapacity(bytes.underestimatedCount * 2)
+    for byte in bytes {
+        text.append(digits[Int(byte >> 4)])
+        text.append(digits[Int(byte & 0xF)])
+    }
+    return String(decoding: text, as: UTF8.self)
+}
+
+/// `value` with one decimal, exactly as printf's `%.1f` writes it ("12.5").
+public func oneDecimal(_ value: Double) -> String {
+    // A double's %.1f is at most 309 digits, the point and one more.
+    withUnsafeTemporaryAllocation(of: CChar.self, capacity: 320) { buffer in
+        _ = withVaList([value]) { vsnprintf(buffer.baseAddress, buffer.count, "%.1f", $0) }
+        return String(cString: buffer.baseAddress!)
+    }
+}
+
+/// Writes everything it can; a closed stdout or stderr is not an error.
+public func writeAll(_ fd: Int32, _ bytes: [UInt8]) {
+    var at = 0
+    while at < bytes.count {
+        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + at, bytes.count - at) }
+        if n > 0 { at += n } else if errno != EINTR { return }
+    }
+}
+
+/// `text` in UTF-8 to `fd`, as `writeAll(_:_:)` writes bytes: a program's lines to stderr.
+public func writeAll(_ fd: Int32, _ text: String) {
+    writeAll(fd, Array(text.utf8))
 }
 
 /// A usage error in keychainctl's grammar, in the words the full tool prints.

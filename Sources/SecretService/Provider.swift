@@ -1,5 +1,7 @@
-import Foundation
+import FoundationEssentials
+import Dispatch
 import Keychain
+import KeychainCLIText
 
 /// The Secret Service (org.freedesktop.secrets) over the keychain: a collection is a keychain storage
 /// (service `org.freedesktop.secrets/<name>`), an item a keychain item of it (docs/secret-service.md).
@@ -676,7 +678,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
                         stored = try await storage.getSecureBytes(id)
                     } catch {
                         // Why the collection stays locked (a cancel, no prompter reached, a wrong answer), never a secret.
-                        FileHandle.standardError.write(Data("keychain-secret-service: \(path) left \(name) locked: \(error.code): \(error.message)\n".utf8))
+                        writeAll(2, "keychain-secret-service: \(path) left \(name) locked: \(error.code): \(error.message)\n")
                     }
                 }
                 found.append((name, stored.map { .opened(id, $0) } ?? .refused, locks))
@@ -855,7 +857,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     func nextItemID(_ collection: Collection) -> String {
         while true {
-            let id = "i" + Sodium.randomBytes(8).map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+            let id = "i" + lowerHex(Sodium.randomBytes(8))
             if collection.items[id] == nil { return id }
         }
     }

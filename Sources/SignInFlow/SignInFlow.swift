@@ -1,4 +1,3 @@
-import Foundation
 public import Keychain
 
 /// The tokens a sign-in returns.

@@ -1,4 +1,6 @@
-import Foundation
+import Glibc
+import FoundationEssentials
+import Dispatch
 import Synchronization
 
 /// Bounds each exchange with a socket TPM (swtpm), which tpm2-tss 3.2 would wait on forever.

@@ -1,5 +1,4 @@
 internal import CTSS2
-import Foundation
 
 /// What a process killed mid-operation leaves in a TPM that no resource manager cleans up.
 extension TPMContext {

@@ -1,6 +1,7 @@
+import Glibc
 internal import CTSS2
 import SecureMemory
-import Foundation
+import FoundationEssentials
 import Synchronization
 
 /// A handle to a TPM entity, as ESAPI knows it. `mustFlush` is true for transient objects and sessions.

@@ -35,7 +35,7 @@ public struct TPMReturnCode: RawRepresentable, Hashable, Sendable, CustomStringC
 
     /// A readable name from the TSS decoder, e.g. "tpm:session(1):authorization failure without DA implications".
     public var description: String {
-        String(format: "0x%X ", rawValue) + String(cString: Tss2_RC_Decode(rawValue))
+        "0x" + String(rawValue, radix: 16, uppercase: true) + " " + String(cString: Tss2_RC_Decode(rawValue))
     }
 
     public static let success = Self(rawValue: 0)

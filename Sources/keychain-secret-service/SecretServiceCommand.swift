@@ -1,8 +1,10 @@
+import Glibc
 import Dispatch
-import Foundation
+import FoundationEssentials
 import Keychain
 import SecretService
 import Synchronization
+import KeychainCLIText
 
 /// keychain-secret-service: the freedesktop Secret Service (org.freedesktop.secrets) on the caller's
 /// session bus, its collections stored in the keychain (docs/secret-service.md).
@@ -21,7 +23,7 @@ let usage = """
     """
 
 func fail(_ message: String, code: Int32 = 1) -> Never {
-    FileHandle.standardError.write(Data("keychain-secret-service: \(message)\n".utf8))
+    writeAll(2, "keychain-secret-service: \(message)\n")
     exit(code)
 }
 
@@ -137,7 +139,7 @@ do throws(DBusError) {
 } catch {
     fail(error.message)
 }
-FileHandle.standardOutput.write(Data("keychain-secret-service: owns \(SecretServiceProvider.busName) (\(where_))\n".utf8))
+writeAll(1, "keychain-secret-service: owns \(SecretServiceProvider.busName) (\(where_))\n")
 
 // SIGTERM and SIGINT end the loop, so the store is closed (its WAL checkpointed) on the way out.
 var stops: [DispatchSourceSignal] = []
@@ -163,6 +165,6 @@ Task.detached {
     done.signal()
 }
 done.wait()
-if lostName { FileHandle.standardError.write(Data("keychain-secret-service: another provider took \(SecretServiceProvider.busName)\n".utf8)) }
+if lostName { writeAll(2, "keychain-secret-service: another provider took \(SecretServiceProvider.busName)\n") }
 exit(0)
 }

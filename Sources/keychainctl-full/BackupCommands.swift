@@ -1,4 +1,5 @@
-import Foundation
+import Glibc
+import FoundationEssentials
 import Keychain
 import KeychainCLIText
 import SecureMemory
@@ -62,7 +63,7 @@ extension Commands {
             text += report.skipped.map { "\nleft out: \(Self.named($0)) (\($0.detail.map { "invalidName: " + $0 } ?? $0.reason.rawValue))" }.joined()
             text += "\n\(report.backedUp.count) backed up, \(report.skipped.count) left out"
         }
-        if out != nil { print(text) } else { FileHandle.standardError.write(Data((text + "\n").utf8)) }
+        if out != nil { print(text) } else { writeAll(2, text + "\n") }
         return .ok
     }
 

@@ -1,4 +1,5 @@
-import Foundation
+import Glibc
+import FoundationEssentials
 import Keychain
 import KeychainCLIText
 import KeychainWire
@@ -281,7 +282,7 @@ func report(_ error: KeychainError, json: Bool) -> Exit {
         printJSON(ErrorBody(error: .init(code: error.code.rawValue, message: error.message,
                                          cause: error.underlying.map { "\($0)" })))
     } else {
-        FileHandle.standardError.write(Data("keychainctl: \(escaped("\(error)"))\n".utf8))
+        writeAll(2, "keychainctl: \(escaped("\(error)"))\n")
     }
     return error.code == .invalidArgument ? .usage : .failure
 }

@@ -1,7 +1,9 @@
-import Foundation
+import Glibc
+import FoundationEssentials
 import Keychain
 import KeychainCLIText
 import SecureMemory
+import KeychainWire
 
 struct Commands {
     let inv: Invocation
@@ -87,7 +89,7 @@ struct Commands {
         case "accept-store":
             // Before anything else: keychaind's store is accepted where it is, as the service's user.
             let counter = try await administration.acceptStore()
-            output(counter) { "rollback counter: \($0.state.rawValue)" + ($0.index.map { String(format: " (NV 0x%08X, ", $0) } ?? " (")
+            output(counter) { "rollback counter: \($0.state.rawValue)" + ($0.index.map { " (NV \(upperHex(UInt64($0))), " } ?? " (")
                 + "value \($0.tpmValue ?? $0.storeValue ?? 0)): the store as it is now is the baseline" }
         case "unlock":
             let lines = try readLines(1)
@@ -151,10 +153,9 @@ struct Commands {
             let args = try arguments(2, "SERVICE KEY")
             guard let info = try await storage(args[0]).getItemInfo(args[1]) else { return notFound(args) }
             output(info) { info in
-                let f = ISO8601DateFormatter()
                 return ["service: \(escaped(info.service))", "key: \(escaped(info.key))", "accessible: \(info.accessible.rawValue)",
                         "accessControl: \(info.accessControl.rawValue)", "label: \(escaped(info.label ?? ""))",
-                        "created: \(f.string(from: info.created))", "modified: \(f.string(from: info.modified))",
+                        "created: \(info.created.formatted(.iso8601))", "modified: \(info.modified.formatted(.iso8601))",
                         "securityLevel: \(info.securityLevel.rawValue)"].joined(separator: "\n")
                     + (info.token.map { "\ntoken: \(escaped($0))" } ?? "")
             }
@@ -208,13 +209,13 @@ struct Commands {
         case ("remove", 2):
             let removed = try await device.removeFinger(args[1], passcode: try readLines(1).first)
             if !removed {
-                FileHandle.standardError.write(Data("keychainctl: no finger '\(escaped(args[1]))' is enrolled\n".utf8))
+                writeAll(2, "keychainctl: no finger '\(escaped(args[1]))' is enrolled\n")
                 return .notFound
             }
             done("removed \(args[1])")
         case ("delete", 1):
             guard try await device.deleteReader(passcode: try readLines(1).first) else {
-                FileHandle.standardError.write(Data("keychainctl: there is no reader to delete\n".utf8))
+                writeAll(2, "keychainctl: there is no reader to delete\n")
                 return .notFound
             }
             done("deleted the reader and its TPM key")
@@ -268,7 +269,7 @@ struct Commands {
     /// `rollback counter: current (NV 0x01004C2A, store 12, TPM 12, window 256)`.
     private func rollbackLine(_ counter: RollbackCounterStatus) -> String {
         var details: [String] = []
-        if let index = counter.index { details.append(String(format: "NV 0x%08X", index)) }
+        if let index = counter.index { details.append("NV " + upperHex(UInt64(index))) }
         if let value = counter.storeValue { details.append("store \(value)") }
         if let value = counter.tpmValue { details.append("TPM \(value)") }
         if let window = counter.window { details.append("window \(window)") }
@@ -287,7 +288,7 @@ struct Commands {
 
     func notFound(_ args: [String]) -> Exit {
         if inv.json { printJSON(["error": ["code": "NOT_FOUND", "message": "No item '\(args[1])' in service '\(args[0])'"]]) }
-        else { FileHandle.standardError.write(Data("keychainctl: no item '\(escaped(args[1]))' in service '\(escaped(args[0]))'\n".utf8)) }
+        else { writeAll(2, "keychainctl: no item '\(escaped(args[1]))' in service '\(escaped(args[0]))'\n") }
         return .notFound
     }
 
@@ -314,14 +315,14 @@ public enum KeychainctlFull {
             if configuration.daemonSocket == nil, case .embedded = configuration.tpm, inv.command.first != "demo",
                inv.command.first != "biometry-types", inv.command.first != "seal-for",
                !Commands.attestOnServer(inv.command) {
-                FileHandle.standardError.write(Data("keychainctl: no TPM device or --tcti: using the embedded software TPM in \(escaped(configuration.storeDirectory))/swtpm (security level: software)\n".utf8))
+                writeAll(2, "keychainctl: no TPM device or --tcti: using the embedded software TPM in \(escaped(configuration.storeDirectory))/swtpm (security level: software)\n")
             }
             code = try await Commands(inv: inv, configuration: configuration).run()
         } catch let error as UsageError where CommandLine.arguments.contains("--json") {
             // A script that asked for JSON reads stdout: the usage error is INVALID_ARGUMENT there (exit 2).
             code = report(KeychainError(.invalidArgument, error.message), json: true)
         } catch let error as UsageError {
-            FileHandle.standardError.write(Data("keychainctl: \(escaped(error.message))\n\n\(usage)\n".utf8))
+            writeAll(2, "keychainctl: \(escaped(error.message))\n\n\(usage)\n")
             code = .usage
         } catch let error as KeychainError {
             code = report(error, json: CommandLine.arguments.contains("--json"))

@@ -1,7 +1,9 @@
-import Foundation
+import Glibc
+import FoundationEssentials
 import Keychain
 import SecureMemory
 import SignInFlow
+import KeychainCLIText
 
 /// `keychainctl demo`: the seed's sign-in flow on a fresh store, a fresh embedded software TPM and
 /// the simulated fingerprint reader, printing each step, what the user answered, and what the TPM did.
@@ -142,7 +144,7 @@ struct Demo {
         let result = try await body()
         let ms = Date().timeIntervalSince(start) * 1000
         let commands = await device.takeTPMCommandCount()
-        say("• \(title)\n    \(result)\n    [\(commands) TPM commands, \(String(format: "%.1f", ms)) ms]")
+        say("• \(title)\n    \(result)\n    [\(commands) TPM commands, \(oneDecimal(ms)) ms]")
     }
 
     private func outcome(_ body: () async throws -> String?) async -> String {

@@ -1,4 +1,5 @@
-import Foundation
+import Glibc
+import FoundationEssentials
 import Keychain
 import KeychainCLIText
 
@@ -100,8 +101,16 @@ extension Commands {
             throw KeychainError.invalidArgument("\(path) is not a regular file: give \(what) as a file")
         }
         _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK)
-        let handle = FileHandle(fileDescriptor: fd, closeOnDealloc: true)
-        let data = (try? handle.read(upToCount: limit + 1)) ?? nil ?? Data()
+        defer { close(fd) }
+        var data = Data()
+        var chunk = [UInt8](repeating: 0, count: 1 << 16)
+        while data.count <= limit {  // up to limit + 1 bytes: more says the file is too large
+            let n = read(fd, &chunk, min(chunk.count, limit + 1 - data.count))
+            if n > 0 { data.append(contentsOf: chunk[..<n]) } else if n < 0 && errno == EINTR { continue } else {
+                if n < 0 { data = Data() }  // a failed read gives nothing, as FileHandle's did
+                break
+            }
+        }
         guard data.count <= limit else { throw KeychainError.invalidArgument("\(path) is larger than \(what) can be") }
         return data
     }

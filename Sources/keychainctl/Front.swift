@@ -77,15 +77,6 @@ func fail(_ text: String, _ status: Int32) -> Never {
     exit(status)
 }
 
-/// Writes everything it can; like the full tool, a closed stdout or stderr is not an error.
-func writeAll(_ fd: Int32, _ bytes: [UInt8]) {
-    var at = 0
-    while at < bytes.count {
-        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + at, bytes.count - at) }
-        if n > 0 { at += n } else if errno != EINTR { return }
-    }
-}
-
 // MARK: What the front does itself
 
 /// The arguments, or nil when one is not UTF-8 (the full tool refuses it with its message).

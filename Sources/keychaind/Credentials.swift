@@ -1,5 +1,7 @@
-import Foundation
+import Glibc
+import Dispatch
 import Keychain
+import KeychainCLIText
 
 /// systemd's side of `LoadCredential=ID:/run/keychain/credentials.sock`: at a unit's start the service
 /// manager connects from the abstract address `\0<16 hex>/unit/<unit>/<ID>` and reads until EOF.
@@ -41,11 +43,9 @@ func serveCredentials(listener: Int32, service: any KeychainService) {
             continue
         }
         _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-        let thread = Thread {
-            answerCredential(fd, service: service)
+        if let code = DetachedThread.start(stackSize: 1 << 20, { answerCredential(fd, service: service) }) {
+            refuse(fd, "no thread for the request (pthread_create: errno \(code))")
         }
-        thread.stackSize = 1 << 20
-        thread.start()
     }
 }
 
@@ -112,7 +112,7 @@ private func refuse(_ fd: Int32, _ reason: String) {
 }
 
 private func log(_ line: String) {
-    FileHandle.standardError.write(Data((line + "\n").utf8))
+    writeAll(2, line + "\n")
 }
 
 /// The peer of a connected Unix socket: its kernel credentials and the address it connected from.

@@ -1,5 +1,7 @@
-import Foundation
+import Glibc
+import FoundationEssentials
 import Keychain
+import KeychainCLIText
 
 /// keychaind: serves the keychain API on a Unix socket (docs/daemon.md).
 let usage = """
@@ -18,7 +20,7 @@ let usage = """
     """
 
 func fail(_ message: String, status: Int32 = 2) -> Never {
-    FileHandle.standardError.write(Data("keychaind: \(message)\n".utf8))
+    writeAll(2, "keychaind: \(message)\n")
     exit(status)
 }
 
@@ -143,13 +145,15 @@ let server = DaemonServer(configuration: configuration, groups: AccessGroups(dir
 // (in keychain.db or its write-ahead log) before its reply, so nothing is lost, as with SIGKILL.
 // One line on stdout once the socket listens: a supervisor or a test waits for it, not for time.
 if let credentialsListener {
-    let thread = Thread { [service = server.handler.service] in serveCredentials(listener: credentialsListener, service: service) }
-    thread.start()
+    let service = server.handler.service
+    if let code = DetachedThread.start({ serveCredentials(listener: credentialsListener, service: service) }) {
+        fail("cannot start the credentials socket's thread (pthread_create: errno \(code))", status: 3)
+    }
 }
 // Before "ready", so that a unit's credential asked for at boot finds it done (docs/credentials.md).
 if case .success(let said?) = blocking({ () async throws(KeychainError) -> String? in await server.prepareForFirstRequest() }) {
     DaemonLog.say(said)
 }
-FileHandle.standardOutput.write(Data("keychaind: ready (store \(store))\n".utf8))
+writeAll(1, "keychaind: ready (store \(store))\n")
 server.serve(listener: listener)
 }

@@ -1,4 +1,4 @@
-import Foundation
+import Glibc
 
 struct ListenError: Error, CustomStringConvertible { let description: String }
 

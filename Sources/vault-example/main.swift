@@ -1,6 +1,7 @@
+import Glibc
 import BiometricsVault
-import Foundation
 import Keychain
+import KeychainCLIText
 
 /// The seed's BiometricsVault example as a command: each argument is one of the vault's calls, run
 /// in order on one vault made as the seed's README makes it, with the default configuration (the
@@ -27,14 +28,14 @@ let steps = ["state", "sign-in", "enable-biometrics", "upgrade", "lock", "unlock
              "reauthenticate"]
 let arguments = Array(CommandLine.arguments.dropFirst())
 guard !arguments.isEmpty, arguments.allSatisfy(steps.contains) else {
-    FileHandle.standardError.write(Data("usage: vault-example STEP... (\(steps.joined(separator: " | ")))\n".utf8))
+    writeAll(2, "usage: vault-example STEP... (\(steps.joined(separator: " | ")))\n")
     exit(64)
 }
 
 /// The credentials a sign-in saves: two lines of stdin.
 func signedInCredentials() -> Credentials {
     guard let user = readLine(), let token = readLine(), !user.isEmpty, !token.isEmpty else {
-        FileHandle.standardError.write(Data("vault-example: sign-in reads the user's name and token from stdin, one line each\n".utf8))
+        writeAll(2, "vault-example: sign-in reads the user's name and token from stdin, one line each\n")
         exit(64)
     }
     return Credentials(user: user, token: token)
@@ -61,7 +62,7 @@ for step in arguments {
         }
         print("\(step): \(shown(vault.state))")
     } catch {
-        FileHandle.standardError.write(Data("\(step): \(error)\n".utf8))
+        writeAll(2, "\(step): \(error)\n")
         exit(error is VaultError ? 2 : 1)
     }
 }

@@ -7,6 +7,7 @@ import KeychainWire
 import SecureMemory
 import Testing
 import TPM2
+import KeychainCLIText
 
 /// Credential activation with two software TPMs as two devices, and a server with no TPM
 /// (`attest challenge`, `attest verify`) between them.
@@ -105,7 +106,7 @@ struct AttestationTests: TwoDeviceTest {
         #expect(try run("/usr/bin/tpm2_pcrread", ["sha256:" + request.pcrs.map(String.init).joined(separator: ","), "-o", pcrFile],
                         environment: b.env).status == 0)
         let values = [UInt8](try Data(contentsOf: URL(fileURLWithPath: pcrFile)))
-        #expect(identity.bootState.pcrs == request.pcrs && identity.bootState.digest == hex(sha256(values)))
+        #expect(identity.bootState.pcrs == request.pcrs && identity.bootState.digest == lowerHex(sha256(values)))
         // The keychain's two wrapping keys, certified, each saying what the TPM enforces on it; the
         // approval index approves the quoted state.
         let keys = try #require(identity.wrappingKeys)
@@ -114,7 +115,7 @@ struct AttestationTests: TwoDeviceTest {
         #expect(keys[1].statement.hasSuffix("in the boot state (PCRs 7) the device's approval index approves, on this TPM only")
                 && keys[1].approvesVerifiedBootState == true, "\(keys[1].statement)")
         #expect(keys[0].statement.hasSuffix("under the SRK, not fixedTPM (its level moves through backups)"), "\(keys[0].statement)")
-        #expect(identity.bootApproval?.approvesQuotedBootState == true && identity.bootApproval?.name == hex(BootApprovalLayout.name))
+        #expect(identity.bootApproval?.approvesQuotedBootState == true && identity.bootApproval?.name == lowerHex(BootApprovalLayout.name))
         // One answer per challenge: the state is gone once it served.
         #expect(!FileManager.default.fileExists(atPath: state))
         #expect(try server(["verify", answerPath, "--state", state], in: dir).status != 0)
@@ -342,11 +343,11 @@ struct AttestationTests: TwoDeviceTest {
         _ = try write(request.pcrs.flatMap { hexBytes(answer.pcrValues[String($0)]!) }, dir + "/quote.pcrs")
         let list = "sha256:" + request.pcrs.map(String.init).joined(separator: ",")
         let checked = try run("/usr/bin/tpm2_checkquote", ["-u", dir + "/ak.pub", "-m", dir + "/quote.msg", "-s", dir + "/quote.sig",
-                                                           "-f", dir + "/quote.pcrs", "-l", list, "-g", "sha256", "-q", hex(nonce)])
+                                                           "-f", dir + "/quote.pcrs", "-l", list, "-g", "sha256", "-q", lowerHex(nonce)])
         #expect(checked.status == 0, "\(checked.stderr)")
         // The same check with another nonce fails: tpm2_checkquote does look at it.
         #expect(try run("/usr/bin/tpm2_checkquote", ["-u", dir + "/ak.pub", "-m", dir + "/quote.msg", "-s", dir + "/quote.sig",
-                                                     "-q", hex(Array(nonce.reversed()))]).status != 0)
+                                                     "-q", lowerHex(Array(nonce.reversed()))]).status != 0)
         _ = state
 
         // tpm2_makecredential with no TPM: its blob (header, TPM2B_ID_OBJECT, TPM2B_ENCRYPTED_SECRET) as our challenge.
@@ -365,7 +366,7 @@ struct AttestationTests: TwoDeviceTest {
         #expect(try cli(b, ["passcode", "set"], "2468\n").status == 0)
         #expect(try cli(b, ["reader", "enroll", "thumb"], "2468\n").status == 0)
         let identityPath = try verifiedIdentity(b)
-        let nonce = hex(Sodium.randomBytes(32))
+        let nonce = lowerHex(Sodium.randomBytes(32))
         func attest(_ service: String, _ level: Accessible, _ control: AccessControl, nonce: String = nonce) throws -> Outcome {
             try cli(b, ["--json", "attest", "key", service, "--accessible", level.rawValue, "--access-control", control.rawValue, "--nonce", nonce])
         }
@@ -402,7 +403,7 @@ struct AttestationTests: TwoDeviceTest {
         }
         // Another nonce: a replayed statement.
         let passcodeKey = try attest("svc-passcode", .whenUnlocked, .passcode)
-        let replayed = try verify(passcodeKey.stdout, nonce: hex(Sodium.randomBytes(32)))
+        let replayed = try verify(passcodeKey.stdout, nonce: lowerHex(Sodium.randomBytes(32)))
         #expect(replayed.status == 3 && replayed.stderr.contains("another nonce"), "\(replayed.stderr)")
         // Another device's AK: the statement is not the verified identity's.
         let a = try Device()
@@ -505,7 +506,7 @@ struct AttestationTests: TwoDeviceTest {
         #expect(try through(["set", "mail", "k"], "root's").status == 0)
         #expect(try through(["set", "bank", "k"], "root's").status == 0)
         #expect(try through(["set", "mail", "k"], "nobody's", uid: nobody).status == 0)
-        let nonce = hex(Sodium.randomBytes(32))
+        let nonce = lowerHex(Sodium.randomBytes(32))
         // Before the administrator made the AK: the daemon says so.
         let early = try through(["--json", "attest", "key", "mail", "--nonce", nonce], uid: nobody)
         #expect(errorCode(early) == "INVALID_ARGUMENT" && String(decoding: early.stdout, as: UTF8.self).contains("attest init"),
@@ -562,7 +563,7 @@ struct AttestationTests: TwoDeviceTest {
         let identity = try VerifiedIdentity(json: Data(contentsOf: URL(fileURLWithPath: try verifiedIdentity(b))))
         #expect(try cli(b, ["set", "svc", "k", "--accessible", "whenUnlockedThisDeviceOnly"], "v").status == 0)
         let nonce = Sodium.randomBytes(32)
-        let made = try cli(b, ["--json", "attest", "key", "svc", "--accessible", "whenUnlockedThisDeviceOnly", "--nonce", hex(nonce)])
+        let made = try cli(b, ["--json", "attest", "key", "svc", "--accessible", "whenUnlockedThisDeviceOnly", "--nonce", lowerHex(nonce)])
         let good = try KeyAttestation(json: Data(made.stdout))
         #expect(try AttestationServer.verifyKey(good, identity: identity, nonce: nonce).matchesClaim)
         /// nil for a clear refusal or a report that does not match; the code otherwise.
@@ -668,7 +669,7 @@ struct AttestationTests: TwoDeviceTest {
 
     /// The AK blob the store keeps (its TPM2B_PUBLIC, then its TPM2B_PRIVATE).
     func attestationKeyBlob(_ d: Device) throws -> TPMContext.SealedBlob {
-        let blob = try run("/usr/bin/sqlite3", [d.store + "/keychain.db", "SELECT hex(value) FROM meta WHERE name = 'tpm.attestation-key'"])
+        let blob = try run("/usr/bin/sqlite3", [d.store + "/keychain.db", "SELECT lowerHex(value) FROM meta WHERE name = 'tpm.attestation-key'"])
         let ak = hexBytes(String(decoding: blob.stdout, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).lowercased())
         let publicCount = 2 + (Int(ak[0]) << 8 | Int(ak[1]))
         return .init(publicArea: Array(ak[..<publicCount]), privateArea: Array(ak[publicCount...]))

@@ -4,6 +4,7 @@ import KeychainTestSupport
 import KeychainTestThreads
 import Testing
 import TPM2
+import KeychainCLIText
 
 /// `keychainctl identity` on a software TPM made by `swtpm_setup --create-ek-cert` with swtpm's
 /// local CA, checked against what tpm2-tools and openssl read from the same TPM and certificate.
@@ -34,7 +35,7 @@ struct IdentityTests {
         let modulus = String(decoding: try run("/usr/bin/openssl", ["x509", "-inform", "DER", "-in", der, "-noout", "-modulus"]).stdout,
                              as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
         let area = [UInt8](try #require(Data(base64Encoded: rsa.publicArea)))
-        #expect(modulus == "Modulus=" + hex(Array(area.suffix(256))).uppercased())
+        #expect(modulus == "Modulus=" + lowerHex(Array(area.suffix(256))).uppercased())
         // It chains to swtpm's local CA.
         let chain = try run("/usr/bin/openssl", ["verify", "-CAfile", tpm.directory + "/ca/swtpm-localca-rootca-cert.pem",
                                                  "-untrusted", tpm.directory + "/ca/issuercert.pem", der])
@@ -71,7 +72,7 @@ struct IdentityTests {
         // The SRK's name as tpm2-tools reads it.
         let name = tpm.directory + "/srk.name"
         #expect(try run("/usr/bin/tpm2_readpublic", ["-c", "0x81000001", "-n", name], environment: env).status == 0)
-        #expect(id.storageRootKey.name == hex([UInt8](try Data(contentsOf: URL(fileURLWithPath: name)))))
+        #expect(id.storageRootKey.name == lowerHex([UInt8](try Data(contentsOf: URL(fileURLWithPath: name)))))
         // The state index's name as tpm2-tools reads it.
         let nv = String(decoding: try run("/usr/bin/tpm2_nvreadpublic", ["0x01004b51"], environment: env).stdout, as: UTF8.self)
         #expect(nv.contains("name: " + (id.nvIndices["state"]?.name ?? "missing")))
@@ -80,7 +81,7 @@ struct IdentityTests {
         let pcr = tpm.directory + "/pcr7"
         #expect(try run("/usr/bin/tpm2_pcrread", ["sha256:7", "-o", pcr], environment: env).status == 0)
         let pcrValue = [UInt8](try Data(contentsOf: URL(fileURLWithPath: pcr)))
-        #expect(id.bootState.pcrs == [7] && id.bootState.digest == hex(sha256Bytes(pcrValue)))
+        #expect(id.bootState.pcrs == [7] && id.bootState.digest == lowerHex(sha256Bytes(pcrValue)))
     }
 
     @Test func aTPMWithoutCertificatesHasAnIdentityWithoutThemAndTheSameEKEveryTime() throws {

@@ -1,4 +1,5 @@
 import SecureMemory
+import Synchronization
 
 /// How the user may answer a prompt.
 public enum AuthenticationMethod: String, Sendable, Hashable, Codable { case fingerprint, passcode }
@@ -73,7 +74,7 @@ extension Authenticator {
 
 /// Answers from a script, in order, for tests and appliances; records what it was asked.
 public final class ScriptedAuthenticator: Authenticator, @unchecked Sendable {
-    private let lock = NSLockLike()
+    private let lock = Mutex(())
     private var answers: [AuthenticationAnswer]
     private var asked: [AuthenticationRequest] = []
     public let attemptsPerRead: Int
@@ -85,14 +86,14 @@ public final class ScriptedAuthenticator: Authenticator, @unchecked Sendable {
     }
 
     /// Queues more answers.
-    public func push(_ more: AuthenticationAnswer...) { lock.with { answers += more } }
+    public func push(_ more: AuthenticationAnswer...) { lock.withLock { _ in answers += more } }
 
     /// The requests made so far.
-    public var requests: [AuthenticationRequest] { lock.with { asked } }
+    public var requests: [AuthenticationRequest] { lock.withLock { _ in asked } }
 
     /// With no answer left, the prompt is interrupted (`SYSTEM_CANCELED`): a script never hangs.
     public func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer {
-        lock.with {
+        lock.withLock { _ in
             asked.append(request)
             return answers.isEmpty ? .interrupted : answers.removeFirst()
         }
@@ -106,16 +107,6 @@ public struct FailingAuthenticator: Authenticator {
     public func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer {
         onPrompt(request)
         return .cancel
-    }
-}
-
-import Foundation
-
-final class NSLockLike: @unchecked Sendable {
-    private let lock = NSLock()
-    func with<T>(_ body: () throws -> T) rethrows -> T {
-        lock.lock(); defer { lock.unlock() }
-        return try body()
     }
 }
 

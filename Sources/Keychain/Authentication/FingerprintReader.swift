@@ -1,4 +1,5 @@
-import Foundation
+import Glibc
+import FoundationEssentials
 import KeychainStore
 import SecureMemory
 import TPM2
@@ -280,7 +281,7 @@ final class FingerprintReader {
         } catch let error as StoreError {
             throw KeychainError(store: error)
         } catch {
-            throw KeychainError(.storageError, "Cannot save the fingerprint reader's state: \(error.localizedDescription)")
+            throw KeychainError(.storageError, "Cannot save the fingerprint reader's state: \(error)")
         }
     }
 }

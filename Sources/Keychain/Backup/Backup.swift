@@ -1,6 +1,8 @@
-import Foundation
+import Glibc
+import FoundationEssentials
 import KeychainStore
 import SecureMemory
+import Synchronization
 
 /// An item's dates as the store keeps them (milliseconds since the Unix epoch), for a restore.
 struct ItemDates { var created: Int64; var modified: Int64 }
@@ -257,19 +259,18 @@ extension KeychainAdministration {
 /// the next ones; a failure asks the user again.
 final class OnceAuthenticator: Authenticator, @unchecked Sendable {
     private let inner: any Authenticator
-    private let lock = NSLock()
-    private var remembered: SecureBytes?
+    private let remembered = Mutex<SecureBytes?>(nil)
     var attemptsPerRead: Int { inner.attemptsPerRead }
 
     init(_ inner: any Authenticator) { self.inner = inner }
 
     func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer {
-        if request.attempt == 1, request.methods.contains(.passcode), let pin = lock.withLock({ remembered }) {
+        if request.attempt == 1, request.methods.contains(.passcode), let pin = remembered.withLock({ $0 }) {
             return .passcode(pin)
         }
-        lock.withLock { remembered = nil }
+        remembered.withLock { $0 = nil }
         let answer = await inner.authenticate(request)
-        if case .passcode(let pin) = answer { lock.withLock { remembered = pin } }
+        if case .passcode(let pin) = answer { remembered.withLock { $0 = pin } }
         return answer
     }
 }

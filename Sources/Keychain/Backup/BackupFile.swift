@@ -1,4 +1,4 @@
-import Foundation
+import Glibc
 import SecureMemory
 import TPM2
 

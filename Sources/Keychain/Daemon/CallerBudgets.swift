@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KeychainStore
 
 /// Who a keychaind call comes from (the kernel's `SO_PEERCRED`), for the budgets that are each

@@ -1,4 +1,6 @@
-import Foundation
+import Glibc
+import FoundationEssentials
+import Dispatch
 import KeychainWire
 import SecureMemory
 import Synchronization

@@ -1,5 +1,6 @@
-import Foundation
+import FoundationEssentials
 import Synchronization
+import KeychainCLIText
 
 /// keychaind's log (stderr, the journal under systemd): a line repeated is said once, then counted,
 /// so a condition that lasts (accept out of descriptors, a bad group file read at every call) costs
@@ -20,7 +21,7 @@ package enum DaemonLog {
 
     private static func write(_ out: [String]) {
         guard !out.isEmpty else { return }
-        FileHandle.standardError.write(Data(out.map { $0 + "\n" }.joined().utf8))
+        writeAll(2, out.map { $0 + "\n" }.joined())
     }
 }
 

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KeychainWire
 
 // The keychain API on keychaind's wire (docs/daemon.md; the numbers and words are KeychainWire's):

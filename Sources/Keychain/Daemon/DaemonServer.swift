@@ -1,4 +1,4 @@
-import Foundation
+import Glibc
 import KeychainWire
 import SecureMemory
 import TPM2
@@ -11,6 +11,9 @@ import Synchronization
 /// group's (`ItemScope.group`) when the caller is a member. The uid is the kernel's (`SO_PEERCRED`),
 /// never a field of the request. `DaemonRequestHandler` maps each request to the engine's API.
 package final class DaemonServer: Sendable {
+    /// A connection's thread may run the engine's jobs too (cold TPM, OpenSSL and SQLite paths): room for those.
+    static let connectionStackSize = 1 << 20
+
     package struct Limits: Sendable {
         /// Open connections at once; more are closed at accept.
         package var maxConnections = 4096
@@ -153,14 +156,14 @@ package final class DaemonServer: Sendable {
                 refuse(fd, full)
                 continue
             }
-            let started = ConnectionThread.start { [self] in
+            let started = DetachedThread.start(stackSize: Self.connectionStackSize) { [self] in
                 serve(connection: fd, peer: peer)
                 close(fd)
                 release(uid)
             }
             if let code = started {
                 // Under a task limit or memory pressure: say so on the connection and give its slot back,
-                // where Thread.start failed unnoticed (the client waited its 120 s, the slot was lost).
+                // where Foundation's Thread.start failed unnoticed (the client waited its 120 s, the slot was lost).
                 refuse(fd, KeychainError(.hardwareUnavailable, "keychaind cannot start a thread for this connection "
                     + "(pthread_create: errno \(code): its task limit or memory is exhausted); nothing was done: retry later",
                                          underlying: .errno(code)))
@@ -317,7 +320,7 @@ final class Mailbox: @unchecked Sendable {
         case prompt(WireMessage, CheckedContinuation<WireMessage?, Never>)
         case done(WireMessage)
     }
-    private let condition = NSCondition()
+    private let condition = Condition()
     private var events: [Event] = []
 
     func post(_ event: Event) {
@@ -343,36 +346,5 @@ final class Mailbox: @unchecked Sendable {
 
     func ask(_ prompt: WireMessage) async -> WireMessage? {
         await withCheckedContinuation { post(.prompt(prompt, $0)) }
-    }
-}
-
-/// A connection's thread, made with pthread_create so that a failure is seen: Foundation's
-/// `Thread.start` ignores it (the block never runs and nothing says so).
-enum ConnectionThread {
-    /// It may run the engine's jobs too (cold TPM, OpenSSL and SQLite paths): room for those.
-    static let stackSize = 1 << 20
-
-    /// Runs `body` on a new detached thread; nil when it started, else pthread_create's error (EAGAIN
-    /// under RLIMIT_NPROC or memory pressure), and `body` is not run.
-    static func start(_ body: @escaping @Sendable () -> Void) -> Int32? {
-        var attributes = pthread_attr_t()
-        pthread_attr_init(&attributes)
-        defer { pthread_attr_destroy(&attributes) }
-        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
-        pthread_attr_setstacksize(&attributes, stackSize)
-        let context = Unmanaged.passRetained(Body(body))
-        var thread = pthread_t()
-        let code = pthread_create(&thread, &attributes, { raw in
-            Unmanaged<Body>.fromOpaque(raw!).takeRetainedValue().run()
-            return nil
-        }, context.toOpaque())
-        guard code != 0 else { return nil }
-        context.release()
-        return code
-    }
-
-    private final class Body {
-        let run: @Sendable () -> Void
-        init(_ run: @escaping @Sendable () -> Void) { self.run = run }
     }
 }

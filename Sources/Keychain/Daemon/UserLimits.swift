@@ -1,7 +1,7 @@
-import Foundation
 import KeychainStore
 import SecureMemory
 import Synchronization
+import KeychainCLIText
 
 /// keychaind's limits on each user, so that one uid cannot take what the others need: the store's
 /// space (a quota of items and bytes) and the engine's time (one call in the engine at a time).
@@ -109,8 +109,8 @@ extension Engine {
     /// "12.5 MiB", "300 bytes".
     static func size(_ bytes: Int) -> String {
         if bytes < 1024 { return "\(bytes) bytes" }
-        if bytes < 1 << 20 { return String(format: "%.1f KiB", Double(bytes) / 1024) }
-        return String(format: "%.1f MiB", Double(bytes) / Double(1 << 20))
+        if bytes < 1 << 20 { return oneDecimal(Double(bytes) / 1024) + " KiB" }
+        return oneDecimal(Double(bytes) / Double(1 << 20)) + " MiB"
     }
 }
 
@@ -121,7 +121,7 @@ extension Engine {
 /// Root's calls are not held (root can stop the daemon anyway; its own calls only wait for it).
 final class FairShare: Sendable {
     private final class Gate: @unchecked Sendable {
-        let condition = NSCondition()
+        let condition = Condition()
         var busy = false
         var users = 0  // holding or waiting, under FairShare's lock
     }

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KeychainStore
 
 /// A storage's service and the defaults of its calls, the seed's `createKeychain` options.

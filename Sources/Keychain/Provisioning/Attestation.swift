@@ -1,7 +1,8 @@
-import Foundation
+import FoundationEssentials
 import KeychainStore
 import SecureMemory
 import TPM2
+import KeychainCLIText
 
 /// The EK templates a credential can be made for: `rsa2048` (L-1), `eccP256` (L-2), `eccP384` (H-3).
 public typealias EndorsementKeyType = TPMContext.EndorsementKeyType
@@ -187,7 +188,7 @@ extension AttestationDocument {
     /// - Throws: `DATA_CORRUPTED` for what is not this document (or is larger than one can be),
     ///   `UNSUPPORTED` for another version.
     public init(json: Data) throws(KeychainError) {
-        let what = Self.formatName.replacingOccurrences(of: "keychain-linux ", with: "")
+        let what = Self.formatName.replacing("keychain-linux ", with: "")
         guard json.count <= Self.maxLength else { throw KeychainError(.dataCorrupted, "This is not an \(what): larger than \(Self.maxLength) bytes") }
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
@@ -339,14 +340,14 @@ public enum AttestationServer {
             format: VerifiedIdentity.formatName, version: 1, verified: Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down)),
             endorsementKey: request.endorsementKey, endorsementCertificateVerified: certified,
             attestationKey: request.attestationKey, storageRootKey: request.storageRootKey,
-            bootState: .init(bank: "sha256", pcrs: quote.pcrs, values: answer.pcrValues, digest: hex(quote.pcrDigest),
+            bootState: .init(bank: "sha256", pcrs: quote.pcrs, values: answer.pcrValues, digest: lowerHex(quote.pcrDigest),
                              resetCount: quote.resetCount, restartCount: quote.restartCount),
             nvIndices: request.nvIndices)
         if let signedApproval = answer.bootApprovalCertification {
             let approves = try approvalApprovesBootState(signedApproval, akPublic: ak, nonce: nonce, bootState: identity.bootState, refuse: refuse)
             let list = quote.pcrs.map(String.init).joined(separator: ",")
             identity.bootApproval = .init(
-                index: hexHandle(BootApprovalLayout.index), name: hex(BootApprovalLayout.name), approvesQuotedBootState: approves,
+                index: hexHandle(BootApprovalLayout.index), name: lowerHex(BootApprovalLayout.name), approvesQuotedBootState: approves,
                 statement: approves ? "the approval index approves the quoted boot state (PCRs \(list)): ThisDeviceOnly items open in it"
                     : "the approval index does not approve the quoted boot state (PCRs \(list)): ThisDeviceOnly items do not open "
                         + "until it is approved (keychainctl boot-state approve)")
@@ -368,7 +369,7 @@ public enum AttestationServer {
                 creationData: key.creationData, creationCertification: key.creationCertification,
                 bootApprovalCertification: answer.bootApprovalCertification)
             do { reports.append(try verifyKey(attestation, identity: identity, nonce: nonce)) } catch where error.code == .authenticationFailed {
-                throw refuse(what + ": " + error.message.replacingOccurrences(of: "The key attestation does not verify: ", with: ""))
+                throw refuse(what + ": " + error.message.replacing("The key attestation does not verify: ", with: ""))
             }
         }
         identity.wrappingKeys = reports
@@ -499,7 +500,7 @@ extension Engine {
                                           certificateIndex: hexHandle(type.certificateIndex)),
                     attestationKey: .init(publicArea: Data(blob.publicArea).base64EncodedString(), name: akName),
                     storageRootKey: .init(handle: hexHandle(TPMKeyring.srkHandle), publicArea: Data(srkArea).base64EncodedString(),
-                                          name: hex(try context.name(of: keyring.srk))),
+                                          name: lowerHex(try context.name(of: keyring.srk))),
                     pcrs: keyring.pcrSelection, nvIndices: try keyring.nvIndexNames())
             } catch {
                 throw keyring.diagnose(error, doing: "read the attestation request")
@@ -571,7 +572,7 @@ extension Engine {
                 return AttestationAnswer(
                     format: AttestationAnswer.formatName, version: 1, nonce: challenge.nonce,
                     credential: credential.withUnsafeBytes { Data($0).base64EncodedString() },
-                    quote: signed(quote), pcrValues: Dictionary(uniqueKeysWithValues: zip(pcrs.indices.map(String.init), values.map(hex))),
+                    quote: signed(quote), pcrValues: Dictionary(uniqueKeysWithValues: zip(pcrs.indices.map(String.init), values.map { lowerHex($0) })),
                     storageRootKeyCertification: signed(certification), wrappingKeys: certified,
                     bootApprovalCertification: approval.map(signed))
             } catch where error.command == "ActivateCredential" && !error.isConnectionFailure {

@@ -1,7 +1,8 @@
-import Foundation
+import FoundationEssentials
 import KeychainStore
 import SecureMemory
 import TPM2
+import KeychainCLIText
 
 /// A provisioning bundle, format 1 (docs/formats.md): one item sealed to one device's TPM by a
 /// machine without a TPM (`keychainctl seal-for`), opened only by `keychainctl import` on that device.
@@ -371,9 +372,9 @@ extension Engine {
                     parentName = try context.name(of: keyring.srk)
                 }
             } catch { throw keyring.diagnose(error, doing: "make the endorsement key") }
-            guard hex(parentName) == bundle.target else {
+            guard lowerHex(parentName) == bundle.target else {
                 throw KeychainError(.invalidArgument, "This bundle is sealed to another device's TPM (\(bundle.parent) \(bundle.target.prefix(16))…), "
-                                    + "not this one (\(hex(parentName).prefix(16))…): seal it for this device's identity")
+                                    + "not this one (\(lowerHex(parentName).prefix(16))…): seal it for this device's identity")
             }
             var approvalName = BootApprovalLayout.name
             if let pcrs = bundle.pcrs {

@@ -1,5 +1,6 @@
-import Foundation
+import FoundationEssentials
 import TPM2
+import KeychainCLIText
 
 /// A device's identity document, format 1 (docs/formats.md): what a server with no TPM needs to seal a
 /// secret to this device and to compute the policy it will be sealed under. Only public values.
@@ -106,15 +107,14 @@ extension DeviceIdentity {
         // TPM2B: u16 size, then TPMT_PUBLIC: u16 type, u16 nameAlg (0x000B = SHA-256, 0x000C = SHA-384), …
         guard bytes.count > 6, Int(bytes[0]) << 8 | Int(bytes[1]) == bytes.count - 2, bytes[4] == 0x00 else { return nil }
         switch bytes[5] {
-        case 0x0B: return hex([0x00, 0x0B] + sha256(Array(bytes[2...])))
-        case 0x0C: return hex([0x00, 0x0C] + sha384(Array(bytes[2...])))
+        case 0x0B: return lowerHex([0x00, 0x0B] + sha256(Array(bytes[2...])))
+        case 0x0C: return lowerHex([0x00, 0x0C] + sha384(Array(bytes[2...])))
         default: return nil
         }
     }
 }
 
-func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
-func hexHandle(_ value: UInt32) -> String { "0x" + String(format: "%08x", value) }
+func hexHandle(_ value: UInt32) -> String { "0x" + lowerHex(value, digits: 8) }
 
 extension KeychainDevice {
     /// This device's identity document (provisions the TPM and the store first, as `initialize` does).
@@ -134,7 +134,7 @@ extension Engine {
                 let vendor = try context.vendorProperties()
                 func text(_ words: [UInt32]) -> String {
                     let bytes = words.flatMap { $0.bigEndianBytes }.filter { $0 != 0 }
-                    return String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: .whitespaces)
+                    return String(decoding: bytes, as: UTF8.self).trimmingSpaces()
                 }
                 var keys: [DeviceIdentity.EndorsementKey] = []
                 for type in TPMContext.EndorsementKeyType.allCases {
@@ -152,12 +152,12 @@ extension Engine {
                     format: DeviceIdentity.formatName, version: DeviceIdentity.currentVersion,
                     created: Date(timeIntervalSince1970: (Date().timeIntervalSince1970).rounded(.down)),
                     tpm: .init(manufacturer: text([vendor.manufacturer]), vendor: text(vendor.vendor),
-                               firmwareVersion: String(format: "%08x.%08x", vendor.firmware.0, vendor.firmware.1)),
+                               firmwareVersion: lowerHex(vendor.firmware.0, digits: 8) + "." + lowerHex(vendor.firmware.1, digits: 8)),
                     endorsementKeys: keys,
                     storageRootKey: .init(handle: hexHandle(TPMKeyring.srkHandle), publicArea: Data(srkArea).base64EncodedString(),
-                                          name: hex(try context.name(of: keyring.srk))),
+                                          name: lowerHex(try context.name(of: keyring.srk))),
                     nvIndices: indices,
-                    bootState: .init(bank: "sha256", pcrs: pcrs, digest: hex(sha256(values.flatMap { $0 }))))
+                    bootState: .init(bank: "sha256", pcrs: pcrs, digest: lowerHex(sha256(values.flatMap { $0 }))))
             } catch {
                 throw keyring.diagnose(error, doing: "read the device identity")
             }
@@ -170,13 +170,13 @@ extension TPMKeyring {
     /// (the state index is unwritten until the first unlock). An identity and an attestation request carry them.
     func nvIndexNames() throws(TPMError) -> [String: DeviceIdentity.NVIndex] {
         var indices: [String: DeviceIdentity.NVIndex] = [:]
-        indices["pin"] = .init(index: hexHandle(DeviceLockLayout.pinIndex), name: hex(DeviceLockLayout.pinName))
-        indices["state"] = .init(index: hexHandle(DeviceLockLayout.stateIndex), name: hex(stateName))
-        indices["epoch"] = .init(index: hexHandle(DeviceLockLayout.epochIndex), name: hex(DeviceLockLayout.epochPublic.name(written: true)))
+        indices["pin"] = .init(index: hexHandle(DeviceLockLayout.pinIndex), name: lowerHex(DeviceLockLayout.pinName))
+        indices["state"] = .init(index: hexHandle(DeviceLockLayout.stateIndex), name: lowerHex(stateName))
+        indices["epoch"] = .init(index: hexHandle(DeviceLockLayout.epochIndex), name: lowerHex(DeviceLockLayout.epochPublic.name(written: true)))
         indices["descriptor"] = .init(index: hexHandle(DeviceLockLayout.descriptorIndex),
-                                      name: hex(try context.name(of: try context.resource(forPersistent: DeviceLockLayout.descriptorIndex))))
+                                      name: lowerHex(try context.name(of: try context.resource(forPersistent: DeviceLockLayout.descriptorIndex))))
         // The boot-state approval index (issue 12) may not exist yet; its name is fixed (written).
-        indices["bootApproval"] = .init(index: hexHandle(BootApprovalLayout.index), name: hex(BootApprovalLayout.name))
+        indices["bootApproval"] = .init(index: hexHandle(BootApprovalLayout.index), name: lowerHex(BootApprovalLayout.name))
         return indices
     }
 }

@@ -1,7 +1,7 @@
-import Foundation
 import KeychainStore
 import SecureMemory
 import TPM2
+import KeychainCLIText
 
 /// Local approval of boot states (issue 12): `ThisDeviceOnly` keys are sealed not to PCR values but to
 /// "whatever PCR policy the approval index holds" (TPM2_PolicyAuthorizeNV), so a trusted firmware or
@@ -150,7 +150,7 @@ extension TPMKeyring {
                 let differing = current.values.keys.sorted().filter { approved.values[$0] != current.values[$0] }
                 which = differing.isEmpty
                     ? "the selection \(list(current.values.keys)) (the approved state covers \(list(approved.values.keys)))"
-                    : differing.map { "PCR \($0) (approved \(hex(approved.values[$0])), now \(hex(current.values[$0])))" }
+                    : differing.map { "PCR \($0) (approved \(approved.values[$0].map { lowerHex($0) } ?? "none"), now \(current.values[$0].map { lowerHex($0) } ?? "none"))" }
                         .joined(separator: ", ")
             } else {
                 which = "PCR " + current.values.keys.sorted().map(String.init).joined(separator: ", ")
@@ -215,9 +215,4 @@ extension TPMKeyring {
             throw KeychainError(.internal, "\(error)")
         }
     }
-}
-
-private func hex(_ bytes: [UInt8]?) -> String {
-    guard let bytes else { return "none" }
-    return bytes.map { String(format: "%02x", $0) }.joined()
 }

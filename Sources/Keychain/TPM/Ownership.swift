@@ -1,4 +1,4 @@
-import Foundation
+import Glibc
 import SecureMemory
 import TPM2
 
@@ -156,8 +156,8 @@ enum SecretFile {
             throw KeychainError(.storageError, "Cannot write \(path)", underlying: .errno(code))
         }
         // The directory entry too: after a crash the file exists whenever the TPM may hold its value.
-        let dir = open((path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent,
-                       O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        let slash = path.lastIndex(of: "/")
+        let dir = open(slash.map { $0 == path.startIndex ? "/" : String(path[..<$0]) } ?? ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         if dir >= 0 { fsync(dir); close(dir) }
     }
 

@@ -1,4 +1,3 @@
-import Foundation
 import KeychainStore
 import SecureMemory
 import TPM2

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import KeychainStore
 import PKCS11
 import SecureMemory

@@ -1,7 +1,7 @@
-import Foundation
 import KeychainStore
 import SecureMemory
 import TPM2
+import KeychainWire
 
 /// The TPM monotonic counter a store is bound to, so that a copy of the store put back is seen.
 ///
@@ -149,8 +149,8 @@ extension Engine {
             } else {
                 handle = try context.resource(forPersistent: binding.index)
                 guard try context.name(of: handle) == RollbackCounterLayout.public(binding.index).name(written: true) else {
-                    throw KeychainError(.dataCorrupted, String(format: "The TPM's NV index 0x%08X is not this store's rollback counter "
-                                                               + "(other attributes, or never incremented): ", binding.index)
+                    throw KeychainError(.dataCorrupted, "The TPM's NV index \(upperHex(UInt64(binding.index))) is not this store's rollback counter "
+                                                               + "(other attributes, or never incremented): "
                                         + "it was replaced. Bind the store again: keychainctl accept-store --owner-auth-file FILE")
                 }
                 rollbackCounterTR = (binding.index, try context.serialize(handle))
@@ -159,8 +159,7 @@ extension Engine {
             return handle
         } catch let error as TPMError {
             if error.code.is(.handle) || error.code.is(.value) {
-                throw KeychainError(.dataCorrupted, String(format: "The TPM no longer holds this store's rollback counter (NV index 0x%08X): ",
-                                                           binding.index)
+                throw KeychainError(.dataCorrupted, "The TPM no longer holds this store's rollback counter (NV index \(upperHex(UInt64(binding.index)))): "
                                     + "it was undefined or the TPM cleared. Bind the store again: keychainctl accept-store --owner-auth-file FILE",
                                     underlying: .tpm(error))
             }
@@ -245,7 +244,7 @@ extension Engine {
     private func readCounter(_ keyring: TPMKeyring, _ index: TPMHandle, _ binding: RollbackBinding) throws(KeychainError) -> UInt64 {
         do throws(TPMError) { return try keyring.context.readCounter(index) } catch {
             guard error.code.is(.authFail) || error.code.is(.badAuth) else { throw keyring.diagnose(error, doing: "read the store's rollback counter") }
-            throw KeychainError(.dataCorrupted, String(format: "Rollback: the TPM's counter at NV index 0x%08X refuses this store's authorization: ", binding.index)
+            throw KeychainError(.dataCorrupted, "Rollback: the TPM's counter at NV index \(upperHex(UInt64(binding.index))) refuses this store's authorization: "
                                 + "the store in \(configuration.storeDirectory) is a copy older than its last binding (accept-store), or its "
                                 + "counter was replaced. Put the current files back; or, to keep this copy, keychainctl accept-store --owner-auth-file FILE",
                                 underlying: .tpm(error))

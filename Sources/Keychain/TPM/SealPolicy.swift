@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import TPM2
 
 /// What a wrapping key is sealed to, derived from its item protection in exactly one place.

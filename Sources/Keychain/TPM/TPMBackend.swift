@@ -1,8 +1,9 @@
-import Foundation
+import FoundationEssentials
 import KeychainStore
 import PKCS11
 import SecureMemory
 import TPM2
+import KeychainWire
 
 /// The TPM holds the wrapping key: its secret half is sealed to a policy made from the protection
 /// (`SealPolicy`: lock state, passcode, reader, PCRs), and the TPM checks that policy at every unseal.
@@ -308,8 +309,8 @@ extension Engine {
             keyring.holdsPersistent(binding.tpmHandle, named: binding.keyName)
         }
         guard inTPM else {
-            return .unavailable(KeychainError(.biometryNotAvailable, String(format: "the TPM no longer holds the key of the reader at "
-                                                                               + "\(directory) (0x%08X)", binding.tpmHandle)))
+            return .unavailable(KeychainError(.biometryNotAvailable, "the TPM no longer holds the key of the reader at "
+                                                                               + "\(directory) (\(upperHex(UInt64(binding.tpmHandle))))"))
         }
         return .enrollmentChanged
     }

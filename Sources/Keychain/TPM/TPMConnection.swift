@@ -1,4 +1,3 @@
-import Foundation
 import KeychainStore
 import PKCS11
 import SecureMemory

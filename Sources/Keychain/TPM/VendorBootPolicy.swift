@@ -1,7 +1,8 @@
-import Foundation
+import FoundationEssentials
 import KeychainStore
 import SecureMemory
 import TPM2
+import KeychainCLIText
 
 /// Vendor-signed boot states (issue 12, docs/boot-state.md): a store set up with the vendor's public
 /// key (`init --boot-policy-key`) seals `ThisDeviceOnly` keys to "any PCR policy that key signed"
@@ -65,8 +66,8 @@ struct SignedBootPolicy: Codable, Equatable {
             throw .invalidArgument("Invalid generation \(generation): expected 0 to \(VendorBootLayout.maxGeneration)")
         }
         let (r, s) = try VendorKey.sign(digest: VendorBootLayout.signedDigest(state, generation: generation), privatePEM: privatePEM)
-        return SignedBootPolicy(pcrs: Dictionary(uniqueKeysWithValues: state.values.map { (String($0.key), $0.value.hexString) }),
-                                generation: generation, signature: TPMContext.ecdsaSignature(r: r, s: s).hexString)
+        return SignedBootPolicy(pcrs: Dictionary(uniqueKeysWithValues: state.values.map { (String($0.key), lowerHex($0.value)) }),
+                                generation: generation, signature: lowerHex(TPMContext.ecdsaSignature(r: r, s: s)))
     }
 }
 
@@ -150,7 +151,7 @@ extension TPMKeyring {
                                 + "this keychain's boot-policy key (or was changed since)", underlying: .tpm(error))
         }
         var installed = installedBootPolicies().filter { $0.policy.pcrs != policy.pcrs }
-        installed.append(InstalledBootPolicy(policy: policy, ticket: ticket.hexString))
+        installed.append(InstalledBootPolicy(policy: policy, ticket: lowerHex(ticket)))
         do {
             let data = Array(try JSONEncoder().encode(installed))
             try store.write { tx in try tx.setMeta(StoreMeta.bootVendorPolicies, data) }
@@ -236,10 +237,6 @@ extension TPMKeyring {
                              "The device's boot state is not one the vendor signed: \(why). \(what) Install the vendor's policy "
                              + "for this release: keychainctl boot-state install POLICY", underlying: underlying.map { .tpm($0) })
     }
-}
-
-extension Array where Element == UInt8 {
-    var hexString: String { map { String(format: "%02x", $0) }.joined() }
 }
 
 extension String {

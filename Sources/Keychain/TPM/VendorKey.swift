@@ -1,5 +1,4 @@
 internal import COpenSSL
-import Foundation
 import SecureMemory
 import TPM2
 

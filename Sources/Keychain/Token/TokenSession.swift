@@ -1,4 +1,3 @@
-import Foundation
 import KeychainStore
 import PKCS11
 import SecureMemory
@@ -58,7 +57,7 @@ final class TokenSession {
     }
 
     /// The token's label (C_GetTokenInfo), recorded with the keys made on it; nil when it cannot be read.
-    var label: String? { (try? token.info().label)?.trimmingCharacters(in: .whitespaces) }
+    var label: String? { (try? token.info().label)?.trimmingSpaces() }
 
     /// "token 'kc' of module /usr/lib/softhsm/libsofthsm2.so", for messages.
     static func describe(_ uri: PKCS11URI) -> String {

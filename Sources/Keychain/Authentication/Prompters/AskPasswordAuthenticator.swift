@@ -1,4 +1,5 @@
-import Foundation
+import Glibc
+import FoundationEssentials
 import SecureMemory
 
 /// The prompt through systemd's password agents (the ask-password protocol,
@@ -27,8 +28,8 @@ public struct AskPasswordAuthenticator: Authenticator, LinePrompter {
     /// when it exists. Nil when there is neither.
     public static func systemDirectory(environment: [String: String] = ProcessInfo.processInfo.environment,
                                        isRoot: Bool = geteuid() == 0) -> String? {
-        var isDirectory: ObjCBool = false
-        func exists(_ path: String) -> Bool { FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) && isDirectory.boolValue }
+        var isDirectory = false
+        func exists(_ path: String) -> Bool { FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) && isDirectory }
         if isRoot, exists("/run/systemd/system"), exists("/run/systemd/ask-password") { return "/run/systemd/ask-password" }
         if let runtime = environment["XDG_RUNTIME_DIR"], runtime.hasPrefix("/"), exists(runtime + "/systemd/ask-password") {
             return runtime + "/systemd/ask-password"

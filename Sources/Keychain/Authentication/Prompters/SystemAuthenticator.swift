@@ -1,4 +1,5 @@
-import Foundation
+import Glibc
+import FoundationEssentials
 import KeychainCLIText
 import Synchronization
 internal import CSpawn
@@ -169,9 +170,8 @@ enum PromptWait {
         let cancel = Cancel()
         return await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
-                let thread = Thread { continuation.resume(returning: body(cancel)) }
-                thread.name = "keychain prompt"
-                thread.start()
+                let failed = DetachedThread.start(name: "keychain prompt") { continuation.resume(returning: body(cancel)) }
+                precondition(failed == nil, "cannot start the prompt's thread: pthread_create: errno \(failed ?? 0)")
             }
         } onCancel: {
             cancel.fire()

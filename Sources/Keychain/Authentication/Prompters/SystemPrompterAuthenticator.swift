@@ -1,5 +1,6 @@
 internal import DBus
-import Foundation
+import FoundationEssentials
+import Dispatch
 import SecureMemory
 import Synchronization
 

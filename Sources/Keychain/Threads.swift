@@ -1,0 +1,61 @@
+import Glibc
+internal import CSpawn
+
+/// A thread of our own, made with pthread_create so that a failure is seen: Foundation's
+/// `Thread.start` ignores it (the block never runs and nothing says so).
+package enum DetachedThread {
+    /// Runs `body` on a new detached thread; nil when it started, else pthread_create's error (EAGAIN
+    /// under RLIMIT_NPROC or memory pressure), and `body` is not run.
+    /// - Parameters:
+    ///   - name: the thread's name in `ps` and debuggers; Linux keeps names of up to 15 bytes only.
+    ///   - stackSize: nil for the default (RLIMIT_STACK, as Foundation's `Thread` had).
+    package static func start(name: String? = nil, stackSize: Int? = nil, _ body: @escaping @Sendable () -> Void) -> Int32? {
+        var attributes = pthread_attr_t()
+        pthread_attr_init(&attributes)
+        defer { pthread_attr_destroy(&attributes) }
+        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
+        if let stackSize { pthread_attr_setstacksize(&attributes, stackSize) }
+        let context = Unmanaged.passRetained(Body(name: name, run: body))
+        var thread = pthread_t()
+        let code = pthread_create(&thread, &attributes, { raw in
+            let body = Unmanaged<Body>.fromOpaque(raw!).takeRetainedValue()
+            if let name = body.name { pthread_setname_np(pthread_self(), name) }
+            body.run()
+            return nil
+        }, context.toOpaque())
+        guard code != 0 else { return nil }
+        context.release()
+        return code
+    }
+
+    private final class Body {
+        let name: String?
+        let run: @Sendable () -> Void
+        init(name: String?, run: @escaping @Sendable () -> Void) { (self.name, self.run) = (name, run) }
+    }
+}
+
+/// A pthread mutex and its condition variable, used as Foundation's `NSCondition` was: `lock`,
+/// `wait` while a state is not reached, `signal` after changing it, `unlock`.
+final class Condition: @unchecked Sendable {
+    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    private let variable = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+
+    init() {
+        pthread_mutex_init(mutex, nil)
+        pthread_cond_init(variable, nil)
+    }
+
+    deinit {
+        pthread_cond_destroy(variable)
+        pthread_mutex_destroy(mutex)
+        variable.deallocate()
+        mutex.deallocate()
+    }
+
+    func lock() { pthread_mutex_lock(mutex) }
+    func unlock() { pthread_mutex_unlock(mutex) }
+    /// Unlocks, sleeps until signaled, locks again; the caller checks its state again (wake-ups may be spurious).
+    func wait() { pthread_cond_wait(variable, mutex) }
+    func signal() { pthread_cond_signal(variable) }
+}
