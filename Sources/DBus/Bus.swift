@@ -82,10 +82,25 @@ public final class Bus: @unchecked Sendable {
             var unique: UnsafePointer<CChar>?
             _ = sd_bus_creds_get_unique_name(creds, &unique)
             if sd_bus_creds_get_pid(creds, &pid) >= 0 { who = "pid \(pid)" }
-            if sd_bus_creds_get_comm(creds, &comm) >= 0, let comm { who += " (\(String(cString: comm)))" }
+            if sd_bus_creds_get_comm(creds, &comm) >= 0, let comm {
+                who += " (\(String(cString: comm)))"
+            } else if pid > 0, let command = Self.command(of: pid) {
+                who += " (\(command))"  // dbus-daemon tells the pid only; the kernel tells the rest
+            }
             if let unique { who += " as \(String(cString: unique))" }
         }
         return .ownedBy(who)
+    }
+
+    /// A process's command name (`/proc/PID/comm`, at most 15 bytes), nil when it cannot be read.
+    static func command(of pid: pid_t) -> String? {
+        let fd = open("/proc/\(pid)/comm", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var bytes = [UInt8](repeating: 0, count: 32)
+        let n = bytes.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress!, $0.count) }
+        guard n > 1 else { return nil }
+        return String(decoding: bytes[..<(n - 1)], as: UTF8.self)
     }
 
     /// Serves method calls on every path until `stop`, the name is lost, or the bus closes.

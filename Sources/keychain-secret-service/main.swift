@@ -129,6 +129,10 @@ provider.post = { bus.post($0) }
 do throws(DBusError) {
     switch try bus.request(name: SecretServiceProvider.busName, replace: replace) {
     case .owned: break
+    case .ownedBy(let owner) where replace:
+        // D-Bus replaces an owner only if it asked for the name with ALLOW_REPLACEMENT (we do; gnome-keyring does not).
+        fail("\(SecretServiceProvider.busName) is owned by \(owner), which does not allow another provider to replace it: "
+             + "stop it first (gnome-keyring: `keychainctl secret-service enable`, then log out and in)", code: 3)
     case .ownedBy(let owner):
         fail("\(SecretServiceProvider.busName) is owned by \(owner); stop it or pass --replace", code: 3)
     }
