@@ -83,7 +83,7 @@ let package = Package(
         // The seed's "sign in with Face ID" guide as code: where each token lives, the fallbacks.
         .target(name: "SignInFlow", dependencies: ["Keychain"]),
 
-        .executableTarget(name: "keychainctl-full", dependencies: ["Keychain", "SignInFlow", "KeychainCLIText", "KeychainWire"]),
+        .executableTarget(name: "keychainctl-full", dependencies: ["Keychain", "SignInFlow", "KeychainCLIText", "KeychainWire", "DBus"]),
         // Loads no Foundation, ICU, tpm2-tss, OpenSSL or SQLite: start-up is a static Swift runtime's.
         .executableTarget(name: "keychainctl", dependencies: ["KeychainWire", "KeychainCLIText"],
                           linkerSettings: [.unsafeFlags(["-static-stdlib"])]),
