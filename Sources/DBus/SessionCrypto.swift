@@ -81,6 +81,72 @@ public enum SessionCrypto {
         return (ourPublic, try hkdf(padded))
     }
 
+    /// A client's half of the session (we open a session with another provider): the private
+    /// exponent in locked memory, and the public key sent in `OpenSession`.
+    public struct ClientKey: Sendable {
+        let secret: SecureBytes
+        public let publicKey: [UInt8]
+    }
+
+    /// A new client key in RFC 2409's second Oakley group.
+    public static func clientKey() throws(DBusError) -> ClientKey {
+        guard let context = BN_CTX_new() else { throw .failed("libcrypto could not allocate a BN_CTX") }
+        defer { BN_CTX_free(context) }
+        guard let prime = Group.oakley1024.prime() else { throw .failed("libcrypto could not read the group's prime") }
+        defer { BN_free(prime) }
+        guard let generator = BN_new(), BN_set_word(generator, 2) == 1 else { throw .failed("libcrypto could not make the generator") }
+        defer { BN_free(generator) }
+        guard let secret = BN_secure_new() else { throw .failed("libcrypto could not allocate the private key") }
+        defer { BN_clear_free(secret) }
+        guard let range = BN_dup(prime), BN_sub_word(range, 3) == 1, BN_priv_rand_range(secret, range) == 1,
+              BN_add_word(secret, 2) == 1 else {
+            throw .failed("libcrypto could not draw a private key")
+        }
+        defer { BN_free(range) }
+        guard let ours = BN_new(), BN_mod_exp(ours, generator, secret, prime, context) == 1 else {
+            throw .failed("libcrypto could not compute the public key")
+        }
+        defer { BN_free(ours) }
+        var publicKey = [UInt8](repeating: 0, count: primeLength)
+        let kept = SecureBytes(count: primeLength)
+        guard BN_bn2binpad(ours, &publicKey, Int32(primeLength)) == Int32(primeLength),
+              kept.withUnsafeMutableBytes({ BN_bn2binpad(secret, $0.bindMemory(to: UInt8.self).baseAddress, Int32(primeLength)) }) == Int32(primeLength) else {
+            throw .failed("libcrypto failed")
+        }
+        return ClientKey(secret: kept, publicKey: publicKey)
+    }
+
+    /// The session's AES key from the provider's public key (its `OpenSession` output).
+    /// - Throws: `invalidArgs` for a public key outside 2…p−2.
+    public static func sessionKey(_ key: ClientKey, serverPublic: SecureBytes) throws(DBusError) -> SecureBytes {
+        guard serverPublic.count > 0, serverPublic.count <= primeLength else {
+            throw .invalidArgs("The provider's public key has \(serverPublic.count) bytes; expected 1 to \(primeLength)")
+        }
+        guard let context = BN_CTX_new() else { throw .failed("libcrypto could not allocate a BN_CTX") }
+        defer { BN_CTX_free(context) }
+        guard let prime = Group.oakley1024.prime() else { throw .failed("libcrypto could not read the group's prime") }
+        defer { BN_free(prime) }
+        guard let peer = serverPublic.withUnsafeBytes({ BN_bin2bn($0.bindMemory(to: UInt8.self).baseAddress, Int32($0.count), nil) }) else {
+            throw .failed("libcrypto could not read the public key")
+        }
+        defer { BN_free(peer) }
+        guard let limit = BN_dup(prime), BN_sub_word(limit, 1) == 1 else { throw .failed("libcrypto failed") }
+        defer { BN_free(limit) }
+        guard BN_is_zero(peer) == 0, BN_is_one(peer) == 0, BN_cmp(peer, limit) < 0 else {
+            throw .invalidArgs("The provider's public key is not in 2…p−2 of the Oakley group")
+        }
+        guard let secret = BN_secure_new() else { throw .failed("libcrypto could not allocate the private key") }
+        defer { BN_clear_free(secret) }
+        guard key.secret.withUnsafeBytes({ BN_bin2bn($0.bindMemory(to: UInt8.self).baseAddress, Int32($0.count), secret) }) != nil,
+              let shared = BN_secure_new() else { throw .failed("libcrypto could not read the private key") }
+        defer { BN_clear_free(shared) }
+        guard BN_mod_exp(shared, peer, secret, prime, context) == 1 else { throw .failed("libcrypto could not compute the shared secret") }
+        let padded = SecureBytes(count: primeLength)
+        let written = padded.withUnsafeMutableBytes { BN_bn2binpad(shared, $0.bindMemory(to: UInt8.self).baseAddress, Int32(primeLength)) }
+        guard written == Int32(primeLength) else { throw .failed("libcrypto failed") }
+        return try hkdf(padded)
+    }
+
     /// HKDF-SHA256 (RFC 5869) with no salt and empty info, 16 bytes out.
     package static func hkdf(_ input: SecureBytes) throws(DBusError) -> SecureBytes {
         guard let kdf = EVP_KDF_fetch(nil, "HKDF", nil) else { throw .failed("libcrypto has no HKDF") }
