@@ -25,13 +25,13 @@ extension SecretServiceProvider {
             }
             return value
         }
-        let client = try SessionCrypto.clientKey()
+        let client = try SessionCrypto.keyPair()
         let opened = try source.call(name, Self.base, Self.serviceInterface, "OpenSession",
                                      [.string("dh-ietf1024-sha256-aes128-cbc-pkcs7"), .variant(.bytes(SecureBytes(copying: client.publicKey)))])
         guard opened.count == 2, case .bytes(let serverPublic)? = opened[0].variantContent, case .objectPath(let session) = opened[1] else {
             throw .failed("The provider that owns \(name) opened no DH session")
         }
-        let key = try SessionCrypto.sessionKey(client, serverPublic: serverPublic)
+        let key = try SessionCrypto.sessionKey(client, peerPublic: serverPublic)
         defer { _ = try? source.call(name, session, Self.sessionInterface, "Close") }
 
         var report = ImportReport()
