@@ -132,22 +132,25 @@ provider.emit = { bus.emit($0) }
 provider.post = { bus.post($0) }
 
 if importing {
+    var refusal: String?
     do throws(DBusError) {
         let report = try provider.importItems(from: bus)
         print("keychain-secret-service: imported \(report.imported) items of \(report.collections) collections (\(where_)); "
               + "\(report.alreadyHere) were here already")
         if !report.leftLocked.isEmpty {
-            fail("left locked, nothing of them imported (their prompt was dismissed): \(report.leftLocked.joined(separator: ", "))", code: 3)
+            refusal = "left locked, nothing of them imported (their prompt was dismissed): \(report.leftLocked.joined(separator: ", "))"
         }
     } catch {
-        fail("import: \(error.message)", code: 3)
+        refusal = "import: \(error.message)"
     }
+    // What was written stays whole: the stores are closed (their WAL checkpointed) before the exit, either way.
     let closed = DispatchSemaphore(value: 0)
     Task.detached {
         await KeychainDevice.closeStores()
         closed.signal()
     }
     closed.wait()
+    if let refusal { fail(refusal, code: 3) }
     exit(0)
 }
 
