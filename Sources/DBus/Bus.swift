@@ -83,10 +83,25 @@ public final class Bus: @unchecked Sendable {
             var unique: UnsafePointer<CChar>?
             _ = sd_bus_creds_get_unique_name(creds, &unique)
             if sd_bus_creds_get_pid(creds, &pid) >= 0 { who = "pid \(pid)" }
-            if sd_bus_creds_get_comm(creds, &comm) >= 0, let comm { who += " (\(String(cString: comm)))" }
+            if sd_bus_creds_get_comm(creds, &comm) >= 0, let comm {
+                who += " (\(String(cString: comm)))"
+            } else if pid > 0, let command = Self.command(of: pid) {
+                who += " (\(command))"  // dbus-daemon tells the pid only; the kernel tells the rest
+            }
             if let unique { who += " as \(String(cString: unique))" }
         }
         return .ownedBy(who)
+    }
+
+    /// A process's command name (`/proc/PID/comm`, at most 15 bytes), nil when it cannot be read.
+    static func command(of pid: pid_t) -> String? {
+        let fd = open("/proc/\(pid)/comm", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var bytes = [UInt8](repeating: 0, count: 32)
+        let n = bytes.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress!, $0.count) }
+        guard n > 1 else { return nil }
+        return String(decoding: bytes[..<(n - 1)], as: UTF8.self)
     }
 
     /// Serves method calls on every path until `stop`, the name is lost, or the bus closes.
@@ -185,6 +200,34 @@ public final class Bus: @unchecked Sendable {
         defer { sd_bus_message_unref(reply) }
         _ = sd_bus_message_sensitive(reply)
         return try Self.read(reply)
+    }
+
+    /// Calls a method, then waits up to `timeout` for a signal on `path` (a prompt's `Completed`) and
+    /// returns its arguments (before `serve`: a client's connection).
+    /// - Throws: the callee's error, or `failed` when the signal did not come in time.
+    public func callAwaitingSignal(_ destination: String, _ path: String, _ interface: String, _ member: String,
+                                   _ arguments: [DBusValue], signal: (interface: String, member: String),
+                                   timeout: Duration) throws(DBusError) -> [DBusValue] {
+        final class Received { var arguments: [DBusValue]? }
+        let received = Received()
+        var slot: OpaquePointer?
+        guard sd_bus_match_signal(bus, &slot, destination, path, signal.interface, signal.member, { message, userdata, _ in
+            guard let message, let userdata else { return 0 }
+            Unmanaged<Received>.fromOpaque(userdata).takeUnretainedValue().arguments = (try? Bus.read(message)) ?? []
+            return 0
+        }, Unmanaged.passUnretained(received).toOpaque()) >= 0 else { throw .failed("sd_bus_match_signal failed") }
+        defer { sd_bus_slot_unref(slot) }
+        _ = try call(destination, path, interface, member, arguments, timeout: timeout)
+        let end = ContinuousClock.now + timeout
+        while received.arguments == nil {
+            let status = sd_bus_process(bus, nil)
+            guard status >= 0 else { throw .failed("The session bus failed: \(String(cString: strerror(-status)))") }
+            if status > 0 { continue }
+            let left = end - ContinuousClock.now
+            guard left > .zero else { throw .failed("No \(signal.member) from \(path) within \(timeout)") }
+            _ = sd_bus_wait(bus, UInt64(left.components.seconds) * 1_000_000 + UInt64(left.components.attoseconds / 1_000_000_000_000))
+        }
+        return received.arguments!
     }
 
     /// Stops `serve` after the current message.

@@ -39,29 +39,29 @@ public enum SessionCrypto {
     ///
     /// - Throws: `invalidArgs` for a public key outside 2…p−2 (0, 1 and p−1 give a known shared secret).
     public static func agree(clientPublic: SecureBytes, group: Group = .oakley1024) throws(DBusError) -> (ourPublic: [UInt8], key: SecureBytes) {
+        let ours = try keyPair(group)
+        return (ours.publicKey, try sessionKey(ours, peerPublic: clientPublic, group: group))
+    }
+
+    /// One side's half of a session: the private exponent in locked memory, and the public key sent
+    /// to the other side (a client's in `OpenSession`, when we open a session with another provider).
+    public struct KeyPair: Sendable {
+        let secret: SecureBytes
+        public let publicKey: [UInt8]
+    }
+
+    /// A new key pair in `group`: the private exponent uniform in 2…p−2.
+    public static func keyPair(_ group: Group = .oakley1024) throws(DBusError) -> KeyPair {
         let primeLength = group.length
-        guard clientPublic.count > 0, clientPublic.count <= primeLength else {
-            throw .invalidArgs("The session's public key has \(clientPublic.count) bytes; expected 1 to \(primeLength)")
-        }
         guard let context = BN_CTX_new() else { throw .failed("libcrypto could not allocate a BN_CTX") }
         defer { BN_CTX_free(context) }
         guard let prime = group.prime() else { throw .failed("libcrypto could not read the group's prime") }
         defer { BN_free(prime) }
         guard let generator = BN_new(), BN_set_word(generator, 2) == 1 else { throw .failed("libcrypto could not make the generator") }
         defer { BN_free(generator) }
-        let peer = clientPublic.withUnsafeBytes { BN_bin2bn($0.bindMemory(to: UInt8.self).baseAddress, Int32($0.count), nil) }
-        guard let peer else { throw .failed("libcrypto could not read the public key") }
-        defer { BN_free(peer) }
-        // 2 <= peer <= p - 2.
-        guard let limit = BN_dup(prime), BN_sub_word(limit, 1) == 1 else { throw .failed("libcrypto failed") }
-        defer { BN_free(limit) }
-        guard BN_cmp(peer, generator) >= 0, BN_cmp(peer, limit) < 0 else {
-            throw .invalidArgs("The session's public key is not in 2…p−2 of \(group.name)")
-        }
-        // The private exponent: uniform in 2…p−2, wiped when freed.
         guard let secret = BN_secure_new() else { throw .failed("libcrypto could not allocate the private key") }
         defer { BN_clear_free(secret) }
-        guard let range = BN_dup(limit), BN_sub_word(range, 2) == 1, BN_priv_rand_range(secret, range) == 1,
+        guard let range = BN_dup(prime), BN_sub_word(range, 3) == 1, BN_priv_rand_range(secret, range) == 1,
               BN_add_word(secret, 2) == 1 else {
             throw .failed("libcrypto could not draw a private key")
         }
@@ -70,15 +70,47 @@ public enum SessionCrypto {
             throw .failed("libcrypto could not compute the public key")
         }
         defer { BN_free(ours) }
-        guard let shared = BN_secure_new() else { throw .failed("libcrypto could not allocate the shared secret") }
+        var publicKey = [UInt8](repeating: 0, count: primeLength)
+        let kept = SecureBytes(count: primeLength)
+        guard BN_bn2binpad(ours, &publicKey, Int32(primeLength)) == Int32(primeLength),
+              kept.withUnsafeMutableBytes({ BN_bn2binpad(secret, $0.bindMemory(to: UInt8.self).baseAddress, Int32(primeLength)) }) == Int32(primeLength) else {
+            throw .failed("libcrypto failed")
+        }
+        return KeyPair(secret: kept, publicKey: publicKey)
+    }
+
+    /// The session's AES key from our key pair and the other side's public key: the shared secret
+    /// left-padded to the prime's length, through HKDF.
+    /// - Throws: `invalidArgs` for a public key outside 2…p−2 (0, 1 and p−1 give a known shared secret).
+    public static func sessionKey(_ ours: KeyPair, peerPublic: SecureBytes, group: Group = .oakley1024) throws(DBusError) -> SecureBytes {
+        let primeLength = group.length
+        guard peerPublic.count > 0, peerPublic.count <= primeLength else {
+            throw .invalidArgs("The session's public key has \(peerPublic.count) bytes; expected 1 to \(primeLength)")
+        }
+        guard let context = BN_CTX_new() else { throw .failed("libcrypto could not allocate a BN_CTX") }
+        defer { BN_CTX_free(context) }
+        guard let prime = group.prime() else { throw .failed("libcrypto could not read the group's prime") }
+        defer { BN_free(prime) }
+        guard let peer = peerPublic.withUnsafeBytes({ BN_bin2bn($0.bindMemory(to: UInt8.self).baseAddress, Int32($0.count), nil) }) else {
+            throw .failed("libcrypto could not read the public key")
+        }
+        defer { BN_free(peer) }
+        // 2 <= peer <= p - 2.
+        guard let limit = BN_dup(prime), BN_sub_word(limit, 1) == 1 else { throw .failed("libcrypto failed") }
+        defer { BN_free(limit) }
+        guard BN_is_zero(peer) == 0, BN_is_one(peer) == 0, BN_cmp(peer, limit) < 0 else {
+            throw .invalidArgs("The session's public key is not in 2…p−2 of \(group.name)")
+        }
+        guard let secret = BN_secure_new() else { throw .failed("libcrypto could not allocate the private key") }
+        defer { BN_clear_free(secret) }
+        guard ours.secret.withUnsafeBytes({ BN_bin2bn($0.bindMemory(to: UInt8.self).baseAddress, Int32($0.count), secret) }) != nil,
+              let shared = BN_secure_new() else { throw .failed("libcrypto could not read the private key") }
         defer { BN_clear_free(shared) }
         guard BN_mod_exp(shared, peer, secret, prime, context) == 1 else { throw .failed("libcrypto could not compute the shared secret") }
-        var ourPublic = [UInt8](repeating: 0, count: primeLength)
-        guard BN_bn2binpad(ours, &ourPublic, Int32(primeLength)) == Int32(primeLength) else { throw .failed("libcrypto failed") }
         let padded = SecureBytes(count: primeLength)
         let written = padded.withUnsafeMutableBytes { BN_bn2binpad(shared, $0.bindMemory(to: UInt8.self).baseAddress, Int32(primeLength)) }
         guard written == Int32(primeLength) else { throw .failed("libcrypto failed") }
-        return (ourPublic, try hkdf(padded))
+        return try hkdf(padded)
     }
 
     /// HKDF-SHA256 (RFC 5869) with no salt and empty info, 16 bytes out.

@@ -16,6 +16,9 @@ public final class SecretServiceProvider: @unchecked Sendable {
     static let aliasPrefix = base + "/aliases/"
     static let sessionPrefix = base + "/session/"
     static let promptPrefix = base + "/prompt/"
+    /// libsecret's `SECRET_COLLECTION_SESSION`: the alias of the in-memory `session` collection, kept
+    /// out of the registry (it names nothing stored, and nothing of it outlives the provider).
+    static let sessionAlias = "session"
     /// The provider's own records (the collections, their aliases, the attribute key) live under this service.
     static let metaService = "org.freedesktop.secrets"
     /// A collection's items live under `org.freedesktop.secrets/<name>`.
@@ -214,7 +217,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
         if path.hasPrefix(Self.collectionPrefix) || path.hasPrefix(Self.aliasPrefix) {
             let isAlias = path.hasPrefix(Self.aliasPrefix)
             let rest = path.dropFirst(isAlias ? Self.aliasPrefix.count : Self.collectionPrefix.count).split(separator: "/", omittingEmptySubsequences: false)
-            let name = isAlias ? registry.aliases[String(rest[0])] : String(rest[0])
+            let name = isAlias ? collectionName(alias: String(rest[0])) : String(rest[0])
             guard let name, let collection = collections[name], rest.count <= 2 else {
                 throw .noSuchObject("No collection at \(path)")
             }
@@ -236,7 +239,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
         case "/org": return .node(["freedesktop"])
         case "/org/freedesktop": return .node(["secrets"])
         case Self.base + "/collection": return .node(collections.keys.sorted())
-        case Self.base + "/aliases": return .node(registry.aliases.keys.sorted())
+        case Self.base + "/aliases": return .node(Set(registry.aliases.keys).union([Self.sessionAlias]).sorted())
         case Self.base + "/session": return .node(sessions.keys.map { String($0.dropFirst(Self.sessionPrefix.count)) }.sorted())
         case Self.base + "/prompt": return .node(prompts.keys.map { String($0.dropFirst(Self.promptPrefix.count)) }.sorted())
         default: throw .unknownObject("No object at \(path)")
@@ -373,11 +376,14 @@ public final class SecretServiceProvider: @unchecked Sendable {
             }
             return .init([.array(element: "{o(oayays)}", entries)], sensitive: true)
         case "ReadAlias":
-            guard let name = registry.aliases[a[0].string!], let collection = collections[name] else { return .init([.objectPath("/")]) }
+            guard let name = collectionName(alias: a[0].string!), let collection = collections[name] else { return .init([.objectPath("/")]) }
             return .init([.objectPath(collection.path)])
         case "SetAlias":
             let alias = a[0].string!
             guard Self.isPathElement(alias) else { throw .invalidArgs("An alias is letters, digits and _: got '\(alias)'") }
+            guard alias != Self.sessionAlias else {
+                throw .invalidArgs("The alias 'session' always names the in-memory session collection: it cannot be moved or removed")
+            }
             let target = a[1].string!
             if target == "/" {
                 registry.aliases[alias] = nil
@@ -395,7 +401,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     func createCollection(_ properties: DBusValue, alias: String) throws(DBusError) -> String {
         guard alias.isEmpty || Self.isPathElement(alias) else { throw .invalidArgs("An alias is letters, digits and _: got '\(alias)'") }
-        if !alias.isEmpty, let name = registry.aliases[alias], let existing = collections[name] { return existing.path }
+        if !alias.isEmpty, let name = collectionName(alias: alias), let existing = collections[name] { return existing.path }
         var label = ""
         var options = KeychainOptions(accessible: .afterFirstUnlock, accessControl: .none)
         for (name, value) in properties.entries! {
@@ -453,6 +459,11 @@ public final class SecretServiceProvider: @unchecked Sendable {
         emit(.init(path: Self.base, interface: Self.serviceInterface, member: "CollectionCreated", arguments: [.objectPath(path)]))
         propertiesChanged(Self.base, Self.serviceInterface, ["Collections"])
         return path
+    }
+
+    /// The collection an alias names: `session` the in-memory one, any other as the registry says.
+    func collectionName(alias: String) -> String? {
+        alias == Self.sessionAlias ? "session" : registry.aliases[alias]
     }
 
     func search(_ collection: Collection, _ query: [String: String]) -> [String] {

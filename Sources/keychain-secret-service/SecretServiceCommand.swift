@@ -9,7 +9,7 @@ import KeychainCLIText
 /// keychain-secret-service: the freedesktop Secret Service (org.freedesktop.secrets) on the caller's
 /// session bus, its collections stored in the keychain (docs/secret-service.md).
 let usage = """
-    usage: keychain-secret-service [--store DIR [--tcti CONF] | --socket PATH] [--prompter scripted:FILE] [--replace]
+    usage: keychain-secret-service [--store DIR [--tcti CONF] | --socket PATH] [--prompter scripted:FILE] [--replace | --import]
       --store DIR    the keychain store in this process (the embedded software TPM unless --tcti)
       --tcti CONF    the TPM for --store (device:/dev/tpmrm0, swtpm:host=…,port=…)
       --socket PATH  the user's items through keychaind at PATH
@@ -18,6 +18,8 @@ let usage = """
                      a line delay:SECONDS makes the next answer come that much later.
                      Without it, the system's prompters: the desktop's (gcr), then the password agents
       --replace      take org.freedesktop.secrets from the provider that owns it
+      --import       copy every item of the provider that owns org.freedesktop.secrets (gnome-keyring)
+                     into this keychain, its locked collections unlocked through its own prompt; then exit
     Without --store or --socket: the environment's keychain (KEYCHAIN_SOCKET, KEYCHAIN_STORE, KEYCHAIN_TCTI).
 
     """
@@ -34,6 +36,7 @@ var store: String?
 var tcti: String?
 var socket: String?
 var replace = false
+var importing = false
 var prompter: String?
 while let argument = arguments.popFirst() {
     func value() -> String {
@@ -45,6 +48,7 @@ while let argument = arguments.popFirst() {
     case "--tcti": tcti = value()
     case "--socket": socket = value()
     case "--replace": replace = true
+    case "--import": importing = true
     case "--prompter": prompter = value()
     case "--help", "-h":
         print(usage, terminator: "")
@@ -54,6 +58,7 @@ while let argument = arguments.popFirst() {
 }
 if socket != nil, store != nil || tcti != nil { fail("--socket and --store/--tcti are two different keychains: give one\n\(usage)", code: 2) }
 if tcti != nil, store == nil { fail("--tcti goes with --store\n\(usage)", code: 2) }
+if importing, replace { fail("--import copies from the provider that owns the name and exits: run it before --replace\n\(usage)", code: 2) }
 
 /// Scripted answers, each after its delay (a person taking their time, for tests).
 final class PacedAuthenticator: Authenticator {
@@ -130,9 +135,36 @@ do throws(DBusError) {
 provider.emit = { bus.emit($0) }
 provider.post = { bus.post($0) }
 
+if importing {
+    var refusal: String?
+    do throws(DBusError) {
+        let report = try provider.importItems(from: bus)
+        print("keychain-secret-service: imported \(report.imported) items of \(report.collections) collections (\(where_)); "
+              + "\(report.alreadyHere) were here already")
+        if !report.leftLocked.isEmpty {
+            refusal = "left locked, nothing of them imported (their prompt was dismissed): \(report.leftLocked.joined(separator: ", "))"
+        }
+    } catch {
+        refusal = "import: \(error.message)"
+    }
+    // What was written stays whole: the stores are closed (their WAL checkpointed) before the exit, either way.
+    let closed = DispatchSemaphore(value: 0)
+    Task.detached {
+        await KeychainDevice.closeStores()
+        closed.signal()
+    }
+    closed.wait()
+    if let refusal { fail(refusal, code: 3) }
+    exit(0)
+}
+
 do throws(DBusError) {
     switch try bus.request(name: SecretServiceProvider.busName, replace: replace) {
     case .owned: break
+    case .ownedBy(let owner) where replace:
+        // D-Bus replaces an owner only if it asked for the name with ALLOW_REPLACEMENT (we do; gnome-keyring does not).
+        fail("\(SecretServiceProvider.busName) is owned by \(owner), which does not allow another provider to replace it: "
+             + "stop it first (gnome-keyring: `keychainctl secret-service enable`, then log out and in)", code: 3)
     case .ownedBy(let owner):
         fail("\(SecretServiceProvider.busName) is owned by \(owner); stop it or pass --replace", code: 3)
     }

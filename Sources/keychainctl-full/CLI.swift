@@ -158,6 +158,11 @@ let usage = """
       credential get UNIT ID | credential ls UNIT | credential rm UNIT ID
       credential … --user          the same for a unit of your own user manager (systemctl --user), as any user
 
+    The Secret Service on a desktop with gnome-keyring (your session only; docs/secret-service.md):
+      secret-service enable        your session starts keychain-secret-service for org.freedesktop.secrets
+      secret-service disable       gnome-keyring again: removes exactly what enable wrote
+      secret-service status        enabled or not, and each file
+
     The fingerprint reader (simulated; its own directory, --reader DIR or KEYCHAIN_READER, 'none' for no reader):
       reader enroll NAME | reader remove NAME   the device passcode on stdin when one is set
       reader delete                             the reader and its TPM key (passcode on stdin when set)

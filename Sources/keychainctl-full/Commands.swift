@@ -192,6 +192,8 @@ struct Commands {
             return try await Demo().run()
         case "credential":
             return try await credential()
+        case "secret-service":
+            return try secretService()
         case nil:
             throw UsageError(message: "no command given")
         case let other?:
@@ -313,7 +315,7 @@ public enum KeychainctlFull {
             }
             let configuration = try inv.configuration()
             if configuration.daemonSocket == nil, case .embedded = configuration.tpm, inv.command.first != "demo",
-               inv.command.first != "biometry-types", inv.command.first != "seal-for",
+               inv.command.first != "biometry-types", inv.command.first != "seal-for", inv.command.first != "secret-service",
                !Commands.attestOnServer(inv.command) {
                 writeAll(2, "keychainctl: no TPM device or --tcti: using the embedded software TPM in \(escaped(configuration.storeDirectory))/swtpm (security level: software)\n")
             }

@@ -49,4 +49,21 @@ import Testing
         replacementRuns = false
         #expect(Processes.wait(replacement) == 0)
     }
+
+    /// gnome-keyring asks for the name without ALLOW_REPLACEMENT: `--replace` cannot take it, and says so.
+    @Test func replaceNamesAnOwnerThatDoesNotAllowReplacementAndExits3() throws {
+        let keyring = try GnomeKeyring(on: bus, password: "gk-login")
+        let other = bus.directory + "/other-store"
+        defer {
+            if let pid = (try? String(contentsOfFile: other + "/swtpm/swtpm.pid", encoding: .utf8)).flatMap({ pid_t($0.trimmingCharacters(in: .whitespacesAndNewlines)) }) {
+                kill(pid, SIGTERM)
+            }
+        }
+        let refused = try bus.run(PrivateBus.provider, ["--store", other, "--replace"])
+        #expect(refused.status == 3)
+        #expect(refused.stderr.contains("org.freedesktop.secrets is owned by pid \(keyring.pid) (gnome-keyring-d)"), "\(refused.stderr)")
+        #expect(refused.stderr.contains("does not allow another provider to replace it"), "\(refused.stderr)")
+        #expect(!refused.stderr.contains("pass --replace"), "\(refused.stderr)")
+        #expect(try bus.ownerPID() == keyring.pid, "gnome-keyring still owns the name")
+    }
 }

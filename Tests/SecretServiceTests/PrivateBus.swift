@@ -28,10 +28,13 @@ final class PrivateBus: @unchecked Sendable {
     ///   - display: a desktop for the provider's prompts: the bus activates gcr's prompter too, and
     ///     both run on this display.
     ///   - environment: more of the bus's environment, which the provider is started with.
+    ///   - standardServiceDirectories: activate from the session's directories (`XDG_DATA_HOME`,
+    ///     `XDG_DATA_DIRS` in `environment`: gnome-keyring's installed file among them), not our file's.
     ///   - answers: the provider's scripted prompter (`--prompter scripted:FILE`), one answer a line; the
     ///     file lives in the bus's directory and goes with it.
     init(tpm given: SoftwareTPM? = nil, user: uid_t? = nil, providerArguments: ((_ tcti: String, _ store: String) -> [String])? = nil,
-         display: TestDisplay? = nil, environment: [String: String] = [:], answers: String? = nil) throws {
+         display: TestDisplay? = nil, environment: [String: String] = [:], answers: String? = nil,
+         standardServiceDirectories: Bool = false) throws {
         _ = ignoreBrokenPipes
         tpm = try given ?? SoftwareTPM()
         self.user = user
@@ -47,8 +50,8 @@ final class PrivateBus: @unchecked Sendable {
         try FileManager.default.createDirectory(atPath: directory + "/services", withIntermediateDirectories: true)
         let socket = directory + "/socket"
         address = "unix:path=" + socket
-        let config = privateSessionBusConfiguration(listen: address, serviceDirectory: directory + "/services",
-                                                    maxMessageSize: 67_108_864)
+        let config = privateSessionBusConfiguration(listen: address, serviceDirectory: standardServiceDirectories ? nil : directory + "/services",
+                                                    standardServiceDirectories: standardServiceDirectories, maxMessageSize: 67_108_864)
         try config.write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
         var arguments = providerArguments?(tpm.tcti, store) ?? ["--store", store, "--tcti", tpm.tcti]
         var owned = [directory + "/services", directory + "/bus.conf", directory + "/services/org.freedesktop.secrets.service"]

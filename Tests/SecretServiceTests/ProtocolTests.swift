@@ -48,6 +48,17 @@ import SecureMemory
         #expect(ok.key.count == 16)
     }
 
+    /// The import's client half and the provider's half derive the same AES key (each group).
+    @Test func aClientKeyPairAndTheProviderAgreeOnTheSessionKey() throws {
+        for group: SessionCrypto.Group in [.oakley1024, .modp1536] {
+            let client = try SessionCrypto.keyPair(group)
+            let provider = try SessionCrypto.agree(clientPublic: SecureBytes(copying: client.publicKey), group: group)
+            let key = try SessionCrypto.sessionKey(client, peerPublic: SecureBytes(copying: provider.ourPublic), group: group)
+            #expect(key == provider.key)
+            #expect(throws: DBusError.invalidArgs("")) { try SessionCrypto.sessionKey(client, peerPublic: SecureBytes(copying: [1]), group: group) }
+        }
+    }
+
     @Test func sealedItemRoundTripsAndRefusesOtherBytes() throws {
         let item = SealedItem(label: "Läbel", contentType: "text/plain", attributes: ["a": "1", "xdg:schema": "org.example"],
                               secret: SecureBytes(copying: [0, 0, 7]))
