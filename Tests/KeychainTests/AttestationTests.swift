@@ -669,7 +669,7 @@ struct AttestationTests: TwoDeviceTest {
 
     /// The AK blob the store keeps (its TPM2B_PUBLIC, then its TPM2B_PRIVATE).
     func attestationKeyBlob(_ d: Device) throws -> TPMContext.SealedBlob {
-        let blob = try run("/usr/bin/sqlite3", [d.store + "/keychain.db", "SELECT lowerHex(value) FROM meta WHERE name = 'tpm.attestation-key'"])
+        let blob = try run("/usr/bin/sqlite3", [d.store + "/keychain.db", "SELECT hex(value) FROM meta WHERE name = 'tpm.attestation-key'"])
         let ak = hexBytes(String(decoding: blob.stdout, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines).lowercased())
         let publicCount = 2 + (Int(ak[0]) << 8 | Int(ak[1]))
         return .init(publicArea: Array(ak[..<publicCount]), privateArea: Array(ak[publicCount...]))
