@@ -16,7 +16,7 @@ func scriptedAuthenticator(_ inv: Invocation) throws(KeychainError) -> (any Auth
         return ScriptedAuthenticator([answer], attemptsPerRead: 1)
     }
     if inv.switches.contains("--passcode-stdin") {
-        guard let pin = try readLines(1).first else { return ScriptedAuthenticator([.cancel]) }
+        guard let pin = try readLines(["Passcode"]).first else { return ScriptedAuthenticator([.cancel]) }
         return ScriptedAuthenticator([.passcode(pin)], attemptsPerRead: 1)
     }
     // On a terminal: the library's prompt on the controlling terminal (the passcode without echo).

@@ -214,6 +214,12 @@ func readStdin(limit: Int = 1 << 16) throws(KeychainError) -> SecureBytes {
     return buffer.withUnsafeBytes { SecureBytes(copying: $0.prefix(length)) }
 }
 
+/// An item's value: stdin to EOF, byte for byte; on a terminal, asked for there (`TerminalInput.value`).
+func readValue(_ prompt: String) throws(KeychainError) -> SecureBytes {
+    TerminalInput.isTerminal ? try TerminalInput.value(prompt, limit: Keychain.maxValueLength)
+        : try readStdin(limit: Keychain.maxValueLength)
+}
+
 /// The first line of FILE (or of stdin for `-`): an authorization that never goes through argv,
 /// as tpm2-tools reads it (`hex:…` as `init` writes it, `str:…`, or the bytes).
 func readSecretFile(_ path: String) throws(KeychainError) -> SecureBytes {
@@ -222,7 +228,7 @@ func readSecretFile(_ path: String) throws(KeychainError) -> SecureBytes {
 
 private func readFirstLine(_ path: String) throws(KeychainError) -> SecureBytes {
     if path == "-" {
-        guard let line = try readLines(1).first else { throw KeychainError.invalidArgument("No authorization on stdin") }
+        guard let line = try readLines(["Owner authorization"]).first else { throw KeychainError.invalidArgument("No authorization on stdin") }
         return line
     }
     let fd = open(path, O_RDONLY | O_CLOEXEC)
@@ -238,8 +244,11 @@ private func readFirstLine(_ path: String) throws(KeychainError) -> SecureBytes 
     }
 }
 
-/// Splits stdin into lines (PINs), without the newline; at most `count` lines are used.
-func readLines(_ count: Int) throws(KeychainError) -> [SecureBytes] {
+/// PINs and passphrases, one per prompt: asked for on stdin's terminal (`TerminalInput`), or else
+/// stdin's lines without the newline, at most one per prompt.
+func readLines(_ prompts: [String]) throws(KeychainError) -> [SecureBytes] {
+    if TerminalInput.isTerminal { return try TerminalInput.lines(prompts) }
+    let count = prompts.count
     let all = try readStdin()
     return all.withUnsafeBytes { raw -> [SecureBytes] in
         var lines: [SecureBytes] = []

@@ -23,7 +23,7 @@ extension Commands {
         case ("set", 3):
             var call = SetItemOptions()
             if let a = inv.flags["--accessible"] { call.accessible = try Accessible(parsing: a) }
-            try await unit(args[1]).setItem(args[2], try readStdin(limit: Keychain.maxValueLength), options: call)
+            try await unit(args[1]).setItem(args[2], try readValue("Credential '\(escaped(args[2]))' of \(escaped(args[1]))"), options: call)
             if inv.json { printJSON(["stored": true]) }
         case ("get", 3):
             guard let value = try await unit(args[1]).getSecureBytes(args[2]) else { return notFound(Array(args.dropFirst())) }

@@ -138,6 +138,8 @@ struct FastCommand {
         case "ls": (op, operands) = (.allKeys, 1)
         case "clear": (op, operands) = (.clear, 1)
         case "set":
+            // A value typed at a terminal is asked for, without echo: the full tool's prompt.
+            guard isatty(0) == 0 else { return nil }
             (op, operands) = (.setItem, 2)
             allowed.formUnion(["--accessible", "--access-control", "--label"])
             switches.insert("--synchronizable")
