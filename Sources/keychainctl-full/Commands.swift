@@ -305,10 +305,13 @@ struct Commands {
 struct KeychainCtl {
     static func main() async {
         let code: Exit
+        var words: [String] = []
         do {
-            let inv = try Invocation(try strictArguments())
+            let args = try strictArguments()
+            words = commandWords(args)
+            let inv = try Invocation(args)
             if inv.switches.contains("--help") || inv.switches.contains("-h") || inv.command.first == "help" {
-                print(usage)
+                print(try Usage.help(inv.command.first == "help" ? Array(inv.command.dropFirst()) : inv.command))
                 exit(0)
             }
             let configuration = try inv.configuration()
@@ -322,7 +325,8 @@ struct KeychainCtl {
             // A script that asked for JSON reads stdout: the usage error is INVALID_ARGUMENT there (exit 2).
             code = report(KeychainError(.invalidArgument, error.message), json: true)
         } catch let error as UsageError {
-            FileHandle.standardError.write(Data("keychainctl: \(escaped(error.message))\n\n\(usage)\n".utf8))
+            // One line that says what was wrong, then that command's usage (not the whole page).
+            FileHandle.standardError.write(Data("keychainctl: \(escaped(error.message))\n\(Usage.afterError(words))\n".utf8))
             code = .usage
         } catch let error as KeychainError {
             code = report(error, json: CommandLine.arguments.contains("--json"))

@@ -1,0 +1,52 @@
+import Foundation
+import KeychainTestSupport
+import KeychainTestThreads
+import Testing
+
+/// keychainctl's usage as a person meets it (issue 37 item 6): help for one command, a usage error
+/// that fits on the screen, and options a command does not take refused.
+@Suite("keychainctl's usage", .offThePool)
+struct CLIUsageTests {
+    let ctl = buildDirectory.appendingPathComponent("keychainctl").path
+    /// A store that is never made and a TPM that is never reached: nothing here gets that far.
+    let place = ["--store", NSTemporaryDirectory() + "usage-" + UUID().uuidString, "--tcti", "swtpm:host=127.0.0.1,port=1"]
+
+    func cli(_ args: [String]) throws -> (status: Int32, stdout: String, stderr: String) {
+        let result = try run(ctl, place + args)
+        return (result.status, String(decoding: result.stdout, as: UTF8.self), result.stderr)
+    }
+
+    @Test func helpForACommandPrintsThatCommandsUsageOnly() throws {
+        let page = try cli(["help"])
+        #expect(page.status == 0 && page.stdout.contains("attest challenge REQUEST") && page.stdout.contains("set SERVICE KEY"))
+        let help = try cli(["help", "set"]), flag = try cli(["set", "--help"])
+        #expect(help.status == 0 && flag.status == 0 && help.stdout == flag.stdout)
+        #expect(help.stdout.contains("set SERVICE KEY [--accessible A]") && !help.stdout.contains("attest"), "\(help.stdout)")
+        #expect(help.stdout.split(separator: "\n").count < 12, "\(help.stdout)")
+        let credential = try cli(["credential", "--help"])
+        for line in ["credential set UNIT ID", "credential get UNIT ID", "credential ls", "credential rm UNIT ID"] {
+            #expect(credential.stdout.contains(line), "\(credential.stdout)")
+        }
+        #expect(!credential.stdout.contains("set SERVICE KEY"), "\(credential.stdout)")
+        let sub = try cli(["attest", "verify", "--help"])
+        #expect(sub.stdout.contains("attest verify ANSWER") && !sub.stdout.contains("attest challenge"), "\(sub.stdout)")
+        let unknown = try cli(["help", "frobnicate"])
+        #expect(unknown.status == 2 && unknown.stderr.hasPrefix("keychainctl: unknown command 'frobnicate'\n"), "\(unknown.stderr)")
+    }
+
+    @Test func aUsageErrorIsOneLineAndTheCommandsUsage() throws {
+        let wrong = try cli(["set", "only-a-service"])
+        #expect(wrong.status == 2)
+        let lines = wrong.stderr.split(separator: "\n", omittingEmptySubsequences: false)
+        #expect(lines.first == "keychainctl: set takes SERVICE KEY", "\(wrong.stderr)")
+        #expect(wrong.stderr.contains("set SERVICE KEY [--accessible A]") && !wrong.stderr.contains("attest"), "\(wrong.stderr)")
+        #expect(lines.count < 12, "\(wrong.stderr)")
+        let option = try cli(["ls", "svc", "--frobnicate"])
+        #expect(option.status == 2 && option.stderr.hasPrefix("keychainctl: unknown option --frobnicate"), "\(option.stderr)")
+        #expect(option.stderr.contains("  ls SERVICE") && !option.stderr.contains("attest"), "\(option.stderr)")
+        // --json: the error on stdout as JSON, as before.
+        let json = try cli(["--json", "set", "only-a-service"])
+        #expect(json.status == 2 && json.stderr.isEmpty, "\(json.stderr)")
+        #expect(json.stdout == "{\"error\":{\"code\":\"INVALID_ARGUMENT\",\"message\":\"set takes SERVICE KEY\"}}\n", "\(json.stdout)")
+    }
+}
