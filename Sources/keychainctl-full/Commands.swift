@@ -320,6 +320,7 @@ struct KeychainCtl {
                !Commands.attestOnServer(inv.command) {
                 FileHandle.standardError.write(Data("keychainctl: no TPM device or --tcti: using the embedded software TPM in \(escaped(configuration.storeDirectory))/swtpm (security level: software)\n".utf8))
             }
+            try Usage.checkOptions(inv)
             code = try await Commands(inv: inv, configuration: configuration).run()
         } catch let error as UsageError where CommandLine.arguments.contains("--json") {
             // A script that asked for JSON reads stdout: the usage error is INVALID_ARGUMENT there (exit 2).

@@ -101,6 +101,18 @@ enum Usage {
             + notes.map { $0 + "\n" }.joined() + "keychainctl help: every command, the global options and the environment."
     }
 
+    /// Refuses an option the command does not take (`attest challenge --ek-ca CA`): before, it was
+    /// accepted and ignored. Unknown commands are left to the command's own error.
+    static func checkOptions(_ inv: Invocation) throws(UsageError) {
+        let found = entries(inv.command)
+        guard !found.isEmpty else { return }
+        let allowed = found.reduce(globalOptions) { $0.union($1.options) }
+        let given = Set(inv.flags.keys).union(inv.switches)
+        guard let stray = given.subtracting(allowed).sorted().first else { return }
+        let name = (found.count == 1 ? found[0].words : Array(inv.command.prefix(1))).joined(separator: " ")
+        throw UsageError(message: "\(name) does not take \(stray)")
+    }
+
     // MARK: The commands
 
     static let device: [CommandUsage] = [

@@ -49,4 +49,23 @@ struct CLIUsageTests {
         #expect(json.status == 2 && json.stderr.isEmpty, "\(json.stderr)")
         #expect(json.stdout == "{\"error\":{\"code\":\"INVALID_ARGUMENT\",\"message\":\"set takes SERVICE KEY\"}}\n", "\(json.stdout)")
     }
+
+    @Test func anOptionTheCommandDoesNotTakeIsRefused() throws {
+        let state = NSTemporaryDirectory() + "usage-state-" + UUID().uuidString
+        defer { unlink(state) }
+        let challenge = try cli(["attest", "challenge", "/nonexistent-request", "--state", state, "--ek-ca", "/ca.pem"])
+        #expect(challenge.status == 2 && challenge.stderr.hasPrefix("keychainctl: attest challenge does not take --ek-ca\n"),
+                "\(challenge.stderr)")
+        #expect(challenge.stderr.contains("attest challenge REQUEST --state FILE"), "\(challenge.stderr)")
+        // attest verify takes it: its refusal is about the answer file, not the option.
+        let verify = try cli(["attest", "verify", "/nonexistent-answer", "--state", state, "--ek-ca", "/ca.pem"])
+        #expect(!verify.stderr.contains("does not take"), "\(verify.stderr)")
+        for (args, option) in [(["ls", "svc", "--label", "L"], "--label"), (["get", "svc", "k", "--synchronizable"], "--synchronizable"),
+                               (["status", "--passcode-stdin"], "--passcode-stdin"), (["unlock", "--touch", "thumb"], "--touch")] {
+            let refused = try cli(args)
+            #expect(refused.status == 2 && refused.stderr.contains("does not take \(option)"), "\(args): \(refused.stderr)")
+        }
+        let json = try cli(["--json", "attest", "challenge", "/r", "--state", state, "--ek-ca", "/ca.pem"])
+        #expect(json.stdout.contains("\"code\":\"INVALID_ARGUMENT\"") && json.stdout.contains("does not take --ek-ca"), "\(json.stdout)")
+    }
 }
