@@ -21,6 +21,8 @@ extension Commands {
         }
         switch (args.first, args.count) {
         case ("set", 3):
+            try SystemdCredentials.checkUnitName(args[1])
+            try SystemdCredentials.checkCredentialName(args[2])
             var call = SetItemOptions()
             if let a = inv.flags["--accessible"] { call.accessible = try Accessible(parsing: a) }
             try await unit(args[1]).setItem(args[2], try readValue("Credential '\(escaped(args[2]))' of \(escaped(args[1]))"), options: call)
@@ -32,6 +34,8 @@ extension Commands {
             let ids = try await unit(args[1]).getAllKeys()
             if inv.json { printJSON(ids) } else { ids.forEach { print(escaped($0)) } }
         case ("rm", 3):
+            try SystemdCredentials.checkUnitName(args[1])
+            try SystemdCredentials.checkCredentialName(args[2])
             let store = try unit(args[1])
             let present = try await store.hasItem(args[2])
             try await store.removeItem(args[2])
