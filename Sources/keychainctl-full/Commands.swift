@@ -18,7 +18,7 @@ struct Commands {
         if let group = inv.flags["--access-group"] { options.accessGroup = group }
         var configuration = configuration
         if inv.command.first == "get" {
-            configuration.authenticator = try scriptedAuthenticator(inv)
+            if let scripted = try scriptedAuthenticator(inv) { configuration.authenticator = scripted }
             // The read window of the seed's authValidity: a TPM ticket kept in the store for N seconds.
             if let v = inv.flags["--auth-validity"] {
                 guard let n = Int(v) else { throw KeychainError.invalidArgument("Invalid authValidity: expected a whole number of seconds, got '\(v)'") }

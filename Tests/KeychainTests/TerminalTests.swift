@@ -83,3 +83,63 @@ struct TerminalTests {
         #expect(asked.shown.contains(" echo ") && !asked.shown.contains(" -echo "), "echo left off: \(asked.shown)")
     }
 }
+
+/// `get` asks through the prompts `can-use` counts (issue 37 item 6): with no terminal, a password
+/// agent's directory makes a passcode item available, and `get` then asks there, directly and
+/// through keychaind's front.
+@Suite("get and can-use agree", .offThePool)
+struct PromptAgreementTests {
+    let ctl = buildDirectory.appendingPathComponent("keychainctl").path
+
+    /// Runs `get` in the background with no terminal and answers the ask-password file it writes in
+    /// `runtime`/systemd/ask-password with the passcode, as a password agent does.
+    static let answeringScript = """
+        "$K" "$@" get svc k < /dev/null > "$R/out" 2> "$R/err" &
+        pid=$!
+        python3 -c '
+        import configparser, os, socket, sys, time
+        d = sys.argv[1]
+        for _ in range(300):
+            asks = [f for f in os.listdir(d) if f.startswith("ask.")]
+            if asks: break
+            time.sleep(0.1)
+        else: sys.exit(0)
+        c = configparser.ConfigParser(); c.read(os.path.join(d, asks[0]))
+        socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"+2468", c["Ask"]["Socket"])
+        ' "$R/systemd/ask-password"
+        wait $pid
+        """
+
+    @Test func getAsksThePasswordAgentsCanUseCounts() throws {
+        let tpm = try SoftwareTPM()
+        let runtime = tpm.directory + "/runtime"
+        try FileManager.default.createDirectory(atPath: runtime + "/systemd/ask-password", withIntermediateDirectories: true)
+        let noDesktop = ["XDG_RUNTIME_DIR": runtime, "DISPLAY": "", "WAYLAND_DISPLAY": "", "DBUS_SESSION_BUS_ADDRESS": ""]
+        let direct = ["--store", tpm.directory + "/store", "--tcti", tpm.tcti, "--reader", "none"]
+        #expect(try run(ctl, direct + ["passcode", "set"], input: Array("2468\n".utf8)).status == 0)
+        #expect(try run(ctl, direct + ["set", "svc", "k", "--access-control", "passcode"], input: Array("v".utf8)).status == 0)
+        let canUse = try run(ctl, direct + ["can-use", "passcode"], environment: noDesktop)
+        #expect(String(decoding: canUse.stdout, as: UTF8.self) == "available: true\n", "\(canUse.stderr)")
+        func answered(_ args: [String], _ environment: [String: String]) throws -> (status: Int32, out: String, err: String) {
+            let result = try run("/bin/sh", ["-c", Self.answeringScript, "sh"] + args,
+                                 environment: noDesktop.merging(environment) { $1 }.merging(["K": ctl, "R": runtime]) { $1 })
+            let out = (try? String(contentsOfFile: runtime + "/out", encoding: .utf8)) ?? ""
+            let err = (try? String(contentsOfFile: runtime + "/err", encoding: .utf8)) ?? ""
+            return (result.status, out, err)
+        }
+        let got = try answered(direct, [:])
+        #expect(got.status == 0 && got.out == "v", "\(got.err)")
+        // Through keychaind's front, which hands the prompt to the full tool.
+        let daemon = try KeychainDaemon(tpm: tpm, store: tpm.directory + "/store")
+        #expect(try run(ctl, ["set", "svc", "k", "--access-control", "passcode"], input: Array("v".utf8),
+                        environment: daemon.environment).status == 0)  // the caller's own items, through keychaind
+        let front = try answered([], daemon.environment)
+        #expect(front.status == 0 && front.out == "v", "\(front.status) \(front.out) \(front.err)")
+        // With no agent either, both say no.
+        try FileManager.default.removeItem(atPath: runtime + "/systemd/ask-password")
+        let none = try run(ctl, direct + ["can-use", "passcode"], environment: noDesktop)
+        #expect(String(decoding: none.stdout, as: UTF8.self).hasPrefix("available: false"), "\(none.stderr)")
+        let refused = try run(ctl, direct + ["get", "svc", "k"], environment: noDesktop)
+        #expect(refused.status == 3 && refused.stderr.contains("INTERACTION_NOT_ALLOWED"), "\(refused.stderr)")
+    }
+}
