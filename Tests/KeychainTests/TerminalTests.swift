@@ -76,6 +76,24 @@ struct TerminalTests {
         #expect(try run(ctl, ["get", "svc", "piped"], environment: daemon.environment).stdout == Array("v\n".utf8))
     }
 
+    @Test func aWrongPasscodeSaysHowManyTriesAreLeft() throws {
+        #expect(try cli(["passcode", "set"], input: Array("2468\n".utf8)).status == 0)
+        for left in ["9 tries left", "8 tries left"] {
+            let wrong = try cli(["unlock"], input: Array("1111\n".utf8))
+            #expect(wrong.status == 3 && wrong.stderr.contains("AUTHENTICATION_FAILED") && wrong.stderr.contains(left), "\(wrong.stderr)")
+        }
+        #expect(try cli(["unlock"], input: Array("2468\n".utf8)).status == 0)
+        // The TPM zeroes its count at a passcode it accepts, and so does the message.
+        let again = try cli(["--json", "unlock"], input: Array("1111\n".utf8))
+        #expect(String(decoding: again.stdout, as: UTF8.self).contains("9 tries left"), "\(again.stderr)")
+        #expect(try cli(["unlock"], input: Array("2468\n".utf8)).status == 0)
+        // Through keychaind, whose store counts too.
+        let daemon = try KeychainDaemon(tpm: tpm)
+        let through = try run(ctl, ["unlock"], input: Array("1111\n".utf8), environment: daemon.environment)
+        #expect(through.status == 3 && through.stderr.contains("AUTHENTICATION_FAILED") && through.stderr.contains("9 tries left"),
+                "\(through.stderr)")
+    }
+
     @Test func echoComesBackWhenCtrlCEndsThePrompt() throws {
         // The shell survives the ^C (a handler, which exec resets for keychainctl) and asks the terminal.
         let asked = try typing("\u{03}", after: "Passcode", "trap : INT; " + command("unlock") + "; echo \"status $?\"; stty -a")
