@@ -87,6 +87,12 @@ struct TerminalTests {
         let again = try cli(["--json", "unlock"], input: Array("1111\n".utf8))
         #expect(String(decoding: again.stdout, as: UTF8.self).contains("9 tries left"), "\(again.stderr)")
         #expect(try cli(["unlock"], input: Array("2468\n".utf8)).status == 0)
+        // passcode change and remove count alike.
+        let change = try cli(["passcode", "change"], input: Array("1111\n1357\n".utf8))
+        #expect(change.status == 3 && change.stderr.contains("Wrong passcode") && change.stderr.contains("9 tries left"), "\(change.stderr)")
+        let remove = try cli(["passcode", "remove"], input: Array("1111\n".utf8))
+        #expect(remove.status == 3 && remove.stderr.contains("Wrong passcode") && remove.stderr.contains("8 tries left"), "\(remove.stderr)")
+        #expect(try cli(["unlock"], input: Array("2468\n".utf8)).status == 0)
         // Through keychaind, whose store counts too.
         let daemon = try KeychainDaemon(tpm: tpm)
         let through = try run(ctl, ["unlock"], input: Array("1111\n".utf8), environment: daemon.environment)

@@ -57,15 +57,17 @@ extension Engine {
     /// (KEY_INVALIDATED at their next read). The enrolled fingers of `readerDirectory` go after the
     /// TPM's part; a kill between the two leaves them enrolled over items that are dead already.
     func setPasscode(old: SecureBytes?, new: SecureBytes?, readerDirectory: String? = nil) throws(KeychainError) {
-        try withKeyring { keyring throws(KeychainError) in
-            let isSet = try keyring.passcodeIsSet()
-            if old == nil && isSet {
-                throw KeychainError(.invalidArgument, "A passcode is already set: change it with the current one (keychainctl passcode change)")
+        try countingWrongPasscodes { () throws(KeychainError) in
+            try withKeyring { keyring throws(KeychainError) in
+                let isSet = try keyring.passcodeIsSet()
+                if old == nil && isSet {
+                    throw KeychainError(.invalidArgument, "A passcode is already set: change it with the current one (keychainctl passcode change)")
+                }
+                if old != nil && !isSet { throw passcodeNotSet() }
+                try keyring.changePasscode(from: old, to: new)
+                // Whoever just proved the passcode is at the device: it is unlocked, as after a passcode change on iOS.
+                try keyring.unlock(passcode: new)
             }
-            if old != nil && !isSet { throw passcodeNotSet() }
-            try keyring.changePasscode(from: old, to: new)
-            // Whoever just proved the passcode is at the device: it is unlocked, as after a passcode change on iOS.
-            try keyring.unlock(passcode: new)
         }
         guard old != nil, new == nil else { return }
         // No secret of an access-controlled item outlives the passcode in this process (authValidity windows).
