@@ -33,6 +33,13 @@ extension Commands {
         case ("ls", 2):
             let ids = try await unit(args[1]).getAllKeys()
             if inv.json { printJSON(ids) } else { ids.forEach { print(escaped($0)) } }
+        case ("ls", 1):
+            // Every unit's IDs (never a value); the storage's own service is not used.
+            var all: [String: [String]] = [:]
+            for name in try await unit("every.service").allServicesOfScope() { all[name] = try await unit(name).getAllKeys() }
+            if inv.json { printJSON(all) } else {
+                for name in all.keys.sorted() { all[name]!.forEach { print("\(escaped(name)) \(escaped($0))") } }
+            }
         case ("rm", 3):
             try SystemdCredentials.checkUnitName(args[1])
             try SystemdCredentials.checkCredentialName(args[2])
@@ -42,7 +49,7 @@ extension Commands {
             if inv.json { printJSON(["removed": present]) }
             return present ? .ok : .notFound
         default:
-            throw UsageError(message: "credential takes: set UNIT ID [--accessible A] (the value on stdin), get UNIT ID, ls UNIT, rm UNIT ID; "
+            throw UsageError(message: "credential takes: set UNIT ID [--accessible A] (the value on stdin), get UNIT ID, ls [UNIT], rm UNIT ID; "
                              + "--user for a unit of your own user manager (systemctl --user)")
         }
         return .ok

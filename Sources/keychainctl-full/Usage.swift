@@ -295,7 +295,7 @@ enum Usage {
               credential get UNIT ID [--user]
             """),
         CommandUsage("credential ls", ["--user"], """
-              credential ls UNIT [--user]
+              credential ls [UNIT] [--user]   the IDs of UNIT, or of every unit (UNIT ID per line); never values
             """),
         CommandUsage("credential rm", ["--user"], """
               credential rm UNIT ID [--user]

@@ -9,6 +9,29 @@ import Testing
 struct CredentialNameTests {
     let ctl = buildDirectory.appendingPathComponent("keychainctl").path
 
+    /// `credential ls` with no unit: every unit's IDs, one `UNIT ID` per line, never a value; for
+    /// administrators only, and a user's own with --user.
+    @Test func lsWithNoUnitListsEveryUnitsCredentials() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm)
+        for (unit, id) in [("web.service", "tls-key"), ("db.service", "password"), ("db.service", "replica"), ("getty@tty1.service", "pin")] {
+            #expect(try run(ctl, ["credential", "set", unit, id], input: Array("secret-\(id)".utf8), environment: daemon.environment).status == 0)
+        }
+        #expect(try run(ctl, ["set", "svc", "k"], input: Array("v".utf8), environment: daemon.environment).status == 0)  // not a credential
+        let listed = try run(ctl, ["credential", "ls"], environment: daemon.environment)
+        let text = String(decoding: listed.stdout, as: UTF8.self)
+        #expect(listed.status == 0 && text == "db.service password\ndb.service replica\ngetty@tty1.service pin\nweb.service tls-key\n",
+                "\(text) \(listed.stderr)")
+        #expect(!text.contains("secret"))
+        let json = try run(ctl, ["--json", "credential", "ls"], environment: daemon.environment)
+        #expect(String(decoding: json.stdout, as: UTF8.self)
+                == "{\"db.service\":[\"password\",\"replica\"],\"getty@tty1.service\":[\"pin\"],\"web.service\":[\"tls-key\"]}\n")
+        // Not an administrator: refused, as every credential command is.
+        let nobody = try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", ctl, "credential", "ls"],
+                             environment: daemon.environment)
+        #expect(nobody.status == 3 && nobody.stderr.contains("ACCESS_DENIED"), "\(nobody.stderr)")
+    }
+
     @Test func unitNamesAndIDsSystemdWouldRefuseAreRefused() throws {
         let tpm = try SoftwareTPM()
         let daemon = try KeychainDaemon(tpm: tpm)
