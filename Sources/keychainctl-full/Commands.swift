@@ -310,6 +310,8 @@ struct KeychainCtl {
             let args = try strictArguments()
             words = commandWords(args)
             let inv = try Invocation(args)
+            // An option the command does not take is refused first, with --help too (it names the command).
+            try Usage.checkOptions(inv)
             if inv.switches.contains("--help") || inv.switches.contains("-h") || inv.command.first == "help" {
                 print(try Usage.help(inv.command.first == "help" ? Array(inv.command.dropFirst()) : inv.command))
                 exit(0)
@@ -320,7 +322,6 @@ struct KeychainCtl {
                !Commands.attestOnServer(inv.command) {
                 FileHandle.standardError.write(Data("keychainctl: no TPM device or --tcti: using the embedded software TPM in \(escaped(configuration.storeDirectory))/swtpm (security level: software)\n".utf8))
             }
-            try Usage.checkOptions(inv)
             code = try await Commands(inv: inv, configuration: configuration).run()
         } catch let error as UsageError where CommandLine.arguments.contains("--json") {
             // A script that asked for JSON reads stdout: the usage error is INVALID_ARGUMENT there (exit 2).

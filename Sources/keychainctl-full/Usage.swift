@@ -266,7 +266,7 @@ enum Usage {
         CommandUsage("import", ["--passcode-stdin"], """
               import BUNDLE [--passcode-stdin]   TPM2_Import of a bundle sealed to this device; the item becomes an
                                            ordinary item of its service (the caller's, through keychaind), or the
-                                           systemd credential it was sealed as; never an older --version than installed
+                                           systemd credential it was sealed as; never a version older than the one installed
                                            (identity and import through keychaind: root or the access group admin only)
             """),
         CommandUsage("backup", ["--passphrase-stdin", "--to", "--ek-ca", "--parent", "--unattested-srk", "--service", "--out", "--cost",
@@ -282,7 +282,7 @@ enum Usage {
         CommandUsage("restore", ["--passphrase-stdin", "--passcode-stdin"], """
               restore FILE [--passphrase-stdin] [--passcode-stdin]   items come back with their protection, label
                                            and dates; an item that exists or whose protection this device cannot
-                                           give is skipped; a backup made --to this device needs no passphrase, and
+                                           give is skipped; a backup sealed to this device's TPM needs no passphrase, and
                                            this device's passcode (next line) when it holds passcode items
             """),
     ]

@@ -57,6 +57,8 @@ struct CLIUsageTests {
         #expect(challenge.status == 2 && challenge.stderr.hasPrefix("keychainctl: attest challenge does not take --ek-ca\n"),
                 "\(challenge.stderr)")
         #expect(challenge.stderr.contains("attest challenge REQUEST --state FILE"), "\(challenge.stderr)")
+        let withHelp = try cli(["attest", "challenge", "--ek-ca", "/ca.pem", "--help"])
+        #expect(withHelp.status == 2 && withHelp.stderr.hasPrefix("keychainctl: attest challenge does not take --ek-ca\n"))
         // attest verify takes it: its refusal is about the answer file, not the option.
         let verify = try cli(["attest", "verify", "/nonexistent-answer", "--state", state, "--ek-ca", "/ca.pem"])
         #expect(!verify.stderr.contains("does not take"), "\(verify.stderr)")
@@ -67,5 +69,50 @@ struct CLIUsageTests {
         }
         let json = try cli(["--json", "attest", "challenge", "/r", "--state", state, "--ek-ca", "/ca.pem"])
         #expect(json.stdout.contains("\"code\":\"INVALID_ARGUMENT\"") && json.stdout.contains("does not take --ek-ca"), "\(json.stdout)")
+    }
+
+    /// The bash completion offers every command and subcommand of the usage page, and for each the
+    /// options its usage names, each one the command takes.
+    @Test func theBashCompletionMatchesTheUsage() throws {
+        let completion = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("dist/bash-completion/keychainctl").path
+        /// What the completion offers after `words` (the word being completed empty, or `--`).
+        func offered(_ words: [String]) throws -> Set<String> {
+            let line = (["keychainctl"] + words).map { "'\($0)'" }.joined(separator: " ")
+            let script = "source '\(completion)'; COMP_WORDS=(\(line)); COMP_CWORD=\(words.count); _keychainctl; printf '%s\\n' \"${COMPREPLY[@]}\""
+            let result = try run("/bin/bash", ["-O", "extglob", "-c", script])
+            return Set(String(decoding: result.stdout, as: UTF8.self).split(separator: "\n").map(String.init))
+        }
+        let page = try cli(["help"]).stdout
+        // The entries: lines of two spaces then a command word (the page's own indentation), up to
+        // the two spaces before their description.
+        let entries = page.split(separator: "\n").filter { $0.hasPrefix("  ") && !$0.hasPrefix("   ") && $0.dropFirst(2).first?.isLowercase == true }
+            .map { String($0.dropFirst(2)).components(separatedBy: "  ")[0].split(separator: " ").map(String.init) }
+        let commands = try offered([""])
+        #expect(entries.count > 30)
+        for words in entries {
+            #expect(commands.contains(words[0]), "the completion does not offer \(words[0])")
+            let sub = words.count > 1 && words[1].first?.isLowercase == true && !words[1].contains("|") ? [words[1]] : []
+            if !sub.isEmpty { #expect(try offered([words[0], ""]).contains(sub[0]), "no \(words[0]) \(sub[0]) in the completion") }
+            // The options its own lines name (not the section's note, which speaks of other commands);
+            // a command word alone whose help is several subcommands' (boot-state) is checked by those.
+            let lines = try cli(["help"] + [words[0]] + sub).stdout.split(separator: "\n").filter { $0.hasPrefix("  ") }
+            if sub.isEmpty && lines.filter({ $0.hasPrefix("  \(words[0]) ") }).count > 1 { continue }
+            let usage = lines.joined(separator: " ")
+            let named = Set(usage.split(whereSeparator: { " []|()=…,.;:".contains($0) }).map(String.init)
+                .filter { $0.hasPrefix("--") && $0.count > 2 && $0 != "--help" && !$0.hasPrefix("--…") })
+            let options = try offered([words[0]] + sub + ["--"])
+            for option in named where words[0] != "help" {
+                #expect(options.contains(option), "\((words + []).prefix(2)): the completion does not offer \(option)")
+            }
+            // Each option offered is one the command takes: with --help nothing runs, and an option it
+            // does not take is still refused (a value given as --name=x, a switch alone).
+            let global: Set<String> = ["--store", "--tcti", "--json", "--direct", "--reader", "--pcrs", "--pkcs11-uri", "--owner-auth-file", "--help"]
+            for option in options.subtracting(global) {
+                var taken = try cli([words[0]] + sub + [option + "=x", "--help"])
+                if taken.stderr.contains("takes no value") { taken = try cli([words[0]] + sub + [option, "--help"]) }
+                #expect(taken.status == 0 && !taken.stderr.contains("does not take"), "\(words.prefix(2)): the completion offers \(option), refused")
+            }
+        }
     }
 }
