@@ -32,7 +32,10 @@ enum TerminalInput {
     static func value(_ prompt: String, limit: Int) throws(KeychainError) -> SecureBytes {
         try withEchoOff { () throws(KeychainError) in
             show(prompt + " (not shown; Enter then Ctrl-D to end): ")
-            let all = try readStdin(limit: limit + 1)
+            // One byte more than the value may hold: the Enter that is not part of it.
+            guard let all = try? readStdin(limit: limit + 1) else {
+                throw KeychainError.invalidArgument("The value typed is longer than the \(limit) bytes allowed here")
+            }
             return all.withUnsafeBytes { raw in
                 var end = raw.count
                 if end > 0, raw[end - 1] == UInt8(ascii: "\n") { end -= 1 }
