@@ -500,6 +500,12 @@ actor Engine {
         return try read { try store.keys(service: service) }
     }
 
+    /// The services whose store names begin with `prefix` (a scope's), without it, sorted.
+    func services(prefix: String) throws(KeychainError) -> [String] {
+        let store = try store()
+        return try read { try store.services() }.filter { $0.hasPrefix(prefix) }.map { String($0.dropFirst(prefix.count)) }.sorted()
+    }
+
     func info(service: String, key: String) throws(KeychainError) -> ItemInfo? {
         try checkKey(key)
         let store = try store()

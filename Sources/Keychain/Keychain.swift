@@ -116,6 +116,12 @@ public struct Keychain: Sendable {
         try await backing.allKeys(in: storage)
     }
 
+    /// The services of this storage's scope that hold items, sorted (keychaind's `credential ls` of
+    /// every unit); never prompts and never touches the TPM.
+    package func allServicesOfScope() async throws(KeychainError) -> [String] {
+        try await backing.allServices(in: storage)
+    }
+
     /// What is known of an item without reading its value: protection, label, dates, security level.
     public func getItemInfo(_ key: String) async throws(KeychainError) -> ItemInfo? {
         try await backing.itemInfo(key, in: storage)

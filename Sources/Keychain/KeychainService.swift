@@ -122,6 +122,8 @@ package protocol KeychainService: Sendable {
     func removeItem(_ key: String, in storage: StorageRef) async throws(KeychainError)
     func clear(_ storage: StorageRef) async throws(KeychainError)
     func allKeys(in storage: StorageRef) async throws(KeychainError) -> [String]
+    /// The services of `storage`'s scope that hold items, sorted (the storage's own service aside).
+    func allServices(in storage: StorageRef) async throws(KeychainError) -> [String]
     func itemInfo(_ key: String, in storage: StorageRef) async throws(KeychainError) -> ItemInfo?
     func canUseAccessControl(_ value: AccessControl, in storage: StorageRef) async throws(KeychainError) -> AccessControlCheck
     /// A read answered at once, on the caller's thread, when it needs no TPM, prompt or write (an item
@@ -258,6 +260,10 @@ package struct LocalService: KeychainService {
 
     package func allKeys(in storage: StorageRef) async throws(KeychainError) -> [String] {
         try await checked().keys(service: storage.storeName)
+    }
+
+    package func allServices(in storage: StorageRef) async throws(KeychainError) -> [String] {
+        try await checked().services(prefix: storage.scope.storePrefix)
     }
 
     package func itemInfo(_ key: String, in storage: StorageRef) async throws(KeychainError) -> ItemInfo? {

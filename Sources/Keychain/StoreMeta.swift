@@ -63,6 +63,10 @@ enum StoreMeta {
     static let tokenPINAttempts = "pkcs11.pin-attempts"
     /// keychaind's count of wrong passcodes per uid that is neither root nor admin (PasscodeBudget, JSON).
     static let passcodeBudget = "passcode.budget"
+    /// Wrong passcodes in a row this store has seen the TPM refuse (4 bytes, big-endian), so that a
+    /// refusal can say how many tries are left: the PIN index's count itself is readable only with
+    /// the passcode. Back to 0 at a passcode the TPM accepts (which zeroes its count too) or a reset.
+    static let wrongPasscodes = "passcode.wrong-in-a-row"
     /// The enrolled fingerprint readers' keys (ReaderKeys.Entry list, JSON).
     static let readerKeys = "reader.keys"
     /// The enrollment changes of the reader whose TPM key has this name (UInt64, big endian), recorded

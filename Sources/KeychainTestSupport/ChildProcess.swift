@@ -43,8 +43,9 @@ package func runChild(_ path: String, _ args: [String], input: [UInt8] = [], env
 /// Runs a program with stdout and stderr on one pipe, as a terminal shows both, and types `typed`
 /// on its stdin only once that output has shown `prompt`, as a person would; returns its exit status
 /// and everything it showed (what follows the prompt is then what the program let the terminal
-/// echo). Killed after `deadline` seconds like `runChild`'s children.
-package func runChild(_ path: String, _ args: [String], typing typed: [UInt8], after prompt: String,
+/// echo). With `thenEnd`, stdin is closed once typed (end of input, as Ctrl-D on a terminal).
+/// Killed after `deadline` seconds like `runChild`'s children.
+package func runChild(_ path: String, _ args: [String], typing typed: [UInt8], after prompt: String, thenEnd: Bool = false,
                       environment: [String: String] = [:], deadline: Int = 120) throws -> (status: Int32, shown: String) {
     let stdin = Pipe(), output = Pipe()
     let child = try Child(path, [path] + args, environment: environment, deadline: deadline,
@@ -56,8 +57,9 @@ package func runChild(_ path: String, _ args: [String], typing typed: [UInt8], a
         shown += more
     }
     try? stdin.fileHandleForWriting.write(contentsOf: Data(typed))
+    if thenEnd { try? stdin.fileHandleForWriting.close() }
     shown += output.fileHandleForReading.readDataToEndOfFile()
-    try? stdin.fileHandleForWriting.close()
+    if !thenEnd { try? stdin.fileHandleForWriting.close() }
     let (status, killed) = child.wait()
     return (status, String(decoding: shown, as: UTF8.self) + (killed ? "\n[killed: a signal ended it, or it ran past \(deadline) s]" : ""))
 }

@@ -7,7 +7,10 @@ public enum WireOp: UInt8, CaseIterable, Sendable {
     // A storage's calls: the options (service resolved by the client) travel with each.
     case setItem = 1, getItem, hasItem, removeItem, clear, allKeys, itemInfo, storageCanUse, endWindows,
          /// The AK's statement of the storage's wrapping key (`nonce`; the document in `resultBytes`).
-         attestKey
+         attestKey,
+         /// The services of the storage's scope that hold items (its own service is not used):
+         /// `credential ls` with no unit, every unit's.
+         allServices
     // The device's.
     case enrollFinger = 20, removeFinger, deleteReader, enrolledFingers, biometryTypes, deviceCanUse,
          initialize, status, resetTokenPINTries, tokenStatus, unlock, lock, setPasscode, changePasscode,

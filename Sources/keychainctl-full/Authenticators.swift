@@ -4,7 +4,7 @@ import KeychainCLIText
 import SecureMemory
 
 /// Answers from the command line: `--touch FINGER|cancel|fallback|interrupt` or `--passcode-stdin`.
-/// One answer, one try: a wrong passcode costs one of the TPM's tries, not three.
+/// One answer, one try: a wrong passcode costs one of the TPM's tries, not three. Nil without one.
 func scriptedAuthenticator(_ inv: Invocation) throws(KeychainError) -> (any Authenticator)? {
     if let touch = inv.flags["--touch"] {
         let answer: AuthenticationAnswer = switch touch {
@@ -16,10 +16,10 @@ func scriptedAuthenticator(_ inv: Invocation) throws(KeychainError) -> (any Auth
         return ScriptedAuthenticator([answer], attemptsPerRead: 1)
     }
     if inv.switches.contains("--passcode-stdin") {
-        guard let pin = try readLines(1).first else { return ScriptedAuthenticator([.cancel]) }
+        guard let pin = try readLines(["Passcode"]).first else { return ScriptedAuthenticator([.cancel]) }
         return ScriptedAuthenticator([.passcode(pin)], attemptsPerRead: 1)
     }
-    // On a terminal: the library's prompt on the controlling terminal (the passcode without echo).
-    if isatty(0) == 1 && isatty(2) == 1 { return TerminalAuthenticator() }
+    // Otherwise the configuration's own: the system's prompts (the terminal, the desktop's prompter,
+    // the password agents), the same that can-use counts, so the two never disagree.
     return nil
 }

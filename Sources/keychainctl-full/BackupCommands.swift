@@ -18,8 +18,9 @@ extension Commands {
         }
         let cost = try inv.flags["--cost"].map { (text: String) throws(KeychainError) in try BackupCost(parsing: text) } ?? .moderate
         let passcodeOnStdin = inv.switches.contains("--passcode-stdin")
-        let expected = (sealedTo == nil ? 1 : 0) + (passcodeOnStdin ? 1 : 0)
-        let lines = expected == 0 ? [] : try readLines(expected)
+        let prompts = (sealedTo == nil ? ["Backup passphrase"] : []) + (passcodeOnStdin ? ["Device passcode"] : [])
+        let expected = prompts.count
+        let lines = expected == 0 ? [] : try readLines(prompts)
         let passphrase = sealedTo == nil ? lines.first : nil
         if sealedTo == nil, (passphrase?.count ?? 0) == 0 {
             throw KeychainError.invalidArgument("No passphrase on stdin: give it on the first line")
@@ -72,8 +73,9 @@ extension Commands {
         // Without --passphrase-stdin: a backup sealed to this device's TPM (backup --to).
         // --passcode-stdin: this device's passcode on the next line (a sealed backup with passcode items).
         let withPassphrase = inv.switches.contains("--passphrase-stdin"), withPasscode = inv.switches.contains("--passcode-stdin")
-        let expected = (withPassphrase ? 1 : 0) + (withPasscode ? 1 : 0)
-        let lines = expected == 0 ? [] : try readLines(expected)
+        let prompts = (withPassphrase ? ["Backup passphrase"] : []) + (withPasscode ? ["Device passcode"] : [])
+        let expected = prompts.count
+        let lines = expected == 0 ? [] : try readLines(prompts)
         var passphrase: SecureBytes?
         if withPassphrase {
             guard let line = lines.first, line.count > 0 else {

@@ -17,7 +17,7 @@ extension Commands {
             if inv.flags["--owner-auth-file"] != nil {
                 status = try await administration.approveBootStateAsOwner(predicted: predicted)
             } else {
-                let pin = try readLines(1).first
+                let pin = try readLines([Self.passcodeIfSet]).first
                 status = try await administration.approveBootState(predicted: predicted, passcode: pin.flatMap { $0.count == 0 ? nil : $0 })
             }
             output(status) { "approved\n" + bootStateText($0) }
@@ -44,7 +44,7 @@ extension Commands {
             if inv.flags["--owner-auth-file"] != nil {
                 try await administration.revokeBootPoliciesAsOwner(before: generation)
             } else {
-                let pin = try readLines(1).first
+                let pin = try readLines([Self.passcodeIfSet]).first
                 try await administration.revokeBootPolicies(before: generation, passcode: pin.flatMap { $0.count == 0 ? nil : $0 })
             }
             done("revoked signed boot policies of generations below \(generation)")

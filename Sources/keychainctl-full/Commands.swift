@@ -20,7 +20,7 @@ struct Commands {
         if let group = inv.flags["--access-group"] { options.accessGroup = group }
         var configuration = configuration
         if inv.command.first == "get" {
-            configuration.authenticator = try scriptedAuthenticator(inv)
+            if let scripted = try scriptedAuthenticator(inv) { configuration.authenticator = scripted }
             // The read window of the seed's authValidity: a TPM ticket kept in the store for N seconds.
             if let v = inv.flags["--auth-validity"] {
                 guard let n = Int(v) else { throw KeychainError.invalidArgument("Invalid authValidity: expected a whole number of seconds, got '\(v)'") }
@@ -92,7 +92,7 @@ struct Commands {
             output(counter) { "rollback counter: \($0.state.rawValue)" + ($0.index.map { " (NV \(upperHex(UInt64($0))), " } ?? " (")
                 + "value \($0.tpmValue ?? $0.storeValue ?? 0)): the store as it is now is the baseline" }
         case "unlock":
-            let lines = try readLines(1)
+            let lines = try readLines([Self.passcodeIfSet])
             try await device.unlock(passcode: lines.first.flatMap { $0.count == 0 ? nil : $0 })
             done("unlocked")
         case "lock":
@@ -125,7 +125,7 @@ struct Commands {
             }
             if inv.switches.contains("--synchronizable") { call.synchronizable = true }
             let store = try storage(args[0])
-            try await store.setItem(args[1], try readStdin(limit: Keychain.maxValueLength), options: call)
+            try await store.setItem(args[1], try readValue("Value of '\(escaped(args[1]))' in '\(escaped(args[0]))'"), options: call)
             if inv.json { printJSON(["stored": true]) }
         case "get":
             let args = try arguments(2, "SERVICE KEY")
@@ -206,17 +206,17 @@ struct Commands {
         let args = Array(inv.command.dropFirst())
         switch (args.first, args.count) {
         case ("enroll", 2):
-            try await device.enrollFinger(args[1], passcode: try readLines(1).first)
+            try await device.enrollFinger(args[1], passcode: try readLines([Self.passcodeIfSet]).first)
             done("enrolled \(args[1])")
         case ("remove", 2):
-            let removed = try await device.removeFinger(args[1], passcode: try readLines(1).first)
+            let removed = try await device.removeFinger(args[1], passcode: try readLines([Self.passcodeIfSet]).first)
             if !removed {
                 writeAll(2, "keychainctl: no finger '\(escaped(args[1]))' is enrolled\n")
                 return .notFound
             }
             done("removed \(args[1])")
         case ("delete", 1):
-            guard try await device.deleteReader(passcode: try readLines(1).first) else {
+            guard try await device.deleteReader(passcode: try readLines([Self.passcodeIfSet]).first) else {
                 writeAll(2, "keychainctl: there is no reader to delete\n")
                 return .notFound
             }
@@ -233,19 +233,21 @@ struct Commands {
     private func passcode() async throws -> Exit {
         switch inv.command.dropFirst().first {
         case "set":
-            let lines = try readLines(1)
+            let lines = try readLines(["New passcode"] + Self.again)
             guard let pin = lines.first else { throw KeychainError.invalidArgument("passcode set reads the new passcode from stdin") }
+            try Self.sameTwice(lines)
             try await device.setPasscode(pin)
             done("passcode set")
         case "change":
-            let lines = try readLines(2)
-            guard lines.count == 2 else {
+            let lines = try readLines(["Current passcode", "New passcode"] + Self.again)
+            guard lines.count >= 2 else {
                 throw KeychainError.invalidArgument("passcode change reads two lines from stdin: the current passcode, then the new one")
             }
+            try Self.sameTwice(Array(lines.dropFirst()))
             try await device.changePasscode(from: lines[0], to: lines[1])
             done("passcode changed")
         case "remove":
-            let lines = try readLines(1)
+            let lines = try readLines(["Current passcode"])
             guard let pin = lines.first else { throw KeychainError.invalidArgument("passcode remove reads the current passcode from stdin") }
             try await device.removePasscode(current: pin)
             done("passcode removed; whenPasscodeSetThisDeviceOnly items were destroyed")
@@ -256,6 +258,19 @@ struct Commands {
             throw UsageError(message: "passcode takes: set, change, remove or reset-tries")
         }
         return .ok
+    }
+
+    /// The prompt of a passcode that is asked for whether or not one is set.
+    static let passcodeIfSet = "Passcode (Enter alone when none is set)"
+
+    /// On a terminal a new passcode is typed twice (it is not shown); a pipe gives it once.
+    static var again: [String] { TerminalInput.isTerminal ? ["New passcode again"] : [] }
+
+    /// `INVALID_ARGUMENT` when a new passcode typed twice differs.
+    static func sameTwice(_ typed: [SecureBytes]) throws(KeychainError) {
+        guard typed.count == 2 else { return }
+        let same = typed[0].withUnsafeBytes { a in typed[1].withUnsafeBytes { b in a.elementsEqual(b) } }
+        guard same else { throw KeychainError.invalidArgument("The new passcode typed the second time differs from the first: nothing was changed") }
     }
 
     /// The TPM's authorizations and storage root key, then each warning on its own line.
@@ -307,10 +322,15 @@ struct Commands {
 public enum KeychainctlFull {
     public static func main() async {
         let code: Exit
+        var words: [String] = []
         do {
-            let inv = try Invocation(try strictArguments())
+            let args = try strictArguments()
+            words = commandWords(args)
+            let inv = try Invocation(args)
+            // An option the command does not take is refused first, with --help too (it names the command).
+            try Usage.checkOptions(inv)
             if inv.switches.contains("--help") || inv.switches.contains("-h") || inv.command.first == "help" {
-                print(usage)
+                print(try Usage.help(inv.command.first == "help" ? Array(inv.command.dropFirst()) : inv.command))
                 exit(0)
             }
             let configuration = try inv.configuration()
@@ -324,7 +344,8 @@ public enum KeychainctlFull {
             // A script that asked for JSON reads stdout: the usage error is INVALID_ARGUMENT there (exit 2).
             code = report(KeychainError(.invalidArgument, error.message), json: true)
         } catch let error as UsageError {
-            writeAll(2, "keychainctl: \(escaped(error.message))\n\n\(usage)\n")
+            // One line that says what was wrong, then that command's usage (not the whole page).
+            writeAll(2, "keychainctl: \(escaped(error.message))\n\(Usage.afterError(words))\n")
             code = .usage
         } catch let error as KeychainError {
             code = report(error, json: CommandLine.arguments.contains("--json"))

@@ -41,7 +41,7 @@ extension Commands {
         }
         if isatty(1) == 1 { throw KeychainError.invalidArgument("seal-for writes the bundle to stdout: redirect it (> BUNDLE)") }
         let parent = try inv.flags["--parent"].map { (t: String) throws(KeychainError) in try Provisioning.Parent(parsing: t) }
-        let value = try readStdin(limit: Keychain.maxValueLength)
+        let value = try readValue("Value to seal")
         // A verified identity (attest verify) or a device's own identity document.
         let bundle: ProvisioningBundle
         if Self.documentFormat(identityFile) == VerifiedIdentity.formatName {
@@ -67,7 +67,7 @@ extension Commands {
     func importBundle() async throws -> Exit {
         let args = try arguments(1, "BUNDLE")
         let bundle = try ProvisioningBundle(json: try readFile(args[0], limit: Keychain.maxValueLength * 2, what: "the bundle"))
-        let passcode = inv.switches.contains("--passcode-stdin") ? try readLines(1).first : nil
+        let passcode = inv.switches.contains("--passcode-stdin") ? try readLines(["Passcode"]).first : nil
         let outcome = try await device.importBundle(bundle, passcode: passcode)
         if bundle.credential == true {
             output(["outcome": outcome.rawValue, "unit": bundle.service, "credential": bundle.key]) {

@@ -138,8 +138,8 @@ struct FastCommand {
     let synchronizable: Bool
     /// `--json`: results as JSON on stdout.
     let json: Bool
-    /// For `get`: how many questions the full tool's authenticator would allow (nil: it has none, and
-    /// keychaind answers INTERACTION_NOT_ALLOWED itself instead of asking).
+    /// For `get`: how many questions the full tool's authenticator would allow (nil for other
+    /// commands: keychaind answers INTERACTION_NOT_ALLOWED itself instead of asking).
     let attempts: UInt64?
 
     init?(_ inv: Invocation) {
@@ -153,6 +153,8 @@ struct FastCommand {
         case "ls": (op, operands) = (.allKeys, 1)
         case "clear": (op, operands) = (.clear, 1)
         case "set":
+            // A value typed at a terminal is asked for, without echo: the full tool's prompt.
+            guard isatty(0) == 0 else { return nil }
             (op, operands) = (.setItem, 2)
             allowed.formUnion(["--accessible", "--access-control", "--label"])
             switches.insert("--synchronizable")
@@ -175,10 +177,10 @@ struct FastCommand {
             attempts = nil
         } else if inv.flags["--touch"] != nil {
             attempts = 1  // one answer, one try
-        } else if isatty(0) == 1 && isatty(2) == 1 {
-            attempts = 3  // the terminal's authenticator
         } else {
-            attempts = nil
+            // The full tool's system prompts (the terminal, the desktop's prompter, the password
+            // agents: those can-use counts) answer keychaind's question, or say why none can.
+            attempts = 3
         }
     }
 }

@@ -51,6 +51,7 @@ final class RecordingService: KeychainService, @unchecked Sendable {
     func removeItem(_ key: String, in storage: StorageRef) async throws(KeychainError) { try record("removeItem", storage, key: key) }
     func clear(_ storage: StorageRef) async throws(KeychainError) { try record("clear", storage) }
     func allKeys(in storage: StorageRef) async throws(KeychainError) -> [String] { try record("allKeys", storage); return ["a"] }
+    func allServices(in storage: StorageRef) async throws(KeychainError) -> [String] { try record("allServices", storage); return ["a"] }
     func itemInfo(_ key: String, in storage: StorageRef) async throws(KeychainError) -> ItemInfo? { try record("itemInfo", storage, key: key); return nil }
     func canUseAccessControl(_ value: AccessControl, in storage: StorageRef) async throws(KeychainError) -> AccessControlCheck {
         try record("storageCanUse", storage)

@@ -341,6 +341,10 @@ extension DaemonClient: KeychainService {
     func allKeys(in storage: StorageRef) async throws(KeychainError) -> [String] {
         try await call(.allKeys, storage).result([String].self)
     }
+
+    func allServices(in storage: StorageRef) async throws(KeychainError) -> [String] {
+        try await call(.allServices, storage).result([String].self)
+    }
     func itemInfo(_ key: String, in storage: StorageRef) async throws(KeychainError) -> ItemInfo? {
         let reply = try await call(.itemInfo, storage, key: key)
         return reply.bytes(WireTag.resultJSON) == nil ? nil : try reply.result(ItemInfo.self)

@@ -111,6 +111,7 @@ package struct DaemonRequestHandler: Sendable {
         case .removeItem: try await service.removeItem(key, in: storage)
         case .clear: try await service.clear(storage)
         case .allKeys: reply.add(WireTag.resultJSON, WireJSON.encode(try await service.allKeys(in: storage)))
+        case .allServices: reply.add(WireTag.resultJSON, WireJSON.encode(try await service.allServices(in: storage)))
         case .itemInfo:
             if let info = try await service.itemInfo(key, in: storage) { reply.add(WireTag.resultJSON, WireJSON.encode(info)) }
         case .storageCanUse:

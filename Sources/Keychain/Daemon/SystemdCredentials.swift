@@ -71,6 +71,49 @@ package enum SystemdCredentials {
         try StorageRef(scope: .credentials(manager), options: KeychainOptions(service: unit), defaultService: nil)
     }
 
+    /// The unit types systemd knows (`unit_type_from_string`): a unit name ends in one of them.
+    static let unitSuffixes: Set<String> = ["service", "socket", "target", "device", "mount", "automount", "swap", "timer", "path",
+                                            "slice", "scope"]
+
+    /// `INVALID_ARGUMENT` naming the rule unless `unit` is a name systemd gives a unit that runs
+    /// (`unit_name_is_valid` with `UNIT_NAME_PLAIN | UNIT_NAME_INSTANCE`): at most 255 bytes of
+    /// `[a-zA-Z0-9:_.\\-@]`, a suffix such as `.service`, and before it a name, or `prefix@instance`.
+    package static func checkUnitName(_ unit: String) throws(KeychainError) {
+        func refuse(_ rule: String) -> KeychainError {
+            KeychainError.invalidArgument("Invalid unit name '\(unit)': \(rule) (systemd's unit-name rules; e.g. dbapp.service)")
+        }
+        let bytes = Array(unit.utf8)
+        guard !bytes.isEmpty, bytes.count <= 255 else { throw refuse("it must be 1 to 255 bytes long") }
+        guard let dot = bytes.lastIndex(of: UInt8(ascii: ".")), dot > 0,
+              unitSuffixes.contains(String(decoding: bytes[(dot + 1)...], as: UTF8.self)) else {
+            throw refuse("it must end in a unit type: ." + unitSuffixes.sorted().joined(separator: ", ."))
+        }
+        let allowed = Set(Array("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789:-_.\\@".utf8))
+        guard bytes[..<dot].allSatisfy(allowed.contains) else {
+            throw refuse("only letters, digits and : - _ . \\ @ may come before the type")
+        }
+        if let at = bytes.firstIndex(of: UInt8(ascii: "@")) {
+            guard at > 0 else { throw refuse("a name must come before @") }
+            guard dot > at + 1 else { throw refuse("a template (NAME@.TYPE) never runs: name its instance, NAME@INSTANCE.TYPE") }
+        }
+    }
+
+    /// `INVALID_ARGUMENT` naming the rule unless `id` is a credential name systemd accepts
+    /// (`credential_name_valid`: a file name and an fd name): 1 to 255 bytes of printable ASCII,
+    /// no `/` or `:`, and not `.` or `..`.
+    package static func checkCredentialName(_ id: String) throws(KeychainError) {
+        func refuse(_ rule: String) -> KeychainError {
+            KeychainError.invalidArgument("Invalid credential ID '\(id)': \(rule) (systemd's credential-name rules)")
+        }
+        let bytes = Array(id.utf8)
+        guard !bytes.isEmpty, bytes.count <= 255 else { throw refuse("it must be 1 to 255 bytes long") }
+        guard id != ".", id != ".." else { throw refuse("it may not be . or ..") }
+        guard !bytes.contains(UInt8(ascii: "/")) else { throw refuse("it may not contain /") }
+        guard bytes.allSatisfy({ $0 >= 0x20 && $0 <= 0x7E && $0 != UInt8(ascii: ":") }) else {
+            throw refuse("only printable ASCII other than : may be used")
+        }
+    }
+
     /// The message for a caller who may not administer `manager`'s credentials.
     static func refusal(_ peer: Peer, for manager: Manager) -> KeychainError {
         switch manager {

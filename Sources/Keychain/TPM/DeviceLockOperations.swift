@@ -11,9 +11,11 @@ extension Engine {
     func unlock(passcode: SecureBytes?, readerDirectory: String? = nil, caller: DaemonCaller? = nil) throws(KeychainError) {
         let generation = try lockGeneration(try store())
         try spendingPasscodeBudget(of: caller) { () throws(KeychainError) in
-            try withKeyring { keyring throws(KeychainError) in
-                try keyring.unlock(passcode: passcode)
-                if let passcode { try keyring.repairInterruptedMark(with: passcode) }
+            try countingWrongPasscodes { () throws(KeychainError) in
+                try withKeyring { keyring throws(KeychainError) in
+                    try keyring.unlock(passcode: passcode)
+                    if let passcode { try keyring.repairInterruptedMark(with: passcode) }
+                }
             }
         }
         seenUnlocked = generation
@@ -54,15 +56,17 @@ extension Engine {
     /// (KEY_INVALIDATED at their next read). The enrolled fingers of `readerDirectory` go after the
     /// TPM's part; a kill between the two leaves them enrolled over items that are dead already.
     func setPasscode(old: SecureBytes?, new: SecureBytes?, readerDirectory: String? = nil) throws(KeychainError) {
-        try withKeyring { keyring throws(KeychainError) in
-            let isSet = try keyring.passcodeIsSet()
-            if old == nil && isSet {
-                throw KeychainError(.invalidArgument, "A passcode is already set: change it with the current one (keychainctl passcode change)")
+        try countingWrongPasscodes { () throws(KeychainError) in
+            try withKeyring { keyring throws(KeychainError) in
+                let isSet = try keyring.passcodeIsSet()
+                if old == nil && isSet {
+                    throw KeychainError(.invalidArgument, "A passcode is already set: change it with the current one (keychainctl passcode change)")
+                }
+                if old != nil && !isSet { throw passcodeNotSet() }
+                try keyring.changePasscode(from: old, to: new)
+                // Whoever just proved the passcode is at the device: it is unlocked, as after a passcode change on iOS.
+                try keyring.unlock(passcode: new)
             }
-            if old != nil && !isSet { throw passcodeNotSet() }
-            try keyring.changePasscode(from: old, to: new)
-            // Whoever just proved the passcode is at the device: it is unlocked, as after a passcode change on iOS.
-            try keyring.unlock(passcode: new)
         }
         guard old != nil, new == nil else { return }
         // No secret of an access-controlled item outlives the passcode in this process (authValidity windows).
@@ -79,7 +83,33 @@ extension Engine {
         try withKeyring { keyring throws(KeychainError) in
             try keyring.resetPasscodeTries(limit: configuration.passcodeRetryLimit)
         }
+        try recordWrongPasscodes(0)
         try resetPasscodeBudgets()
+    }
+
+    /// Runs `body`, which proves a passcode to the TPM's PIN index. A wrong one (the TPM counted it)
+    /// is told with the tries left before the TPM refuses the passcode, from this store's count of
+    /// wrong passcodes in a row and the PIN index's limit; a passcode accepted zeroes the count.
+    /// - Important: another store on the same TPM counts its own: the TPM may have fewer left.
+    func countingWrongPasscodes<T>(_ body: () throws(KeychainError) -> T) throws(KeychainError) -> T {
+        let before = (try? store().meta(StoreMeta.wrongPasscodes)).flatMap { $0.flatMap(UInt32.init(bigEndianBytes:)) } ?? 0
+        let result: T
+        do {
+            result = try body()
+        } catch where error.code == .authenticationFailed && error.message.hasPrefix("Wrong passcode") {
+            let count = before + 1
+            try? recordWrongPasscodes(count)
+            let left = configuration.passcodeRetryLimit > count ? configuration.passcodeRetryLimit - count : 0
+            throw KeychainError(.authenticationFailed, error.message + ": \(left) \(left == 1 ? "try" : "tries") left before the TPM "
+                                + "refuses the passcode until the owner resets its count (keychainctl passcode reset-tries)",
+                                underlying: error.underlying)
+        }
+        if before != 0 { try? recordWrongPasscodes(0) }
+        return result
+    }
+
+    private func recordWrongPasscodes(_ count: UInt32) throws(KeychainError) {
+        try writeStore(try store()) { tx in try tx.setMeta(StoreMeta.wrongPasscodes, count.bigEndianBytes) }
     }
 
     /// The device lock, the TPM's authorizations, the store's rollback counter and the reader at
