@@ -92,7 +92,7 @@ let package = Package(
         .target(name: "KeychainctlFull", dependencies: ["Keychain", "SignInFlow", "KeychainCLIText", "KeychainWire", "DBus"],
                 path: "Sources/keychainctl-full"),
         .target(name: "KeychainctlFront", dependencies: ["KeychainWire", "KeychainCLIText"], path: "Sources/keychainctl"),
-        .target(name: "Keychaind", dependencies: ["Keychain", "KeychainCLIText"], path: "Sources/keychaind"),
+        .target(name: "Keychaind", dependencies: ["Keychain", "KeychainCLIText", "CSystemd"], path: "Sources/keychaind"),
         .target(name: "SecretServiceCommand", dependencies: ["SecretService", "Keychain", "KeychainCLIText"],
                 path: "Sources/keychain-secret-service"),
         .executableTarget(name: "keychainctl-full", dependencies: ["KeychainctlFull"], path: "Sources/Executables/keychainctl-full"),
@@ -121,7 +121,7 @@ let package = Package(
         .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "Keychain", "SecureMemory", "KeychainTestSupport",
                                                           "KeychainTestThreads"]),
         .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport", "KeychainWire",
-                                                     "KeychainClient", "KeychainTestThreads", "CTSSCrypto", "COpenSSL", "KeychainCLIText"]),
+                                                     "KeychainClient", "KeychainTestThreads", "CTSSCrypto", "COpenSSL", "KeychainCLIText", "Keychaind"]),
     ],
     swiftLanguageModes: [.v6]
 )

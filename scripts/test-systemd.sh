@@ -186,6 +186,37 @@ log=$(in_container journalctl -u keychaind.service -o cat --no-pager | grep 'uni
 [ $rc -ne 0 ] && [ "$result" != success ] && grep -q "credential db-password: no such credential" <<<"$log" \
   && pass "other.service asking for db.service's ID fails to start ($result); keychaind: $(head -n1 <<<"$log")" \
   || fail "a second unit asking for the first one's ID fails to start" "exit $rc result $result log '$log'"
+# The reason in the refused unit's own journal too (keychain-journal-relay, root's: journalctl -u shows another
+# process's line about a unit only from uid 0 with OBJECT_SYSTEMD_UNIT=), never the value.
+unitlog=$(in_container journalctl -u other.service -o cat --no-pager | grep "keychaind refused this unit's credential")
+grep -q "credential db-password: no such credential (keychainctl credential set other.service db-password)" <<<"$unitlog" \
+  && pass "journalctl -u other.service says why: $unitlog" \
+  || fail "a refused credential's reason is in the unit's own journal" "$unitlog $(in_container journalctl -u keychain-journal-relay.service -o cat --no-pager | tail -n 5)"
+# Only keychaind may say something in a unit's journal: the socket is root:keychaind 0620, and a datagram from any
+# other uid that reaches it anyway (the mode opened by root here) is dropped by the uid the kernel gives.
+# One datagram, MANAGER\0UNIT\0REASON (bash strings hold no NUL: perl joins its arguments).
+relay_send='socket(my $s, AF_UNIX, SOCK_DGRAM, 0) or die; send($s, join("\0", @ARGV), 0, pack_sockaddr_un("/run/keychain/journal.sock")) or die "send: $!\n"'
+out=$(as_user alice perl -MSocket -e "$relay_send" system db.service "forged by alice" 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "Permission denied" <<<"$out" && pass "alice cannot send to the relay's socket: $out" \
+  || fail "the relay's socket refuses alice" "exit $rc: $out"
+in_container chmod 0666 /run/keychain/journal.sock
+as_user alice perl -MSocket -e "$relay_send" system db.service "forged by alice"
+in_container chmod 0620 /run/keychain/journal.sock
+# Root may relay (the relay trusts uid 0 and keychaind's): a unit name systemd would not give is dropped, and a
+# reason's newline and escape byte are escaped, so nobody forges a second line.
+in_container perl -MSocket -e "$relay_send" system $'db.service\nkeychaind: x' "bad unit"
+in_container perl -MSocket -e "$relay_send" system db.service $'first\nkeychaind: forged \e[31m line'
+# The relay's lines are in the journal once journald has them: wait for the last one sent, for up to 20 s.
+for _ in $(seq 40); do in_container journalctl -u db.service -o cat --no-pager | grep -q 'keychaind: forged' && break; sleep 0.5; done
+dblog=$(in_container journalctl -u db.service -o cat --no-pager | grep "keychaind refused this unit's credential")
+relaylog=$(in_container journalctl -u keychain-journal-relay.service -o cat --no-pager)
+! grep -q "forged by alice" <<<"$dblog" && grep -q "dropped a datagram from uid $(in_container id -u alice)" <<<"$relaylog" \
+  && pass "a datagram from alice that reached the socket is dropped: $(grep 'from uid' <<<"$relaylog" | tail -n1)" \
+  || fail "the relay drops a datagram from a uid other than keychaind's" "db.service: $dblog relay: $relaylog"
+grep -qF 'first\nkeychaind: forged \x1b[31m line' <<<"$dblog" && ! grep -q "^keychaind: forged" <<<"$dblog" \
+  && grep -q "dropped a unit name systemd does not give" <<<"$relaylog" \
+  && pass "the relay escapes a reason's control bytes and drops a bad unit name: $(tail -n1 <<<"$dblog")" \
+  || fail "the relay escapes and checks what it is sent" "db.service: $dblog relay: $relaylog"
 # whenUnlocked on a locked device: the unit must not start, and the journal says why.
 out=$(in_container sh -c 'printf "24680\n" | keychainctl passcode set && printf api-token | keychainctl credential set api.service token --accessible whenUnlocked && keychainctl lock' 2>&1) \
   || fail "passcode set, a whenUnlocked credential, lock" "$out"
@@ -195,6 +226,9 @@ log=$(in_container journalctl -u keychaind.service -o cat --no-pager | grep 'uni
 [ $rc -ne 0 ] && grep -q "INTERACTION_NOT_ALLOWED" <<<"$log" && ! grep -q api-token <<<"$log" \
   && pass "a whenUnlocked credential on a locked device fails its unit; keychaind: $(head -n1 <<<"$log")" \
   || fail "a locked device's whenUnlocked credential fails its unit" "exit $rc log '$log'"
+unitlog=$(in_container journalctl -u api.service -o cat --no-pager | grep "keychaind refused this unit's credential")
+grep -q "credential token: INTERACTION_NOT_ALLOWED" <<<"$unitlog" && ! grep -q api-token <<<"$unitlog" \
+  && pass "journalctl -u api.service says why, without the value: $unitlog" || fail "api.service's journal says why" "$unitlog"
 out=$(in_container sh -c 'printf "24680\n" | keychainctl unlock && systemctl start api.service && journalctl -u api.service -o cat --no-pager | grep -x api-token' 2>&1) \
   && pass "unlocked, api.service starts with its token" || fail "unlocked, api.service starts with its token" "$out"
 journal=$(in_container journalctl -u keychaind.service -o cat --no-pager)

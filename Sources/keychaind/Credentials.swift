@@ -7,7 +7,7 @@ import KeychainCLIText
 /// manager connects from the abstract address `\0<16 hex>/unit/<unit>/<ID>` and reads until EOF.
 ///
 /// Each connection is answered once: the value and a close, or a refusal that fails the manager's read so
-/// that the unit does not start (`refuse`). A plain close would not do: systemd 252 takes an empty read for
+/// that the unit does not start (`refuseConnection`). A plain close would not do: systemd 252 takes an empty read for
 /// an empty credential and starts the unit with an empty file.
 struct CredentialRequest: Equatable {
     var manager: SystemdCredentials.Manager
@@ -35,7 +35,7 @@ extension UInt8 {
 /// - Parameter service: keychaind's engine (`DaemonServer.handler.service`): each request is one
 ///   `getItem` in the manager's `ItemScope.credentials`, with no authenticator (nobody can answer a
 ///   prompt at a unit's start, so an item behind an access control is refused).
-func serveCredentials(listener: Int32, service: any KeychainService) {
+func serveCredentials(listener: Int32, service: any KeychainService, relay: JournalRelayClient?) {
     while true {
         let fd = accept(listener, nil, nil)
         if fd < 0 {
@@ -43,29 +43,34 @@ func serveCredentials(listener: Int32, service: any KeychainService) {
             continue
         }
         _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-        if let code = DetachedThread.start(stackSize: 1 << 20, { answerCredential(fd, service: service) }) {
-            refuse(fd, "no thread for the request (pthread_create: errno \(code))")
+        if let code = DetachedThread.start(stackSize: 1 << 20, { answerCredential(fd, service: service, relay: relay) }) {
+            refuseConnection(fd, "no thread for the request (pthread_create: errno \(code))")
         }
     }
 }
 
 /// One unit's request: the value, or a reset and a line in the log naming unit, ID and reason.
-private func answerCredential(_ fd: Int32, service: any KeychainService) {
-    guard let peer = CredentialPeer(fd) else { return refuse(fd, "a peer without credentials (SO_PEERCRED)") }
+private func answerCredential(_ fd: Int32, service: any KeychainService, relay: JournalRelayClient?) {
+    guard let peer = CredentialPeer(fd) else { return refuseConnection(fd, "a peer without credentials (SO_PEERCRED)") }
     guard let request = CredentialRequest.parse(peerAddress: peer.address, uid: peer.uid) else {
-        return refuse(fd, "uid \(peer.uid) pid \(peer.pid) connected from an address systemd does not use "
+        return refuseConnection(fd, "uid \(peer.uid) pid \(peer.pid) connected from an address systemd does not use "
                       + "(not \\0<16 hex>/unit/<unit>/<ID>): only a service manager's LoadCredential= is served here")
     }
     let who = "unit \(request.unit) (\(request.manager)) credential \(request.id)"
+    // The unit's own journal gets the reason too (keychain-journal-relay), without the unit's name repeated.
+    func refuse(_ fd: Int32, _ reason: String) {
+        relay?.tell(RelayedRefusal(manager: request.manager, unit: request.unit, reason: "credential \(request.id): \(reason)"))
+        refuseConnection(fd, "\(who): \(reason)")
+    }
     let result = blocking { () async throws(KeychainError) -> SecureBytes? in
         let storage = try SystemdCredentials.storage(unit: request.unit, manager: request.manager)
         return try await service.getItem(request.id, options: nil, in: storage, authenticator: nil)
     }
     switch result {
     case .failure(let error):
-        refuse(fd, "\(who): \(error.code.rawValue): \(error.message)")
+        refuse(fd, "\(error.code.rawValue): \(error.message)")
     case .success(nil):
-        refuse(fd, "\(who): no such credential (\(storeCommand(request)))")
+        refuse(fd, "no such credential (\(storeCommand(request)))")
     case .success(let value?):
         let sent = value.withUnsafeBytes { raw -> Bool in
             var offset = 0
@@ -79,7 +84,7 @@ private func answerCredential(_ fd: Int32, service: any KeychainService) {
             close(fd)
             log("keychaind: \(who): served to pid \(peer.pid)")
         } else {
-            refuse(fd, "\(who): the service manager went away before the value was sent (errno \(errno))")
+            refuse(fd, "the service manager went away before the value was sent (errno \(errno))")
         }
     }
 }
@@ -96,7 +101,7 @@ func storeCommand(_ request: CredentialRequest) -> String {
 /// Fails the manager's read, so that the unit does not start: more than systemd's 1 MiB credential limit
 /// (status 243/CREDENTIALS), then a reset (SO_LINGER 0). A reset alone is not enough: systemd 252 started
 /// the unit anyway (seen in the booted container), as it does after a plain close, with an empty file.
-private func refuse(_ fd: Int32, _ reason: String) {
+private func refuseConnection(_ fd: Int32, _ reason: String) {
     var timeout = timeval(tv_sec: 2, tv_usec: 0)
     _ = setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     let chunk = [UInt8](repeating: 0, count: 64 << 10)

@@ -8,10 +8,11 @@ let usage = """
     usage: keychaind --socket PATH --store DIR [--tcti CONF] [--groups DIR] [--reader DIR|none]
                      [--max-connections N] [--idle-timeout SECONDS] [--stall-timeout SECONDS]
                      [--pcrs 7,…] [--quota-items 4096] [--quota-bytes 32M] [--owner-auth-file FILE]
-                     [--credentials-socket PATH]
+                     [--credentials-socket PATH] [--journal-relay PATH]
       Under systemd socket activation (LISTEN_FDS, LISTEN_PID=this process) the sockets come from systemd
       and --socket is not needed; a passed socket bound to the --credentials-socket PATH serves systemd
-      credentials (LoadCredential=ID:PATH, docs/credentials.md), the other the keychain API.
+      credentials (LoadCredential=ID:PATH, docs/credentials.md), the other the keychain API. A refused
+      credential's reason also goes to --journal-relay's socket (keychain-journal-relay), for the unit's journal.
       Access groups are DIR/NAME.conf (lines: uid N, gid N, user NAME, group NAME); the group 'admin'
       may change the device besides root. Each uid's items (and each access group's)
       may hold at most --quota-items items and --quota-bytes bytes (K, M, G: KiB, MiB, GiB).
@@ -31,7 +32,7 @@ var arguments = CommandLine.arguments.dropFirst()
 while let arg = arguments.popFirst() {
     if arg == "--help" || arg == "-h" { print(usage); exit(0) }
     guard ["--socket", "--store", "--tcti", "--groups", "--reader", "--max-connections", "--idle-timeout",
-           "--stall-timeout", "--pcrs", "--quota-items", "--quota-bytes", "--owner-auth-file", "--credentials-socket"].contains(arg) else {
+           "--stall-timeout", "--pcrs", "--quota-items", "--quota-bytes", "--owner-auth-file", "--credentials-socket", "--journal-relay"].contains(arg) else {
         fail("unknown argument \(arg)\n\(usage)")
     }
     guard let value = arguments.popFirst() else { fail("\(arg) needs a value") }
@@ -146,7 +147,8 @@ let server = DaemonServer(configuration: configuration, groups: AccessGroups(dir
 // One line on stdout once the socket listens: a supervisor or a test waits for it, not for time.
 if let credentialsListener {
     let service = server.handler.service
-    if let code = DetachedThread.start({ serveCredentials(listener: credentialsListener, service: service) }) {
+    let relay = flags["--journal-relay"].flatMap(JournalRelayClient.init(path:))
+    if let code = DetachedThread.start({ serveCredentials(listener: credentialsListener, service: service, relay: relay) }) {
         fail("cannot start the credentials socket's thread (pthread_create: errno \(code))", status: 3)
     }
 }
