@@ -136,6 +136,8 @@ public struct DBusError: Error, Sendable, Equatable {
     public static func notSupported(_ message: String) -> DBusError { .init("org.freedesktop.DBus.Error.NotSupported", message) }
     public static func failed(_ message: String) -> DBusError { .init("org.freedesktop.DBus.Error.Failed", message) }
     public static func accessDenied(_ message: String) -> DBusError { .init("org.freedesktop.DBus.Error.AccessDenied", message) }
+    /// A count or a total a caller would take past its bound (the name is the D-Bus standard's).
+    public static func limitsExceeded(_ message: String) -> DBusError { .init("org.freedesktop.DBus.Error.LimitsExceeded", message) }
     public static func isLocked(_ message: String) -> DBusError { .init("org.freedesktop.Secret.Error.IsLocked", message) }
     public static func noSession(_ message: String) -> DBusError { .init("org.freedesktop.Secret.Error.NoSession", message) }
     public static func noSuchObject(_ message: String) -> DBusError { .init("org.freedesktop.Secret.Error.NoSuchObject", message) }

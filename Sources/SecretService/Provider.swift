@@ -29,15 +29,30 @@ public final class SecretServiceProvider: @unchecked Sendable {
     public static let accessControlProperty = "org.freedesktop.Secret.Collection.KeychainAccessControl"
     public static let authValidityProperty = "org.freedesktop.Secret.Collection.KeychainAuthValidity"
 
-    /// Bounds on what one call may store (a huge attribute map is refused, not kept).
-    static let maxAttributes = 256
+    /// Bounds on what a client can make the provider keep: a name too long or one too many is
+    /// refused before anything changes, in memory or in the store.
     static let maxFieldBytes = 4096
+    /// The keychain label of an item holds its keyed hashes (`h1:`, then 32 hex digits and a comma
+    /// each), and the keychain takes a label of at most 4,096 bytes: 124 hashes fit (4,094 bytes).
+    static let maxAttributes = (4096 - "h1:".utf8.count + 1) / 33
     static let maxSessionsPerClient = 64
+    /// An alias is a path element (`/org/freedesktop/secrets/aliases/ALIAS`), `default` in practice.
+    static let maxAliasBytes = 255
+    static let maxAliases = 256
+    static let maxCollections = 256
+    /// The registry is one keychain item, rewritten at each change of a collection or an alias: its
+    /// JSON (labels of up to 4,096 bytes, escaped) is bounded as a whole, not only field by field.
+    static let maxRegistryBytes = 256 << 10
+    /// A collection's name comes from its label (its letters and digits): the first 64 of them.
+    static let maxCollectionNameLength = 64
 
     let configuration: KeychainConfiguration
     let meta: Keychain
     let hasher: AttributeHasher
-    var registry: Registry
+    /// As the store holds it: changed only through `commit`.
+    private(set) var registry: Registry
+    /// The size of the registry's JSON in the store.
+    private var registryBytes = 0
     var collections: [String: Collection] = [:]
     var sessions: [String: Session] = [:]
     var prompts: [String: Prompt] = [:]
@@ -137,12 +152,13 @@ public final class SecretServiceProvider: @unchecked Sendable {
                 throw .failed("The Secret Service registry in the keychain does not decode: the store is damaged")
             }
             registry = decoded
+            registryBytes = stored.count
         } else {
             let now = Self.now()
-            registry = Registry(collections: [CollectionRecord(name: "login", label: "Login", created: now, modified: now,
+            registry = Registry(collections: [], aliases: [:])  // Nothing stored yet: the first commit writes it.
+            try commit(Registry(collections: [CollectionRecord(name: "login", label: "Login", created: now, modified: now,
                                                                accessible: .afterFirstUnlock, accessControl: .none, authValidity: 0)],
-                                aliases: ["default": "login"])
-            try saveRegistry()
+                                aliases: ["default": "login"]))
         }
         for record in registry.collections { try load(record) }
         let now = Self.now()
@@ -182,10 +198,20 @@ public final class SecretServiceProvider: @unchecked Sendable {
                                cancel: "Cancel")
     }
 
-    private func saveRegistry() throws(DBusError) {
-        let data = try! JSONEncoder().encode(registry)
+    /// Makes `new` the registry: the store's first, then the provider's memory, so a change refused
+    /// (past the size bound, or a write that failed) leaves the registry as it was in both. A change
+    /// that does not grow it is always taken: a registry made large before the bound can still shrink.
+    private func commit(_ new: Registry) throws(DBusError) {
+        let data = try! JSONEncoder().encode(new)
+        guard data.count <= Self.maxRegistryBytes || data.count <= registryBytes else {
+            throw .limitsExceeded("The Secret Service registry (each collection's name and label, and the aliases) would take "
+                                  + "\(data.count) bytes, more than its \(Self.maxRegistryBytes): delete a collection or an alias, "
+                                  + "or use a shorter label")
+        }
         let meta = meta
         try Self.blocking { try await meta.setItem("registry", data) }
+        registry = new
+        registryBytes = data.count
     }
 
     // MARK: - Calls
@@ -332,7 +358,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
                 output = .bytes(SecureBytes(copying: ours))
                 session = Session(owner: call.sender, key: key)
             case let other:
-                throw .notSupported("Session algorithm '\(other)' is not supported: use plain or dh-ietf1024-sha256-aes128-cbc-pkcs7")
+                throw .notSupported("Session algorithm '\(other.prefix(64))' is not supported: use plain or dh-ietf1024-sha256-aes128-cbc-pkcs7")
             }
             let path = Self.sessionPrefix + nextID()
             sessions[path] = session
@@ -380,19 +406,25 @@ public final class SecretServiceProvider: @unchecked Sendable {
             return .init([.objectPath(collection.path)])
         case "SetAlias":
             let alias = a[0].string!
-            guard Self.isPathElement(alias) else { throw .invalidArgs("An alias is letters, digits and _: got '\(alias)'") }
             guard alias != Self.sessionAlias else {
                 throw .invalidArgs("The alias 'session' always names the in-memory session collection: it cannot be moved or removed")
             }
+            var new = registry
             let target = a[1].string!
             if target == "/" {
-                registry.aliases[alias] = nil
+                // An alias made before the bounds is removed whatever its length.
+                guard new.aliases.removeValue(forKey: alias) != nil else {
+                    try Self.check(alias: alias)
+                    return .init([])
+                }
             } else {
+                try Self.check(alias: alias)
                 guard case .collection(let collection) = try resolve(target) else { throw .noSuchObject("No collection at \(target)") }
                 guard collection.storage != nil else { throw .invalidArgs("The session collection lives in memory only: it cannot have an alias") }
-                registry.aliases[alias] = collection.name
+                try checkRoom(forAlias: alias)
+                new.aliases[alias] = collection.name
             }
-            try saveRegistry()
+            try commit(new)
             return .init([])
         default:
             throw .unknownMethod("No method \(call.member) on the service")
@@ -400,8 +432,12 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     func createCollection(_ properties: DBusValue, alias: String) throws(DBusError) -> String {
-        guard alias.isEmpty || Self.isPathElement(alias) else { throw .invalidArgs("An alias is letters, digits and _: got '\(alias)'") }
+        if !alias.isEmpty { try Self.check(alias: alias) }
         if !alias.isEmpty, let name = collectionName(alias: alias), let existing = collections[name] { return existing.path }
+        guard registry.collections.count < Self.maxCollections else {
+            throw .limitsExceeded("There are \(registry.collections.count) collections, the most the provider keeps: delete one first")
+        }
+        if !alias.isEmpty { try checkRoom(forAlias: alias) }
         var label = ""
         var options = KeychainOptions(accessible: .afterFirstUnlock, accessControl: .none)
         for (name, value) in properties.entries! {
@@ -427,8 +463,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
                 continue  // Other providers' properties are ignored, as the spec's extensibility asks.
             }
         }
-        guard label.utf8.count <= Self.maxFieldBytes else { throw .invalidArgs("A label is at most \(Self.maxFieldBytes) bytes") }
-        var name = String(label.lowercased().map { $0.isASCII && ($0.isLetter || $0.isNumber) ? $0 : "_" })
+        try Self.check(collectionLabel: label)
+        var name = String(label.lowercased().prefix(Self.maxCollectionNameLength).map { $0.isASCII && ($0.isLetter || $0.isNumber) ? $0 : "_" })
         if name.isEmpty { name = "collection" }
         let stem = name
         var n = 1
@@ -445,20 +481,42 @@ public final class SecretServiceProvider: @unchecked Sendable {
         let now = Self.now()
         let record = CollectionRecord(name: name, label: label, created: now, modified: now, accessible: options.accessible,
                                       accessControl: options.accessControl, authValidity: options.authValidity)
-        registry.collections.append(record)
-        if !alias.isEmpty { registry.aliases[alias] = name }
+        var new = registry
+        new.collections.append(record)
+        if !alias.isEmpty { new.aliases[alias] = name }
+        // Opened before it is recorded (opening writes nothing), so a refused registry leaves no trace.
+        try load(record)
         do throws(DBusError) {
-            try saveRegistry()
-            try load(record)
+            try commit(new)
         } catch {
-            registry.collections.removeAll { $0.name == name }
-            if !alias.isEmpty { registry.aliases[alias] = nil }
+            collections[name] = nil
             throw error
         }
         let path = collections[name]!.path
         emit(.init(path: Self.base, interface: Self.serviceInterface, member: "CollectionCreated", arguments: [.objectPath(path)]))
         propertiesChanged(Self.base, Self.serviceInterface, ["Collections"])
         return path
+    }
+
+    /// An alias a client may create: a path element of at most `maxAliasBytes`.
+    static func check(alias: String) throws(DBusError) {
+        guard alias.utf8.count <= maxAliasBytes else {
+            throw .invalidArgs("An alias is at most \(maxAliasBytes) bytes, got \(alias.utf8.count)")
+        }
+        guard isPathElement(alias) else { throw .invalidArgs("An alias is letters, digits and _: got '\(alias)'") }
+    }
+
+    /// Room for `alias` among the registry's: a new one past `maxAliases` is refused (moving one is not).
+    func checkRoom(forAlias alias: String) throws(DBusError) {
+        guard registry.aliases[alias] != nil || registry.aliases.count < Self.maxAliases else {
+            throw .limitsExceeded("There are \(registry.aliases.count) aliases, the most the provider keeps: remove one first (SetAlias to '/')")
+        }
+    }
+
+    static func check(collectionLabel label: String) throws(DBusError) {
+        guard label.utf8.count <= maxFieldBytes else {
+            throw .invalidArgs("A collection's label is at most \(maxFieldBytes) bytes, got \(label.utf8.count)")
+        }
     }
 
     /// The collection an alias names: `session` the in-memory one, any other as the registry says.
@@ -507,9 +565,10 @@ public final class SecretServiceProvider: @unchecked Sendable {
         case "Delete":
             if let storage = collection.storage {
                 try Self.blocking { try await storage.clear() }
-                registry.collections.removeAll { $0.name == collection.name }
-                registry.aliases = registry.aliases.filter { $0.value != collection.name }
-                try saveRegistry()
+                var new = registry
+                new.collections.removeAll { $0.name == collection.name }
+                new.aliases = new.aliases.filter { $0.value != collection.name }
+                try commit(new)
                 collections[collection.name] = nil
             } else {
                 collection.items.removeAll()
@@ -557,7 +616,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
     }
 
     static func check(label: String, attributes: [String: String]) throws(DBusError) {
-        guard label.utf8.count <= maxFieldBytes else { throw .invalidArgs("A label is at most \(maxFieldBytes) bytes") }
+        guard label.utf8.count <= maxFieldBytes else { throw .invalidArgs("An item's label is at most \(maxFieldBytes) bytes, got \(label.utf8.count)") }
         guard attributes.count <= maxAttributes else { throw .invalidArgs("An item has at most \(maxAttributes) attributes, got \(attributes.count)") }
         for (name, value) in attributes where name.utf8.count > maxFieldBytes || value.utf8.count > maxFieldBytes {
             throw .invalidArgs("Attribute names and values are at most \(maxFieldBytes) bytes ('\(name.prefix(40))' is longer)")
@@ -786,14 +845,16 @@ public final class SecretServiceProvider: @unchecked Sendable {
     func setProperty(_ name: String, _ value: DBusValue, on object: Object) throws(DBusError) {
         switch (object, name) {
         case (.collection(let collection), "Label"):
-            guard case .string(let label) = value, label.utf8.count <= Self.maxFieldBytes else { throw .invalidArgs("Label is a string") }
+            guard case .string(let label) = value else { throw .invalidArgs("Label is a string") }
+            try Self.check(collectionLabel: label)
             guard let index = registry.collections.firstIndex(where: { $0.name == collection.name }) else {
                 collection.record.label = label
                 return
             }
-            registry.collections[index].label = label
-            registry.collections[index].modified = Self.now()
-            try saveRegistry()
+            var new = registry
+            new.collections[index].label = label
+            new.collections[index].modified = Self.now()
+            try commit(new)
             collection.record = registry.collections[index]
             changed(collection, properties: ["Label"])
         case (.item(let collection, let id), "Label"), (.item(let collection, let id), "Attributes"):
