@@ -264,6 +264,35 @@ extension RollbackTests {
         #expect(try client(["get", "bank", "pin", "--touch", "index"]).status != 0)
     }
 
+    /// The same through keychaind: its store and `--reader` directory copied together while it is
+    /// stopped, `reader remove spare`, and both put back. `reader list` (root) and `can-use`, which
+    /// keychaind answers for every uid (`nobody` here), are refused naming rollback.
+    @Test func keychaindRefusesItsStoreAndReaderPutBackTogether() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store", reader = tpm.directory + "/reader"
+        #expect(try run(ctl, ["--direct", "--store", store, "--tcti", tpm.tcti, "init", "--allow-empty-owner-auth"]).status == 0)
+        let daemon = try KeychainDaemon(tpm: tpm, store: store, reader: reader)
+        #expect(try client(daemon, ["passcode", "set"], Self.pin).status == 0)
+        #expect(try client(daemon, ["reader", "enroll", "thumb"], Self.pin).status == 0)
+        #expect(try client(daemon, ["reader", "enroll", "spare"], Self.pin).status == 0)
+        daemon.kill()
+        let copy = Self.snapshot(store)
+        let file = reader + "/reader.json"
+        let readerCopy = try #require(FileManager.default.contents(atPath: file))
+        try daemon.start()
+        #expect(try client(daemon, ["reader", "remove", "spare"], Self.pin).status == 0)
+        daemon.kill()
+        try Self.putBack(copy, store)
+        unlink(file)
+        #expect(FileManager.default.createFile(atPath: file, contents: readerCopy, attributes: [.posixPermissions: 0o600]))
+        try daemon.start()
+        expectRollback(try client(daemon, ["reader", "list"]))
+        expectRollback(try client(daemon, ["can-use", "biometryAny"], uid: 65534))
+        expectRollback(try client(daemon, ["can-use", "passcode"], uid: 65534))
+        let status = try client(daemon, ["status"])
+        #expect(String(decoding: status.stdout, as: UTF8.self).contains("rollback counter: rolled-back"), "\(status.stderr)")
+    }
+
     // MARK: Failed touches
 
     /// A bound store with the passcode set, the finger `thumb` enrolled and the biometryAny item
