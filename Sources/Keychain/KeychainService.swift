@@ -279,7 +279,7 @@ package struct LocalService: KeychainService {
             guard value == .none || value == .passcode else { return .init(available: false, reason: .unsupported) }
             return await engine.tokenCanKeepKeys(uri: uri)
         }
-        return await engine.canUse(value, readerDirectory: configuration.readerDirectory)
+        return try await engine.canUse(value, readerDirectory: configuration.readerDirectory)
     }
 
     // MARK: The device
@@ -309,7 +309,7 @@ package struct LocalService: KeychainService {
     }
     package func biometryTypes() -> [BiometryType] { configuration.readerDirectory == nil ? [] : [.fingerprint] }
     package func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck {
-        await engine.canUse(value, readerDirectory: configuration.readerDirectory)
+        try await engine.canUse(value, readerDirectory: configuration.readerDirectory)
     }
     package func initialize() async throws(KeychainError) -> DeviceStatus { try await checked().initialize() }
     package func status() async throws(KeychainError) -> DeviceStatus {

@@ -10,7 +10,7 @@ public enum CLIOptions {
         "--pkcs11-uri", "--key-storage", "--owner-auth-file", "--owner-auth-out", "--lockout-auth-out", "--service", "--out", "--cost",
         "--pcr", "--version", "--ek-ca", "--parent", "--to", "--key", "--generation", "--boot-policy-key", "--access-group",
         "--credential",
-        "--state", "--expect-boot-state", "--nonce", "--identity", "--endorsement-key",
+        "--state", "--ledger", "--expect-boot-state", "--nonce", "--identity", "--endorsement-key",
     ]
     public static let booleans: Set<String> = [
         "--json", "--synchronizable", "--passcode-stdin", "--allow-empty-owner-auth", "--help", "-h", "--passphrase-stdin", "--direct",

@@ -177,17 +177,44 @@ public enum Attestation {
     /// - Returns: its modulus.
     public static func checkAttestationKey(_ publicArea: [UInt8]) throws(AttestationError) -> [UInt8] {
         let area = try parsePublic(publicArea, what: "the attestation key").publicArea
-        let required = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT | TPMA_OBJECT_SENSITIVEDATAORIGIN
-            | TPMA_OBJECT_RESTRICTED | TPMA_OBJECT_SIGN_ENCRYPT
         guard area.type == UInt16(TPM2_ALG_RSA), area.nameAlg == UInt16(TPM2_ALG_SHA256),
-              area.objectAttributes & required == required, area.objectAttributes & TPMA_OBJECT_DECRYPT == 0,
+              area.parameters.rsaDetail.symmetric.algorithm == UInt16(TPM2_ALG_NULL),
               area.parameters.rsaDetail.keyBits == 2048, area.unique.rsa.size == 256,
               area.parameters.rsaDetail.exponent == 0 || area.parameters.rsaDetail.exponent == 65537,
               area.parameters.rsaDetail.scheme.scheme == UInt16(TPM2_ALG_RSASSA),
               area.parameters.rsaDetail.scheme.details.rsassa.hashAlg == UInt16(TPM2_ALG_SHA256) else {
             throw AttestationError("the attestation key is not a restricted RSA 2048 RSASSA-SHA256 signing key, fixedTPM and fixedParent, made in the TPM")
         }
+        let differences = attributeDifferences(area.objectAttributes, expected: attestationKeyAttributes)
+            + (area.authPolicy.size == 0 ? [] : ["an authPolicy (the template's is empty)"])
+        guard differences.isEmpty else {
+            throw AttestationError("the attestation key is not made from the keychain's AK template: " + differences.joined(separator: ", ")
+                                   + ". Only an AK whose ADMIN role is its authValue proves it lives in the TPM: a software key's "
+                                   + "public area with a policy anyone satisfies, loaded with TPM2_LoadExternal, activates the credential too")
+        }
         return TPM2B.bytes(area.unique.rsa.buffer, size: 256)
+    }
+
+    /// The object attributes by their names in Part 2, 8.3 (TPMA_OBJECT).
+    private static let attributeNames: [(TPMA_OBJECT, String)] = [
+        (TPMA_OBJECT_FIXEDTPM, "fixedTPM"), (TPMA_OBJECT_STCLEAR, "stClear"), (TPMA_OBJECT_FIXEDPARENT, "fixedParent"),
+        (TPMA_OBJECT_SENSITIVEDATAORIGIN, "sensitiveDataOrigin"), (TPMA_OBJECT_USERWITHAUTH, "userWithAuth"),
+        (TPMA_OBJECT_ADMINWITHPOLICY, "adminWithPolicy"), (TPMA_OBJECT_NODA, "noDA"),
+        (TPMA_OBJECT_ENCRYPTEDDUPLICATION, "encryptedDuplication"), (TPMA_OBJECT_RESTRICTED, "restricted"),
+        (TPMA_OBJECT_DECRYPT, "decrypt"), (TPMA_OBJECT_SIGN_ENCRYPT, "sign"),
+    ]
+
+    /// How `attributes` differ from `expected`, in words: "adminWithPolicy set", "fixedTPM clear".
+    static func attributeDifferences(_ attributes: TPMA_OBJECT, expected: TPMA_OBJECT) -> [String] {
+        var differences: [String] = []
+        for (bit, name) in attributeNames where attributes & bit != expected & bit {
+            differences.append(name + (attributes & bit != 0 ? " set" : " clear"))
+        }
+        let named = attributeNames.reduce(TPMA_OBJECT(0)) { $0 | $1.0 }
+        if case let other = (attributes ^ expected) & ~named, other != 0 {
+            differences.append("reserved bits 0x" + String(other, radix: 16))
+        }
+        return differences
     }
 
     /// fixedTPM and fixedParent of a marshalled public area: an object that never leaves its TPM.

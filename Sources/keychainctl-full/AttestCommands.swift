@@ -36,10 +36,12 @@ extension Commands {
             } ?? .rsa2048
             document(try await administration.attestationRequest(endorsementKey: type).json())
         case "challenge":
-            let request = try AttestationRequest(json: try readFile(try operands(1, "REQUEST --state FILE")[0],
+            let request = try AttestationRequest(json: try readFile(try operands(1, "REQUEST --state FILE [--ledger DIR]")[0],
                                                                     limit: AttestationRequest.maxLength, what: "the request"))
             let statePath = try stateFlag()
             let made = try AttestationServer.challenge(for: request)
+            // Open in the ledger before the state exists: a state whose challenge is not open never verifies.
+            try ledger().open(made.state)
             // The state is the challenge's secret: made new (never over another), readable by the server only.
             let fd = open(statePath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
             guard fd >= 0 else { throw KeychainError(.storageError, "Cannot create \(statePath) (it may exist already)", underlying: .errno(errno)) }
@@ -57,7 +59,7 @@ extension Commands {
                                                                         limit: AttestationChallenge.maxLength, what: "the challenge"))
             document(try await administration.answer(challenge).json())
         case "verify":
-            let answer = try AttestationAnswer(json: try readFile(try operands(1, "ANSWER --state FILE [--ek-ca CA.pem] [--expect-boot-state VERIFIED]")[0],
+            let answer = try AttestationAnswer(json: try readFile(try operands(1, "ANSWER --state FILE [--ledger DIR] [--ek-ca CA.pem] [--expect-boot-state VERIFIED]")[0],
                                                                   limit: AttestationAnswer.maxLength, what: "the answer"))
             let statePath = try stateFlag()
             let state = try AttestationState(json: try readFile(statePath, limit: AttestationState.maxLength, what: "the challenge's state"))
@@ -66,7 +68,9 @@ extension Commands {
                 try VerifiedIdentity(json: try readFile(path, limit: VerifiedIdentity.maxLength, what: "the expected boot state (a verified identity)")).bootState
             }
             let verified = try AttestationServer.verify(answer, state: state, ekCA: ekCA, expectedBootState: expected)
-            // One answer per challenge: the state goes once it served.
+            // One answer per challenge: spent in the ledger (a kept copy of the state cannot open it
+            // again), and the state goes once it served.
+            try ledger().spend(state)
             unlink(statePath)
             document(verified.json())
         case "key":
@@ -108,6 +112,11 @@ extension Commands {
     private func stateFlag() throws(UsageError) -> String {
         guard let path = inv.flags["--state"] else { throw UsageError(message: "attest \(inv.command[1]) needs --state FILE (the challenge's secret, kept by the server)") }
         return path
+    }
+
+    /// `--ledger DIR`, else the verifier's own (`AttestationLedger.defaultDirectory`): its open challenges.
+    private func ledger() -> AttestationLedger {
+        AttestationLedger(directory: inv.flags["--ledger"] ?? AttestationLedger.defaultDirectory(environment: ProcessInfo.processInfo.environment))
     }
 
     /// A document on stdout (JSON always; `--json` changes only how errors are told).

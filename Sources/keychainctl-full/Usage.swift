@@ -247,18 +247,20 @@ enum Usage {
               attest request [--endorsement-key rsa2048|eccP256|eccP384]   (device) EK public and certificate (the RSA EK,
                                            or that ECC EK), AK public and name, SRK name, PCR selection (JSON)
             """),
-        CommandUsage("attest challenge", ["--state"], """
-              attest challenge REQUEST --state FILE   (server, no TPM) a credential for that EK and AK and a nonce (JSON on
-                                           stdout); the credential and nonce kept in FILE (made new, 0600)
+        CommandUsage("attest challenge", ["--state", "--ledger"], """
+              attest challenge REQUEST --state FILE [--ledger DIR]   (server, no TPM) a credential for that EK and AK and a
+                                           nonce (JSON on stdout); the credential and nonce kept in FILE (made new, 0600),
+                                           the challenge open in the ledger DIR (~/.local/state/keychain/attestation)
             """),
         CommandUsage("attest respond", [], """
               attest respond CHALLENGE     (device) ActivateCredential, a Quote of the PCRs and a Certify of the SRK (JSON)
             """),
-        CommandUsage("attest verify", ["--state", "--ek-ca", "--expect-boot-state"], """
-              attest verify ANSWER --state FILE [--ek-ca CA.pem] [--expect-boot-state VERIFIED]   (server, no TPM) the
-                                           verified identity (JSON) or AUTHENTICATION_FAILED naming the check; with
-                                           --expect-boot-state, the PCR values must be those of that verified identity;
-                                           FILE is removed once it verified
+        CommandUsage("attest verify", ["--state", "--ledger", "--ek-ca", "--expect-boot-state"], """
+              attest verify ANSWER --state FILE [--ledger DIR] [--ek-ca CA.pem] [--expect-boot-state VERIFIED]   (server,
+                                           no TPM) the verified identity (JSON) or AUTHENTICATION_FAILED naming the check;
+                                           with --expect-boot-state, the PCR values must be those of that verified
+                                           identity; the challenge is spent in the ledger (a copy of FILE does not
+                                           verify again) and FILE removed once it verified
             """),
         CommandUsage("attest key", itemOptions.union(["--nonce", "--accessible", "--access-control", "--auth-validity"]), """
               attest key SERVICE --nonce HEX [--accessible A] [--access-control C] [--auth-validity N]   (device) the AK's

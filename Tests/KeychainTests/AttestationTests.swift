@@ -20,7 +20,7 @@ struct AttestationTests: TwoDeviceTest {
     func server(_ args: [String], in dir: String) throws -> Outcome {
         let nowhere = dir + "/server-has-no-store"
         let out = try run(ctl, ["--store", nowhere, "attest"] + args, input: [],
-                          environment: ["KEYCHAIN_TCTI": "", "TPM2TCTI": "", "KEYCHAIN_READER": "none"])
+                          environment: ["KEYCHAIN_TCTI": "", "TPM2TCTI": "", "KEYCHAIN_READER": "none", "XDG_STATE_HOME": dir + "/server-state"])
         #expect(!FileManager.default.fileExists(atPath: nowhere), "the server touched a store (or started a TPM)")
         return out
     }
@@ -613,6 +613,91 @@ struct AttestationTests: TwoDeviceTest {
             bad.creationCertification.attest = Data(bytes).base64EncodedString()
             #expect(outcome(bad) == nil)
         }
+    }
+
+    /// The server's state copied before `attest verify` and put back after it: the copy is the same
+    /// document, but the challenge was spent in the verifier's ledger, so the same answer does not
+    /// verify twice. A state whose challenge another verifier's ledger never opened does not verify
+    /// either, and a refused answer spends nothing.
+    @Test func aKeptCopyOfTheServersStateDoesNotVerifyTheSameAnswerTwice() throws {
+        let b = try Device()
+        let dir = b.tpm.directory
+        let requestPath = try request(b)
+        let (challengePath, state) = try challenge(requestPath, in: dir)
+        let answer = try write(try respond(b, challengePath).stdout, dir + "/answer.json")
+        let kept = try Data(contentsOf: URL(fileURLWithPath: state))
+        let first = try server(["verify", answer, "--state", state], in: dir)
+        #expect(first.status == 0, "\(first.stderr)")
+        try kept.write(to: URL(fileURLWithPath: state))
+        let replayed = try server(["verify", answer, "--state", state], in: dir)
+        #expect(replayed.status == 3 && replayed.stderr.contains("AUTHENTICATION_FAILED")
+                && replayed.stderr.contains("not open in the attestation ledger"), "\(replayed.stderr)")
+        #expect(replayed.stdout.isEmpty)
+
+        let (c2, s2) = try challenge(requestPath, in: dir)
+        let a2 = try write(try respond(b, c2).stdout, dir + "/a2.json")
+        let elsewhere = try server(["verify", a2, "--state", s2, "--ledger", dir + "/another-verifier"], in: dir)
+        #expect(elsewhere.status == 3 && elsewhere.stderr.contains("not open in the attestation ledger"), "\(elsewhere.stderr)")
+        #expect(try server(["verify", a2, "--state", s2], in: dir).status == 0)
+    }
+
+    /// A software key dressed as the AK: its public area made by TPM2_LoadExternal (public part only,
+    /// which takes fixedTPM) on the device's TPM, put in the device's request in place of its AK.
+    /// With adminWithPolicy and an authPolicy anyone satisfies (PolicyCommandCode ActivateCredential),
+    /// `attest challenge` refuses it naming what differs from the AK template; with the template's own
+    /// attributes the public area cannot tell, and the TPM refuses to activate the credential for it
+    /// (TPM_RC_AUTH_UNAVAILABLE: a public-only object has no authValue).
+    @Test func aSoftwareKeyDressedAsTheAttestationKeyIsRefused() throws {
+        let b = try Device()
+        let dir = b.tpm.directory
+        let request = try AttestationRequest(json: Data(contentsOf: URL(fileURLWithPath: try request(b))))
+        func forged(_ attributes: String, policy: Bool) throws -> String {
+            let script = """
+                set -e
+                cd '\(dir)'
+                rm -f forged.ctx forged.pub forged.name policy.dat
+                [ -f soft.pem ] || openssl genrsa -out soft.pem 2048 2>/dev/null
+                openssl rsa -in soft.pem -pubout -out soft.pub.pem 2>/dev/null
+                tpm2_startauthsession -S trial.ctx
+                tpm2_policycommandcode -S trial.ctx -L policy.dat TPM2_CC_ActivateCredential >/dev/null
+                tpm2_flushcontext trial.ctx
+                tpm2_loadexternal -C n -G rsa:rsassa-sha256:null -u soft.pub.pem -a '\(attributes)' \(policy ? "-L policy.dat" : "") -c forged.ctx -n forged.name >/dev/null
+                tpm2_readpublic -c forged.ctx -o forged.pub >/dev/null
+                tpm2_flushcontext -t
+                """
+            let made = try run("/bin/sh", ["-c", script], environment: b.env)
+            #expect(made.status == 0, "\(made.stderr)")
+            var dressed = request
+            let publicArea = try Data(contentsOf: URL(fileURLWithPath: dir + "/forged.pub"))
+            dressed.attestationKey = .init(publicArea: publicArea.base64EncodedString(),
+                                           name: lowerHex([UInt8](try Data(contentsOf: URL(fileURLWithPath: dir + "/forged.name")))))
+            #expect(DeviceIdentity.name(ofPublic: [UInt8](publicArea)) == dressed.attestationKey.name)
+            return try write(dressed.json(), dir + "/dressed-\(UUID().uuidString).json")
+        }
+        let template = "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|noda|restricted|sign"
+        let withPolicy = try forged(template + "|adminwithpolicy", policy: true)
+        let refused = try server(["challenge", withPolicy, "--state", dir + "/dressed.state"], in: dir)
+        #expect(refused.status == 3 && refused.stderr.contains("DATA_CORRUPTED")
+                && refused.stderr.contains("not made from the keychain's AK template: adminWithPolicy set, an authPolicy"), "\(refused.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: dir + "/dressed.state"), "a refused request leaves no state")
+
+        // The template's attributes on a software key: the challenge is made, and the TPM holds.
+        let (challengePath, _) = try challenge(try forged(template, policy: false), in: dir)
+        let challenge = try AttestationChallenge(json: Data(contentsOf: URL(fileURLWithPath: challengePath)))
+        try writeForTpm2Activatecredential(b, challenge)
+        let script = """
+            set -e
+            cd '\(dir)'
+            tpm2_createek -c ek.ctx -G rsa -u ek.pub >/dev/null
+            tpm2_flushcontext -t
+            tpm2_loadexternal -C n -G rsa:rsassa-sha256:null -u soft.pub.pem -a '\(template)' -c forged.ctx >/dev/null
+            tpm2_flushcontext -t
+            tpm2_startauthsession --policy-session -S s.ctx
+            tpm2_policysecret -S s.ctx -c e >/dev/null
+            tpm2_activatecredential -c forged.ctx -C ek.ctx -i cred.blob -o cred.out -P session:s.ctx
+            """
+        let activated = try run("/bin/sh", ["-c", script], environment: b.env)
+        #expect(activated.status != 0 && activated.stderr.contains("0x12F"), "\(activated.stderr)")
     }
 
     /// Our challenge answered by tpm2-tools alone: tpm2_activatecredential with our AK (its blob from

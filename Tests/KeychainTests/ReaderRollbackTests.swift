@@ -51,6 +51,39 @@ extension RollbackTests {
         expectRollback(try d.cli(["reader", "list"]))
     }
 
+    /// The store and the reader's directory copied together before `reader remove spare`, and put
+    /// back together: the reader's file agrees with the store's record of it, so only the TPM's
+    /// counter tells. Every use is refused naming rollback, the reader's as the items' (before, `reader
+    /// list` printed the removed finger and `can-use` answered `unsupported`); `status` says so.
+    @Test func aStoreAndItsReaderPutBackTogetherRefuseEveryUseNamingRollback() throws {
+        let d = try Device(ctl: ctl)
+        #expect(try d.cli(["init", "--allow-empty-owner-auth"]).status == 0)
+        #expect(try d.cli(["passcode", "set"], Self.pin).status == 0)
+        #expect(try d.cli(["reader", "enroll", "thumb"], Self.pin).status == 0)
+        #expect(try d.cli(["reader", "enroll", "spare"], Self.pin).status == 0)
+        #expect(try d.cli(["set", "bio", "any", "--access-control", "biometryAny"], "any").status == 0)
+        let store = Self.snapshot(d.store)
+        let reader = try #require(FileManager.default.contents(atPath: Self.readerFile(d)))
+        #expect(try d.cli(["reader", "remove", "spare"], Self.pin).status == 0)
+        #expect(try d.text(["reader", "list"]) == "thumb\n")
+
+        try Self.putBack(store, d.store)
+        Self.putBackReader(reader, d)
+        expectRollback(try d.cli(["get", "bio", "any", "--touch", "spare"]))
+        expectRollback(try d.cli(["reader", "list"]))
+        expectRollback(try d.cli(["can-use", "biometryAny"]))
+        let json = try d.cli(["--json", "can-use", "biometryAny"])
+        #expect(json.status == 3 && String(decoding: json.stdout, as: UTF8.self).contains(#""code":"DATA_CORRUPTED","message":"Rollback"#),
+                "\(String(decoding: json.stdout, as: UTF8.self))")
+        expectRollback(try d.cli(["can-use", "biometryCurrentSet"]))
+        expectRollback(try d.cli(["can-use", "passcode"]))
+        expectRollback(try d.cli(["reader", "enroll", "middle"], Self.pin))
+        expectRollback(try d.cli(["reader", "remove", "thumb"], Self.pin))
+        expectRollback(try d.cli(["set", "bio", "new", "--access-control", "biometryAny"], "x"))
+        let status = try d.cli(["status"])
+        #expect(status.status == 0 && String(decoding: status.stdout, as: UTF8.self).contains("rollback counter: rolled-back"), "\(status.stderr)")
+    }
+
     /// `status` beside a reader put back from an older copy: the rest of the status as before, the
     /// reader `rolled-back` with the refusal's reason and recovery as a warning; current once deleted.
     @Test func statusShowsAReaderPutBackAsRolledBackWithItsRecovery() async throws {
@@ -229,6 +262,35 @@ extension RollbackTests {
         expectRollback(try client(["reader", "list"]))
         expectRollback(try client(["reader", "enroll", "middle"], Self.pin))
         #expect(try client(["get", "bank", "pin", "--touch", "index"]).status != 0)
+    }
+
+    /// The same through keychaind: its store and `--reader` directory copied together while it is
+    /// stopped, `reader remove spare`, and both put back. `reader list` (root) and `can-use`, which
+    /// keychaind answers for every uid (`nobody` here), are refused naming rollback.
+    @Test func keychaindRefusesItsStoreAndReaderPutBackTogether() throws {
+        let tpm = try SoftwareTPM()
+        let store = tpm.directory + "/store", reader = tpm.directory + "/reader"
+        #expect(try run(ctl, ["--direct", "--store", store, "--tcti", tpm.tcti, "init", "--allow-empty-owner-auth"]).status == 0)
+        let daemon = try KeychainDaemon(tpm: tpm, store: store, reader: reader)
+        #expect(try client(daemon, ["passcode", "set"], Self.pin).status == 0)
+        #expect(try client(daemon, ["reader", "enroll", "thumb"], Self.pin).status == 0)
+        #expect(try client(daemon, ["reader", "enroll", "spare"], Self.pin).status == 0)
+        daemon.kill()
+        let copy = Self.snapshot(store)
+        let file = reader + "/reader.json"
+        let readerCopy = try #require(FileManager.default.contents(atPath: file))
+        try daemon.start()
+        #expect(try client(daemon, ["reader", "remove", "spare"], Self.pin).status == 0)
+        daemon.kill()
+        try Self.putBack(copy, store)
+        unlink(file)
+        #expect(FileManager.default.createFile(atPath: file, contents: readerCopy, attributes: [.posixPermissions: 0o600]))
+        try daemon.start()
+        expectRollback(try client(daemon, ["reader", "list"]))
+        expectRollback(try client(daemon, ["can-use", "biometryAny"], uid: 65534))
+        expectRollback(try client(daemon, ["can-use", "passcode"], uid: 65534))
+        let status = try client(daemon, ["status"])
+        #expect(String(decoding: status.stdout, as: UTF8.self).contains("rollback counter: rolled-back"), "\(status.stderr)")
     }
 
     // MARK: Failed touches

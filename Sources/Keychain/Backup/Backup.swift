@@ -209,7 +209,7 @@ extension KeychainAdministration {
         // Pass 1: authenticate every chunk and check every item; nothing is written.
         while let item = try reader.next() { try Self.check(item) }
         try reader.rewind()
-        let passcodeAvailable = await engine.canUse(.passcode, readerDirectory: configuration.readerDirectory).available
+        let passcodeAvailable = try await engine.canUse(.passcode, readerDirectory: configuration.readerDirectory).available
         var report = RestoreReport(restored: [], skipped: [])
         do throws(KeychainError) {
             while let item = try reader.next() {

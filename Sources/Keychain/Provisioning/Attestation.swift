@@ -270,7 +270,9 @@ public enum AttestationServer {
         return (challenge, state)
     }
 
-    /// Verifies `answer` against the challenge whose `state` the server kept.
+    /// Verifies `answer` against the challenge whose `state` the server kept. This only checks: a
+    /// verifier spends the challenge after (`AttestationLedger.spend`, as `attest verify` does), or a
+    /// kept copy of `state` verifies the same answer again.
     /// - Parameters:
     ///   - ekCA: the TPM maker's CA (PEM); nil leaves the EK uncertified (said in the result).
     ///   - expectedBootState: the boot state the device must be in (an earlier verified identity's,

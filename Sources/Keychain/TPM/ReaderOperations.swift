@@ -39,7 +39,9 @@ extension Engine {
     }
 
     /// The same answer as a write would give, without writing and without a prompt.
-    func canUse(_ value: AccessControl, readerDirectory: String?) -> AccessControlCheck {
+    /// - Throws: `DATA_CORRUPTED` for a store or reader put back from a copy (or edited): no answer
+    ///   about it is true, and "unsupported" would send the caller to the wrong fix.
+    func canUse(_ value: AccessControl, readerDirectory: String?) throws(KeychainError) -> AccessControlCheck {
         guard value != .none else { return .init(available: true) }
         do {
             let reader = try readerDirectory.map { (dir: String) throws(KeychainError) in try checkedReader(dir) }
@@ -50,6 +52,7 @@ extension Engine {
             case .biometryNotAvailable: return .init(available: false, reason: .notAvailable)
             case .biometryNotEnrolled: return .init(available: false, reason: .notEnrolled)
             case .passcodeNotSet: return .init(available: false, reason: .passcodeNotSet)
+            case .dataCorrupted: throw error
             default: return .init(available: false, reason: .unsupported)
             }
         }
@@ -161,11 +164,23 @@ extension Engine {
     /// (`recordGeneration`), so with an unbound one nothing is refused.
     /// - Throws: `DATA_CORRUPTED` naming rollback, with the recovery.
     func checkedReader(_ directory: String) throws(KeychainError) -> FingerprintReader {
+        try checkStoreAgainstCounter()
         let reader = try FingerprintReader(directory: directory)
         guard let keyName = reader.keyName else { return reader }
         let recorded = try recordedGeneration(of: keyName)
         guard reader.generation < recorded else { return reader }
         throw Self.readerRolledBack(directory, generation: reader.generation, recorded: recorded)
+    }
+
+    /// A bound store checked against its TPM counter before its reader is used. The reader's record
+    /// is in the store, so a copy of both put back together agrees with itself: only the counter
+    /// tells, and every use of the reader (listing, `can-use`, enrollment) is refused naming rollback
+    /// as a read is. Free when this process knows the counter at the store's value, or inside a TPM
+    /// operation (which checked it as it began); otherwise a TPM operation that only checks.
+    func checkStoreAgainstCounter() throws(KeychainError) {
+        guard activeKeyring == nil, !rollbackCheckSuspended, let store = try existingStore(),
+              let recorded = try rollbackState(store)?.record, recorded.value != rollbackKnown else { return }
+        try withKeyring { _ throws(KeychainError) in }
     }
 
     nonisolated static func readerRolledBack(_ directory: String, generation: UInt64, recorded: UInt64) -> KeychainError {
