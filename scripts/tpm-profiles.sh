@@ -10,7 +10,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 PATH=/opt/swift/usr/bin:$PATH
-swift build --build-tests >&2
+swift build --build-tests -Xswiftc -warnings-as-errors >&2  # the flags of the usual build, so it is reused
 # Suites that mean the same on any chip (the TPM layer's, the engine's, keychaind's, provisioning's).
 ALL="TrialSessionTests|AccessibleLevelTests|SeedContractTests|BootStateTests|BootApprovalTests|ProvisioningTests|DaemonEngineTests|DaemonTests|RollbackTests|ChipProfileKeychainTests"
 # On revision 1.16 (no PolicyAuthorizeNV): approvals are UNSUPPORTED there, so no BootApprovalTests.

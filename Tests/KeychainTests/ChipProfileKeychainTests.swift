@@ -31,6 +31,23 @@ struct ChipProfileKeychainTests {
         #expect(status.mode == "set-up" && status.matches, "\(status)")
     }
 
+    /// The steps, each its own process: init, a ThisDeviceOnly set, then get in a later process.
+    @Test func keychainctlInitSetAndGetOfAThisDeviceOnlyItemOnAnOldTPM() throws {
+        let tpm = try SoftwareTPM(profile: Self.oldFirmware)
+        func cli(_ args: [String], _ input: String = "") throws -> (status: Int32, stdout: String, stderr: String) {
+            let result = try run(buildDirectory.appendingPathComponent("keychainctl").path,
+                                 ["--store", tpm.directory + "/store", "--tcti", tpm.tcti, "--reader", "none"] + args, input: Array(input.utf8))
+            return (result.status, String(decoding: result.stdout, as: UTF8.self), result.stderr)
+        }
+        let initialized = try cli(["init", "--owner-auth-out", tpm.directory + "/owner.auth", "--lockout-auth-out", tpm.directory + "/lockout.auth"])
+        #expect(initialized.status == 0, "\(initialized.stderr)")
+        let set = try cli(["set", "tdo", "k", "--accessible", "afterFirstUnlockThisDeviceOnly"], "the secret")
+        #expect(set.status == 0, "\(set.stderr)")
+        let got = try cli(["get", "tdo", "k"])
+        #expect(got.status == 0 && got.stdout == "the secret", "\(got.stderr)")
+        #expect(!got.stderr.contains("0x143"))
+    }
+
     @Test func everyLevelRoundTripsOnAnOldTPM() async throws {
         let f = try Fixture(profile: Self.oldFirmware)
         try await f.device.setPasscode(bytes(Self.passcode))
