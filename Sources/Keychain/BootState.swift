@@ -19,7 +19,8 @@ public struct BootStateStatus: Sendable, Hashable, Codable {
     public var matches: Bool
     /// The PCRs whose current value differs from `approved`.
     public var differing: [Int]
-    /// `local` (approved with the passcode or owner authorization) or `vendor` (signed policies).
+    /// `local` (approved with the passcode or owner authorization), `vendor` (signed policies) or `set-up`
+    /// (a TPM without PolicyAuthorizeNV: the state recorded when the keychain was set up, and no other).
     public var mode: String = "local"
     /// Vendor mode: the generations of the installed signed policies, and those revoked among them.
     public var installedGenerations: [Int]?
@@ -133,6 +134,14 @@ extension Engine {
                                    matches: match.map { !revoked.contains($0.policy.generation) } ?? false,
                                    differing: match == nil ? current.values.keys.sorted() : [], mode: "vendor",
                                    installedGenerations: installed.map(\.policy.generation).sorted(), revokedGenerations: revoked.sorted())
+        }
+        if try !keyring.implementsPolicyAuthorizeNV() {
+            // No approval on this TPM: keys are sealed (PolicyPCR) to the state recorded at set-up.
+            let recorded = keyring.recordedBootState(selection)
+            return BootStateStatus(pcrs: current.values.keys.sorted(), approved: recorded?.hexValues, approvalIndexWritten: false,
+                                   current: current.hexValues, matches: recorded == current,
+                                   differing: current.values.keys.sorted().filter { recorded?.values[$0] != current.values[$0] },
+                                   mode: "set-up")
         }
         let recorded = keyring.recordedApproval(matching: approvedPolicy)
         let differing = current.values.keys.sorted().filter { recorded?.values[$0] != current.values[$0] }

@@ -42,6 +42,9 @@ enum StoreMeta {
     static let bootVendorPolicies = "tpm.boot-vendor.policies"
     /// The generation bit-field index's serialized ESAPI resource.
     static let bootGenerationTR = "tpm.boot-generation.tr"
+    /// Whether the TPM implements PolicyAuthorizeNV ([1] or [0]), asked once (GetCapability) before the
+    /// first approval index: a revision 1.16 TPM lacks it, and its ThisDeviceOnly keys use PolicyPCR.
+    static let policyAuthorizeNV = "tpm.has-policy-authorize-nv"
     /// The PCR selection (one byte per PCR) the store was set up with; every later call uses it.
     static let pcrSelection = "tpm.pcr-selection"
     /// The store's rollback counter (RollbackBinding): its NV index, window and authValue.

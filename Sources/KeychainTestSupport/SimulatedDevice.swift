@@ -36,9 +36,10 @@ public struct SimulatedDevice: Sendable {
     ///   - fingers: enrolled on the reader.
     ///   - reader: false for a device without a fingerprint reader.
     ///   - throughDaemon: serve the store with keychaind (`daemon`) and call it through its socket.
+    ///   - profile: the TPM chip to behave as (`.typicalSPI`, `.oldFirmware`, …); nil for `SoftwareTPM()`'s default.
     public init(passcode: SecureBytes? = nil, fingers: [String] = [], reader: Bool = true,
-                throughDaemon: Bool = SimulatedDevice.throughDaemonByDefault) async throws {
-        tpm = try SoftwareTPM()
+                throughDaemon: Bool = SimulatedDevice.throughDaemonByDefault, profile: TPMProfile? = nil) async throws {
+        tpm = try SoftwareTPM(profile: profile)
         self.passcode = passcode
         let readerDirectory = reader ? tpm.directory + "/reader" : nil
         if throughDaemon {

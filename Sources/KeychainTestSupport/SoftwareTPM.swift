@@ -12,28 +12,44 @@ import TPM2
 /// let tpm = try SoftwareTPM()
 /// let keychain = try createKeychain(.init(service: "tests"), configuration: tpm.configuration())
 /// ```
+///
+/// With a `profile`, the TPM behaves like a chip a device has (its times, the commands it lacks, the
+/// warnings it answers): swtpm then runs in `directory/chip` behind a proxy on the same sockets.
 public final class SoftwareTPM: @unchecked Sendable {
     /// `$TMPDIR/keychain-swtpm-<UUID>`: the sockets, `state/` (the TPM's), `store/`, `reader/`, `owner`.
     public let directory: String
     private let swtpm: Swtpm
     private var child: Swtpm.Child?
     private let lock = NSLock()
+    /// The profile's proxy in front of swtpm; nil for plain swtpm.
+    private var proxy: ChipProxy?
+    /// The profile this TPM behaves as; nil for swtpm as it is.
+    public let profile: TPMProfile?
 
     /// The TCTI string of this TPM (`swtpm:path=…/tpm`).
     public var tcti: String { device.tctiConfiguration }
-    public var device: TPMDevice { swtpm.device }
+    public let device: TPMDevice
+    /// The command codes the profile's proxy was sent, in order; empty without a profile.
+    public var commandsSeen: [UInt32] { lock.withLock { proxy?.commandsSeen ?? [] } }
     /// The swtpm process (to stop it with SIGSTOP, say); 0 when it is not running.
     public var processIdentifier: pid_t { lock.withLock { child?.pid ?? 0 } }
 
-    public init() throws {
+    /// - Parameter profile: the chip to behave as; by default the one `KEYCHAIN_TEST_TPM_PROFILE` names
+    ///   (`fast`, `typical`, `slow`, `old`: scripts/tpm-profiles.sh runs suites on each), else plain swtpm.
+    public init(profile: TPMProfile? = nil) throws {
+        let profile = try profile ?? TPMProfile.fromEnvironment(ProcessInfo.processInfo.environment)
+        self.profile = profile
         let temporary = FileManager.default.temporaryDirectory.path
         Self.removeStaleDirectories(in: temporary)
         directory = temporary + "/keychain-swtpm-\(UUID().uuidString)"
-        for dir in [directory, directory + "/state"] where mkdir(dir, 0o700) != 0 {
+        for dir in [directory, directory + "/state"] + (profile == nil ? [] : [directory + "/chip"]) where mkdir(dir, 0o700) != 0 {
             throw SoftwareTPMError("cannot create \(dir): errno \(errno)")
         }
         try Self.recordOwner(in: directory)
-        swtpm = try Swtpm(directory: directory)
+        let front = try Swtpm(directory: directory)
+        device = front.device
+        swtpm = profile == nil ? front : try Swtpm(directory: directory + "/chip")
+        if let profile { proxy = try ChipProxy(profile: profile, socket: front.socket, upstream: swtpm.socket) }
         try start()
         // Low DA limits, so a test that fails authorizations never waits minutes (our own objects are noDA).
         let context = try TPMContext(device: device)
@@ -48,6 +64,7 @@ public final class SoftwareTPM: @unchecked Sendable {
     /// The TPM cannot be started again after it.
     public func remove() {
         stop()
+        lock.withLock { proxy?.stop() }
         TPMTurn.removeLocks(of: device)
         try? FileManager.default.removeItem(atPath: directory)
     }

@@ -387,6 +387,22 @@ extension TPMContext {
         return data.pointee.data.tpmProperties.tpmProperty.0.value
     }
 
+    /// Whether the TPM implements `command` (a TPM_CC): GetCapability(TPM_CAP_COMMANDS) from it, one entry.
+    /// A TPM of spec revision 1.16 leaves out what it lacks (PolicyAuthorizeNV, CreateLoaded, …) and
+    /// answers TPM_RC_COMMAND_CODE when sent it: asking first is the only way to know without sending it.
+    public func implements(command: UInt32) throws(TPMError) -> Bool {
+        var more: TPMI_YES_NO = 0
+        var data: UnsafeMutablePointer<TPMS_CAPABILITY_DATA>?
+        try call("GetCapability(commands)") {
+            Esys_GetCapability(esys, Self.none, Self.none, Self.none, TPM2_CAP_COMMANDS, command, 1, &more, &data)
+        }
+        defer { Esys_Free(data) }
+        guard let data, data.pointee.data.command.count >= 1 else { return false }
+        // TPMA_CC (Part 2, 8.9): commandIndex in bits 0–15, V (a vendor command) in bit 29.
+        let attributes = data.pointee.data.command.commandAttributes.0
+        return attributes & 0xFFFF == command & 0xFFFF && attributes & 0x2000_0000 == 0
+    }
+
     public static let propertyManufacturer: UInt32 = KC_PT_MANUFACTURER
     public static let propertyLockoutCounter: UInt32 = KC_PT_LOCKOUT_COUNTER
     public static let propertyMaxAuthFail: UInt32 = KC_PT_MAX_AUTH_FAIL

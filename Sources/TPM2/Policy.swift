@@ -117,7 +117,7 @@ public enum CommandCode {
     static let policyCpHash: UInt32 = 0x16E
     static let policyOR: UInt32 = 0x171
     static let policyPCR: UInt32 = 0x17F
-    static let policyAuthorizeNV: UInt32 = 0x192
+    public static let policyAuthorizeNV: UInt32 = 0x192
 }
 
 /// The public area of an NV index, enough to compute its name offline (Part 2, 13.5).

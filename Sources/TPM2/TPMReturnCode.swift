@@ -54,6 +54,8 @@ public struct TPMReturnCode: RawRepresentable, Hashable, Sendable, CustomStringC
     public static let failure = Self(rawValue: 0x101)
     public static let authUnavailable = Self(rawValue: 0x12F)
     public static let policy = Self(rawValue: 0x126)
+    /// A command the TPM does not implement (TPM_RC_COMMAND_CODE): PolicyAuthorizeNV on a revision 1.16 part.
+    public static let commandCode = Self(rawValue: 0x143)
     public static let nvLocked = Self(rawValue: 0x148)
     public static let nvAuthorization = Self(rawValue: 0x149)
     public static let nvUninitialized = Self(rawValue: 0x14A)

@@ -97,7 +97,15 @@ func bootStateText(_ status: BootStateStatus) -> String {
 
 /// One line for `status`: whether ThisDeviceOnly items open in this boot state.
 func bootStateLine(_ status: BootStateStatus) -> String {
-    if status.matches { return "boot state: approved (PCR \(status.pcrs.map(String.init).joined(separator: ",")))" }
+    let pcrs = status.pcrs.map(String.init).joined(separator: ",")
+    if status.mode == "set-up" {
+        // A TPM without PolicyAuthorizeNV: the one state recorded at set-up (BootApproval.swift).
+        let fixed = "this TPM cannot approve another (it lacks TPM2_PolicyAuthorizeNV)"
+        return status.matches ? "boot state: the one recorded at set-up (PCR \(pcrs)); \(fixed)"
+            : "boot state: NOT the one recorded at set-up (PCR " + status.differing.map(String.init).joined(separator: ",")
+                + " differs): ThisDeviceOnly items do not open; \(fixed): boot the configuration the keychain was set up in"
+    }
+    if status.matches { return "boot state: approved (PCR \(pcrs))" }
     if status.mode == "vendor" {
         return "boot state: NOT approved (no installed, unrevoked policy signed for these values): ThisDeviceOnly items do not "
             + "open; install the vendor's policy for this release: keychainctl boot-state install POLICY"

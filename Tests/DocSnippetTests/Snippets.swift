@@ -404,3 +404,10 @@ struct docs_provisioning_1 {
         return try AttestationServer.verify(try AttestationAnswer(json: answer), state: state, ekCA: makerCA)
     }
 }
+
+// docs/tpm-profiles.md, block 1
+func docs_tpm_profiles_0() async throws {
+    let tpm = try SoftwareTPM(profile: .typicalSPI)      // or SimulatedDevice(profile: .oldFirmware)
+    let keychain = try createKeychain(.init(service: "tests"), configuration: tpm.configuration())
+    _ = keychain
+}

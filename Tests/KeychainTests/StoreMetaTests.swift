@@ -15,7 +15,7 @@ import Testing
             (StoreMeta.rollbackValue, "rollback.counter.value"), (StoreMeta.rollbackRetired, "rollback.counter.retired"),
             (StoreMeta.passcodeBudget, "passcode.budget"),
             (StoreMeta.wrongPasscodes, "passcode.wrong-in-a-row"), (StoreMeta.oneNamespace, "items.one-namespace"),
-            (StoreMeta.attestationKey, "tpm.attestation-key"),
+            (StoreMeta.attestationKey, "tpm.attestation-key"), (StoreMeta.policyAuthorizeNV, "tpm.has-policy-authorize-nv"),
             (StoreMeta.ticket(service: "svc", protection: "whenUnlocked.bio"), "ticket:svc/whenUnlocked.bio"),
             (StoreMeta.retired(service: "sé/rv", key: "k"), "retired:6:sé/rv/k"),
         ]

@@ -16,8 +16,8 @@ struct Fixture {
     let configuration: KeychainConfiguration
     let device: KeychainDevice
 
-    init(pcrSelection: [Int]? = nil, throughDaemon: Bool = SimulatedDevice.throughDaemonByDefault) throws {
-        tpm = try SoftwareTPM()
+    init(pcrSelection: [Int]? = nil, throughDaemon: Bool = SimulatedDevice.throughDaemonByDefault, profile: TPMProfile? = nil) throws {
+        tpm = try SoftwareTPM(profile: profile)
         if throughDaemon {
             let daemon = try KeychainDaemon(tpm: tpm, arguments: pcrSelection.map { ["--pcrs", $0.map(String.init).joined(separator: ",")] } ?? [])
             self.daemon = daemon

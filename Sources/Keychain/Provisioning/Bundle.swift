@@ -387,6 +387,8 @@ extension Engine {
                                         + "device's identity (keychainctl identity)")
                 }
                 // As for a ThisDeviceOnly write: the approval index exists and approves a state (today's if none).
+                // A bundle's policy names the index (it was sealed offline), so a TPM without PolicyAuthorizeNV cannot open it.
+                guard try keyring.implementsPolicyAuthorizeNV() else { throw keyring.approvalUnsupported("A ThisDeviceOnly bundle") }
                 guard let name = try keyring.ensureBootApproval(selection: pcrs, initial: keyring.recordedBootState(pcrs)) else {
                     throw KeychainError(.hardwareUnavailable, "A ThisDeviceOnly bundle needs the boot-state approval index, and "
                                         + "this keychain cannot define it without the owner authorization (--owner-auth-file)")

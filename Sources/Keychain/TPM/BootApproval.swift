@@ -79,6 +79,9 @@ extension TPMKeyring {
     /// caller then keeps to literal PCR values. Crash-safe: each step is redone until the store records
     /// the index (define, write, record; an index found half-made is completed or remade).
     func ensureBootApproval(selection: [Int], initial: BootState?) throws(KeychainError) -> [UInt8]? {
+        // A TPM without PolicyAuthorizeNV can hold the index (a store set up before this check made one),
+        // but no key sealed to it would ever open.
+        guard try implementsPolicyAuthorizeNV() else { return nil }
         if (try? store.meta(StoreMeta.bootApprovalTR)).flatMap({ $0 }) != nil { return BootApprovalLayout.name }
         do {
             var index = try? context.resource(forPersistent: BootApprovalLayout.index)
@@ -119,6 +122,29 @@ extension TPMKeyring {
         } catch {
             throw KeychainError(.internal, "\(error)")
         }
+    }
+
+    /// Whether the TPM implements PolicyAuthorizeNV: the store's record, else one GetCapability, recorded.
+    /// False on a TPM of spec revision 1.16 (Infineon SLB9665 5.x, ST33TPHF2ESPI 73.x): its
+    /// `ThisDeviceOnly` keys are sealed with PolicyPCR to the boot state recorded at set-up, and
+    /// approving another state is `UNSUPPORTED` (docs/security.md).
+    func implementsPolicyAuthorizeNV() throws(KeychainError) -> Bool {
+        if let recorded = (try? store.meta(StoreMeta.policyAuthorizeNV)).flatMap({ $0 }), recorded.count == 1 { return recorded[0] == 1 }
+        let implements: Bool
+        do { implements = try context.implements(command: CommandCode.policyAuthorizeNV) } catch {
+            throw diagnose(error, doing: "list the commands the TPM implements")
+        }
+        try writeMeta { tx in try tx.setMeta(StoreMeta.policyAuthorizeNV, [implements ? 1 : 0]) }
+        return implements
+    }
+
+    /// UNSUPPORTED for what needs a boot-state approval (`what`) on a TPM without PolicyAuthorizeNV.
+    func approvalUnsupported(_ what: String) -> KeychainError {
+        KeychainError(.unsupported,
+                      "\(what) needs TPM2_PolicyAuthorizeNV, which this TPM does not implement (a TPM of spec revision 1.16): "
+                      + "on it, ThisDeviceOnly items are sealed to the boot state recorded when this keychain was set up (PCR "
+                      + pcrSelection.map(String.init).joined(separator: ",") + ") and open only in that state; no other "
+                      + "state can be approved. A vendor's signed boot policies (keychainctl init --boot-policy-key) work on it")
     }
 
     /// Refuses a `ThisDeviceOnly` seal in a state nobody approved (it would be sealed to nothing that opens).
@@ -169,6 +195,7 @@ extension TPMKeyring {
     /// Writes the approved state: with the passcode (PolicySecret on the PIN index; the empty one when
     /// none is set), or with the owner authorization when `passcode` is nil and `owner` is set.
     func approveBootState(_ state: BootState, passcode: SecureBytes?, owner: Bool) throws(KeychainError) {
+        guard try implementsPolicyAuthorizeNV() else { throw approvalUnsupported("Approving a boot state") }
         guard try ensureBootApproval(selection: state.values.keys.sorted(), initial: nil) != nil else {
             throw KeychainError(.authenticationFailed,
                                 "The boot-state approval index does not exist yet, and making it needs the owner authorization "

@@ -518,6 +518,13 @@ final class TPMKeyring {
             return vendorStateError("the PCRs do not hold the values of the installed signed policy", reading: true, underlying: error)
         case "PolicyAuthorizeNV" where code.is(.value):
             return unapprovedBootState(current: try? BootState.read(context, policy.pcrs ?? []), reading: true, underlying: error)
+        case "PolicyAuthorizeNV" where code.is(.commandCode):
+            // Sealed before this version asked the TPM (implementsPolicyAuthorizeNV): no TPM of that model opens it.
+            return KeychainError(.unsupported,
+                                 "This ThisDeviceOnly item was sealed to an approved boot state (TPM2_PolicyAuthorizeNV), a "
+                                 + "command this TPM does not implement (a TPM of spec revision 1.16): it cannot be opened on "
+                                 + "this TPM. Delete it and write it again: ThisDeviceOnly items written now are sealed to the "
+                                 + "boot state recorded at set-up", underlying: .tpm(error))
         case "PolicyAuthorizeNV" where code.is(.nvUninitialized) || code.is(.handle):
             return KeychainError(.deviceStateChanged,
                                  "No boot state is approved on this TPM (its approval index is missing or empty): the "
@@ -555,6 +562,10 @@ final class TPMKeyring {
         if error.isConnectionFailure {
             return KeychainError(.hardwareUnavailable, "Lost the connection to the TPM at \(context.device) while trying to \(what)",
                                  underlying: .tpm(error))
+        }
+        if error.code.is(.commandCode) {
+            return KeychainError(.unsupported, "The TPM does not implement \(error.command), needed to \(what) (TPM_RC_COMMAND_CODE: "
+                                 + "a TPM of an older spec revision)", underlying: .tpm(error))
         }
         if srkChanged() { return srkError(error) }
         if error.command.hasPrefix("EvictControl"), error.code.is(.badAuth) || error.code.is(.authFail) {
