@@ -72,6 +72,9 @@ actor Engine {
     /// ended well and left nothing in the TPM: a turn whose lock still holds it follows that one
     /// directly, so the TPM holds nothing a killed process left, and the leftover check is skipped.
     var lastTurnMark: [UInt8]?
+    /// The call whose TPM operations ran last (`SerialThreadExecutor.callMadeAt`) and how long they
+    /// took: a later operation of the same call counts them as the TPM's answers, not as a wait.
+    var callTPMTime: (call: ContinuousClock.Instant, spent: Duration)?
     /// Which connection is kept, nil when none is (KeptConnectionTests).
     var keptConnectionIdentity: ObjectIdentifier? { keptConnection.map(ObjectIdentifier.init) }
 

@@ -19,6 +19,9 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
     /// call moving on (a task hopping from its nonisolated code onto the engine), and keeps the
     /// time the call was enqueued, so a call's wait behind others counts once, not from each hop.
     private var jobThread: pthread_t?
+    /// Calls that driving threads are starting or resuming now (`drive(_:madeAt:until:)`), by thread:
+    /// what such a thread enqueues counts from when its call was made, not from now.
+    private var madeAt: [pthread_t: ContinuousClock.Instant] = [:]
     /// A thread (the executor's or a driver) is running jobs: only it takes more.
     private var running = false
     private var stopping = false
@@ -50,12 +53,16 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
     /// behind others (`Engine.withKeyring`). Only from a job running on this executor.
     package func waitedSinceEnqueued() -> Duration { ContinuousClock.now - runningEnqueued }
 
+    /// When the call of the job running now was made (its first job enqueued): the same for each of
+    /// its jobs, so it names the call (`Engine.withKeyring`). Only from a job running on this executor.
+    package var callMadeAt: ContinuousClock.Instant { runningEnqueued }
+
     package func enqueue(_ job: consuming ExecutorJob) {
         let unowned = UnownedJob(job)
         let now = ContinuousClock.now
         condition.lock()
         let inJob = jobThread.map { pthread_equal($0, pthread_self()) != 0 } ?? false
-        jobs.append((unowned, inJob ? runningEnqueued : now))
+        jobs.append((unowned, inJob ? runningEnqueued : madeAt[pthread_self()] ?? now))
         // Whoever runs jobs now takes this one too; only an idle executor wakes its thread.
         if !running { condition.signal() }
         condition.unlock()
@@ -66,19 +73,23 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
     /// says the caller has its own work back (the rest go to the executor's thread: a driver does
     /// not keep its own client waiting while it serves others).
     ///
+    /// - Parameter madeAt: when the call that `start` starts or resumes was made: its jobs count their
+    ///   wait from then (`waitedSinceEnqueued`), so time it waited before reaching the executor (its
+    ///   uid's turn in keychaind) is part of its TPM deadline.
     /// - Important: only from a thread of the caller's own, never from Swift's shared pool: the jobs
     ///   block (SQLite, TPM) as they would on the executor's thread.
-    package func drive(_ start: () -> Void, until done: () -> Bool = { false }) {
+    package func drive(_ start: () -> Void, madeAt: ContinuousClock.Instant? = nil, until done: () -> Bool = { false }) {
+        let thread = pthread_self()
         condition.lock()
-        guard !running else {
-            condition.unlock()
-            start()  // the running thread takes the new jobs
-            return
-        }
+        self.madeAt[thread] = madeAt
+        let driving = !running
         running = true
         condition.unlock()
-        start()
-        runJobs(until: done)
+        start()  // when another thread runs jobs, it takes the new ones
+        condition.lock()
+        self.madeAt[thread] = nil
+        condition.unlock()
+        if driving { runJobs(until: done) }
     }
 
     /// Whether the calling thread is an executor's own: its jobs may block (it is there for that), so

@@ -11,14 +11,21 @@ import Synchronization
 /// end-of-file and the TCTI fails with an I/O error.
 /// - Important: a kernel device (`/dev/tpmrm0`) is bounded by the kernel driver's own timeouts;
 ///   tabrmd and other TCTIs are not bounded here.
-struct AnswerDeadline: Sendable {
+///
+/// One timer per connection, armed again for each exchange. A work item per exchange
+/// (`asyncAfter`) stays queued in libdispatch until its time comes, cancelled or not: at a thousand
+/// `status` calls a second (four TPM commands each, a 30 s deadline) keychaind held 120,000 of
+/// them, grew by 2.8 KB a call and slowed to a third (issue 38 item 5).
+final class AnswerDeadline {
     enum Peer: Hashable, Sendable {
         case unix(String)
         case tcp(port: UInt16)
     }
 
-    let timeout: Duration
+    /// How long each exchange may take; an operation sets its own (`TPMContext.setAnswerTimeout`).
+    var timeout: Duration
     let peers: Set<Peer>
+    private let watch: Watch?
 
     init(device: TPMDevice, timeout: Duration) {
         self.timeout = timeout
@@ -28,38 +35,56 @@ struct AnswerDeadline: Sendable {
         case .swtpm(_, let port): peers = [.tcp(port: UInt16(port)), .tcp(port: UInt16(port + 1))]
         default: peers = []
         }
+        watch = peers.isEmpty ? nil : Watch(peers: peers)
     }
+
+    deinit { watch?.end() }
 
     /// Runs `body`; whether the deadline passed while it ran (and the TPM's sockets were shut down).
     func run<T>(_ body: () -> T) -> (result: T, timedOut: Bool) {
-        guard !peers.isEmpty else { return (body(), false) }
-        let watch = Watch(peers: peers)
-        let item = DispatchWorkItem { watch.expire() }
-        let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
-        DispatchQueue.global().asyncAfter(deadline: .now() + seconds, execute: item)
+        guard let watch else { return (body(), false) }
+        watch.arm(timeout)
         let result = body()
-        item.cancel()
-        return (result, watch.finish())
+        return (result, watch.disarm())
     }
 
-    private final class Watch: Sendable {
-        /// (finished, expired); the lock keeps a late timer from touching sockets after `finish`.
-        private let state = Mutex((finished: false, expired: false))
+    /// Unchecked for `timer` alone: a dispatch source may be scheduled from any thread.
+    private final class Watch: @unchecked Sendable {
+        /// The armed exchange's deadline (nil between exchanges) and whether it passed. A firing
+        /// meant for an earlier exchange, late, finds a deadline still ahead and does nothing.
+        private let state = Mutex((deadline: ContinuousClock.Instant?.none, expired: false))
         private let peers: Set<Peer>
-        init(peers: Set<Peer>) { self.peers = peers }
+        private let timer: any DispatchSourceTimer
 
-        func expire() {
+        init(peers: Set<Peer>) {
+            self.peers = peers
+            timer = DispatchSource.makeTimerSource(queue: .global())
+            timer.setEventHandler { [weak self] in self?.expire() }
+            timer.activate()
+        }
+
+        func arm(_ timeout: Duration) {
+            state.withLock { $0 = (ContinuousClock.now + timeout, false) }
+            let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
+            timer.schedule(deadline: .now() + seconds, leeway: .milliseconds(10))
+        }
+
+        /// Ends the exchange; whether its deadline passed. The lock keeps a late firing from
+        /// touching sockets after this.
+        func disarm() -> Bool {
             state.withLock { state in
-                guard !state.finished else { return }
-                state.expired = true
-                AnswerDeadline.shutDownSockets(to: peers)
+                state.deadline = nil
+                return state.expired
             }
         }
 
-        func finish() -> Bool {
+        func end() { timer.cancel() }
+
+        private func expire() {
             state.withLock { state in
-                state.finished = true
-                return state.expired
+                guard let deadline = state.deadline, ContinuousClock.now >= deadline, !state.expired else { return }
+                state.expired = true
+                AnswerDeadline.shutDownSockets(to: peers)
             }
         }
     }

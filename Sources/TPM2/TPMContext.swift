@@ -19,7 +19,7 @@ public final class TPMContext {
     public let device: TPMDevice
     /// TPM commands sent on this connection; the benchmark reads it.
     public private(set) var commandCount = 0
-    private var deadline: AnswerDeadline
+    private let deadline: AnswerDeadline
     /// ESAPI resources of persistent objects and NV indices made since the last `endOperation`
     /// (ReadPublic, TR_Deserialize): closed there, so a context holds none with a name the TPM may
     /// have changed since (an NV index written, a TPM reset), and does not grow.
@@ -53,7 +53,7 @@ public final class TPMContext {
     /// How long each later command may wait for the TPM's answer: a context kept between operations
     /// takes each operation's own deadline.
     public func setAnswerTimeout(_ timeout: Duration) {
-        deadline = AnswerDeadline(device: device, timeout: timeout)
+        deadline.timeout = timeout
     }
 
     /// Ends one operation: the owner's session is flushed and the ESAPI resources of persistent

@@ -21,9 +21,13 @@ struct FrozenTPMTests {
         let ended = Mutex<ContinuousClock.Instant?>(nil)
         let errors = Pipe()
 
-        init(_ keychainctl: String, _ arguments: [String], environment: [String: String]) throws {
-            process.executableURL = URL(fileURLWithPath: keychainctl)
-            process.arguments = arguments
+        /// - Parameters:
+        ///   - input: its stdin (the value, or a passcode for `--passcode-stdin`).
+        ///   - uid: another uid to run as (through `setpriv`); nil for this process's.
+        init(_ keychainctl: String, _ arguments: [String], environment: [String: String], input text: String = "v", uid: UInt32? = nil) throws {
+            let asUser = uid.map { ["--reuid=\($0)", "--regid=\($0)", "--clear-groups", keychainctl] } ?? []
+            process.executableURL = URL(fileURLWithPath: uid == nil ? keychainctl : "/usr/bin/setpriv")
+            process.arguments = asUser + arguments
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
             let input = Pipe()
             process.standardInput = input
@@ -31,7 +35,7 @@ struct FrozenTPMTests {
             process.standardError = errors
             process.terminationHandler = { [weak self] _ in self?.ended.withLock { $0 = .now } }
             try process.run()
-            input.fileHandleForWriting.write(Data("v".utf8))
+            input.fileHandleForWriting.write(Data(text.utf8))
             try input.fileHandleForWriting.close()
         }
 
@@ -103,5 +107,46 @@ struct FrozenTPMTests {
         #expect(kill(pid, SIGCONT) == 0)
         let after = try run(keychainctl, ["set", "other", "k1"], input: Array("after".utf8), environment: daemon.environment)
         #expect(after.status == 0, "the TPM answers again: \(after.stderr)")
+    }
+
+    /// Issue 38 item 7: a uid's call waits for that uid's earlier call (keychaind lets each uid have one
+    /// call in the engine at a time), and a passcode read waits for its prompt's answer; before, its
+    /// TPM deadline counted from when it entered the engine, after both: a passcode read made 1 s
+    /// after the same uid's cold write to a frozen TPM failed a whole deadline after that write did.
+    /// Now the wait for the uid's turn counts and only the person's answer does not.
+    @Test func aPasscodeReadQueuedBehindTheSameUidsColdCallEndsAtItsOwnDeadline() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm)
+        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
+        #expect(try run(keychainctl, ["passcode", "set"], input: Array("2468\n".utf8), environment: daemon.environment).status == 0)
+        let written = try run("/usr/bin/setpriv", ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups", keychainctl,
+                                                   "set", "own", "k", "--access-control", "passcode"],
+                              input: Array("nobody's".utf8), environment: daemon.environment)
+        #expect(written.status == 0, "\(written.stderr)")
+
+        let pid = tpm.processIdentifier
+        try #require(pid > 0)
+        #expect(kill(pid, SIGSTOP) == 0)
+        defer { kill(pid, SIGCONT) }
+        let write = try ColdCall(keychainctl, ["set", "other", "k1"], environment: daemon.environment, uid: Self.nobody)
+        try waitUntil("the cold write to reach the frozen TPM") { try Self.tpmHasUnreadInput(tpm) }
+        Thread.sleep(forTimeInterval: 1)
+        let read = try ColdCall(keychainctl, ["get", "own", "k", "--passcode-stdin"], environment: daemon.environment,
+                                input: "2468\n", uid: Self.nobody)
+        let results = try [write, read].map { try $0.wait() }
+        for (name, result) in zip(["write", "read"], results) {
+            #expect(result.status != 0, "the \(name)")
+            #expect(result.stderr.contains("did not answer within \(Duration.seconds(30))"), "\(name): \(result.stderr)")
+        }
+        // Each deadline counts from its own call: the read ends about as long after the write as it
+        // started after it. Before, it ended a whole deadline (30 s) later; load delays both ends alike.
+        let lag = (results[1].end - results[0].end) - (read.started - write.started)
+        #expect(lag < .seconds(15), "the queued passcode read ended \(lag) later than its own deadline would have it")
+
+        #expect(kill(pid, SIGCONT) == 0)
+        let after = try run("/usr/bin/setpriv", ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups", keychainctl,
+                                                 "get", "own", "k", "--passcode-stdin"],
+                            input: Array("2468\n".utf8), environment: daemon.environment)
+        #expect(String(decoding: after.stdout, as: UTF8.self) == "nobody's", "the TPM answers again: \(after.stderr)")
     }
 }

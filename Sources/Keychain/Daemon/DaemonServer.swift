@@ -226,11 +226,14 @@ package final class DaemonServer: Sendable {
     private func respond(to request: WireMessage, from peer: Peer, connection: Connection, on reader: WireReader) -> WireMessage? {
         // A warm read on this thread: it never waits behind another call's TPM command.
         if let reply = handler.respondAtOnce(to: request, from: peer, options: connection.options) { return reply }
+        // The call's TPM deadline counts from when it was made (docs/security.md): its wait for its
+        // uid's turn and for the engine is part of it, a person's answer to its prompt is not.
+        var madeAt = ContinuousClock.now
         let mailbox = Mailbox()
         fairShare.enter(peer.uid)
         defer { fairShare.leave(peer.uid) }
         /// Runs `start` and the engine's jobs on this thread until this call has its own work back.
-        func drive(_ start: () -> Void) { engine.executor.drive(start, until: mailbox.hasEvent) }
+        func drive(_ start: () -> Void) { engine.executor.drive(start, madeAt: madeAt, until: mailbox.hasEvent) }
         drive {
             Task(executorPreference: engine.executor) { [self] in
                 mailbox.post(.done(await handle(request, peer: peer, connection: connection, mailbox: mailbox)))
@@ -245,6 +248,8 @@ package final class DaemonServer: Sendable {
                 do {
                     // A person answers: the uid's other calls go in meanwhile.
                     let answer = try fairShare.pause(peer.uid) { () throws(WireError) in
+                        let asked = ContinuousClock.now
+                        defer { madeAt += ContinuousClock.now - asked }
                         try WireSocket.send(reader.fd, prompt)
                         return try reader.receive(idle: limits.promptTimeout, stall: limits.stallTimeout)
                     }

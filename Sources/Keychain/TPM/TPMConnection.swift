@@ -42,11 +42,17 @@ extension Engine {
         }
         // The call's deadline counts from when it was made: time queued behind other calls (a frozen
         // TPM's included) is part of it, so no call waits longer than the timeout its error names.
-        let answerTimeout = configuration.tpmTimeout - executor.waitedSinceEnqueued()
+        // The call's own earlier operations are not: the TPM answered them, and on a loaded machine
+        // a cold read's several operations took the whole deadline of a TPM that answered each.
+        let call = executor.callMadeAt
+        let ownTime = callTPMTime.flatMap { $0.call == call ? $0.spent : nil } ?? .zero
+        let answerTimeout = configuration.tpmTimeout - (executor.waitedSinceEnqueued() - ownTime)
         guard answerTimeout > .zero else {
             throw .tpmDidNotAnswer(device, timeout: configuration.tpmTimeout,
                                    TPMError(command: "wait for earlier calls' TPM commands", code: .success, timedOut: true))
         }
+        let began = ContinuousClock.now
+        defer { callTPMTime = (call, ownTime + (ContinuousClock.now - began)) }
         let context: TPMContext
         if let kept = keptConnection, kept.device == device, kept.unanswered == nil {
             kept.setAnswerTimeout(answerTimeout)
