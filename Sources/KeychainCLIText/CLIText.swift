@@ -36,6 +36,28 @@ public func escaped(_ text: String) -> String {
     return out
 }
 
+/// A field that came from someone else (a unit name from a peer's address, a path, an ID), as a log
+/// line may hold it: one word that cannot end the line, forge another or move a terminal's cursor.
+/// As systemd escapes a unit name, every byte but printable ASCII (space, control bytes, a NUL, a backslash,
+/// UTF-8's bytes) is written `\xNN`; past `limit` bytes the rest is cut and counted.
+public func logField(_ bytes: some Collection<UInt8>, limit: Int = 256) -> String {
+    var out = ""
+    for byte in bytes.prefix(limit) {
+        if byte > 0x20 && byte < 0x7F && byte != 0x5C {
+            out.unicodeScalars.append(Unicode.Scalar(byte))
+        } else {
+            out += "\\x" + lowerHex(byte, digits: 2)
+        }
+    }
+    if bytes.count > limit { out += "…(\(bytes.count) bytes)" }
+    return out
+}
+
+/// `text`'s UTF-8 as `logField(_:limit:)` writes bytes.
+public func logField(_ text: some StringProtocol, limit: Int = 256) -> String {
+    logField(Array(text.utf8), limit: limit)
+}
+
 /// `value` in lower-case hex, at least `digits` long.
 public func lowerHex(_ value: some BinaryInteger, digits: Int) -> String {
     let text = String(value, radix: 16)

@@ -32,6 +32,9 @@ public final class KeychainDaemon: @unchecked Sendable {
     /// The `XDG_RUNTIME_DIR` of a daemon run as another `user` (its TPM turn's lock goes there), in the
     /// daemon's folder and removed with it: without one, the daemon made `/tmp/keychain-<uid>` and left it.
     public var runtimeDirectory: String { directory + "/run" }
+    /// The systemd credentials socket (`--credentials-socket`) of a daemon made with `credentialsSocket`, in a
+    /// folder of the daemon's user that every uid can reach.
+    public var credentialsSocket: String { directory + "/credentials/credentials.sock" }
     /// prlimit(1) options keychaind starts under (`--nproc=64`).
     private let processLimits: [String]
     private let lock = NSLock()
@@ -46,8 +49,10 @@ public final class KeychainDaemon: @unchecked Sendable {
     ///     made that user's and the TPM's sockets are given to it. Clients still see the socket as root's,
     ///     since this process made it (as systemd does).
     ///   - processLimits: prlimit(1) options to start keychaind under (`--nproc=64`, `--nofile=100`).
+    ///   - credentialsSocket: whether keychaind also serves systemd credentials, at `credentialsSocket`.
     public init(tpm: SoftwareTPM, store: String? = nil, reader: String? = nil, arguments: [String] = [],
-                environment: [String: String] = [:], user: uid_t? = nil, processLimits: [String] = []) throws {
+                environment: [String: String] = [:], user: uid_t? = nil, processLimits: [String] = [],
+                credentialsSocket: Bool = false) throws {
         guard let executable = Self.findKeychaind() else {
             throw SoftwareTPMError("keychaind not found beside the test bundle or on PATH: build the package first")
         }
@@ -58,17 +63,18 @@ public final class KeychainDaemon: @unchecked Sendable {
         self.user = user
         self.processLimits = processLimits
         directory = "/tmp/keychaind-" + String(UUID().uuidString.prefix(13))
-        for dir in [directory, directory + "/groups.d"] {
+        for dir in [directory, directory + "/groups.d", directory + "/credentials"] {
             guard mkdir(dir, 0o755) == 0, chmod(dir, 0o755) == 0 else { throw SoftwareTPMError("cannot create \(dir): errno \(errno)") }
         }
         self.arguments = ["--store", self.store, "--tcti", tpm.tcti, "--groups", directory + "/groups.d",
                           "--reader", reader ?? "none"] + arguments
+            + (credentialsSocket ? ["--credentials-socket", directory + "/credentials/credentials.sock"] : [])
         listener = try Self.listen(directory + "/keychaind.sock")
         if let user {
             for dir in [self.store, runtimeDirectory] where mkdir(dir, 0o700) != 0 && errno != EEXIST {
                 throw SoftwareTPMError("cannot create \(dir): errno \(errno)")
             }
-            for path in [self.store, runtimeDirectory, tpm.directory, tpm.directory + "/tpm", tpm.directory + "/tpm.ctrl"]
+            for path in [self.store, runtimeDirectory, directory + "/credentials", tpm.directory, tpm.directory + "/tpm", tpm.directory + "/tpm.ctrl"]
             where chown(path, user, user) != 0 {
                 throw SoftwareTPMError("cannot give \(path) to uid \(user): errno \(errno)")
             }

@@ -748,7 +748,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
                         stored = try await storage.getSecureBytes(id)
                     } catch {
                         // Why the collection stays locked (a cancel, no prompter reached, a wrong answer), never a secret.
-                        writeAll(2, "keychain-secret-service: \(path) left \(name) locked: \(error.code): \(error.message)\n")
+                        // A client named the collection: escaped, as every field a caller chose.
+                        writeAll(2, "keychain-secret-service: \(path) left \(logField(name)) locked: \(error.code): \(escaped(error.message))\n")
                     }
                 }
                 found.append((name, stored.map { .opened(id, $0) } ?? .refused, locks))

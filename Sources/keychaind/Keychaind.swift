@@ -146,9 +146,9 @@ let server = DaemonServer(configuration: configuration, groups: AccessGroups(dir
 // (in keychain.db or its write-ahead log) before its reply, so nothing is lost, as with SIGKILL.
 // One line on stdout once the socket listens: a supervisor or a test waits for it, not for time.
 if let credentialsListener {
-    let service = server.handler.service
     let relay = flags["--journal-relay"].flatMap(JournalRelayClient.init(path:))
-    if let code = DetachedThread.start({ serveCredentials(listener: credentialsListener, service: service, relay: relay) }) {
+    let door = credentialsDoor(service: server.handler.service, stallTimeout: limits.stallTimeout, relay: relay)
+    if let code = DetachedThread.start({ server.connections.serve(listener: credentialsListener, door: door) }) {
         fail("cannot start the credentials socket's thread (pthread_create: errno \(code))", status: 3)
     }
 }

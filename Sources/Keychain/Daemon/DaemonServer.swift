@@ -2,7 +2,6 @@ import Glibc
 import KeychainWire
 import SecureMemory
 import TPM2
-import Synchronization
 
 /// keychaind's service: owns the store and the TPM connection (through this process's engine) and
 /// serves the keychain API on a listening Unix socket, one thread per connection.
@@ -89,8 +88,8 @@ package final class DaemonServer: Sendable {
     /// Each request as a call of the engine, in the caller's scope.
     package let handler: DaemonRequestHandler
     let limits: Limits
-    /// Open connections, in all and per uid.
-    private let open = Mutex<(total: Int, byUser: [UInt32: Int])>((0, [:]))
+    /// Every socket's accept loop, limits and slots (keychaind's credentials socket is one more door of it).
+    package let connections: ConnectionServer
     /// One call of each uid in the engine at a time (UserLimits.swift).
     private let fairShare = FairShare()
 
@@ -104,6 +103,7 @@ package final class DaemonServer: Sendable {
         engine = Engine.shared(for: configuration).engine
         handler = DaemonRequestHandler(service: LocalService(engine: engine, configuration: configuration), groups: groups)
         self.limits = limits
+        connections = ConnectionServer(limits: limits)
     }
 
     /// What the first request after a TPM reset would begin with, made before keychaind says it is ready
@@ -122,78 +122,20 @@ package final class DaemonServer: Sendable {
         }
     }
 
-    /// Accepts connections on `listener` forever.
+    /// Accepts connections on `listener` forever: the keychain API's door of `connections`.
     package func serve(listener: Int32) -> Never {
-        var starved = false
-        while true {
-            let fd = accept(listener, nil, nil)
-            if fd < 0 {
-                let code = errno
-                if code == EMFILE || code == ENFILE || code == ENOMEM {
-                    // Out of descriptors: let connections end rather than spin; said once, then counted.
-                    DaemonLog.say("keychaind: accept: errno \(code) (\(String(cString: strerror(code)))); waiting for connections to end")
-                    starved = true
-                    usleep(50_000)
-                }
-                continue
-            }
-            if starved {
-                DaemonLog.settle()
-                starved = false
-            }
-            // Keychaind starts no programs, but the embedded TPM's swtpm must not inherit a client.
-            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-            guard let peer = Peer(socket: fd) else { close(fd); continue }
-            let uid = peer.uid
-            let full = open.withLock { count -> KeychainError? in
-                if let refusal = limits.refusal(open: count.total, openOfUser: count.byUser[uid, default: 0], uid: uid) { return refusal }
-                count.total += 1
-                count.byUser[uid, default: 0] += 1
-                return nil
-            }
-            if let full {
-                // Said on the connection: closed without a word, the client could only guess (a crash?).
-                refuse(fd, full)
-                continue
-            }
-            let started = DetachedThread.start(stackSize: Self.connectionStackSize) { [self] in
-                serve(connection: fd, peer: peer)
-                close(fd)
-                release(uid)
-            }
-            if let code = started {
-                // Under a task limit or memory pressure: say so on the connection and give its slot back,
-                // where Foundation's Thread.start failed unnoticed (the client waited its 120 s, the slot was lost).
-                refuse(fd, KeychainError(.hardwareUnavailable, "keychaind cannot start a thread for this connection "
-                    + "(pthread_create: errno \(code): its task limit or memory is exhausted); nothing was done: retry later",
-                                         underlying: .errno(code)))
-                release(uid)
-            }
-        }
-    }
-
-    /// Gives a connection's slot back.
-    private func release(_ uid: UInt32) {
-        open.withLock { count in
-            count.total -= 1
-            count.byUser[uid, default: 1] -= 1
-            if count.byUser[uid] == 0 { count.byUser[uid] = nil }
-        }
-    }
-
-    /// One error reply on a connection nothing will serve, then closed. The reply fits in the new
-    /// socket's empty buffer; non-blocking all the same, so the accept loop never waits on a client.
-    private func refuse(_ fd: Int32, _ error: KeychainError) {
-        _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-        try? WireSocket.send(fd, error.wireMessage)
-        close(fd)
+        connections.serve(listener: listener, door: .init(name: "keychain socket", serve: { [self] fd, peer in
+            serve(connection: fd, peer: peer)
+        }, refuse: { fd, reason in
+            // Said on the connection: closed without a word, the client could only guess (a crash?). The
+            // reply fits in the new socket's empty buffer (the server made it non-blocking all the same).
+            try? WireSocket.send(fd, reason.wireMessage)
+        }))
     }
 
     /// One client: requests in order until it closes, goes idle too long or breaks the protocol.
     func serve(connection fd: Int32, peer: Peer) {
         let connection = Connection()
-        var sendTimeout = timeval(tv_sec: limits.stallTimeout, tv_usec: 0)
-        _ = setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &sendTimeout, socklen_t(MemoryLayout<timeval>.size))
         // A request's length and body in one recv, and the wait for it that recv (WireReader).
         let reader = WireReader(fd: fd)
         while true {
