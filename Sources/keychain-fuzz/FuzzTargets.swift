@@ -99,7 +99,7 @@ enum FuzzTarget: String, CaseIterable {
         }
         _ = try? SetItemOptions(wire: message)
         _ = try? KeychainError(decoding: message)
-        if let bytes = message.bytes(WireTag.value) { _ = JSONStrings.decode(bytes) }
+        if let bytes = message.bytes(WireTag.value) { _ = WireJSONStrings.decode(bytes) }
     }
 
     private static func backup(_ bytes: [UInt8]) {
