@@ -105,6 +105,10 @@ let package = Package(
         .executableTarget(name: "keychain-multicall", dependencies: ["KeychainctlFront", "KeychainctlFull", "Keychaind", "SecretServiceCommand"],
                           path: "Sources/Executables/keychain-multicall"),
         .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport", "BiometricsVault"]),
+        // The parsers at each trust boundary as libFuzzer targets: a real one only as scripts/fuzz.sh builds it
+        // (-DFUZZING -sanitize=fuzzer,address); the default build makes a stub that says so.
+        .executableTarget(name: "keychain-fuzz", dependencies: ["Keychain", "Keychaind", "KeychainWire", "PKCS11", "SecretService",
+                                                                "SecureMemory", "KeychainCLIText"]),
         // The seed's BiometricsVault example as a command, one vault call per argument (the vault's kill tests run it).
         .executableTarget(name: "vault-example", dependencies: ["BiometricsVault", "Keychain", "KeychainCLIText"]),
 

@@ -1,0 +1,175 @@
+// The package's parsers at each trust boundary, as libFuzzer targets (scripts/fuzz.sh; docs/security.md).
+//
+// Built only with `-DFUZZING -sanitize=fuzzer,address`: libFuzzer then brings `main` and calls
+// `LLVMFuzzerTestOneInput` with each input, here handed to the target `KEYCHAIN_FUZZ_TARGET` names.
+// The default build makes a program that says how to build the real one, so `swift build` and
+// `swift test` neither need libFuzzer nor link its `main`.
+#if FUZZING
+import FoundationEssentials
+import Glibc
+import KeychainCLIText
+@testable import Keychain
+@testable import Keychaind
+import KeychainWire
+import PKCS11
+@testable import SecretService
+import SecureMemory
+
+/// One boundary: what an attacker hands the package there, through the code that reads it.
+enum FuzzTarget: String, CaseIterable {
+    /// keychaind's sockets: a byte stream cut into frames by the daemon's own reader, each decoded as a request.
+    case frame
+    /// One frame's fields as keychaind's request handler reads them (op, options, set options, attempts)
+    /// and as a client reads a reply's error.
+    case request
+    /// The abstract address a peer of credentials.sock binds (systemd's `\0<hex>/unit/<unit>/<ID>`).
+    case credentials
+    /// A backup file's header and a chunk's body (`keychainctl restore` reads files from anywhere).
+    case backup
+    /// A provisioning bundle (`keychainctl import`, keychaind's importBundle).
+    case bundle
+    /// The identity documents a server is sent: a device identity, a verified identity, a key attestation.
+    case identity
+    /// A device's attestation request, up to the challenge the server makes for it.
+    case attestationRequest = "attestation-request"
+    /// A server's kept state and a device's answer (separated by a NUL), through the verification.
+    case attestationAnswer = "attestation-answer"
+    /// Item options as JSON (the library's Codable options: configuration files, wrappers' JSON).
+    case options
+    /// A PKCS#11 URI (RFC 7512) from the command line or the configuration.
+    case pkcs11URI = "pkcs11-uri"
+    /// The Secret Service's stored items, its label of attribute hashes, and a client's label,
+    /// attributes and object path element (a first line of `path\0label`, then `name=value` lines).
+    case secretService = "secret-service"
+    /// The fingerprint reader's state file (`reader.json` in its private directory).
+    case reader
+
+    /// The target `KEYCHAIN_FUZZ_TARGET` names; a missing or unknown name ends the run saying the names.
+    static let chosen: FuzzTarget = {
+        let name = getenv("KEYCHAIN_FUZZ_TARGET").map { String(cString: $0) } ?? ""
+        guard let target = FuzzTarget(rawValue: name) else {
+            let names = allCases.map(\.rawValue).joined(separator: ", ")
+            writeAll(2, "keychain-fuzz: set KEYCHAIN_FUZZ_TARGET to one of \(names) (got '\(escaped(name))')\n")
+            exit(2)
+        }
+        return target
+    }()
+
+    func run(_ bytes: [UInt8]) {
+        switch self {
+        case .frame: Self.frames(bytes)
+        case .request: if let message = try? WireMessage.decode(bytes) { Self.request(message) }
+        case .credentials: _ = CredentialRequest.parse(peerAddress: bytes, uid: 1000)
+        case .backup: Self.backup(bytes)
+        case .bundle: if let bundle = try? ProvisioningBundle(json: Data(bytes)) { _ = try? bundle.parts() }
+        case .identity:
+            _ = try? DeviceIdentity(json: Data(bytes))
+            _ = try? VerifiedIdentity(json: Data(bytes))
+            _ = try? KeyAttestation(json: Data(bytes))
+        case .attestationRequest:
+            if let request = try? AttestationRequest(json: Data(bytes)) { _ = try? AttestationServer.challenge(for: request) }
+        case .attestationAnswer: Self.attestationAnswer(bytes)
+        case .options: _ = try? KeychainOptions.fromJSON(Data(bytes))
+        case .pkcs11URI: if let uri = try? PKCS11URI(String(decoding: bytes, as: UTF8.self)) { _ = uri.description }
+        case .secretService: Self.secretService(bytes)
+        case .reader: Self.reader(bytes)
+        }
+    }
+
+    /// The bytes as a peer sends them on a socket, read by `WireReader` until it refuses or runs dry.
+    private static func frames(_ bytes: [UInt8]) {
+        var pair: [Int32] = [0, 0]
+        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0 else { fatalError("socketpair: errno \(errno)") }
+        defer { close(pair[1]) }
+        // The fuzzer's inputs (-max_len in scripts/fuzz.sh) fit a socket's buffer: one write, then EOF.
+        guard bytes.withUnsafeBytes({ write(pair[0], $0.baseAddress, $0.count) }) == bytes.count else { fatalError("write: errno \(errno)") }
+        shutdown(pair[0], Int32(SHUT_WR))
+        close(pair[0])
+        let reader = WireReader(fd: pair[1])
+        while let message = try? reader.receive(idle: 1, stall: 1) { request(message) }
+    }
+
+    private static func request(_ message: WireMessage) {
+        _ = WireOp(rawValue: message.kind)
+        _ = try? message.uint(WireTag.attempts)
+        _ = try? message.string(WireTag.key)
+        if let bytes = message.bytes(WireTag.options), let options = try? KeychainOptions(wire: WireStorageOptions(decoding: bytes)),
+           let service = options.service {
+            _ = try? StorageRef(scope: .user(1000), options: options, defaultService: service, forWire: true)
+        }
+        _ = try? SetItemOptions(wire: message)
+        _ = try? KeychainError(decoding: message)
+        if let bytes = message.bytes(WireTag.value) { _ = WireJSONStrings.decode(bytes) }
+    }
+
+    private static func backup(_ bytes: [UInt8]) {
+        if let length = try? BackupFile.Header.length(prefix: Array(bytes.prefix(8))), length <= bytes.count {
+            _ = try? BackupFile.Header.parse(Array(bytes.prefix(length)))
+        }
+        _ = try? BackupFile.parse(SecureBytes(copying: bytes))
+    }
+
+    private static func attestationAnswer(_ bytes: [UInt8]) {
+        let parts = bytes.split(separator: 0, maxSplits: 1, omittingEmptySubsequences: false)
+        guard parts.count == 2, let state = try? AttestationState(json: Data(parts[0])),
+              let answer = try? AttestationAnswer(json: Data(parts[1])) else { return }
+        _ = try? AttestationServer.verify(answer, state: state, ekCA: nil)
+    }
+
+    private static func secretService(_ bytes: [UInt8]) {
+        _ = SealedItem(decoding: SecureBytes(copying: bytes))
+        let text = String(decoding: bytes, as: UTF8.self)
+        var lines = text.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        let first = lines.isEmpty ? [] : lines.removeFirst().split(separator: "\0", maxSplits: 1, omittingEmptySubsequences: false)
+        _ = AttributeHasher.hashes(label: first.last.map(String.init))
+        _ = SecretServiceProvider.isPathElement(first.first.map(String.init) ?? "")
+        var attributes: [String: String] = [:]
+        for line in lines {
+            let pair = line.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            attributes[String(pair[0])] = pair.count > 1 ? String(pair[1]) : ""
+        }
+        guard (try? SecretServiceProvider.check(label: first.last.map(String.init) ?? "", attributes: attributes)) != nil else { return }
+        // What passes the check is stored: it reads back as written.
+        let item = SealedItem(label: first.last.map(String.init) ?? "", contentType: "text/plain", attributes: attributes,
+                              secret: SecureBytes(copying: bytes))
+        guard let back = SealedItem(decoding: item.encoded()), back.attributes == attributes, back.label == item.label else {
+            fatalError("an item that passed the provider's check did not read back as written")
+        }
+    }
+
+    /// The reader's private directory, made once per run; each input is its `reader.json`.
+    private static let readerDirectory: String = {
+        var template = Array("/tmp/keychain-fuzz-reader.XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { fatalError("mkdtemp: errno \(errno)") }
+        return String(cString: made)
+    }()
+
+    private static func reader(_ bytes: [UInt8]) {
+        let path = readerDirectory + "/reader.json"
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        guard fd >= 0, bytes.withUnsafeBytes({ write(fd, $0.baseAddress, $0.count) }) == bytes.count else { fatalError("write \(path): errno \(errno)") }
+        close(fd)
+        guard let reader = try? FingerprintReader(directory: readerDirectory) else { return }
+        _ = reader.enrolled
+        _ = reader.enrollmentSet
+        _ = reader.lockState(of: "fuzz", recorded: 3)
+    }
+}
+
+@_cdecl("LLVMFuzzerTestOneInput")
+func fuzzOneInput(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
+    FuzzTarget.chosen.run(Array(UnsafeBufferPointer(start: data, count: size)))
+    return 0
+}
+#else
+import Glibc
+import KeychainCLIText
+
+@main
+enum KeychainFuzz {
+    static func main() {
+        writeAll(2, "keychain-fuzz: this build has no fuzzer; scripts/fuzz.sh builds it with -sanitize=fuzzer,address\n")
+        exit(2)
+    }
+}
+#endif
