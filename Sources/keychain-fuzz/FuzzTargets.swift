@@ -157,9 +157,23 @@ enum FuzzTarget: String, CaseIterable {
 }
 
 @_cdecl("LLVMFuzzerTestOneInput")
-func fuzzOneInput(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
-    FuzzTarget.chosen.run(Array(UnsafeBufferPointer(start: data, count: size)))
+func fuzzOneInput(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
+    FuzzTarget.chosen.run(size == 0 ? [] : Array(UnsafeBufferPointer(start: data, count: size)))
     return 0
+}
+
+/// libFuzzer's driver (compiler-rt's FuzzerDriver.cpp): its flags, then `callback` on every input.
+@_silgen_name("LLVMFuzzerRunDriver")
+func runFuzzerDriver(_ argc: UnsafeMutablePointer<CInt>, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>,
+                     _ callback: @convention(c) (UnsafePointer<UInt8>?, Int) -> CInt) -> CInt
+
+/// SwiftPM links an executable with `main` defined as `<module>_main` (so that tests can link its
+/// module), which keeps libFuzzer's own `main` out: this is that entry point, handing over to libFuzzer.
+@_cdecl("keychain_fuzz_main")
+func fuzzMain(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> CInt {
+    var count = argc
+    var arguments = argv
+    return runFuzzerDriver(&count, &arguments, fuzzOneInput)
 }
 #else
 import Glibc
