@@ -108,7 +108,7 @@ let package = Package(
         // The parsers at each trust boundary as libFuzzer targets: a real one only as scripts/fuzz.sh builds it
         // (-DFUZZING -sanitize=fuzzer,address); the default build makes a stub that says so.
         .executableTarget(name: "keychain-fuzz", dependencies: ["Keychain", "Keychaind", "KeychainWire", "PKCS11", "SecretService",
-                                                                "SecureMemory", "KeychainCLIText"]),
+                                                                "SecureMemory", "KeychainCLIText", "DBus", "CSystemd"]),
         // The seed's BiometricsVault example as a command, one vault call per argument (the vault's kill tests run it).
         .executableTarget(name: "vault-example", dependencies: ["BiometricsVault", "Keychain", "KeychainCLIText"]),
 

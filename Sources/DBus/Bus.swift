@@ -266,15 +266,9 @@ public final class Bus: @unchecked Sendable {
     private func dispatch(_ message: OpaquePointer) -> Int32 {
         var type: UInt8 = 0
         guard sd_bus_message_get_type(message, &type) >= 0, type == UInt8(SD_BUS_MESSAGE_METHOD_CALL) else { return 0 }
-        func text(_ pointer: UnsafePointer<CChar>?) -> String { pointer.map { String(cString: $0) } ?? "" }
         let result: Result<DBusReply, DBusError>
         do {
-            // The call may carry a secret: its buffer is wiped when sd-bus frees it.
-            _ = sd_bus_message_sensitive(message)
-            let call = DBusCall(sender: text(sd_bus_message_get_sender(message)), path: text(sd_bus_message_get_path(message)),
-                                interface: text(sd_bus_message_get_interface(message)), member: text(sd_bus_message_get_member(message)),
-                                signature: text(sd_bus_message_get_signature(message, 1)), arguments: try Self.read(message))
-            result = handler?(call) ?? .failure(.failed("The provider is not serving"))
+            result = handler?(try Self.call(message)) ?? .failure(.failed("The provider is not serving"))
         } catch {
             result = .failure(error)
         }
@@ -300,6 +294,16 @@ public final class Bus: @unchecked Sendable {
         defer { sd_bus_error_free(&value) }
         _ = sd_bus_error_set(&value, error.name, error.message)
         _ = sd_bus_reply_method_error(call, &value)
+    }
+
+    /// A method call's header fields and arguments, as a handler sees them. The call may carry a
+    /// secret: its buffer is wiped when sd-bus frees it.
+    static func call(_ message: OpaquePointer) throws(DBusError) -> DBusCall {
+        func text(_ pointer: UnsafePointer<CChar>?) -> String { pointer.map { String(cString: $0) } ?? "" }
+        _ = sd_bus_message_sensitive(message)
+        return DBusCall(sender: text(sd_bus_message_get_sender(message)), path: text(sd_bus_message_get_path(message)),
+                        interface: text(sd_bus_message_get_interface(message)), member: text(sd_bus_message_get_member(message)),
+                        signature: text(sd_bus_message_get_signature(message, 1)), arguments: try read(message))
     }
 
     // MARK: - Values

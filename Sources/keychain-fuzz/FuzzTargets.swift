@@ -5,6 +5,8 @@
 // The default build makes a program that says how to build the real one, so `swift build` and
 // `swift test` neither need libFuzzer nor link its `main`.
 #if FUZZING
+internal import CSystemd
+@testable import DBus
 import FoundationEssentials
 import Glibc
 import KeychainCLIText
@@ -14,6 +16,7 @@ import KeychainWire
 import PKCS11
 @testable import SecretService
 import SecureMemory
+import Synchronization
 
 /// One boundary: what an attacker hands the package there, through the code that reads it.
 enum FuzzTarget: String, CaseIterable {
@@ -38,9 +41,66 @@ enum FuzzTarget: String, CaseIterable {
     case options
     /// A PKCS#11 URI (RFC 7512) from the command line or the configuration.
     case pkcs11URI = "pkcs11-uri"
+    /// D-Bus messages as a client of the Secret Service sends them: read by sd-bus, their arguments
+    /// decoded by the provider's `Bus`, each call answered by a provider on a store of its own.
+    case dbus
     /// The Secret Service's stored items, its label of attribute hashes, and a client's label,
     /// attributes and object path element (a first line of `path\0label`, then `name=value` lines).
     case secretService = "secret-service"
+    /// The provider that answers the `dbus` target's calls: its own store and embedded swtpm in a
+    /// directory made once per run, no prompter (a locked collection stays locked).
+    private static let provider: SecretServiceProvider = {
+        var template = Array("/tmp/keychain-fuzz-dbus.XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { fatalError("mkdtemp: errno \(errno)") }
+        let configuration = KeychainConfiguration(storeDirectory: String(cString: made) + "/store", tpm: .embedded, authenticator: nil)
+        do throws(DBusError) {
+            let provider = try SecretServiceProvider(configuration: configuration)
+            // A prompt's answer comes back from another thread: kept for the fuzzer's thread, as the bus would.
+            provider.post = { work in posted.withLock { $0.append(work) } }
+            return provider
+        } catch {
+            fatalError("The Secret Service provider does not start: \(error.name): \(error.message)")
+        }
+    }()
+    private static let posted = Mutex<[@Sendable () -> Void]>([])
+
+    /// The bytes follow a client's authentication on a connection whose other end is an sd-bus
+    /// server: sd-bus reads the messages, `Bus.call` decodes each call, the provider answers it.
+    private static func dbus(_ bytes: [UInt8]) {
+        let provider = provider
+        for work in posted.withLock({ queue in defer { queue = [] }; return queue }) { work() }
+        var pair: [Int32] = [0, 0]
+        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue | SOCK_CLOEXEC.rawValue), 0, &pair) == 0 else { fatalError("socketpair: errno \(errno)") }
+        defer { close(pair[0]) }
+        // AUTH EXTERNAL with this process's uid in hex digits of its decimal form, as a D-Bus client says it.
+        let uid = String(getuid()).utf8.map { String($0, radix: 16) }.joined()
+        let stream = Array("\0AUTH EXTERNAL \(uid)\r\nBEGIN\r\n".utf8) + bytes
+        guard stream.withUnsafeBytes({ write(pair[0], $0.baseAddress, $0.count) }) == stream.count else { fatalError("write: errno \(errno)") }
+        shutdown(pair[0], Int32(SHUT_WR))
+        var bus: OpaquePointer?
+        var id = sd_id128_t()
+        guard sd_bus_new(&bus) >= 0, let bus, sd_id128_randomize(&id) >= 0, sd_bus_set_fd(bus, pair[1], pair[1]) >= 0,
+              sd_bus_set_server(bus, 1, id) >= 0 else { fatalError("sd-bus does not make a server connection") }
+        defer { sd_bus_flush_close_unref(bus) }
+        guard sd_bus_start(bus) >= 0 else { return }
+        // Every message read, until sd-bus refuses the stream or reads its end (the input is at most -max_len).
+        for _ in 0..<10_000 {
+            var message: OpaquePointer?
+            let status = sd_bus_process(bus, &message)
+            if status < 0 { return }
+            if let message {
+                defer { sd_bus_message_unref(message) }
+                var type: UInt8 = 0
+                if sd_bus_message_get_type(message, &type) >= 0, type == UInt8(SD_BUS_MESSAGE_METHOD_CALL),
+                   let call = try? Bus.call(message) {
+                    _ = provider.handle(call)
+                }
+            } else if status == 0, sd_bus_wait(bus, 100_000) < 0 {
+                return
+            }
+        }
+    }
+
     /// The fingerprint reader's state file (`reader.json` in its private directory).
     case reader
 
@@ -61,7 +121,7 @@ enum FuzzTarget: String, CaseIterable {
         case .request: if let message = try? WireMessage.decode(bytes) { Self.request(message) }
         case .credentials: _ = CredentialRequest.parse(peerAddress: bytes, uid: 1000)
         case .backup: Self.backup(bytes)
-        case .bundle: if let bundle = try? ProvisioningBundle(json: Data(bytes)) { _ = try? bundle.parts() }
+        case .bundle: Self.bundle(bytes)
         case .identity:
             _ = try? DeviceIdentity(json: Data(bytes))
             _ = try? VerifiedIdentity(json: Data(bytes))
@@ -71,6 +131,7 @@ enum FuzzTarget: String, CaseIterable {
         case .attestationAnswer: Self.attestationAnswer(bytes)
         case .options: _ = try? KeychainOptions.fromJSON(Data(bytes))
         case .pkcs11URI: if let uri = try? PKCS11URI(String(decoding: bytes, as: UTF8.self)) { _ = uri.description }
+        case .dbus: Self.dbus(bytes)
         case .secretService: Self.secretService(bytes)
         case .reader: Self.reader(bytes)
         }
@@ -102,11 +163,23 @@ enum FuzzTarget: String, CaseIterable {
         if let bytes = message.bytes(WireTag.value) { _ = WireJSONStrings.decode(bytes) }
     }
 
+    /// The bytes as a file's header (its length read from its first 16 bytes, as `BackupReader` does),
+    /// and as a chunk's authenticated body (a forger who knows the passphrase writes any body).
     private static func backup(_ bytes: [UInt8]) {
-        if let length = try? BackupFile.Header.length(prefix: Array(bytes.prefix(8))), length <= bytes.count {
+        if bytes.count >= 16, let length = try? BackupFile.Header.length(prefix: Array(bytes.prefix(16))), length <= bytes.count {
             _ = try? BackupFile.Header.parse(Array(bytes.prefix(length)))
         }
         _ = try? BackupFile.parse(SecureBytes(copying: bytes))
+    }
+
+    /// A bundle as `Engine.importBundle` reads it before it opens the store or the TPM.
+    private static func bundle(_ bytes: [UInt8]) {
+        guard let bundle = try? ProvisioningBundle(json: Data(bytes)) else { return }
+        _ = try? ProvisioningBundle.check(bundle.accessible, bundle.accessControl)
+        _ = try? ProvisioningBundle.checkNames(service: bundle.service, key: bundle.key, label: bundle.label)
+        _ = try? bundle.scope(importedIn: .user(1000)).storeName(bundle.service)
+        _ = try? ItemProtection(accessible: bundle.accessible, accessControl: bundle.accessControl)
+        _ = try? bundle.parts()
     }
 
     private static func attestationAnswer(_ bytes: [UInt8]) {
