@@ -83,6 +83,9 @@ enum FuzzTarget: String, CaseIterable {
               sd_bus_set_server(bus, 1, id) >= 0 else { fatalError("sd-bus does not make a server connection") }
         defer { sd_bus_flush_close_unref(bus) }
         guard sd_bus_start(bus) >= 0 else { return }
+        // The connection ends with the input: its clients leave the bus, and their sessions and prompts go.
+        var senders: Set<String> = []
+        defer { for sender in senders { provider.clientVanished(sender) } }
         // Every message read, until sd-bus refuses the stream or reads its end (the input is at most -max_len).
         for _ in 0..<10_000 {
             var message: OpaquePointer?
@@ -94,6 +97,7 @@ enum FuzzTarget: String, CaseIterable {
                 if sd_bus_message_get_type(message, &type) >= 0, type == UInt8(SD_BUS_MESSAGE_METHOD_CALL),
                    let call = try? Bus.call(message) {
                     _ = provider.handle(call)
+                    senders.insert(call.sender)
                 }
             } else if status == 0, sd_bus_wait(bus, 100_000) < 0 {
                 return
