@@ -25,7 +25,7 @@ enum FuzzTarget: String, CaseIterable {
     /// One frame's fields as keychaind's request handler reads them (op, options, set options, attempts)
     /// and as a client reads a reply's error.
     case request
-    /// The abstract address a peer of credentials.sock binds (systemd's `\0<hex>/unit/<unit>/<ID>`).
+    /// The abstract address a peer of credentials.sock binds (systemd's `\0<hex>/unit/<unit>/<ID>`), and its log lines.
     case credentials
     /// A backup file's header and a chunk's body (`keychainctl restore` reads files from anywhere).
     case backup
@@ -47,6 +47,127 @@ enum FuzzTarget: String, CaseIterable {
     /// The Secret Service's stored items, its label of attribute hashes, and a client's label,
     /// attributes and object path element (a first line of `path\0label`, then `name=value` lines).
     case secretService = "secret-service"
+    /// The fingerprint reader's state file (`reader.json` in its private directory).
+    case reader
+
+    /// The target `KEYCHAIN_FUZZ_TARGET` names; a missing or unknown name ends the run saying the names.
+    static let chosen: FuzzTarget = {
+        let name = getenv("KEYCHAIN_FUZZ_TARGET").map { String(cString: $0) } ?? ""
+        guard let target = FuzzTarget(rawValue: name) else {
+            let names = allCases.map(\.rawValue).joined(separator: ", ")
+            writeAll(2, "keychain-fuzz: set KEYCHAIN_FUZZ_TARGET to one of \(names) (got '\(escaped(name))')\n")
+            exit(2)
+        }
+        return target
+    }()
+
+    func run(_ bytes: [UInt8]) {
+        switch self {
+        case .frame: Self.frames(bytes)
+        case .request: if let message = try? WireMessage.decode(bytes) { Self.request(message) }
+        case .credentials: Self.credentials(bytes)
+        case .backup: Self.backup(bytes)
+        case .bundle: Self.bundle(bytes)
+        case .identity:
+            _ = try? DeviceIdentity(json: Data(bytes))
+            _ = try? VerifiedIdentity(json: Data(bytes))
+            _ = try? KeyAttestation(json: Data(bytes))
+        case .attestationRequest:
+            if let request = try? AttestationRequest(json: Data(bytes)) { _ = try? AttestationServer.challenge(for: request) }
+        case .attestationAnswer: Self.attestationAnswer(bytes)
+        case .options: _ = try? KeychainOptions.fromJSON(Data(bytes))
+        case .pkcs11URI: if let uri = try? PKCS11URI(String(decoding: bytes, as: UTF8.self)) { _ = uri.description }
+        case .dbus: Self.dbus(bytes)
+        case .secretService: Self.secretService(bytes)
+        case .reader: Self.reader(bytes)
+        }
+    }
+
+    /// The bytes as a peer sends them on a socket, read by `WireReader` until it refuses or runs dry.
+    private static func frames(_ bytes: [UInt8]) {
+        var pair: [Int32] = [0, 0]
+        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0 else { fatalError("socketpair: errno \(errno)") }
+        defer { close(pair[1]) }
+        // The fuzzer's inputs (-max_len in scripts/fuzz.sh) fit a socket's buffer: one write, then EOF.
+        guard bytes.withUnsafeBytes({ write(pair[0], $0.baseAddress, $0.count) }) == bytes.count else { fatalError("write: errno \(errno)") }
+        shutdown(pair[0], Int32(SHUT_WR))
+        close(pair[0])
+        let reader = WireReader(fd: pair[1])
+        while let message = try? reader.receive(idle: 1, stall: 1) { request(message) }
+    }
+
+    private static func request(_ message: WireMessage) {
+        _ = WireOp(rawValue: message.kind)
+        _ = try? message.uint(WireTag.attempts)
+        _ = try? message.string(WireTag.key)
+        if let bytes = message.bytes(WireTag.options), let options = try? KeychainOptions(wire: WireStorageOptions(decoding: bytes)),
+           let service = options.service {
+            _ = try? StorageRef(scope: .user(1000), options: options, defaultService: service, forWire: true)
+        }
+        _ = try? SetItemOptions(wire: message)
+        _ = try? KeychainError(decoding: message)
+        if let bytes = message.bytes(WireTag.value) { _ = WireJSONStrings.decode(bytes) }
+    }
+
+    /// The address parsed, and what keychaind logs of it (a refusal names the address, a request its unit
+    /// and ID): never a control byte, so no peer writes a line of its own into the log (issue 38 item 3).
+    private static func credentials(_ bytes: [UInt8]) {
+        var logged = [logField(bytes)]
+        if let request = CredentialRequest.parse(peerAddress: bytes, uid: 1000) {
+            logged.append("unit \(logField(request.unit)) credential \(logField(request.id))")
+        }
+        for line in logged where line.utf8.contains(where: { $0 < 0x20 || $0 == 0x7F }) {
+            fatalError("a peer's address put a control byte into keychaind's log: \(lowerHex(line.utf8))")
+        }
+    }
+
+    /// The bytes as a file's header (its length read from its first 16 bytes, as `BackupReader` does),
+    /// and as a chunk's authenticated body (a forger who knows the passphrase writes any body).
+    private static func backup(_ bytes: [UInt8]) {
+        if bytes.count >= 16, let length = try? BackupFile.Header.length(prefix: Array(bytes.prefix(16))), length <= bytes.count {
+            _ = try? BackupFile.Header.parse(Array(bytes.prefix(length)))
+        }
+        _ = try? BackupFile.parse(SecureBytes(copying: bytes))
+    }
+
+    /// A bundle as `Engine.importBundle` reads it before it opens the store or the TPM.
+    private static func bundle(_ bytes: [UInt8]) {
+        guard let bundle = try? ProvisioningBundle(json: Data(bytes)) else { return }
+        _ = try? ProvisioningBundle.check(bundle.accessible, bundle.accessControl)
+        _ = try? ProvisioningBundle.checkNames(service: bundle.service, key: bundle.key, label: bundle.label)
+        _ = try? bundle.scope(importedIn: .user(1000)).storeName(bundle.service)
+        _ = try? ItemProtection(accessible: bundle.accessible, accessControl: bundle.accessControl)
+        _ = try? bundle.parts()
+    }
+
+    private static func attestationAnswer(_ bytes: [UInt8]) {
+        let parts = bytes.split(separator: 0, maxSplits: 1, omittingEmptySubsequences: false)
+        guard parts.count == 2, let state = try? AttestationState(json: Data(parts[0])),
+              let answer = try? AttestationAnswer(json: Data(parts[1])) else { return }
+        _ = try? AttestationServer.verify(answer, state: state, ekCA: nil)
+    }
+
+    private static func secretService(_ bytes: [UInt8]) {
+        _ = SealedItem(decoding: SecureBytes(copying: bytes))
+        let text = String(decoding: bytes, as: UTF8.self)
+        var lines = text.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        let first = lines.isEmpty ? [] : lines.removeFirst().split(separator: "\0", maxSplits: 1, omittingEmptySubsequences: false)
+        _ = AttributeHasher.hashes(label: first.last.map(String.init))
+        _ = SecretServiceProvider.isPathElement(first.first.map(String.init) ?? "")
+        var attributes: [String: String] = [:]
+        for line in lines {
+            let pair = line.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            attributes[String(pair[0])] = pair.count > 1 ? String(pair[1]) : ""
+        }
+        guard (try? SecretServiceProvider.check(label: first.last.map(String.init) ?? "", attributes: attributes)) != nil else { return }
+        // What passes the check is stored: it reads back as written.
+        let item = SealedItem(label: first.last.map(String.init) ?? "", contentType: "text/plain", attributes: attributes,
+                              secret: SecureBytes(copying: bytes))
+        guard let back = SealedItem(decoding: item.encoded()), back.attributes == attributes, back.label == item.label else {
+            fatalError("an item that passed the provider's check did not read back as written")
+        }
+    }
+
     /// The provider that answers the `dbus` target's calls: its own store and embedded swtpm in a
     /// directory made once per run, no prompter (a locked collection stays locked).
     private static let provider: SecretServiceProvider = {
@@ -102,115 +223,6 @@ enum FuzzTarget: String, CaseIterable {
             } else if status == 0, sd_bus_wait(bus, 100_000) < 0 {
                 return
             }
-        }
-    }
-
-    /// The fingerprint reader's state file (`reader.json` in its private directory).
-    case reader
-
-    /// The target `KEYCHAIN_FUZZ_TARGET` names; a missing or unknown name ends the run saying the names.
-    static let chosen: FuzzTarget = {
-        let name = getenv("KEYCHAIN_FUZZ_TARGET").map { String(cString: $0) } ?? ""
-        guard let target = FuzzTarget(rawValue: name) else {
-            let names = allCases.map(\.rawValue).joined(separator: ", ")
-            writeAll(2, "keychain-fuzz: set KEYCHAIN_FUZZ_TARGET to one of \(names) (got '\(escaped(name))')\n")
-            exit(2)
-        }
-        return target
-    }()
-
-    func run(_ bytes: [UInt8]) {
-        switch self {
-        case .frame: Self.frames(bytes)
-        case .request: if let message = try? WireMessage.decode(bytes) { Self.request(message) }
-        case .credentials: _ = CredentialRequest.parse(peerAddress: bytes, uid: 1000)
-        case .backup: Self.backup(bytes)
-        case .bundle: Self.bundle(bytes)
-        case .identity:
-            _ = try? DeviceIdentity(json: Data(bytes))
-            _ = try? VerifiedIdentity(json: Data(bytes))
-            _ = try? KeyAttestation(json: Data(bytes))
-        case .attestationRequest:
-            if let request = try? AttestationRequest(json: Data(bytes)) { _ = try? AttestationServer.challenge(for: request) }
-        case .attestationAnswer: Self.attestationAnswer(bytes)
-        case .options: _ = try? KeychainOptions.fromJSON(Data(bytes))
-        case .pkcs11URI: if let uri = try? PKCS11URI(String(decoding: bytes, as: UTF8.self)) { _ = uri.description }
-        case .dbus: Self.dbus(bytes)
-        case .secretService: Self.secretService(bytes)
-        case .reader: Self.reader(bytes)
-        }
-    }
-
-    /// The bytes as a peer sends them on a socket, read by `WireReader` until it refuses or runs dry.
-    private static func frames(_ bytes: [UInt8]) {
-        var pair: [Int32] = [0, 0]
-        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0 else { fatalError("socketpair: errno \(errno)") }
-        defer { close(pair[1]) }
-        // The fuzzer's inputs (-max_len in scripts/fuzz.sh) fit a socket's buffer: one write, then EOF.
-        guard bytes.withUnsafeBytes({ write(pair[0], $0.baseAddress, $0.count) }) == bytes.count else { fatalError("write: errno \(errno)") }
-        shutdown(pair[0], Int32(SHUT_WR))
-        close(pair[0])
-        let reader = WireReader(fd: pair[1])
-        while let message = try? reader.receive(idle: 1, stall: 1) { request(message) }
-    }
-
-    private static func request(_ message: WireMessage) {
-        _ = WireOp(rawValue: message.kind)
-        _ = try? message.uint(WireTag.attempts)
-        _ = try? message.string(WireTag.key)
-        if let bytes = message.bytes(WireTag.options), let options = try? KeychainOptions(wire: WireStorageOptions(decoding: bytes)),
-           let service = options.service {
-            _ = try? StorageRef(scope: .user(1000), options: options, defaultService: service, forWire: true)
-        }
-        _ = try? SetItemOptions(wire: message)
-        _ = try? KeychainError(decoding: message)
-        if let bytes = message.bytes(WireTag.value) { _ = WireJSONStrings.decode(bytes) }
-    }
-
-    /// The bytes as a file's header (its length read from its first 16 bytes, as `BackupReader` does),
-    /// and as a chunk's authenticated body (a forger who knows the passphrase writes any body).
-    private static func backup(_ bytes: [UInt8]) {
-        if bytes.count >= 16, let length = try? BackupFile.Header.length(prefix: Array(bytes.prefix(16))), length <= bytes.count {
-            _ = try? BackupFile.Header.parse(Array(bytes.prefix(length)))
-        }
-        _ = try? BackupFile.parse(SecureBytes(copying: bytes))
-    }
-
-    /// A bundle as `Engine.importBundle` reads it before it opens the store or the TPM.
-    private static func bundle(_ bytes: [UInt8]) {
-        guard let bundle = try? ProvisioningBundle(json: Data(bytes)) else { return }
-        _ = try? ProvisioningBundle.check(bundle.accessible, bundle.accessControl)
-        _ = try? ProvisioningBundle.checkNames(service: bundle.service, key: bundle.key, label: bundle.label)
-        _ = try? bundle.scope(importedIn: .user(1000)).storeName(bundle.service)
-        _ = try? ItemProtection(accessible: bundle.accessible, accessControl: bundle.accessControl)
-        _ = try? bundle.parts()
-    }
-
-    private static func attestationAnswer(_ bytes: [UInt8]) {
-        let parts = bytes.split(separator: 0, maxSplits: 1, omittingEmptySubsequences: false)
-        guard parts.count == 2, let state = try? AttestationState(json: Data(parts[0])),
-              let answer = try? AttestationAnswer(json: Data(parts[1])) else { return }
-        _ = try? AttestationServer.verify(answer, state: state, ekCA: nil)
-    }
-
-    private static func secretService(_ bytes: [UInt8]) {
-        _ = SealedItem(decoding: SecureBytes(copying: bytes))
-        let text = String(decoding: bytes, as: UTF8.self)
-        var lines = text.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
-        let first = lines.isEmpty ? [] : lines.removeFirst().split(separator: "\0", maxSplits: 1, omittingEmptySubsequences: false)
-        _ = AttributeHasher.hashes(label: first.last.map(String.init))
-        _ = SecretServiceProvider.isPathElement(first.first.map(String.init) ?? "")
-        var attributes: [String: String] = [:]
-        for line in lines {
-            let pair = line.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
-            attributes[String(pair[0])] = pair.count > 1 ? String(pair[1]) : ""
-        }
-        guard (try? SecretServiceProvider.check(label: first.last.map(String.init) ?? "", attributes: attributes)) != nil else { return }
-        // What passes the check is stored: it reads back as written.
-        let item = SealedItem(label: first.last.map(String.init) ?? "", contentType: "text/plain", attributes: attributes,
-                              secret: SecureBytes(copying: bytes))
-        guard let back = SealedItem(decoding: item.encoded()), back.attributes == attributes, back.label == item.label else {
-            fatalError("an item that passed the provider's check did not read back as written")
         }
     }
 
