@@ -36,6 +36,8 @@ built=$((SECONDS - start))
 
 reports=$(mktemp -d /tmp/keychain-sanitize.XXXXXX)
 export SWIFT_BACKTRACE=enable=no
+# A test's child (a test run again through keychaind, a command) may take this long: instrumented, it is slower.
+export KEYCHAIN_TEST_CHILD_DEADLINE=600
 if [[ $kind == thread ]]; then
   # tsan.supp says why each suppression is not a race of ours; its witness is checked first, so that a
   # toolchain that no longer needs it, or a suppression that hides a plain race, is seen.
@@ -62,7 +64,7 @@ for filter in "${suites[@]}"; do
   fi
   grep -E "^(✔|✘) Test run with" "$reports/tests.log" | awk -v suites="$filter" '{ print suites ": " $0 }' || true
 done
-found=$(cat "$reports"/report.* 2>/dev/null | grep -cE "^(WARNING: ThreadSanitizer|ERROR: AddressSanitizer)" || true)
+found=$(cat "$reports"/report.* 2>/dev/null | grep -cE "(WARNING: ThreadSanitizer|ERROR: AddressSanitizer)" || true)
 echo "sanitize.sh $kind: build ${built} s, tests $((SECONDS - start - built)) s, $found reports (in $reports)"
 if ((found > 0)); then
   cat "$reports"/report.* | grep -E "^SUMMARY" | sort | uniq -c | sort -rn | head -n 20 >&2
