@@ -105,8 +105,9 @@ func isTheChildRun(of test: String, variable: String) throws -> Bool {
     return false
 }
 
-/// How long a child of a test may run.
-let childDeadlineSeconds = 120
+/// How long a child of a test may run: `KEYCHAIN_TEST_CHILD_DEADLINE` seconds when set (scripts/sanitize.sh's
+/// instrumented children run several times slower), else 120.
+let childDeadlineSeconds = ProcessInfo.processInfo.environment["KEYCHAIN_TEST_CHILD_DEADLINE"].flatMap { Int($0) } ?? 120
 
 /// SIGPIPE ignored in the test process, once (children still start with the default).
 var ignoreBrokenPipes: Void { ignoreBrokenPipesInTests }
