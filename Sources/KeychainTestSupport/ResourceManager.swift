@@ -14,8 +14,9 @@ import KeychainTestThreads
 /// defaults are 27 and 4.
 ///
 /// ```swift
-/// let broker = try ResourceManager(tpm: try SoftwareTPM(profile: .typicalSPI))
-/// let made = try runChild(keychainctl, ["--tcti", broker.tcti, "--store", store, "init"], environment: broker.environment)
+/// let tpm = try SoftwareTPM(profile: .typicalSPI)
+/// let broker = try ResourceManager(tpm: tpm)
+/// let daemon = try KeychainDaemon(tpm: tpm, environment: broker.environment, tcti: broker.tcti)
 /// ```
 ///
 /// - Important: the tabrmd TCTI finds the bus in `DBUS_SESSION_BUS_ADDRESS` and GLib keeps one session
