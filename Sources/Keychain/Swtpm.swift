@@ -59,22 +59,23 @@ package struct Swtpm: Sendable {
         throw KeychainError(.hardwareUnavailable, "swtpm did not start: see \(directory)/swtpm.log")
     }
 
-    /// A swtpm that is this process's child, killed when this process ends, however it ends: a watchdog
-    /// (`sh`) holds the read end of a pipe whose only write end is ours; when the kernel closes it, at
-    /// our exit or `kill -9`, the watchdog kills swtpm. (PR_SET_PDEATHSIG would follow the spawning
-    /// thread, and pool threads come and go.)
+    /// A swtpm (or a test's tpm2-abrmd or dbus-daemon) that is this process's child, killed when this
+    /// process ends, however it ends: a watchdog (`sh`) holds the read end of a pipe whose only write end
+    /// is ours; when the kernel closes it, at our exit or `kill -9`, the watchdog kills the child.
+    /// (PR_SET_PDEATHSIG would follow the spawning thread, and pool threads come and go.)
     package final class Child: @unchecked Sendable {
         package let pid: Int32
         private let watchdog: Int32
         private var lifeline: Int32
 
-        fileprivate init(pid: Int32) throws(KeychainError) {
+        /// Takes `pid`, a child just spawned; killed and reaped at once if the watchdog cannot start.
+        package init(pid: Int32) throws(KeychainError) {
             self.pid = pid
             var ends: [Int32] = [0, 0]
             guard pipe2(&ends, O_CLOEXEC) == 0 else {
                 kill(pid, SIGKILL)
                 _ = Processes.wait(pid)
-                throw KeychainError(.hardwareUnavailable, "Cannot make swtpm's watchdog pipe", underlying: .errno(errno))
+                throw KeychainError(.hardwareUnavailable, "Cannot make a watchdog pipe for process \(pid)", underlying: .errno(errno))
             }
             defer { close(ends[0]) }
             guard let watchdog = Processes.spawn("/bin/sh", ["sh", "-c", "while read _; do :; done; kill -KILL \"$1\"",
@@ -82,7 +83,7 @@ package struct Swtpm: Sendable {
                 close(ends[1])
                 kill(pid, SIGKILL)
                 _ = Processes.wait(pid)
-                throw KeychainError(.hardwareUnavailable, "Cannot start swtpm's watchdog", underlying: .errno(errno))
+                throw KeychainError(.hardwareUnavailable, "Cannot start the watchdog of process \(pid)", underlying: .errno(errno))
             }
             self.watchdog = watchdog
             lifeline = ends[1]
@@ -90,7 +91,7 @@ package struct Swtpm: Sendable {
 
         deinit { stop() }
 
-        /// Kills swtpm and reaps it and its watchdog. The watchdog kills first, so no pid is killed
+        /// Kills the child and reaps it and its watchdog. The watchdog kills first, so no pid is killed
         /// after it was reaped (and perhaps reused).
         package func stop() {
             guard lifeline >= 0 else { return }

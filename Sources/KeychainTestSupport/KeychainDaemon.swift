@@ -50,15 +50,17 @@ public final class KeychainDaemon: @unchecked Sendable {
     ///     since this process made it (as systemd does).
     ///   - processLimits: prlimit(1) options to start keychaind under (`--nproc=64`, `--nofile=100`).
     ///   - credentialsSocket: whether keychaind also serves systemd credentials, at `credentialsSocket`.
+    ///   - tcti: how keychaind reaches the TPM, if not `tpm.tcti` directly (a `ResourceManager`'s `tcti`,
+    ///     with its `environment` given too).
     public init(tpm: SoftwareTPM, store: String? = nil, reader: String? = nil, arguments: [String] = [],
                 environment: [String: String] = [:], user: uid_t? = nil, processLimits: [String] = [],
-                credentialsSocket: Bool = false) throws {
+                credentialsSocket: Bool = false, tcti: String? = nil) throws {
         guard let executable = Self.findKeychaind() else {
             throw SoftwareTPMError("keychaind not found beside the test bundle or on PATH: build the package first")
         }
         self.executable = executable
         self.store = store ?? tpm.directory + "/store"
-        self.tcti = tpm.tcti
+        self.tcti = tcti ?? tpm.tcti
         self.reader = reader
         self.user = user
         self.processLimits = processLimits
@@ -66,7 +68,7 @@ public final class KeychainDaemon: @unchecked Sendable {
         for dir in [directory, directory + "/groups.d", directory + "/credentials"] {
             guard mkdir(dir, 0o755) == 0, chmod(dir, 0o755) == 0 else { throw SoftwareTPMError("cannot create \(dir): errno \(errno)") }
         }
-        self.arguments = ["--store", self.store, "--tcti", tpm.tcti, "--groups", directory + "/groups.d",
+        self.arguments = ["--store", self.store, "--tcti", self.tcti, "--groups", directory + "/groups.d",
                           "--reader", reader ?? "none"] + arguments
             + (credentialsSocket ? ["--credentials-socket", directory + "/credentials/credentials.sock"] : [])
         listener = try Self.listen(directory + "/keychaind.sock")

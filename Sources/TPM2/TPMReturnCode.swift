@@ -13,7 +13,7 @@ public struct TPMReturnCode: RawRepresentable, Hashable, Sendable, CustomStringC
     /// The code with layer and parameter/handle/session number stripped, comparable with the constants.
     public var base: UInt32 {
         let code = rawValue & 0xFFFF
-        if layer != 0 && layer != 12 { return code }
+        if !isTPMError { return code }
         return code & 0x80 != 0 ? code & 0xBF : code
     }
     /// For format-one codes: 1-based number of the parameter, session or handle the error is about.
@@ -26,8 +26,13 @@ public struct TPMReturnCode: RawRepresentable, Hashable, Sendable, CustomStringC
     }
     public enum Subject: Sendable { case handle, session, parameter }
 
-    /// From the TPM itself, or passed on by a resource manager in TPM format (layer 12).
-    public var isTPMError: Bool { layer == 0 || layer == 12 }
+    /// A TPM code: from the TPM itself, passed on by a resource manager (layer 12), or a resource
+    /// manager's own refusal in the TPM's terms (`isResourceManagerRefusal`).
+    public var isTPMError: Bool { layer == 0 || layer == 12 || isResourceManagerRefusal }
+    /// A resource manager speaking for the TPM (layer 11 with a TPM code; its TSS codes are below 0x80):
+    /// tpm2-abrmd answers OBJECT_MEMORY or SESSION_MEMORY itself when a client would hold more objects
+    /// or sessions than it allows one (`--max-transients`, `--max-sessions`), whatever room the TPM has.
+    public var isResourceManagerRefusal: Bool { layer == 11 && rawValue & 0xFFFF >= 0x80 }
     /// Transient conditions the TPM asks to retry (RETRY, YIELDED, TESTING, NV_RATE).
     public var isRetryable: Bool {
         isTPMError && [Self.retry, .yielded, .testing, .nvRate].map(\.rawValue).contains(base)
@@ -91,6 +96,7 @@ public struct TPMError: Error, Sendable, CustomStringConvertible {
     /// The TPM could not be reached at all (TCTI layer, or ESAPI failing to talk to it).
     public var isConnectionFailure: Bool {
         // TCTI failures, and ESAPI's "no connection" (8), "try again" (9) and "I/O error" (10).
-        timedOut || code.layer == 10 || code.layer == 11 || (code.layer == 7 && [8, 9, 10].contains(code.rawValue & 0xFFFF))
+        timedOut || code.layer == 10 || (code.layer == 11 && !code.isResourceManagerRefusal)
+            || (code.layer == 7 && [8, 9, 10].contains(code.rawValue & 0xFFFF))
     }
 }

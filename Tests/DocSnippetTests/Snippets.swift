@@ -398,10 +398,13 @@ struct docs_provisioning_0 {
 // docs/provisioning.md, block 2
 struct docs_provisioning_1 {
 
-    func enroll(_ request: Data, send: (Data) async throws -> Data, makerCA: [UInt8]) async throws -> VerifiedIdentity {
+    func enroll(_ request: Data, send: (Data) async throws -> Data, makerCA: [UInt8], ledger: AttestationLedger) async throws -> VerifiedIdentity {
         let (challenge, state) = try AttestationServer.challenge(for: try AttestationRequest(json: request))
+        try ledger.open(state)                             // the challenge open until its answer verified
         let answer = try await send(challenge.json())      // to the device; its answer back
-        return try AttestationServer.verify(try AttestationAnswer(json: answer), state: state, ekCA: makerCA)
+        let identity = try AttestationServer.verify(try AttestationAnswer(json: answer), state: state, ekCA: makerCA)
+        try ledger.spend(state)                            // verify only checks: one answer per challenge
+        return identity
     }
 }
 
@@ -410,4 +413,12 @@ func docs_tpm_profiles_0() async throws {
     let tpm = try SoftwareTPM(profile: .typicalSPI)      // or SimulatedDevice(profile: .oldFirmware)
     let keychain = try createKeychain(.init(service: "tests"), configuration: tpm.configuration())
     _ = keychain
+}
+
+// docs/tpm-profiles.md, block 2
+func docs_tpm_profiles_1() async throws {
+    let tpm = try SoftwareTPM(profile: .typicalSPI)
+    let broker = try ResourceManager(tpm: tpm)      // broker.tcti: tabrmd:bus_type=session,bus_name=…
+    let daemon = try KeychainDaemon(tpm: tpm, environment: broker.environment, tcti: broker.tcti)
+    _ = daemon
 }

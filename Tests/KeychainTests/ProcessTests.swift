@@ -3,6 +3,7 @@ import Keychain
 import KeychainTestSupport
 import KeychainTestThreads
 import SecureMemory
+import Synchronization
 import Testing
 import TPM2
 
@@ -325,7 +326,6 @@ struct ProcessTests {
         let tpm = try SoftwareTPM()
         let store = tpm.directory + "/store"
         let broker = try ResourceManager(tpm: tpm)
-        defer { broker.stop() }
         let tcti = broker.tcti
         let env = broker.environment
         #expect(try cli(tpm, store, ["init", "--allow-empty-owner-auth"], tcti: tcti, environment: env).status == 0)
@@ -350,65 +350,6 @@ struct ProcessTests {
         #expect(failures.withLock { $0 } == [])
         let keys = String(decoding: try cli(tpm, store, ["ls", "svc"], tcti: tcti, environment: env).stdout, as: UTF8.self)
         #expect(keys.split(separator: "\n").count == writers * rounds + 1)
-    }
-}
-
-import Synchronization
-
-/// tpm2-abrmd on a private D-Bus session bus, in front of a SoftwareTPM.
-final class ResourceManager {
-    let busDirectory: String
-    var environment: [String: String]
-    let tcti = "tabrmd:bus_type=session"
-    private var daemons: [Int32] = []
-
-    init(tpm: SoftwareTPM) throws {
-        busDirectory = tpm.directory + "/dbus"
-        try FileManager.default.createDirectory(atPath: busDirectory, withIntermediateDirectories: true)
-        let address = "unix:path=\(busDirectory)/bus"
-        environment = ["DBUS_SESSION_BUS_ADDRESS": address]
-        var env = ProcessInfo.processInfo.environment
-        env["DBUS_SESSION_BUS_ADDRESS"] = address
-        guard let dbus = Processes.spawn("/usr/bin/dbus-daemon", ["dbus-daemon", "--session", "--nofork", "--address=\(address)"]) else {
-            throw SoftwareTPMError("cannot start dbus-daemon: errno \(errno)")
-        }
-        daemons.append(dbus)
-        do {
-            try waitUntil("dbus-daemon to listen at \(busDirectory)/bus") { FileManager.default.fileExists(atPath: busDirectory + "/bus") }
-        } catch {
-            stop()
-            throw error
-        }
-        guard let abrmd = Processes.spawn("/usr/sbin/tpm2-abrmd", ["tpm2-abrmd", "--session", "--allow-root",
-                                                                   "--tcti=\(tpm.tcti)", "--flush-all"], environment: env) else {
-            stop()
-            throw SoftwareTPMError("cannot start tpm2-abrmd: errno \(errno)")
-        }
-        daemons.append(abrmd)
-        // Ready when a client can talk to the TPM through it.
-        do {
-            try waitUntil("tpm2-abrmd to answer on \(address)") { (try? TPMContextProbe.connect(tcti: tcti, environment: environment)) == true }
-        } catch {
-            stop()
-            throw error
-        }
-    }
-
-    func stop() {
-        for daemon in daemons.reversed() {
-            kill(daemon, SIGKILL)
-            _ = Processes.wait(daemon)
-        }
-        daemons.removeAll()
-    }
-}
-
-enum TPMContextProbe {
-    /// tpm2_getcap through the broker: true when it answers.
-    static func connect(tcti: String, environment: [String: String]) throws -> Bool {
-        var env = environment
-        env["TPM2TOOLS_TCTI"] = tcti
-        return try run("/usr/bin/tpm2_getcap", ["properties-fixed"], environment: env).status == 0
     }
 }
 

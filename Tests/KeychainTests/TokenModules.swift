@@ -45,43 +45,21 @@ enum TokenModule: Sendable {
 /// The processes behind a token (pkcsslotd, when this test started it; tpm2-pkcs11's swtpm, dbus-daemon
 /// and tpm2-abrmd), ended when the fixture is released.
 final class TokenModuleStack: @unchecked Sendable {  // mutated only while it is set up, then read by deinit
-    private var children: [pid_t] = []
-    private var tokenTPM: SoftwareTPM?
+    private var tokenBroker: ResourceManager?
 
     deinit {
-        for pid in children.reversed() { kill(pid, SIGTERM); _ = Processes.wait(pid) }
         for pid in daemonized { kill(pid, SIGTERM) }
     }
 
-    /// A background process of this fixture, its output to `log`.
-    private func start(_ path: String, _ args: [String], environment: [String: String], log: String) throws {
-        let null = open("/dev/null", O_RDONLY), out = open(log, O_WRONLY | O_CREAT | O_APPEND, 0o600)
-        defer { close(null); close(out) }
-        let env = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        guard let pid = Processes.spawn(path, [path] + args, environment: env, stdin: null, stdout: out, stderr: out) else {
-            throw SoftwareTPMError("cannot start \(path): errno \(errno)")
-        }
-        children.append(pid)
-    }
-
-    /// tpm2-pkcs11's token `kc` (user PIN 1234) in `directory`, on a swtpm of its own behind tpm2-abrmd on
-    /// a bus of its own (its policy lets tpm2-abrmd own its name and every peer receive its replies).
+    /// tpm2-pkcs11's token `kc` (user PIN 1234) in `directory`, on a swtpm of its own behind tpm2-abrmd
+    /// (`ResourceManager`, with tpm2-abrmd's own limits of 27 objects and 4 sessions per client, as before).
     /// Returns the environment the module's users need.
     func startTPM2PKCS11(in directory: String) throws -> [String: String] {
-        let tpm = try SoftwareTPM()
-        tokenTPM = tpm
-        let bus = directory + "/bus"
-        try privateSessionBusConfiguration(listen: "unix:path=" + bus)
-            .write(toFile: directory + "/bus.conf", atomically: true, encoding: .utf8)
-        try start("/usr/bin/dbus-daemon", ["--nofork", "--config-file=" + directory + "/bus.conf"], environment: [:],
-                  log: directory + "/dbus.log")
+        let broker = try ResourceManager(tpm: try SoftwareTPM(), maxTransients: 27, maxSessions: 4)
+        tokenBroker = broker
         try FileManager.default.createDirectory(atPath: directory + "/store", withIntermediateDirectories: true)
-        let env = ["DBUS_SESSION_BUS_ADDRESS": "unix:path=" + bus, "TPM2_PKCS11_TCTI": "tabrmd:bus_type=session",
-                   "TPM2TOOLS_TCTI": "tabrmd:bus_type=session", "TPM2_PKCS11_STORE": directory + "/store"]
-        try waitUntil("the private bus to listen") { access(bus, F_OK) == 0 }
-        try start("/usr/sbin/tpm2-abrmd", ["--session", "--allow-root", "--tcti=" + tpm.tcti], environment: env,
-                  log: directory + "/abrmd.log")
-        try waitUntil("tpm2-abrmd to answer") { (try? run("/usr/bin/tpm2_getrandom", ["1"], environment: env).status) == 0 }
+        let env = ["DBUS_SESSION_BUS_ADDRESS": broker.busAddress, "TPM2_PKCS11_TCTI": broker.tcti, "TPM2TOOLS_TCTI": broker.tcti,
+                   "TPM2_PKCS11_STORE": directory + "/store"]
         for args in [["init"], ["addtoken", "--pid=1", "--sopin=12345678", "--userpin=1234", "--label=kc"]] {
             let made = try run("/usr/bin/tpm2_ptool", args, environment: env)
             guard made.status == 0 else { throw SoftwareTPMError("tpm2_ptool \(args[0]): \(made.stderr)") }

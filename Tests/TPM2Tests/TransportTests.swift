@@ -23,6 +23,22 @@ struct TPMTransportTests {
         }
     }
 
+    /// tpm2-abrmd's own OBJECT_MEMORY and SESSION_MEMORY (a client past `--max-transients`/`--max-sessions`)
+    /// come in the resource manager's layer with a TPM code: a TPM code, not a lost connection. Its TSS
+    /// codes in that layer, and the TCTI's, still are.
+    @Test func aResourceManagersRefusalInTPMTermsIsATPMCodeNotALostConnection() {
+        for (raw, base) in [(UInt32(0xB0902), TPMReturnCode.objectMemory), (0xB0903, .sessionMemory)] {
+            let code = TPMReturnCode(rawValue: raw)
+            #expect(code.isResourceManagerRefusal && code.is(base))
+            #expect(!TPMError(command: "Load", code: code).isConnectionFailure)
+        }
+        for raw: UInt32 in [0xB0001, 0xB000A, 0xA000A] {
+            #expect(!TPMReturnCode(rawValue: raw).isTPMError)
+            #expect(TPMError(command: "Load", code: TPMReturnCode(rawValue: raw)).isConnectionFailure, "\(raw)")
+        }
+        #expect(TPMReturnCode(rawValue: 0x902).is(.objectMemory) && !TPMReturnCode(rawValue: 0x902).isResourceManagerRefusal)
+    }
+
     /// A stopped TPM: the command returns after the deadline, marked as unanswered, and the context
     /// refuses later commands at once instead of waiting again.
     @Test func aCommandToAStoppedTPMReturnsAfterTheDeadline() throws {

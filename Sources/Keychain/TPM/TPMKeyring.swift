@@ -185,6 +185,7 @@ final class TPMKeyring {
                                     "The TPM refused the owner authorization (\(error.command)): give the one set at device "
                                     + "provisioning (keychainctl init --owner-auth-file FILE)", underlying: .tpm(error))
             }
+            if let full = Self.noRoom(error, doing: "provision the TPM") { throw full }
             throw KeychainError(.hardwareUnavailable,
                                 "Cannot provision the TPM (\(error.command)): NV space may be full, or the owner hierarchy disabled",
                                 underlying: .tpm(error))
@@ -567,6 +568,7 @@ final class TPMKeyring {
             return KeychainError(.unsupported, "The TPM does not implement \(error.command), needed to \(what) (TPM_RC_COMMAND_CODE: "
                                  + "a TPM of an older spec revision)", underlying: .tpm(error))
         }
+        if let full = Self.noRoom(error, doing: what) { return full }
         if srkChanged() { return srkError(error) }
         if error.command.hasPrefix("EvictControl"), error.code.is(.badAuth) || error.code.is(.authFail) {
             // A reader's persistent key needs the owner authorization init set; keychaind has it only when given.
@@ -577,6 +579,21 @@ final class TPMKeyring {
                                  + "(under systemd: LoadCredential=owner.auth:FILE in keychaind.service)", underlying: .tpm(error))
         }
         return KeychainError(.hardwareUnavailable, "The TPM refused to \(what) (\(error.command))", underlying: .tpm(error))
+    }
+
+    /// OBJECT_MEMORY or SESSION_MEMORY: from the TPM (other programs hold its slots), or from a resource
+    /// manager that allows one client fewer than the keychain holds at once. Nil for other codes.
+    static func noRoom(_ error: TPMError, doing what: String) -> KeychainError? {
+        guard error.code.is(.objectMemory) || error.code.is(.sessionMemory) else { return nil }
+        let kind = error.code.is(.objectMemory) ? "objects" : "sessions"
+        if error.code.isResourceManagerRefusal {
+            return KeychainError(.hardwareUnavailable, "The TPM's resource manager allows this process fewer \(kind) at once than it "
+                                 + "needs to \(what) (\(error.command)): the keychain holds up to 3 objects and 3 sessions at once, "
+                                 + "as the kernel's /dev/tpmrm0 allows; start tpm2-abrmd with --max-transients and --max-sessions "
+                                 + "of 3 or more", underlying: .tpm(error))
+        }
+        return KeychainError(.hardwareUnavailable, "The TPM has no room for more \(kind) to \(what) (\(error.command)): "
+                             + "other programs hold its slots", underlying: .tpm(error))
     }
 
     private func srkError(_ error: TPMError) -> KeychainError {
