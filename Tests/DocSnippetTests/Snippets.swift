@@ -398,10 +398,13 @@ struct docs_provisioning_0 {
 // docs/provisioning.md, block 2
 struct docs_provisioning_1 {
 
-    func enroll(_ request: Data, send: (Data) async throws -> Data, makerCA: [UInt8]) async throws -> VerifiedIdentity {
+    func enroll(_ request: Data, send: (Data) async throws -> Data, makerCA: [UInt8], ledger: AttestationLedger) async throws -> VerifiedIdentity {
         let (challenge, state) = try AttestationServer.challenge(for: try AttestationRequest(json: request))
+        try ledger.open(state)                             // the challenge open until its answer verified
         let answer = try await send(challenge.json())      // to the device; its answer back
-        return try AttestationServer.verify(try AttestationAnswer(json: answer), state: state, ekCA: makerCA)
+        let identity = try AttestationServer.verify(try AttestationAnswer(json: answer), state: state, ekCA: makerCA)
+        try ledger.spend(state)                            // verify only checks: one answer per challenge
+        return identity
     }
 }
 
