@@ -11,7 +11,7 @@ swift build --build-tests -Xswiftc -warnings-as-errors
 scripts/test-watchdog.sh "${KEYCHAIN_TEST_DEADLINE:-1200}" "$@"
 # The same integration suites of the TPM layer, the engine, keychaind and provisioning on TPMs that behave like
 # chips (issue 39, docs/tpm-profiles.md): the fast firmware, typical SPI and old-firmware profiles, a bounded slice
-# (about 4 minutes alone); `FILTER='TPM2Tests|KeychainTests' scripts/tpm-profiles.sh` runs every suite on them.
+# (5 minutes in all on the shared 2-core machine); `FILTER='TPM2Tests|KeychainTests' scripts/tpm-profiles.sh` runs every suite on them.
 if (($# == 0)); then timeout 1200 scripts/tpm-profiles.sh "fast typical old"
 else echo "test.sh: a filter was given: the suites on TPM profiles (scripts/tpm-profiles.sh) were not run"; fi
 # The package under a booted systemd, built once (dpkg-buildpackage) and installed as devices get it, on two cached
