@@ -89,7 +89,7 @@ let package = Package(
 
         // Each command is a module with one entry point (Sources/<command>), which its own executable
         // (Sources/Executables/<command>) and keychain-multicall call.
-        .target(name: "KeychainctlFull", dependencies: ["Keychain", "SignInFlow", "KeychainCLIText", "KeychainWire", "DBus"],
+        .target(name: "KeychainctlFull", dependencies: ["Keychain", "TPM2", "SignInFlow", "KeychainCLIText", "KeychainWire", "DBus"],
                 path: "Sources/keychainctl-full"),
         .target(name: "KeychainctlFront", dependencies: ["KeychainWire", "KeychainCLIText"], path: "Sources/keychainctl"),
         .target(name: "Keychaind", dependencies: ["Keychain", "KeychainCLIText", "CSystemd"], path: "Sources/keychaind"),

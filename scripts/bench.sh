@@ -6,6 +6,8 @@
 # report (Markdown) is the only thing on stdout; build output and progress go to stderr.
 # `bench.sh --secret-service` runs scripts/bench-secret-service.sh instead: keychain-secret-service
 # against gnome-keyring-daemon, side by side (docs/performance.md).
+# `bench.sh --profiles [--runs N] [PROFILE…]`: what a user waits for on each TPM chip profile (swtpm, fast,
+# typical, slow, old), whole keychainctl processes with their TPM commands (docs/performance.md, issue 39).
 # `bench.sh --instructions [--daemon] [--functions]` runs scripts/warm-read-instructions.sh: callgrind's
 # instructions per warm read, in-process or through keychaind.
 set -eu

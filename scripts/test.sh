@@ -12,6 +12,11 @@ scripts/test-watchdog.sh "${KEYCHAIN_TEST_DEADLINE:-1200}" "$@"
 # The daemon's suites under ThreadSanitizer (scripts/sanitize.sh; the full runs of both sanitizers and their figures are in
 # docs/security.md, "Sanitizers"): about 13 minutes on a loaded 2-core machine, most of it the instrumented build. The whole run only.
 if (($# == 0)); then timeout 1800 scripts/sanitize.sh thread --slice; fi
+# The same integration suites of the TPM layer, the engine, keychaind and provisioning on TPMs that behave like
+# chips (issue 39, docs/tpm-profiles.md): the fast firmware, typical SPI and old-firmware profiles, a bounded slice
+# (5 minutes in all on the shared 2-core machine); `FILTER='TPM2Tests|KeychainTests' scripts/tpm-profiles.sh` runs every suite on them.
+if (($# == 0)); then timeout 1200 scripts/tpm-profiles.sh "fast typical old"
+else echo "test.sh: a filter was given: the suites on TPM profiles (scripts/tpm-profiles.sh) were not run"; fi
 # The package under a booted systemd, built once (dpkg-buildpackage) and installed as devices get it, on two cached
 # Debian 12 roots: bookworm's main alone (the point release, no security updates) and one with bookworm-updates and
 # bookworm-security, whatever this machine's own apt state. The whole run only.

@@ -90,6 +90,7 @@ final class ChipProxy: @unchecked Sendable {
             let refusal: TPMReturnCode? = state.withLock { state in
                 state.seen.append(code)
                 if profile.missingCommands.contains(code) { return .commandCode }
+                if let refusal = nvBufferRefusal(command) { return refusal }
                 guard let index = state.warnings.firstIndex(where: { $0.command == code && $0.times > 0 }) else { return nil }
                 state.warnings[index].times -= 1
                 return state.warnings[index].code
@@ -100,7 +101,9 @@ final class ChipProxy: @unchecked Sendable {
             } else {
                 guard Self.write(server, command), let answer = Self.readMessage(server) else { return }
                 response = answer
-                if code == TPMProfile.Command.getCapability { response = withoutMissingCommands(command, response) }
+                if code == TPMProfile.Command.getCapability {
+                    response = withNVBufferMax(command, withoutMissingCommands(command, response))
+                }
                 // StartAuthSession's first handle is tpmKey: TPM_RH_NULL for an unsalted session.
                 let salted = code == TPMProfile.Command.startAuthSession && command.count >= 14 && Self.u32(command, 10) != 0x4000_0007
                 let latency = profile.latency(command: code, salted: salted)
@@ -133,6 +136,34 @@ final class ChipProxy: @unchecked Sendable {
         let body = Array(response[10..<15]) + Self.bytes(UInt32(kept.count)) + kept.flatMap(Self.bytes)
             + Array(response[(19 + 4 * count)...])
         return Array(response[0..<2]) + Self.bytes(UInt32(10 + body.count)) + Array(response[6..<10]) + body
+    }
+
+    /// The chip's answer to an NV_Read or NV_Write of more than its NV buffer (`TPMProfile.nvBufferMax`):
+    /// NV_Read's `size` is TPM_RC_VALUE on parameter 1 (Part 3, 31.13), NV_Write's data does not
+    /// unmarshal, TPM_RC_SIZE on parameter 1 (a TPM2B_MAX_NV_BUFFER larger than MAX_NV_BUFFER_SIZE).
+    /// Both have sessions: handles (8 bytes), the authorization area's size and bytes, then the parameters.
+    private func nvBufferRefusal(_ command: [UInt8]) -> TPMReturnCode? {
+        guard let limit = profile.nvBufferMax, command.count >= 22 else { return nil }
+        let code = Self.u32(command, 6)
+        guard code == TPMProfile.Command.nvRead || code == TPMProfile.Command.nvWrite else { return nil }
+        let parameters = 22 + Int(Self.u32(command, 18))
+        guard command.count >= parameters + 2 else { return nil }
+        let size = Int(command[parameters]) << 8 | Int(command[parameters + 1])
+        guard size > limit else { return nil }
+        return TPMReturnCode(rawValue: code == TPMProfile.Command.nvRead ? 0x1C4 : 0x1D5)
+    }
+
+    /// GetCapability(TPM_CAP_TPM_PROPERTIES)'s TPM_PT_NV_BUFFER_MAX (0x12C) as the profile's, so that a
+    /// client that sizes its NV reads by it (tpm2-tools) sees the chip's (Part 2, TPML_TAGGED_TPM_PROPERTY).
+    private func withNVBufferMax(_ command: [UInt8], _ response: [UInt8]) -> [UInt8] {
+        guard let limit = profile.nvBufferMax, command.count >= 22, Self.u32(command, 10) == 6 /* TPM_CAP_TPM_PROPERTIES */,
+              response.count >= 19, Self.u32(response, 6) == 0, Self.u32(response, 11) == 6 else { return response }
+        var response = response
+        let count = Int(Self.u32(response, 15))
+        for entry in 0..<count where 19 + 8 * entry + 8 <= response.count && Self.u32(response, 19 + 8 * entry) == 0x12C {
+            response.replaceSubrange((23 + 8 * entry)..<(27 + 8 * entry), with: Self.bytes(UInt32(limit)))
+        }
+        return response
     }
 
     /// Both directions as they come, until either side closes.

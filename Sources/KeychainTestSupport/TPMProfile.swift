@@ -20,6 +20,9 @@ public struct TPMProfile: Sendable {
     public var missingCommands: Set<UInt32>
     /// Warnings the chip answers instead of running a command (TPM_RC_RETRY, TESTING, YIELDED, NV_RATE).
     public var warnings: [Warning]
+    /// The most bytes one NV_Read or NV_Write moves (TPM_PT_NV_BUFFER_MAX); nil for swtpm's own (1024).
+    /// More is refused as the chip refuses it, and GetCapability reports this figure.
+    public var nvBufferMax: Int?
 
     /// The first `times` times `command` is sent, the chip answers `code` without running it.
     public struct Warning: Sendable {
@@ -34,13 +37,14 @@ public struct TPMProfile: Sendable {
     }
 
     public init(name: String, smallCommand: Duration = .zero, latencies: [UInt32: Duration] = [:], saltedSession: Duration = .zero,
-                missingCommands: Set<UInt32> = [], warnings: [Warning] = []) {
+                missingCommands: Set<UInt32> = [], warnings: [Warning] = [], nvBufferMax: Int? = nil) {
         self.name = name
         self.smallCommand = smallCommand
         self.latencies = latencies
         self.saltedSession = saltedSession
         self.missingCommands = missingCommands
         self.warnings = warnings
+        self.nvBufferMax = nvBufferMax
     }
 
     /// The command codes the profiles name (TPM 2.0 Part 2, Table 12).
@@ -54,6 +58,8 @@ public struct TPMProfile: Sendable {
         public static let sign: UInt32 = 0x15D
         public static let policySigned: UInt32 = 0x160
         public static let startAuthSession: UInt32 = 0x176
+        public static let nvWrite: UInt32 = 0x137
+        public static let nvRead: UInt32 = 0x14E
         public static let getCapability: UInt32 = 0x17A
         public static let pcrRead: UInt32 = 0x17E
         public static let nvCertify: UInt32 = 0x184
@@ -69,7 +75,8 @@ public struct TPMProfile: Sendable {
         return latencies[command] ?? smallCommand
     }
 
-    /// Per-command figures in milliseconds: the issue 39 table's columns (docs/tpm-profiles.md).
+    /// Per-command figures in milliseconds: the issue 39 table's columns (docs/tpm-profiles.md), and the
+    /// 768-byte NV buffer of the parts it names (swtpm's is 1024).
     private static func measured(_ name: String, small: Double, salted: Double, policySigned: Double, sign: Double,
                                  createPrimary: Double, create: Double, load: Double) -> TPMProfile {
         func ms(_ value: Double) -> Duration { .microseconds(Int64(value * 1000)) }
@@ -78,7 +85,7 @@ public struct TPMProfile: Sendable {
                           latencies: [Command.policySigned: ms(policySigned), Command.sign: signing, Command.quote: signing,
                                       Command.certify: signing, Command.certifyCreation: signing, Command.nvCertify: signing,
                                       Command.createPrimary: ms(createPrimary), Command.create: ms(create), Command.load: ms(load)],
-                          saltedSession: ms(salted))
+                          saltedSession: ms(salted), nvBufferMax: 768)
     }
 
     /// swtpm as it is: no latency, every command.

@@ -10,6 +10,18 @@ public struct TPMHandle: Sendable, Hashable {
     public let mustFlush: Bool
 }
 
+/// What this process's TPM connections are doing, for a progress line on a terminal (keychainctl): read
+/// from another thread while an operation runs, which the engine's actor would make wait.
+public enum TPMActivity {
+    private static let state = Mutex<(sent: Int, current: String?)>((0, nil))
+
+    /// The commands sent since the process started, and the one the TPM is working on (nil between two).
+    public static var now: (sent: Int, current: String?) { state.withLock { $0 } }
+
+    static func begin(_ command: String) { state.withLock { $0 = ($0.sent + 1, command) } }
+    static func end() { state.withLock { $0.current = nil } }
+}
+
 /// One connection to a TPM: owns the TCTI and ESAPI contexts and is the only place that calls ESAPI.
 ///
 /// - Important: not thread-safe. Confine it to one actor; the keychain's engine does.
@@ -98,7 +110,9 @@ public final class TPMContext {
         while true {
             if let unanswered { throw unanswered }
             commandCount += 1
+            TPMActivity.begin(command)
             let (raw, timedOut) = deadline.run(body)
+            TPMActivity.end()
             let rc = TPMReturnCode(rawValue: raw)
             #if DEBUG
             Self.crashPointReached()

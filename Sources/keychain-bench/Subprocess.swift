@@ -30,18 +30,25 @@ struct Subprocess {
         return path.split(separator: ":").contains { FileManager.default.isExecutableFile(atPath: "\($0)/\(program)") }
     }
 
-    /// Runs `argv` to completion; the time is from spawn to reaped exit.
-    func run(_ argv: [String]) throws -> Result {
-        let outPath = directory + "/stdout", errPath = directory + "/stderr"
+    /// Runs `argv` to completion; the time is from spawn to reaped exit. `input`, when given, is its
+    /// stdin (a file written before the clock starts).
+    func run(_ argv: [String], input: [UInt8]? = nil) throws -> Result {
+        let outPath = directory + "/stdout", errPath = directory + "/stderr", inPath = directory + "/stdin"
+        if let input {
+            guard FileManager.default.createFile(atPath: inPath, contents: Data(input), attributes: [.posixPermissions: 0o600]) else {
+                throw Failure(description: "cannot write \(inPath)")
+            }
+        }
         let out = open(outPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         let err = open(errPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        defer { close(out); close(err) }
-        guard out >= 0, err >= 0 else { throw Failure(description: "cannot open \(outPath): errno \(errno)") }
+        let stdin = input == nil ? -1 : open(inPath, O_RDONLY | O_CLOEXEC)
+        defer { close(out); close(err); if stdin >= 0 { close(stdin) } }
+        guard out >= 0, err >= 0, input == nil || stdin >= 0 else { throw Failure(description: "cannot open \(outPath): errno \(errno)") }
         guard let path = argv[0].contains("/") ? argv[0] : Processes.findExecutable(argv[0]) else {
             throw Failure(description: "cannot find \(argv[0])")
         }
         let start = monotonicNanoseconds()
-        guard let child = Processes.spawn(path, argv, environment: environment, stdout: out, stderr: err) else {
+        guard let child = Processes.spawn(path, argv, environment: environment, stdin: stdin >= 0 ? stdin : nil, stdout: out, stderr: err) else {
             throw Failure(description: "cannot start \(argv[0]): \(String(cString: strerror(errno)))")
         }
         let exitStatus = Processes.wait(child)
@@ -54,8 +61,8 @@ struct Subprocess {
 
     /// Runs `argv` and throws with its stderr unless it exits 0.
     @discardableResult
-    func check(_ argv: [String]) throws -> Result {
-        let result = try run(argv)
+    func check(_ argv: [String], input: [UInt8]? = nil) throws -> Result {
+        let result = try run(argv, input: input)
         guard result.status == 0 else {
             throw Failure(description: "\(argv.joined(separator: " ")) exited \(result.status): "
                           + result.errorOutput.trimmingCharacters(in: .whitespacesAndNewlines))

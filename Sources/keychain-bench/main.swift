@@ -50,6 +50,19 @@ if (4...5).contains(CommandLine.arguments.count), CommandLine.arguments[1] == "-
     }
 }
 
+if CommandLine.arguments.count >= 2, CommandLine.arguments[1] == "--profiles" {
+    // --profiles [--runs N] [PROFILE…]: every profile by default (docs/performance.md, "On TPM profiles").
+    var rest = Array(CommandLine.arguments.dropFirst(2)), runs = 5
+    if rest.first == "--runs", rest.count >= 2, let n = Int(rest[1]), n > 0 { runs = n; rest.removeFirst(2) }
+    do {
+        print(try await profileBench(names: rest.isEmpty ? ["swtpm", "fast", "typical", "slow", "old"] : rest, runs: runs))
+        exit(0)
+    } catch {
+        FileHandle.standardError.write(Data("keychain-bench: \(error)\n".utf8))
+        exit(1)
+    }
+}
+
 if CommandLine.arguments.count >= 3, CommandLine.arguments[1] == "--vault-state", let reads = Int(CommandLine.arguments[2]), reads > 0 {
     let rest = CommandLine.arguments.dropFirst(3)
     let modes = ["in-process", "keychaind"].filter { rest.isEmpty || rest.contains($0) }

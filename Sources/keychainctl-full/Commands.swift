@@ -339,6 +339,8 @@ public enum KeychainctlFull {
                !Commands.attestOnServer(inv.command) {
                 writeAll(2, "keychainctl: no TPM device or --tcti: using the embedded software TPM in \(escaped(configuration.storeDirectory))/swtpm (security level: software)\n")
             }
+            let progress = configuration.daemonSocket == nil ? TerminalProgress.start(inv.command) : nil
+            defer { progress?.finish() }
             code = try await Commands(inv: inv, configuration: configuration).run()
         } catch let error as UsageError where CommandLine.arguments.contains("--json") {
             // A script that asked for JSON reads stdout: the usage error is INVALID_ARGUMENT there (exit 2).

@@ -57,7 +57,7 @@ struct FrozenTPMTests {
         let listing = String(decoding: try run("/usr/bin/ss", ["-xan"]).stdout, as: UTF8.self)
         return listing.split(separator: "\n").contains { line in
             let fields = line.split(separator: " ")
-            return fields.count > 4 && fields[4] == tpm.directory + "/tpm" && (Int(fields[2]) ?? 0) > 0
+            return fields.count > 4 && fields[4] == tpm.swtpmSocket && (Int(fields[2]) ?? 0) > 0
         }
     }
 

@@ -106,11 +106,24 @@ struct TerminalTests {
         #expect(asked.shown.contains("status 130"), "\(asked.shown)")
         #expect(asked.shown.contains(" echo ") && !asked.shown.contains(" -echo "), "echo left off: \(asked.shown)")
     }
+
+    /// Issue 39 item 3: on a slow discrete chip `init` keeps the TPM busy past a second (the profile's
+    /// latencies alone add up to more). At a terminal a line a second says what it is doing and how far; on
+    /// a pipe nothing is added to what a script reads.
+    @Test func aLongInitOnASlowChipShowsItsProgressAtATerminalOnly() throws {
+        let slow = try SoftwareTPM(profile: .slowDiscrete)
+        let direct = ["--store", slow.directory + "/store", "--tcti", slow.tcti, "--reader", "none", "init", "--allow-empty-owner-auth"]
+        let shown = try runChild("/usr/bin/script", ["-qfec", ([ctl] + direct).map { "'\($0)'" }.joined(separator: " "), "/dev/null"])
+        let text = String(decoding: shown.stdout, as: UTF8.self)
+        #expect(shown.status == 0 && text.contains("initialized: "), "\(text)")
+        let lines = text.split(whereSeparator: \.isNewline).map(String.init)
+        #expect(lines.contains { $0.hasPrefix("keychainctl init: ") && $0.contains(" TPM commands in ") }, "no progress line: \(text)")
+        #expect(lines.contains { $0.hasPrefix("initialized: ") }, "\(text)")
+        let piped = try run(ctl, direct)
+        #expect(piped.status == 0 && !piped.stderr.contains("TPM commands"), "\(piped.stderr)")
+    }
 }
 
-/// `get` asks through the prompts `can-use` counts (issue 37 item 6): with no terminal, a password
-/// agent's directory makes a passcode item available, and `get` then asks there, directly and
-/// through keychaind's front.
 @Suite("get and can-use agree", .offThePool)
 struct PromptAgreementTests {
     let ctl = buildDirectory.appendingPathComponent("keychainctl").path

@@ -29,7 +29,8 @@ struct TransportTests {
     @Test func anotherUserCanNeitherFindNorReachATestTPM() throws {
         let tpm = try SoftwareTPM()
         #expect(tpm.tcti == "swtpm:path=\(tpm.directory)/tpm")
-        try expectOnlyTheOwnerReaches(pid: tpm.processIdentifier, socket: tpm.directory + "/tpm")
+        // Behind a profile's proxy (KEYCHAIN_TEST_TPM_PROFILE), swtpm's own sockets are in directory/chip.
+        try expectOnlyTheOwnerReaches(pid: tpm.processIdentifier, socket: tpm.swtpmSocket)
     }
 
     func expectOnlyTheOwnerReaches(pid: pid_t, socket: String) throws {
@@ -133,7 +134,9 @@ struct TransportTests {
         let (pid, said) = try startBenchUntilItNamesItsStore()
         let marker = try #require(said.range(of: "swtpm on swtpm:path="), "keychain-bench said: \(said)")
         let socket = String(said[marker.upperBound...].prefix { $0 != "," })
-        let swtpm = try #require(try processes(mentioning: socket).first, "no swtpm on \(socket)")
+        // The socket's directory: behind a profile's proxy swtpm's own socket is in its `chip` folder.
+        let directory = (socket as NSString).deletingLastPathComponent + "/"
+        let swtpm = try #require(try processes(mentioning: directory).first, "no swtpm in \(directory)")
         #expect(kill(pid, SIGKILL) == 0)
         _ = Processes.wait(pid)
         #expect(waitUntilGone(swtpm), "swtpm \(swtpm) outlived the process that started it")

@@ -78,4 +78,38 @@ struct ChipProfileTests {
         let sent = tpm.commandsSeen.filter { $0 == pcrRead }.count
         #expect(sent > 1 && sent < 1000, "\(sent) PCR_Reads")
     }
+
+    /// NV_Read of `size` bytes of `index` with the owner's empty password (Part 3, 31.13).
+    static func nvRead(_ index: UInt32, size: UInt16) -> [UInt8] {
+        let be32 = { (v: UInt32) in (0..<4).map { UInt8(truncatingIfNeeded: v >> (24 - 8 * $0)) } }
+        let password: [UInt8] = be32(0x4000_0009) + [0, 0, 0, 0, 0]  // TPM_RS_PW, no nonce, no attributes, no HMAC
+        let body = be32(0x4000_0001) + be32(index) + be32(UInt32(password.count)) + password
+            + [UInt8(size >> 8), UInt8(size & 0xFF), 0, 0]
+        return [0x80, 0x02] + be32(UInt32(10 + body.count)) + be32(UInt32(TPMProfile.Command.nvRead)) + body
+    }
+
+    /// A chip's 768-byte NV buffer: a larger NV_Read is refused as the chip refuses it (swtpm's 1024 takes
+    /// it), GetCapability says 768, and tpm2-tools, which sizes its reads and writes by that, moves 1024 bytes.
+    @Test func anNVReadLargerThanTheChipsBufferIsRefusedAndToolsSplitTheirs() throws {
+        for (profile, limit) in [(TPMProfile(name: "768-byte NV buffer", nvBufferMax: 768), 768), (.swtpm, 1024)] {
+            let tpm = try SoftwareTPM(profile: profile)
+            let index = "0x01500010"
+            let data = (0..<1024).map { UInt8(truncatingIfNeeded: $0 * 7) }
+            let file = tpm.directory + "/nv.bin"
+            #expect(FileManager.default.createFile(atPath: file, contents: Data(data)))
+            for argv in [["tpm2_nvdefine", index, "-C", "o", "-s", "1024", "-a", "ownerread|ownerwrite"],
+                         ["tpm2_nvwrite", index, "-C", "o", "-i", file]] {
+                let result = try runChild("/usr/bin/" + argv[0], Array(argv.dropFirst()) + ["-T", tpm.tcti])
+                #expect(result.status == 0, "\(argv[0]): \(result.stderr)")
+            }
+            let read = try runChild("/usr/bin/tpm2_nvread", [index, "-C", "o", "-s", "1024", "-T", tpm.tcti])
+            #expect(read.status == 0 && read.stdout == data, "\(read.stderr)")
+            let properties = String(decoding: try runChild("/usr/bin/tpm2_getcap", ["-T", tpm.tcti, "properties-fixed"]).stdout, as: UTF8.self)
+            #expect(properties.contains("TPM2_PT_NV_BUFFER_MAX:\n  raw: 0x\(String(limit, radix: 16, uppercase: true))"), "\(properties)")
+            let whole = try send(tpm, Self.nvRead(0x0150_0010, size: 1024))
+            #expect(Array(whole[6..<10]) == (limit == 768 ? [0, 0, 0x01, 0xC4] : [0, 0, 0, 0]), "\(whole.prefix(10))")
+            let fits = try send(tpm, Self.nvRead(0x0150_0010, size: 768))
+            #expect(Array(fits[6..<10]) == [0, 0, 0, 0] && fits.count > 768, "\(fits.prefix(10))")
+        }
+    }
 }
