@@ -49,6 +49,9 @@ enum FuzzTarget: String, CaseIterable {
     case secretService = "secret-service"
     /// The fingerprint reader's state file (`reader.json` in its private directory).
     case reader
+    /// A datagram on keychain-journal-relay's socket (`RelayedRefusal`): keychaind's, or a sender's that
+    /// reached the socket; what the root relay writes of it into a unit's journal.
+    case journalRelay = "journal-relay"
 
     /// The target `KEYCHAIN_FUZZ_TARGET` names; a missing or unknown name ends the run saying the names.
     static let chosen: FuzzTarget = {
@@ -80,6 +83,7 @@ enum FuzzTarget: String, CaseIterable {
         case .dbus: Self.dbus(bytes)
         case .secretService: Self.secretService(bytes)
         case .reader: Self.reader(bytes)
+        case .journalRelay: Self.journalRelay(bytes)
         }
     }
 
@@ -223,6 +227,43 @@ enum FuzzTarget: String, CaseIterable {
             } else if status == 0, sd_bus_wait(bus, 100_000) < 0 {
                 return
             }
+        }
+    }
+
+    /// The relay takes a datagram whole or drops it, and what it writes (the journal's fields, or its own line
+    /// about a drop) holds no control byte and is bounded; a refusal keychaind encodes arrives as it was sent.
+    private static func journalRelay(_ bytes: [UInt8]) {
+        switch RelayedRefusal.parse(bytes) {
+        case .failure(let drop):
+            checkRelayLine(drop.why, limit: 512, of: bytes)
+        case .success(let refusal):
+            guard (try? SystemdCredentials.checkUnitName(refusal.unit)) != nil else {
+                fatalError("the relay took a unit name systemd does not give: \(lowerHex(refusal.unit.utf8))")
+            }
+            // escaped() writes a byte as at most 4 (a control byte as \xNN; a C1 character's 2 bytes as \u{NNNN}).
+            checkRelayLine(refusal.reason, limit: 4 * RelayedRefusal.reasonLimit + 32, of: bytes)
+            for field in refusal.journalFields { checkRelayLine(field, limit: 4 * RelayedRefusal.reasonLimit + 128, of: bytes) }
+            // keychaind's side: a refusal of this unit whose reason is the whole input arrives as sent, escaped and cut.
+            let reason = String(decoding: bytes, as: UTF8.self)
+            let sent = RelayedRefusal(manager: refusal.manager, unit: refusal.unit, reason: reason)
+            guard sent.encoded.count <= RelayedRefusal.datagramLimit, case .success(let received) = RelayedRefusal.parse(sent.encoded),
+                  received.manager == sent.manager, received.unit == sent.unit else {
+                fatalError("the relay did not take a refusal keychaind encoded: \(lowerHex(sent.encoded))")
+            }
+            let whole = reason.utf8.count <= RelayedRefusal.reasonLimit
+            guard whole ? received.reason == escaped(reason) : received.reason.hasSuffix(" (cut at \(RelayedRefusal.reasonLimit) bytes)") else {
+                fatalError("a refusal's reason did not arrive as keychaind sent it: \(lowerHex(sent.encoded))")
+            }
+        }
+    }
+
+    /// A line the relay writes: no C0 or C1 control, DEL or bidirectional override (escaped()'s promise), at most `limit` bytes.
+    private static func checkRelayLine(_ line: String, limit: Int, of bytes: [UInt8]) {
+        let unsafe = line.unicodeScalars.contains {
+            $0.value < 0x20 || (0x7F..<0xA0).contains($0.value) || (0x202A...0x202E).contains($0.value) || (0x2066...0x2069).contains($0.value)
+        }
+        guard !unsafe, line.utf8.count <= limit else {
+            fatalError("the relay would write \(line.utf8.count) bytes\(unsafe ? " with a control character" : "") of \(lowerHex(bytes))")
         }
     }
 

@@ -28,7 +28,9 @@ struct RelayedRefusal: Equatable {
         case .system: "system"
         case .user(let uid): "uid:\(uid)"
         }
-        return Array(who.utf8) + [0] + Array(unit.utf8) + [0] + Array(reason.utf8.prefix(Self.reasonLimit))
+        // One byte past the limit, so that the relay sees a longer reason and says it was cut (at most
+        // 14 + 255 + 1,025 bytes and two NULs: always within `datagramLimit`).
+        return Array(who.utf8) + [0] + Array(unit.utf8) + [0] + Array(reason.utf8.prefix(Self.reasonLimit + 1))
     }
 
     /// The refusal in `bytes`, or why it is dropped: a wrong shape, a unit name systemd would not give a unit.
@@ -48,7 +50,8 @@ struct RelayedRefusal: Equatable {
         }
         guard let unit = String(validating: parts[1], as: UTF8.self) else { return .failure(.init("a unit name that is not UTF-8")) }
         do throws(KeychainError) { try SystemdCredentials.checkUnitName(unit) } catch {
-            return .failure(.init("a unit name systemd does not give: \(escaped(String(unit.prefix(64))))"))
+            // 64 bytes, not characters: one character can hold any number of combining marks.
+            return .failure(.init("a unit name systemd does not give: \(escaped(String(decoding: parts[1].prefix(64), as: UTF8.self)))"))
         }
         var reason = escaped(String(decoding: parts[2].prefix(reasonLimit), as: UTF8.self))
         if parts[2].count > reasonLimit { reason += " (cut at \(reasonLimit) bytes)" }

@@ -28,6 +28,23 @@ struct JournalRelayTests {
         #expect(long.reason == String(repeating: "a", count: RelayedRefusal.reasonLimit) + " (cut at 1024 bytes)")
     }
 
+    /// Found by the `journal-relay` fuzz target: keychaind cut a long reason to the limit itself, so the relay never said so.
+    @Test func aLongReasonKeychaindSendsArrivesSayingItWasCut() throws {
+        let sent = RelayedRefusal(manager: .user(1001), unit: "app.service", reason: String(repeating: "b", count: 5000))
+        #expect(sent.encoded.count <= RelayedRefusal.datagramLimit)
+        let received = try RelayedRefusal.parse(sent.encoded).get()
+        #expect(received.reason == String(repeating: "b", count: RelayedRefusal.reasonLimit) + " (cut at 1024 bytes)")
+    }
+
+    /// The relay's line about a dropped unit name is cut in bytes: 64 characters can be any length (combining marks).
+    @Test func aDroppedUnitNameIsLoggedCutInBytes() {
+        let unit = "a" + String(repeating: "\u{301}", count: 900) + ".service"
+        guard case .failure(let drop) = RelayedRefusal.parse(Array("system\0\(unit)\0r".utf8)) else {
+            Issue.record("accepted a unit of combining marks"); return
+        }
+        #expect(drop.why.utf8.count <= 36 + 4 * 64, "\(drop.why.utf8.count) bytes")
+    }
+
     @Test func whatSystemdWouldNotGiveADaemonIsDropped() {
         for (datagram, why) in [("system\0db.service\nx.service\0r", "a unit name systemd does not give"),
                                 ("system\0dbapp\0r", "a unit name systemd does not give"),
