@@ -28,6 +28,7 @@ else echo "test.sh: a filter was given: the package's tests (scripts/test-system
 # A user's own package, outside the checkout, finding keychaind on PATH: the whole run only.
 if (($# == 0)); then timeout 1200 scripts/test-outside-package.sh; fi
 # The fuzz targets at each trust boundary (docs/security.md, Fuzzing): the package built again with libFuzzer and
-# AddressSanitizer in .build/fuzz (about 70 s from nothing on an idle 2-core machine), then each target's kept
-# corpus and 5 s of new inputs (about 80 s in all); a crash fails the run. The whole run only.
+# AddressSanitizer in .build/fuzz (about 70 s from nothing on an idle 2-core machine, 241 s under five other builds),
+# then each of the 14 targets' kept corpus and 5 s of new inputs
+# (about 90 s in all); a crash fails the run. The whole run only.
 if (($# == 0)); then timeout 1200 scripts/fuzz.sh --ci; fi
