@@ -225,6 +225,22 @@ struct WireGoldenTests {
         guard case .interrupted = await asked.value else { Issue.record("not interrupted"); return }
         #expect(hex(prompt.encoded()) == Self.goldenPrompt)
     }
+
+    /// keychaind reads each answer as the client meant it, and one that does not say (an unknown
+    /// number, a finger or passcode missing) as `interrupted`, which changes nothing.
+    @Test func anAnswerIsReadAsSentAndOneThatDoesNotSayIsInterrupted() {
+        let answers: [WirePromptAnswer] = [.finger("thumb"), .passcode([1, 2]), .cancel, .fallback, .interrupted, .unavailable("no tty")]
+        for answer in answers { #expect(WirePromptAnswer(decoding: answer.message) == answer) }
+        for number: UInt64 in [0, 1, 6, 255] {
+            var bare = WireMessage(kind: WireKind.answer)
+            bare.add(WireTag.answerKind, number)
+            #expect(WirePromptAnswer(decoding: bare) == .interrupted, "\(number)")
+        }
+        var unavailable = WireMessage(kind: WireKind.answer)
+        unavailable.add(WireTag.answerKind, WirePromptAnswer.Kind.unavailable.rawValue)
+        #expect(WirePromptAnswer(decoding: unavailable) == .unavailable("the client's prompt reaches no one"))
+        #expect(WirePromptAnswer(decoding: WireMessage(kind: WireKind.answer)) == .interrupted)
+    }
 }
 
 private func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
