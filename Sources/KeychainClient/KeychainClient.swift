@@ -129,20 +129,15 @@ public struct KeychainClient: Sendable {
 
     /// The request, then keychaind's messages until its reply: ok, or the error it threw.
     private func exchange(_ fd: Int32, _ request: WireMessage) throws(WireError) -> Result<WireMessage, KeychainClientError> {
-        var reply = try WireSocket.exchange(fd, request, idle: Self.replyTimeout, stall: Self.stallTimeout)
-        while true {
-            switch reply.kind {
-            case WireKind.ok: return .success(reply)
-            case WireKind.error: return .failure(KeychainClientError(try WireErrorReply(decoding: reply)))
-            case WireKind.prompt:
-                // Asked without an authenticator (none was offered): "interrupted", as the library answers.
-                reply.wipe()
-                var answer = WireMessage(kind: WireKind.answer)
-                answer.add(WireTag.answerKind, UInt64(4))
-                reply = try WireSocket.exchange(fd, answer, idle: Self.replyTimeout, stall: Self.stallTimeout)
-            default:
-                return .failure(KeychainClientError(code: "INTERNAL", message: "The keychain service sent a reply of unknown kind \(reply.kind)"))
-            }
+        let first = try WireSocket.exchange(fd, request, idle: Self.replyTimeout, stall: Self.stallTimeout)
+        // Asked without an authenticator (none was offered): "interrupted", as the library answers.
+        let reply = try WireReply.awaiting(first) { _ throws(WireError) in
+            try WireSocket.exchange(fd, WirePromptAnswer.interrupted.message, idle: Self.replyTimeout, stall: Self.stallTimeout)
+        }
+        switch reply {
+        case .ok(let result): return .success(result)
+        case .error(let thrown): return .failure(KeychainClientError(thrown))
+        case .unknown(let kind): return .failure(KeychainClientError(WireFailure(unknownKind: kind)))
         }
     }
 }

@@ -267,6 +267,32 @@ func readValue() -> [UInt8] {
     return value
 }
 
+/// One exchange of the front: the request, then keychaind's reply (an error reply reported as the full tool does).
+private func frontExchange(_ message: WireMessage, on fd: Int32, socket: String, for fast: FastCommand) -> WireMessage {
+    do throws(WireError) {
+        let first = try WireSocket.exchange(fd, message, idle: 120, stall: 10)
+        let reply = try WireReply.awaiting(first) { _ throws(WireError) in
+            // The full tool has an authenticator: it asks the question. This request ends
+            // unanswered (keychaind takes the closed connection for an interrupted prompt,
+            // which changes nothing) and the full tool makes the read again; a get has read
+            // no stdin.
+            if fast.op == .getItem && fast.attempts != nil {
+                close(fd)
+                runFullTool()
+            }
+            // No authenticator: the full tool answers "interrupted", and so does the front.
+            return try WireSocket.exchange(fd, WirePromptAnswer.interrupted.message, idle: 120, stall: 10)
+        }
+        switch reply {
+        case .ok(let result): return result
+        case .error(let thrown): Failure(thrown).report()
+        case .unknown(let kind): Failure(WireFailure(unknownKind: kind)).report()
+        }
+    } catch {
+        Failure(WireFailure(exchanging: error, socket: socket, replyTimeout: 120)).report()
+    }
+}
+
 // MARK: The run
 
 /// keychainctl's entry point. `fullToolInThisExecutable`: the full tool is this very program (keychain-multicall),
@@ -307,38 +333,7 @@ public func keychainctlMain(fullToolInThisExecutable: Bool = false) -> Never {
         Failure(WireFailure(connecting: error, socket: socket)).report()
     }
 
-    /// One exchange: the request, then the reply (an error reply reported as the full tool does).
-    func exchange(_ message: WireMessage) -> WireMessage {
-        do throws(WireError) {
-            var reply = try WireSocket.exchange(fd, message, idle: 120, stall: 10)
-            while true {
-                switch reply.kind {
-                case WireKind.ok:
-                    return reply
-                case WireKind.error:
-                    try Failure(WireErrorReply(decoding: reply)).report()
-                case WireKind.prompt:
-                    reply.wipe()
-                    // The full tool has an authenticator: it asks the question. This request ends
-                    // unanswered (keychaind takes the closed connection for an interrupted prompt,
-                    // which changes nothing) and the full tool makes the read again; a get has read
-                    // no stdin.
-                    if fast.op == .getItem && fast.attempts != nil {
-                        close(fd)
-                        runFullTool()
-                    }
-                    // No authenticator: the full tool answers "interrupted", and so does the front.
-                    var answer = WireMessage(kind: WireKind.answer)
-                    answer.add(WireTag.answerKind, UInt64(4))
-                    reply = try WireSocket.exchange(fd, answer, idle: 120, stall: 10)
-                default:
-                    Failure("INTERNAL", "The keychain service sent a reply of unknown kind \(reply.kind)").report()
-                }
-            }
-        } catch {
-            Failure(WireFailure(exchanging: error, socket: socket, replyTimeout: 120)).report()
-        }
-    }
+    func exchange(_ message: WireMessage) -> WireMessage { frontExchange(message, on: fd, socket: socket, for: fast) }
 
     var reply = exchange(first)
     first.wipe()

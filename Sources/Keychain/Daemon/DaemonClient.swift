@@ -70,23 +70,23 @@ struct DaemonClient: Sendable {
             close(connection.reader.fd)
             (connection, reply) = (fresh, served)
         }
+        // `WireReply.awaiting`'s steps, with this process's authenticator (async) answering.
         while true {
-            switch reply.kind {
-            case WireKind.ok:
+            let final: WireReply?
+            do { final = try WireReply(reply) } catch { throw failure(error) }
+            switch final {
+            case .ok(let result)?:
                 complete = true
-                return reply
-            case WireKind.error:
-                let thrown: KeychainError
-                do { thrown = try KeychainError(decoding: reply) } catch { throw failure(error) }
+                return result
+            case .error(let thrown)?:
                 complete = true
-                throw thrown
-            case WireKind.prompt:
+                throw KeychainError(thrown)
+            case .unknown(let kind)?: throw KeychainError(WireFailure(unknownKind: kind))
+            case nil:
                 var answer = try await answer(reply, authenticator: authenticator)
                 defer { answer.wipe() }
                 reply.wipe()
                 reply = try await exchange(connection.reader, answer)
-            default:
-                throw KeychainError(.internal, "The keychain service sent a reply of unknown kind \(reply.kind)")
             }
         }
     }
@@ -104,27 +104,9 @@ struct DaemonClient: Sendable {
     /// The daemon asks; this process's authenticator answers (the daemon never prompts).
     private func answer(_ prompt: WireMessage, authenticator: (any Authenticator)?) async throws(KeychainError) -> WireMessage {
         let request: AuthenticationRequest
-        do {
-            request = AuthenticationRequest(
-                prompt: try prompt.bytes(WireTag.promptTexts).map { bytes throws(WireError) in Prompt(wire: try WirePrompt(decoding: bytes)) }
-                    ?? Prompt(),
-                methods: try WireJSON.decode([AuthenticationMethod].self, prompt.bytes(WireTag.methods)) ?? [],
-                service: try prompt.string(WireTag.service) ?? "", key: try prompt.string(WireTag.promptKey) ?? "",
-                attempt: Int(try prompt.uint(WireTag.attempt) ?? 1), previousFailure: try prompt.string(WireTag.previousFailure))
-        } catch { throw failure(error) }
+        do { request = try AuthenticationRequest(wire: WirePromptQuestion(decoding: prompt)) } catch { throw failure(error) }
         let given = await authenticator?.authenticate(request) ?? .interrupted
-        var message = WireMessage(kind: WireKind.answer)
-        switch given {
-        case .finger(let name): message.add(WireTag.answerKind, UInt64(0)); message.add(WireTag.answerFinger, name)
-        case .passcode(let pin):
-            message.add(WireTag.answerKind, UInt64(1))
-            message.add(WireTag.answerPasscode, pin.withUnsafeBytes { Array($0) })
-        case .cancel: message.add(WireTag.answerKind, UInt64(2))
-        case .fallback: message.add(WireTag.answerKind, UInt64(3))
-        case .interrupted: message.add(WireTag.answerKind, UInt64(4))
-        case .unavailable(let why): message.add(WireTag.answerKind, UInt64(5)); message.add(WireTag.answerReason, why)
-        }
-        return message
+        return WirePromptAnswer(given).message
     }
 
     /// The effective uid and gid that the daemon sees on a connection made now (SO_PEERCRED).

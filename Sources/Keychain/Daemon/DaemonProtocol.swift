@@ -1,5 +1,6 @@
 import FoundationEssentials
 import KeychainWire
+import SecureMemory
 
 // The keychain API on keychaind's wire (docs/daemon.md; the numbers and words are KeychainWire's):
 // errors as the library throws them (code, message, cause), so a caller sees the same
@@ -16,8 +17,53 @@ extension KeychainError {
     }
 
     init(decoding message: WireMessage) throws(WireError) {
-        let reply = try WireErrorReply(decoding: message)
+        self.init(try WireErrorReply(decoding: message))
+    }
+
+    init(_ reply: WireErrorReply) {
         self.init(Code(rawValue: reply.code), reply.message, underlying: reply.cause.map(Cause.init))
+    }
+}
+
+extension AuthenticationRequest {
+    /// keychaind's prompt as the client's authenticator is asked it.
+    init(wire question: WirePromptQuestion) throws(WireError) {
+        self.init(prompt: Prompt(wire: question.texts), methods: try WireJSON.decode([AuthenticationMethod].self, question.methods) ?? [],
+                  service: question.service, key: question.key, attempt: question.attempt, previousFailure: question.previousFailure)
+    }
+
+    /// The prompt keychaind sends the client.
+    var wire: WirePromptQuestion {
+        WirePromptQuestion(texts: prompt.wire, methods: WireJSON.encode(methods), service: service, key: key, attempt: attempt,
+                           previousFailure: previousFailure)
+    }
+}
+
+extension WirePromptAnswer {
+    /// The answer the client sends (the passcode's bytes go into the message, which the sender wipes).
+    init(_ answer: AuthenticationAnswer) {
+        switch answer {
+        case .finger(let name): self = .finger(name)
+        case .passcode(let pin): self = .passcode(pin.withUnsafeBytes { Array($0) })
+        case .cancel: self = .cancel
+        case .fallback: self = .fallback
+        case .interrupted: self = .interrupted
+        case .unavailable(let why): self = .unavailable(why)
+        }
+    }
+}
+
+extension AuthenticationAnswer {
+    /// The answer the client sent.
+    init(wire answer: WirePromptAnswer) {
+        switch answer {
+        case .finger(let name): self = .finger(name)
+        case .passcode(let bytes): self = .passcode(SecureBytes(copying: bytes))
+        case .cancel: self = .cancel
+        case .fallback: self = .fallback
+        case .interrupted: self = .interrupted
+        case .unavailable(let why): self = .unavailable(why)
+        }
     }
 }
 

@@ -241,23 +241,10 @@ final class RemoteAuthenticator: Authenticator {
     }
 
     func authenticate(_ request: AuthenticationRequest) async -> AuthenticationAnswer {
-        var prompt = WireMessage(kind: WireKind.prompt)
-        prompt.add(WireTag.promptTexts, request.prompt.wire.encoded())
-        prompt.add(WireTag.methods, WireJSON.encode(request.methods))
-        prompt.add(WireTag.service, request.service)
-        prompt.add(WireTag.promptKey, request.key)
-        prompt.add(WireTag.attempt, UInt64(request.attempt))
-        prompt.add(WireTag.previousFailure, request.previousFailure)
-        guard var answer = await mailbox.ask(prompt) else { return .interrupted }
+        guard var answer = await mailbox.ask(request.wire.message) else { return .interrupted }
         defer { answer.wipe() }
-        switch try? answer.uint(WireTag.answerKind) {
-        case 0: return (try? answer.string(WireTag.answerFinger)).flatMap { $0 }.map { .finger($0) } ?? .interrupted
-        case 1: return answer.bytes(WireTag.answerPasscode).map { .passcode(SecureBytes(copying: $0)) } ?? .interrupted
-        case 2: return .cancel
-        case 3: return .fallback
-        case 5: return .unavailable((try? answer.string(WireTag.answerReason)).flatMap { $0 } ?? "the client's prompt reaches no one")
-        default: return .interrupted
-        }
+        // One statement: the decoded answer's copy of a passcode is gone before the message is wiped.
+        return AuthenticationAnswer(wire: WirePromptAnswer(decoding: answer))
     }
 }
 
