@@ -3,6 +3,7 @@ import KeychainStore
 import SecureMemory
 import TPM2
 import KeychainCLIText
+import KeychainBasics
 
 /// A provisioning bundle, format 1 (docs/formats.md): one item sealed to one device's TPM by a
 /// machine without a TPM (`keychainctl seal-for`), opened only by `keychainctl import` on that device.
@@ -256,16 +257,7 @@ public enum Provisioning {
 }
 
 func bytes(hex text: String) -> [UInt8]? {
-    guard text.count % 2 == 0 else { return nil }
-    var out: [UInt8] = []
-    var index = text.startIndex
-    while index < text.endIndex {
-        let next = text.index(index, offsetBy: 2)
-        guard let byte = UInt8(text[index..<next], radix: 16) else { return nil }
-        out.append(byte)
-        index = next
-    }
-    return out
+    Hex.decode(text.utf8)
 }
 
 /// What `import` did.
