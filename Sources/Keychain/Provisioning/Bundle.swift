@@ -409,9 +409,7 @@ extension Engine {
             do throws(KeychainError) {
                 return try keyring.unseal(blob, policy: policy, authorization: authorization, load: load)
             } catch where error.code == .interactionNotAllowed {
-                // Without a passcode the device counts as unlocked (as for any item).
-                guard try !keyring.passcodeIsSet() else { throw error }
-                try keyring.unlock(passcode: nil)
+                guard try keyring.unlockIfNoPasscode() else { throw error }
                 return try keyring.unseal(blob, policy: policy, authorization: authorization, load: load)
             }
         }
