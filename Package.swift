@@ -115,6 +115,7 @@ let package = Package(
         .executableTarget(name: "vault-example", dependencies: ["BiometricsVault", "Keychain", "KeychainCLIText"]),
 
         .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory"]),
+        .testTarget(name: "KeychainBasicsTests", dependencies: ["KeychainBasics"]),
         .testTarget(name: "TPM2Tests", dependencies: ["TPM2", "SecureMemory", "KeychainTestSupport", "KeychainTestThreads"]),
         .testTarget(name: "PKCS11Tests", dependencies: ["PKCS11", "SecureMemory", "KeychainTestThreads"]),
         .testTarget(name: "BiometricsVaultTests", dependencies: ["BiometricsVault", "Keychain", "KeychainTestSupport", "KeychainTestThreads"]),
