@@ -82,8 +82,9 @@ public func oneDecimal(_ value: Double) -> String {
 public func writeAll(_ fd: Int32, _ bytes: [UInt8]) {
     var at = 0
     while at < bytes.count {
-        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + at, bytes.count - at) }
-        if n > 0 { at += n } else if errno != EINTR { return }
+        let result = valueOrErrno { bytes.withUnsafeBytes { write(fd, $0.baseAddress! + at, bytes.count - at) } }
+        guard case .success(let n) = result, n > 0 else { return }
+        at += n
     }
 }
 

@@ -280,14 +280,13 @@ public struct PKCS11URI: Sendable, Equatable, CustomStringConvertible {
         let result: Result<Int, PKCS11URIError> = buffer.withUnsafeMutableBytes { bytes in
             var filled = 0
             while filled < bytes.count {
-                let n = read(descriptor, bytes.baseAddress! + filled, bytes.count - filled)
-                if n == 0 { break }
-                if n < 0 {
-                    let code = errno
-                    if code == EINTR { continue }
-                    return .failure(PKCS11URIError(
-                        "cannot read pin-source \(path): \(String(cString: strerror(code)))", errno: code))
+                let n: Int
+                switch valueOrErrno({ read(descriptor, bytes.baseAddress! + filled, bytes.count - filled) }) {
+                case .success(let count): n = count
+                case .failure(let code):
+                    return .failure(PKCS11URIError("cannot read pin-source \(path): \(code)", errno: code.rawValue))
                 }
+                if n == 0 { break }
                 filled += n
             }
             var end = bytes[..<filled].firstIndex(of: UInt8(ascii: "\n")) ?? filled
