@@ -93,7 +93,7 @@ let package = Package(
         // (Sources/Executables/<command>) and keychain-multicall call.
         .target(name: "KeychainctlFull", dependencies: ["Keychain", "SignInFlow", "KeychainCLIText", "KeychainWire", "DBus", "KeychainBasics"],
                 path: "Sources/keychainctl-full"),
-        .target(name: "KeychainctlFront", dependencies: ["KeychainWire", "KeychainCLIText"], path: "Sources/keychainctl"),
+        .target(name: "KeychainctlFront", dependencies: ["KeychainWire", "KeychainCLIText", "KeychainBasics"], path: "Sources/keychainctl"),
         .target(name: "Keychaind", dependencies: ["Keychain", "KeychainCLIText", "CSystemd"], path: "Sources/keychaind"),
         .target(name: "SecretServiceCommand", dependencies: ["SecretService", "Keychain", "KeychainCLIText"],
                 path: "Sources/keychain-secret-service"),
