@@ -56,23 +56,25 @@ let package = Package(
         .target(name: "TPM2", dependencies: ["CTSS2", "CTSSCrypto", "CSodium", "COpenSSL", "SecureMemory"]),
         // Secrets on sodium_malloc, and the libsodium primitives the keychain uses.
         .target(name: "SecureMemory", dependencies: ["CSodium"]),
+        // What every layer shares and no C library defines: the errno path of system calls (`valueOrErrno`), the hex codec.
+        .target(name: "KeychainBasics"),
         // The SQLite store: one database per store directory.
-        .target(name: "KeychainStore", dependencies: ["CSQLite"]),
+        .target(name: "KeychainStore", dependencies: ["CSQLite", "KeychainBasics"]),
         // PKCS#11 tokens through p11-kit: one module, one logged-in session, wrap/unwrap on the token.
-        .target(name: "PKCS11", dependencies: ["CP11Kit", "SecureMemory"]),
+        .target(name: "PKCS11", dependencies: ["CP11Kit", "SecureMemory", "KeychainBasics"]),
         // keychaind's protocol: framing and messages, no Foundation (a small client links it alone).
-        .target(name: "KeychainWire"),
+        .target(name: "KeychainWire", dependencies: ["KeychainBasics"]),
         // keychaind's item calls for a program that links nothing else: the wire, blocking calls.
         .target(name: "KeychainClient", dependencies: ["KeychainWire"]),
         // What keychainctl's front and keychainctl-full print alike (terminal-safe text, the option names), and the
         // text the executables write without Foundation (hex, printf's %.1f, whole writes to stdout and stderr).
-        .target(name: "KeychainCLIText"),
+        .target(name: "KeychainCLIText", dependencies: ["KeychainBasics"]),
         // The public API.
         // D-Bus over sd-bus (the connection, its values, the DH session crypto): the Secret Service
         // provider, and the keychain's desktop prompt (gcr's system prompter).
-        .target(name: "DBus", dependencies: ["CSystemd", "COpenSSL", "SecureMemory"]),
+        .target(name: "DBus", dependencies: ["CSystemd", "COpenSSL", "SecureMemory", "KeychainBasics"]),
         .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn", "COpenSSL",
-                                                 "KeychainWire", "KeychainCLIText", "DBus"]),
+                                                 "KeychainWire", "KeychainCLIText", "DBus", "KeychainBasics"]),
 
         .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2", "KeychainTestThreads"]),
         // C: the token tests' PKCS#11 module (see its product); p11-kit's pkcs11.h only, no C library of its own.
@@ -89,9 +91,9 @@ let package = Package(
 
         // Each command is a module with one entry point (Sources/<command>), which its own executable
         // (Sources/Executables/<command>) and keychain-multicall call.
-        .target(name: "KeychainctlFull", dependencies: ["Keychain", "TPM2", "SignInFlow", "KeychainCLIText", "KeychainWire", "DBus"],
+        .target(name: "KeychainctlFull", dependencies: ["Keychain", "TPM2", "SignInFlow", "KeychainCLIText", "KeychainWire", "DBus", "KeychainBasics"],
                 path: "Sources/keychainctl-full"),
-        .target(name: "KeychainctlFront", dependencies: ["KeychainWire", "KeychainCLIText"], path: "Sources/keychainctl"),
+        .target(name: "KeychainctlFront", dependencies: ["KeychainWire", "KeychainCLIText", "KeychainBasics"], path: "Sources/keychainctl"),
         .target(name: "Keychaind", dependencies: ["Keychain", "KeychainCLIText", "CSystemd"], path: "Sources/keychaind"),
         .target(name: "SecretServiceCommand", dependencies: ["SecretService", "Keychain", "KeychainCLIText"],
                 path: "Sources/keychain-secret-service"),
@@ -113,6 +115,7 @@ let package = Package(
         .executableTarget(name: "vault-example", dependencies: ["BiometricsVault", "Keychain", "KeychainCLIText"]),
 
         .testTarget(name: "SecureMemoryTests", dependencies: ["SecureMemory"]),
+        .testTarget(name: "KeychainBasicsTests", dependencies: ["KeychainBasics"]),
         .testTarget(name: "TPM2Tests", dependencies: ["TPM2", "SecureMemory", "KeychainTestSupport", "KeychainTestThreads"]),
         .testTarget(name: "PKCS11Tests", dependencies: ["PKCS11", "SecureMemory", "KeychainTestThreads"]),
         .testTarget(name: "BiometricsVaultTests", dependencies: ["BiometricsVault", "Keychain", "KeychainTestSupport", "KeychainTestThreads"]),

@@ -398,15 +398,6 @@ extension SerialThreadExecutor {
     /// Runs `body` as a task on this thread and blocks the caller until it ends.
     func wait<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
         precondition(!isCurrent, "a synchronous vault call from inside another")
-        let result = Mutex<Result<T, any Error>?>(nil)
-        let done = DispatchSemaphore(value: 0)
-        Task(executorPreference: self) {
-            let outcome: Result<T, any Error>
-            do { outcome = .success(try await body()) } catch { outcome = .failure(error) }
-            result.withLock { $0 = outcome }
-            done.signal()
-        }
-        done.wait()
-        return try result.withLock { $0! }.get()
+        return try waitFor(on: self, body)
     }
 }

@@ -1,4 +1,5 @@
 import Glibc
+import KeychainBasics
 internal import CSystemd
 import FoundationEssentials
 import SecureMemory
@@ -32,10 +33,10 @@ public final class Bus: @unchecked Sendable {
     /// Connects to the caller's session bus (`DBUS_SESSION_BUS_ADDRESS`).
     public init() throws(DBusError) {
         var connection: OpaquePointer?
-        let status = sd_bus_open_user(&connection)
-        guard status >= 0, let connection else {
-            throw .failed("Cannot connect to the session bus: \(String(cString: strerror(-status))) (is DBUS_SESSION_BUS_ADDRESS set?)")
+        if case .failure(let code) = valueOrNegatedErrno(sd_bus_open_user(&connection)) {
+            throw .failed("Cannot connect to the session bus: \(code) (is DBUS_SESSION_BUS_ADDRESS set?)")
         }
+        guard let connection else { throw .failed("Cannot connect to the session bus (is DBUS_SESSION_BUS_ADDRESS set?)") }
         bus = connection
         wake = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
     }
@@ -43,14 +44,14 @@ public final class Bus: @unchecked Sendable {
     /// Connects to the bus at `address` (a D-Bus address: `unix:path=…`), as a client that says Hello.
     public init(address: String) throws(DBusError) {
         var connection: OpaquePointer?
-        var status = sd_bus_new(&connection)
-        guard status >= 0, let connection else { throw .failed("Cannot make a bus connection: \(String(cString: strerror(-status)))") }
-        status = sd_bus_set_address(connection, address)
-        if status >= 0 { status = sd_bus_set_bus_client(connection, 1) }
-        if status >= 0 { status = sd_bus_start(connection) }
-        guard status >= 0 else {
+        if case .failure(let code) = valueOrNegatedErrno(sd_bus_new(&connection)) { throw .failed("Cannot make a bus connection: \(code)") }
+        guard let connection else { throw .failed("Cannot make a bus connection") }
+        let started = valueOrNegatedErrno(sd_bus_set_address(connection, address))
+            .flatMap { _ in valueOrNegatedErrno(sd_bus_set_bus_client(connection, 1)) }
+            .flatMap { _ in valueOrNegatedErrno(sd_bus_start(connection)) }
+        if case .failure(let code) = started {
             sd_bus_unref(connection)
-            throw .failed("Cannot connect to the bus at \(address): \(String(cString: strerror(-status)))")
+            throw .failed("Cannot connect to the bus at \(address): \(code)")
         }
         bus = connection
         wake = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
@@ -68,11 +69,8 @@ public final class Bus: @unchecked Sendable {
     public func request(name: String, replace: Bool) throws(DBusError) -> Ownership {
         var flags = UInt64(SD_BUS_NAME_ALLOW_REPLACEMENT)
         if replace { flags |= UInt64(SD_BUS_NAME_REPLACE_EXISTING) }
-        let status = sd_bus_request_name(bus, name, flags)
-        if status >= 0 { return .owned }
-        guard status == -EEXIST || status == -EALREADY else {
-            throw .failed("Cannot own \(name): \(String(cString: strerror(-status)))")
-        }
+        guard case .failure(let code) = valueOrNegatedErrno(sd_bus_request_name(bus, name, flags)) else { return .owned }
+        guard code.rawValue == EEXIST || code.rawValue == EALREADY else { throw .failed("Cannot own \(name): \(code)") }
         var creds: OpaquePointer?
         var who = "another process"
         if sd_bus_get_name_creds(bus, name, UInt64(SD_BUS_CREDS_PID | SD_BUS_CREDS_COMM | SD_BUS_CREDS_UNIQUE_NAME), &creds) >= 0,
@@ -143,9 +141,9 @@ public final class Bus: @unchecked Sendable {
         while running {
             var status: Int32
             repeat { status = sd_bus_process(bus, nil) } while status > 0 && running
-            if status < 0 {
-                if status == -ECONNRESET || status == -ENOTCONN { return }
-                throw .failed("The session bus failed: \(String(cString: strerror(-status)))")
+            if case .failure(let code) = valueOrNegatedErrno(status) {
+                if code.rawValue == ECONNRESET || code.rawValue == ENOTCONN { return }
+                throw .failed("The session bus failed: \(code)")
             }
             runPosted()
             guard running else { break }
@@ -192,10 +190,11 @@ public final class Bus: @unchecked Sendable {
         defer { sd_bus_error_free(&error) }
         var reply: OpaquePointer?
         let micros = UInt64(timeout.components.seconds) * 1_000_000 + UInt64(timeout.components.attoseconds / 1_000_000_000_000)
-        let status = sd_bus_call(bus, message, micros, &error, &reply)
-        guard status >= 0, let reply else {
+        let status = valueOrNegatedErrno(sd_bus_call(bus, message, micros, &error, &reply))
+        guard case .success = status, let reply else {
+            let cause = if case .failure(let code) = status { code.description } else { "no reply" }
             throw DBusError(error.name.map { String(cString: $0) } ?? "org.freedesktop.DBus.Error.Failed",
-                            error.message.map { String(cString: $0) } ?? String(cString: strerror(-status)))
+                            error.message.map { String(cString: $0) } ?? cause)
         }
         defer { sd_bus_message_unref(reply) }
         _ = sd_bus_message_sensitive(reply)
@@ -220,8 +219,11 @@ public final class Bus: @unchecked Sendable {
         _ = try call(destination, path, interface, member, arguments, timeout: timeout)
         let end = ContinuousClock.now + timeout
         while received.arguments == nil {
-            let status = sd_bus_process(bus, nil)
-            guard status >= 0 else { throw .failed("The session bus failed: \(String(cString: strerror(-status)))") }
+            let status: Int32
+            switch valueOrNegatedErrno(sd_bus_process(bus, nil)) {
+            case .success(let value): status = value
+            case .failure(let code): throw .failed("The session bus failed: \(code)")
+            }
             if status > 0 { continue }
             let left = end - ContinuousClock.now
             guard left > .zero else { throw .failed("No \(signal.member) from \(path) within \(timeout)") }
@@ -314,16 +316,18 @@ public final class Bus: @unchecked Sendable {
         while true {
             var type: CChar = 0
             var contents: UnsafePointer<CChar>?
-            let status = sd_bus_message_peek_type(message, &type, &contents)
-            guard status >= 0 else { throw .invalidArgs("The message does not decode: \(String(cString: strerror(-status)))") }
-            if status == 0 { return values }
+            switch valueOrNegatedErrno(sd_bus_message_peek_type(message, &type, &contents)) {
+            case .failure(let code): throw .invalidArgs("The message does not decode: \(code)")
+            case .success(0): return values
+            case .success: break
+            }
             values.append(try readOne(message, UInt8(bitPattern: type), contents.map { String(cString: $0) } ?? ""))
         }
     }
 
     private static func readOne(_ message: OpaquePointer, _ type: UInt8, _ contents: String) throws(DBusError) -> DBusValue {
         func check(_ status: Int32) throws(DBusError) {
-            guard status >= 0 else { throw .invalidArgs("The message does not decode: \(String(cString: strerror(-status)))") }
+            if case .failure(let code) = valueOrNegatedErrno(status) { throw .invalidArgs("The message does not decode: \(code)") }
         }
         func basic<T>(_ initial: T) throws(DBusError) -> T {
             var value = initial

@@ -75,8 +75,6 @@ actor Engine {
     /// The call whose TPM operations ran last (`SerialThreadExecutor.callMadeAt`) and how long they
     /// took: a later operation of the same call counts them as the TPM's answers, not as a wait.
     var callTPMTime: (call: ContinuousClock.Instant, spent: Duration)?
-    /// Which connection is kept, nil when none is (KeptConnectionTests).
-    var keptConnectionIdentity: ObjectIdentifier? { keptConnection.map(ObjectIdentifier.init) }
 
     private init(configuration: KeychainConfiguration) {
         self.configuration = configuration

@@ -34,8 +34,8 @@ public struct Keychain: Sendable {
         backing = local
     }
 
-    /// This process's engine of the store (tests; never through keychaind).
-    var engine: Engine { (backing as! LocalService).engine }
+    /// This process's engine of the store, nil through keychaind (tests).
+    var engine: Engine? { (backing as? LocalService)?.engine }
 
     /// The largest value `setItem` stores, in bytes (16 MiB); read input in a bounded way up to it.
     public static let maxValueLength = Engine.maxValueLength

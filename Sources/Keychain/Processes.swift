@@ -1,4 +1,5 @@
 import Glibc
+import KeychainBasics
 internal import CSpawn
 import FoundationEssentials
 
@@ -52,7 +53,7 @@ package enum Processes {
     /// Waits for a child; its exit status, or 128 + the signal that ended it.
     package static func wait(_ pid: Int32) -> Int32 {
         var status: Int32 = 0
-        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        _ = valueOrErrno { waitpid(pid, &status, 0) }
         return (status & 0x7F) == 0 ? (status >> 8) & 0xFF : 128 + (status & 0x7F)
     }
 

@@ -1,5 +1,25 @@
+import Dispatch
 import Glibc
+import Synchronization
 internal import CSpawn
+
+/// The one sync-over-async bridge: runs `body` as a task (on `executor` when given, else on Swift's
+/// pool) and blocks this thread until it ends.
+/// - Important: only from a thread of its own (a connection's, a command's main thread, a synchronous
+///   API's caller), never from Swift's pool or the executor `body` runs on: that would wait for itself.
+package func waitFor<T: Sendable, E: Error>(on executor: (any TaskExecutor)? = nil,
+                                            _ body: @escaping @Sendable () async throws(E) -> T) throws(E) -> T {
+    let result = Mutex<Result<T, E>?>(nil)
+    let done = DispatchSemaphore(value: 0)
+    Task(executorPreference: executor) {
+        let outcome: Result<T, E>
+        do throws(E) { outcome = .success(try await body()) } catch { outcome = .failure(error) }
+        result.withLock { $0 = outcome }
+        done.signal()
+    }
+    done.wait()
+    return try result.withLock { $0! }.get()
+}
 
 /// A thread of our own, made with pthread_create so that a failure is seen: Foundation's
 /// `Thread.start` ignores it (the block never runs and nothing says so).

@@ -2,6 +2,7 @@
 // so their outputs cannot drift apart. No Foundation: the front links this alone.
 
 import Glibc
+import KeychainBasics
 
 /// keychainctl's options: those that take a value, and those that stand alone.
 public enum CLIOptions {
@@ -60,20 +61,12 @@ public func logField(_ text: some StringProtocol, limit: Int = 256) -> String {
 
 /// `value` in lower-case hex, at least `digits` long.
 public func lowerHex(_ value: some BinaryInteger, digits: Int) -> String {
-    let text = String(value, radix: 16)
-    return String(repeating: "0", count: max(0, digits - text.count)) + text
+    Hex.encode(value, digits: digits)
 }
 
 /// `bytes` in lower-case hex, two digits each: names, tags and values as the keychain writes them.
 public func lowerHex(_ bytes: some Sequence<UInt8>) -> String {
-    let digits = Array("0123456789abcdef".utf8)
-    var text: [UInt8] = []
-    text.reserveCapacity(bytes.underestimatedCount * 2)
-    for byte in bytes {
-        text.append(digits[Int(byte >> 4)])
-        text.append(digits[Int(byte & 0xF)])
-    }
-    return String(decoding: text, as: UTF8.self)
+    Hex.encode(bytes)
 }
 
 /// `value` with one decimal, exactly as printf's `%.1f` writes it ("12.5").
@@ -89,8 +82,9 @@ public func oneDecimal(_ value: Double) -> String {
 public func writeAll(_ fd: Int32, _ bytes: [UInt8]) {
     var at = 0
     while at < bytes.count {
-        let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + at, bytes.count - at) }
-        if n > 0 { at += n } else if errno != EINTR { return }
+        let result = valueOrErrno { bytes.withUnsafeBytes { write(fd, $0.baseAddress! + at, bytes.count - at) } }
+        guard case .success(let n) = result, n > 0 else { return }
+        at += n
     }
 }
 

@@ -5,6 +5,7 @@ import Musl
 #elseif canImport(Darwin)
 import Darwin
 #endif
+import KeychainBasics
 
 /// Directory and file modes: the store's secrets are only as private as its files.
 ///
@@ -259,10 +260,10 @@ public enum FileSystem {
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 65_536)
         while true {
-            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw failure(nil, path, "cannot read \(what)", errno)
+            let count: Int
+            switch valueOrErrno({ chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) } }) {
+            case .success(let n): count = n
+            case .failure(let code): throw failure(nil, path, "cannot read \(what)", code.rawValue)
             }
             if count == 0 { return bytes }
             bytes += chunk[0..<count]
@@ -279,10 +280,9 @@ public enum FileSystem {
         }
         var written = 0
         while written < bytes.count {
-            let count = bytes[written...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-            if count < 0 && errno == EINTR { continue }
-            guard count > 0 else {
-                let code = errno
+            let result = valueOrErrno { bytes[written...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) } }
+            guard case .success(let count) = result, count > 0 else {
+                let code = if case .failure(let failed) = result { failed.rawValue } else { errno }
                 close(fd)
                 unlink(path)
                 throw failure(nil, path, "cannot write \(what)", code)

@@ -1,4 +1,5 @@
 internal import CSQLite
+import KeychainBasics
 
 /// The keychain's durable store: one SQLite database, `keychain.db`, in a
 /// private directory. Safe to share between threads, and between processes
@@ -116,7 +117,7 @@ public final class Store: @unchecked Sendable {
                 throw error
             }
         }
-        let hex = identity!.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+        let hex = Hex.encode(identity!)
         let text = Array((hex + "\n").utf8)
         var onDisk = recorded
         if onDisk == nil, try connection.checkpoint() {

@@ -1,3 +1,5 @@
+import KeychainBasics
+
 /// What keychaind's messages mean (docs/daemon.md): request kinds, reply kinds, field tags, the
 /// values an option field may take, the error codec. The library's client, keychaind and
 /// keychainctl's front all read this one copy, so no side can disagree on a number or a word.
@@ -240,8 +242,7 @@ public enum WireCause: Sendable, Equatable, CustomStringConvertible {
 
 /// `0x` and at least 8 upper-case hex digits, as TPM and PKCS#11 codes are written.
 public func upperHex(_ value: UInt64) -> String {
-    let text = String(value, radix: 16, uppercase: true)
-    return "0x" + String(repeating: "0", count: max(0, 8 - text.count)) + text
+    "0x" + Hex.encode(value, digits: 8, uppercase: true)
 }
 
 /// An error reply: a `KeychainError` code's raw value, its message and its cause.

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import KeychainBasics
 
 /// The keychaind protocol, version 2: what travels on the daemon's Unix socket (version 1 carried a
 /// storage's options and prompts as JSON; 2 carries them as nested fields, `WireStorageOptions`).
@@ -172,12 +173,10 @@ public enum WireSocket {
     /// Until `fd` is readable (or closed); `timedOut` after `seconds` (0: no limit).
     static func wait(_ fd: Int32, seconds: Int) throws(WireError) {
         var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        while true {
-            let n = poll(&entry, 1, seconds > 0 ? Int32(clamping: seconds * 1000) : -1)
-            if n > 0 { return }  // readable, hung up or failed: the recv says which
-            if n == 0 { throw WireError(.timedOut, "no message within the timeout") }
-            let code = errno
-            if code != EINTR { throw WireError(.io(code), "poll failed: errno \(code)") }
+        switch valueOrErrno({ poll(&entry, 1, seconds > 0 ? Int32(clamping: seconds * 1000) : -1) }) {
+        case .success(0): throw WireError(.timedOut, "no message within the timeout")
+        case .success: return  // readable, hung up or failed: the recv says which
+        case .failure(let code): throw WireError(.io(code.rawValue), "poll failed: errno \(code.rawValue)")
         }
     }
 
@@ -185,12 +184,16 @@ public enum WireSocket {
         var at = 0
         while at < bytes.count {
             // MSG_NOSIGNAL: a peer gone mid-write is EPIPE here, not a SIGPIPE that ends the process.
-            let n = bytes.withUnsafeBytes { raw in Glibc.send(fd, raw.baseAddress! + at, bytes.count - at, Int32(MSG_NOSIGNAL)) }
-            if n > 0 { at += n; continue }
-            let code = errno
-            if n < 0 && code == EINTR { continue }
-            if n < 0 && (code == EAGAIN || code == EWOULDBLOCK) { throw WireError(.timedOut, "the peer stopped reading") }
-            throw WireError(.io(code), "write failed: errno \(code)")
+            let sent = valueOrErrno { bytes.withUnsafeBytes { raw in Glibc.send(fd, raw.baseAddress! + at, bytes.count - at, Int32(MSG_NOSIGNAL)) } }
+            let code: Errno
+            switch sent {
+            case .success(let n) where n > 0: at += n; continue
+            case .success: code = .current
+            case .failure(let failed):
+                if failed == .resourceTemporarilyUnavailable || failed == .wouldBlock { throw WireError(.timedOut, "the peer stopped reading") }
+                code = failed
+            }
+            throw WireError(.io(code.rawValue), "write failed: errno \(code.rawValue)")
         }
     }
 

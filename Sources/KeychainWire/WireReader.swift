@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import KeychainBasics
 
 /// Frames from one connected stream socket, in order, in as few `recv` calls as the socket allows.
 ///
@@ -149,15 +150,17 @@ public final class WireReader: @unchecked Sendable {
         let blocking = first && batched
         if blocking { try setReceiveTimeout(idle) } else if first { try WireSocket.wait(fd, seconds: idle) }
         while true {
-            let n = recv(fd, storage! + end, space, blocking ? 0 : Int32(MSG_DONTWAIT))
-            if n > 0 { end += n; return }
-            if n == 0 {
+            let code: Errno
+            switch valueOrErrno({ recv(fd, storage! + end, space, blocking ? 0 : Int32(MSG_DONTWAIT)) }) {
+            case .success(0):
                 throw first ? WireError(.closed, "the peer closed the connection")
                     : WireError(.truncated, "the peer closed the connection mid-message")
+            case .success(let n): end += n; return
+            case .failure(let failed): code = failed
             }
-            let code = errno
-            if code == EINTR { continue }
-            guard code == EAGAIN || code == EWOULDBLOCK else { throw WireError(.io(code), "read failed: errno \(code)") }
+            guard code == .resourceTemporarilyUnavailable || code == .wouldBlock else {
+                throw WireError(.io(code.rawValue), "read failed: errno \(code.rawValue)")
+            }
             if blocking { throw WireError(.timedOut, "no message within the timeout") }
             try WireSocket.wait(fd, seconds: first ? idle : stall)
         }

@@ -1,4 +1,5 @@
 internal import CP11Kit
+import KeychainBasics
 
 /// A PKCS#11 return value (`CK_RV`) with its name from the spec, decoded in this one place.
 public struct PKCS11ReturnValue: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
@@ -213,6 +214,5 @@ public struct PKCS11URIError: Error, Sendable, CustomStringConvertible {
 
 /// "0x000000A0": eight hex digits, as PKCS#11 headers write codes.
 func hex(_ value: UInt) -> String {
-    let digits = String(value, radix: 16, uppercase: true)
-    return "0x" + String(repeating: "0", count: max(0, 8 - digits.count)) + digits
+    "0x" + Hex.encode(value, digits: 8, uppercase: true)
 }

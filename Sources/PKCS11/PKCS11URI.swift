@@ -1,3 +1,4 @@
+import KeychainBasics
 import SecureMemory
 
 #if canImport(Glibc)
@@ -226,7 +227,7 @@ public struct PKCS11URI: Sendable, Equatable, CustomStringConvertible {
         var input = text.utf8.makeIterator()
         while let byte = input.next() {
             if byte == UInt8(ascii: "%") {
-                guard let high = input.next().flatMap(hexValue), let low = input.next().flatMap(hexValue) else {
+                guard let high = input.next().flatMap(Hex.nibble), let low = input.next().flatMap(Hex.nibble) else {
                     throw PKCS11URIError("\(attribute): '%' must be followed by two hex digits")
                 }
                 bytes.append(high << 4 | low)
@@ -279,14 +280,13 @@ public struct PKCS11URI: Sendable, Equatable, CustomStringConvertible {
         let result: Result<Int, PKCS11URIError> = buffer.withUnsafeMutableBytes { bytes in
             var filled = 0
             while filled < bytes.count {
-                let n = read(descriptor, bytes.baseAddress! + filled, bytes.count - filled)
-                if n == 0 { break }
-                if n < 0 {
-                    let code = errno
-                    if code == EINTR { continue }
-                    return .failure(PKCS11URIError(
-                        "cannot read pin-source \(path): \(String(cString: strerror(code)))", errno: code))
+                let n: Int
+                switch valueOrErrno({ read(descriptor, bytes.baseAddress! + filled, bytes.count - filled) }) {
+                case .success(let count): n = count
+                case .failure(let code):
+                    return .failure(PKCS11URIError("cannot read pin-source \(path): \(code)", errno: code.rawValue))
                 }
+                if n == 0 { break }
                 filled += n
             }
             var end = bytes[..<filled].firstIndex(of: UInt8(ascii: "\n")) ?? filled
@@ -315,7 +315,7 @@ public struct PKCS11URI: Sendable, Equatable, CustomStringConvertible {
                 || extra.contains(byte) {
                 out.unicodeScalars.append(Unicode.Scalar(byte))
             } else {
-                out += "%" + String(byte >> 4, radix: 16, uppercase: true) + String(byte & 0xF, radix: 16, uppercase: true)
+                out += "%" + Hex.encode([byte], uppercase: true)
             }
         }
         return out
@@ -323,14 +323,5 @@ public struct PKCS11URI: Sendable, Equatable, CustomStringConvertible {
 
     private static func isLowerAlphanumeric(_ byte: UInt8) -> Bool {
         (byte >= 0x61 && byte <= 0x7A) || (byte >= 0x30 && byte <= 0x39)
-    }
-
-    private static func hexValue(_ byte: UInt8) -> UInt8? {
-        switch byte {
-        case 0x30...0x39: byte - 0x30
-        case 0x41...0x46: byte - 0x41 + 10
-        case 0x61...0x66: byte - 0x61 + 10
-        default: nil
-        }
     }
 }

@@ -1,3 +1,4 @@
+import KeychainCLIText
 import SecureMemory
 
 /// What an item holds, as one keychain value: everything but the keyed hashes lives inside the
@@ -101,10 +102,7 @@ public struct AttributeHasher: Sendable {
             message += [UInt8(n >> 24), UInt8(n >> 16 & 0xFF), UInt8(n >> 8 & 0xFF), UInt8(n & 0xFF)] + field
         }
         let mac = Sodium.hmacSHA256(key: key, message: message)
-        return mac[0..<16].map { byte in
-            let digits = Array("0123456789abcdef".utf8)
-            return String(decoding: [digits[Int(byte >> 4)], digits[Int(byte & 0xF)]], as: UTF8.self)
-        }.joined()
+        return lowerHex(mac[0..<16])
     }
 
     public func hashes(_ attributes: [String: String]) -> Set<String> {

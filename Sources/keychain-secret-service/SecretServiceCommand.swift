@@ -148,12 +148,7 @@ if importing {
         refusal = "import: \(error.message)"
     }
     // What was written stays whole: the stores are closed (their WAL checkpointed) before the exit, either way.
-    let closed = DispatchSemaphore(value: 0)
-    Task.detached {
-        await KeychainDevice.closeStores()
-        closed.signal()
-    }
-    closed.wait()
+    waitFor { await KeychainDevice.closeStores() }
     if let refusal { fail(refusal, code: 3) }
     exit(0)
 }
@@ -191,12 +186,7 @@ do throws(DBusError) {
 } catch {
     fail(error.message)
 }
-let done = DispatchSemaphore(value: 0)
-Task.detached {
-    await KeychainDevice.closeStores()
-    done.signal()
-}
-done.wait()
+waitFor { await KeychainDevice.closeStores() }
 if lostName { writeAll(2, "keychain-secret-service: another provider took \(SecretServiceProvider.busName)\n") }
 exit(0)
 }

@@ -1,5 +1,6 @@
 import FoundationEssentials
 import Keychain
+import KeychainBasics
 import SecureMemory
 
 extension Commands {
@@ -70,14 +71,7 @@ extension Commands {
     }
 
     func hexBytes(_ text: String) -> [UInt8]? {
-        let digits = Array(text.utf8)
-        guard digits.count % 2 == 0, !digits.isEmpty else { return nil }
-        var bytes: [UInt8] = []
-        for i in stride(from: 0, to: digits.count, by: 2) {
-            guard let byte = UInt8(String(decoding: digits[i..<i + 2], as: UTF8.self), radix: 16) else { return nil }
-            bytes.append(byte)
-        }
-        return bytes
+        text.isEmpty ? nil : Hex.decode(text.utf8)
     }
 }
 

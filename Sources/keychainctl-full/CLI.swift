@@ -1,6 +1,7 @@
 import Glibc
 import FoundationEssentials
 import Keychain
+import KeychainBasics
 import KeychainCLIText
 import KeychainWire
 import SecureMemory
@@ -103,8 +104,9 @@ func readStdin(limit: Int = 1 << 16) throws(KeychainError) -> SecureBytes {
             bigger.withUnsafeMutableBytes { dest in buffer.withUnsafeBytes { dest.copyMemory(from: $0) } }
             buffer = bigger
         }
-        let n = buffer.withUnsafeMutableBytes { raw in read(0, raw.baseAddress! + length, raw.count - length) }
-        if n > 0 { length += n } else if n == 0 || errno != EINTR { break }
+        let result = valueOrErrno { buffer.withUnsafeMutableBytes { raw in read(0, raw.baseAddress! + length, raw.count - length) } }
+        guard case .success(let n) = result, n > 0 else { break }
+        length += n
     }
     guard length <= limit else {
         throw KeychainError.invalidArgument("The input on stdin is longer than the \(limit) bytes allowed here")
@@ -166,8 +168,8 @@ func readLines(_ prompts: [String]) throws(KeychainError) -> [SecureBytes] {
 func writeStdout(_ bytes: UnsafeRawBufferPointer) {
     var offset = 0
     while offset < bytes.count {
-        let n = write(1, bytes.baseAddress! + offset, bytes.count - offset)
-        if n > 0 { offset += n } else if errno != EINTR { return }
+        guard case .success(let n) = valueOrErrno({ write(1, bytes.baseAddress! + offset, bytes.count - offset) }), n > 0 else { return }
+        offset += n
     }
 }
 

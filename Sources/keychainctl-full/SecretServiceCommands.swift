@@ -1,6 +1,7 @@
 import DBus
 import Glibc
 import Keychain
+import KeychainBasics
 import KeychainCLIText
 
 /// `secret-service enable|disable|status`: which program the user's session starts for
@@ -107,8 +108,9 @@ struct SecretServiceSwitch {
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 4096)
         while bytes.count < 1 << 20 {
-            let n = chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress!, $0.count) }
-            if n > 0 { bytes += chunk[..<n] } else if n == 0 || errno != EINTR { break }
+            let result = valueOrErrno { chunk.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress!, $0.count) } }
+            guard case .success(let n) = result, n > 0 else { break }
+            bytes += chunk[..<n]
         }
         return String(decoding: bytes, as: UTF8.self)
     }

@@ -1,5 +1,6 @@
 import Glibc
 import Keychain
+import KeychainBasics
 import SecureMemory
 
 /// Secrets typed at a terminal: when stdin is one, each is asked for with a prompt and read with
@@ -52,8 +53,9 @@ enum TerminalInput {
         let bytes = Array(text.utf8)
         var offset = 0
         while offset < bytes.count {
-            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) }
-            if n > 0 { offset += n } else if errno != EINTR { return }
+            let result = valueOrErrno { bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) } }
+            guard case .success(let n) = result, n > 0 else { return }
+            offset += n
         }
     }
 
@@ -63,9 +65,11 @@ enum TerminalInput {
         var length = 0
         while true {
             var byte: UInt8 = 0
-            let n = read(0, &byte, 1)
-            if n < 0 && errno == EINTR { continue }
-            if n < 0 { throw KeychainError(.invalidArgument, "Cannot read the terminal", underlying: .errno(errno)) }
+            let n: Int
+            switch valueOrErrno({ read(0, &byte, 1) }) {
+            case .success(let count): n = count
+            case .failure(let code): throw KeychainError(.invalidArgument, "Cannot read the terminal", underlying: .errno(code.rawValue))
+            }
             if n == 0 && length == 0 { return nil }
             if n == 0 || byte == UInt8(ascii: "\n") { break }
             guard length < buffer.count else {

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import KeychainBasics
 import KeychainCLIText
 import KeychainWire
 
@@ -255,8 +256,8 @@ func readValue() -> [UInt8] {
     var length = 0
     var value = [UInt8](unsafeUninitializedCapacity: limit + 1) { buffer, count in
         while length <= limit {
-            let n = read(0, buffer.baseAddress! + length, limit + 1 - length)
-            if n > 0 { length += n } else if n == 0 || errno != EINTR { break }
+            guard case .success(let n) = valueOrErrno({ read(0, buffer.baseAddress! + length, limit + 1 - length) }), n > 0 else { break }
+            length += n
         }
         count = length
     }

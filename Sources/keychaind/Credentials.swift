@@ -64,9 +64,11 @@ private func answerCredential(_ fd: Int32, peer: Peer, service: any KeychainServ
         relay?.tell(RelayedRefusal(manager: request.manager, unit: request.unit, reason: "credential \(request.id): \(reason)"))
         refuse(fd, peer: peer, "\(who): \(reason)")
     }
-    let result = blocking { () async throws(KeychainError) -> SecureBytes? in
-        let storage = try SystemdCredentials.storage(unit: request.unit, manager: request.manager)
-        return try await service.getItem(request.id, options: nil, in: storage, authenticator: nil)
+    let result = Result { () throws(KeychainError) -> SecureBytes? in
+        try waitFor { () async throws(KeychainError) -> SecureBytes? in
+            let storage = try SystemdCredentials.storage(unit: request.unit, manager: request.manager)
+            return try await service.getItem(request.id, options: nil, in: storage, authenticator: nil)
+        }
     }
     switch result {
     case .failure(let error):
@@ -152,18 +154,3 @@ private func peerAddress(_ fd: Int32) -> [UInt8]? {
     return withUnsafeBytes(of: &storage.sun_path) { Array($0.prefix(pathLength)) }
 }
 
-/// Runs an async call to its end on this thread (a credential connection's own thread, the start's).
-func blocking<T: Sendable>(_ body: @escaping @Sendable () async throws(KeychainError) -> T) -> Result<T, KeychainError> {
-    let done = DispatchSemaphore(value: 0)
-    let box = ResultBox<T>()
-    Task {
-        do throws(KeychainError) { box.result = .success(try await body()) } catch { box.result = .failure(error) }
-        done.signal()
-    }
-    done.wait()
-    return box.result!
-}
-
-private final class ResultBox<T>: @unchecked Sendable {
-    var result: Result<T, KeychainError>?
-}

@@ -153,7 +153,7 @@ if let credentialsListener {
     }
 }
 // Before "ready", so that a unit's credential asked for at boot finds it done (docs/credentials.md).
-if case .success(let said?) = blocking({ () async throws(KeychainError) -> String? in await server.prepareForFirstRequest() }) {
+if let said = waitFor({ () async -> String? in await server.prepareForFirstRequest() }) {
     DaemonLog.say(said)
 }
 writeAll(1, "keychaind: ready (store \(store))\n")

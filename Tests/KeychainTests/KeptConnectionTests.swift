@@ -88,3 +88,8 @@ struct KeptConnectionTests {
         #expect(closed.filter { $0.allowsAKeptConnection } == [])
     }
 }
+
+extension Engine {
+    /// Which connection is kept, nil when none is.
+    var keptConnectionIdentity: ObjectIdentifier? { keptConnection.map(ObjectIdentifier.init) }
+}

@@ -1,4 +1,5 @@
 import Glibc
+import KeychainBasics
 import SecureMemory
 import TPM2
 
@@ -253,9 +254,10 @@ final class BackupWriter {
     private func write(_ bytes: [UInt8]) throws(KeychainError) {
         var offset = 0
         while offset < bytes.count {
-            let n = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) }
-            if n > 0 { offset += n } else if errno != EINTR {
-                throw KeychainError(.storageError, "Cannot write the backup", underlying: .errno(errno))
+            switch valueOrErrno({ bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) } }) {
+            case .success(let n) where n > 0: offset += n
+            case .success: throw KeychainError(.storageError, "Cannot write the backup", underlying: .errno(errno))
+            case .failure(let code): throw KeychainError(.storageError, "Cannot write the backup", underlying: .errno(code.rawValue))
             }
         }
     }
@@ -362,13 +364,13 @@ final class BackupReader {
         var out = [UInt8](repeating: 0, count: n)
         var got = 0
         while got < n {
-            let r = out.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress! + got, n - got) }
-            if r > 0 { got += r } else if r == 0 {
+            switch valueOrErrno({ out.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress! + got, n - got) } }) {
+            case .success(0):
                 throw KeychainError(.dataCorrupted, endIsTruncation
                     ? "This backup was cut short (its \(what) ends early); nothing was restored"
                     : "This is not a keychain backup (too short for its \(what))")
-            } else if errno != EINTR {
-                throw KeychainError(.storageError, "Cannot read the backup", underlying: .errno(errno))
+            case .success(let r): got += r
+            case .failure(let code): throw KeychainError(.storageError, "Cannot read the backup", underlying: .errno(code.rawValue))
             }
         }
         return out

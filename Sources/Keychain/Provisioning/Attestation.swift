@@ -3,6 +3,7 @@ import KeychainStore
 import SecureMemory
 import TPM2
 import KeychainCLIText
+import KeychainBasics
 
 /// The EK templates a credential can be made for: `rsa2048` (L-1), `eccP256` (L-2), `eccP384` (H-3).
 public typealias EndorsementKeyType = TPMContext.EndorsementKeyType
@@ -403,15 +404,7 @@ public enum AttestationServer {
 
 /// Bytes of a hex string; empty for one that is not hex.
 func hexBytes(_ text: String) -> [UInt8] {
-    let digits = Array(text.utf8)
-    guard digits.count % 2 == 0 else { return [] }
-    var out: [UInt8] = []
-    out.reserveCapacity(digits.count / 2)
-    for i in stride(from: 0, to: digits.count, by: 2) {
-        guard let byte = UInt8(String(decoding: digits[i...i + 1], as: UTF8.self), radix: 16) else { return [] }
-        out.append(byte)
-    }
-    return out
+    Hex.decode(text.utf8) ?? []
 }
 
 // MARK: The device

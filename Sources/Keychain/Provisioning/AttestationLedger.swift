@@ -1,5 +1,6 @@
 import FoundationEssentials
 import Glibc
+import KeychainBasics
 import KeychainCLIText
 import KeychainStore
 import TPM2
@@ -71,8 +72,8 @@ public struct AttestationLedger: Sendable {
         let lock = Glibc.open(directory + "/lock", O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0o600)
         guard lock >= 0 else { throw KeychainError(.storageError, "Cannot open \(directory)/lock", underlying: .errno(errno)) }
         defer { close(lock) }
-        while flock(lock, LOCK_EX) != 0 {
-            guard errno == EINTR else { throw KeychainError(.storageError, "Cannot lock \(directory)/lock", underlying: .errno(errno)) }
+        if case .failure(let code) = valueOrErrno({ flock(lock, LOCK_EX) }) {
+            throw KeychainError(.storageError, "Cannot lock \(directory)/lock", underlying: .errno(code.rawValue))
         }
         let bytes: [UInt8]
         do { bytes = try FileSystem.readPrivateFile(file, what: what) ?? [] } catch { throw KeychainError(store: error) }

@@ -3,6 +3,7 @@ import KeychainStore
 import SecureMemory
 import TPM2
 import KeychainCLIText
+import KeychainBasics
 
 /// A provisioning bundle, format 1 (docs/formats.md): one item sealed to one device's TPM by a
 /// machine without a TPM (`keychainctl seal-for`), opened only by `keychainctl import` on that device.
@@ -256,16 +257,7 @@ public enum Provisioning {
 }
 
 func bytes(hex text: String) -> [UInt8]? {
-    guard text.count % 2 == 0 else { return nil }
-    var out: [UInt8] = []
-    var index = text.startIndex
-    while index < text.endIndex {
-        let next = text.index(index, offsetBy: 2)
-        guard let byte = UInt8(text[index..<next], radix: 16) else { return nil }
-        out.append(byte)
-        index = next
-    }
-    return out
+    Hex.decode(text.utf8)
 }
 
 /// What `import` did.
@@ -417,9 +409,7 @@ extension Engine {
             do throws(KeychainError) {
                 return try keyring.unseal(blob, policy: policy, authorization: authorization, load: load)
             } catch where error.code == .interactionNotAllowed {
-                // Without a passcode the device counts as unlocked (as for any item).
-                guard try !keyring.passcodeIsSet() else { throw error }
-                try keyring.unlock(passcode: nil)
+                guard try keyring.unlockIfNoPasscode() else { throw error }
                 return try keyring.unseal(blob, policy: policy, authorization: authorization, load: load)
             }
         }

@@ -1,4 +1,5 @@
 import Glibc
+import KeychainBasics
 import SecureMemory
 import TPM2
 
@@ -87,8 +88,8 @@ public enum AuthorizationText {
             let value = SecureBytes(count: digits.count / 2)
             try value.withUnsafeMutableBytes { out throws(KeychainError) in
                 for i in 0..<out.count {
-                    guard let high = nibble(digits[digits.startIndex + 2 * i]),
-                          let low = nibble(digits[digits.startIndex + 2 * i + 1]) else { throw invalidHex() }
+                    guard let high = Hex.nibble(digits[digits.startIndex + 2 * i]),
+                          let low = Hex.nibble(digits[digits.startIndex + 2 * i + 1]) else { throw invalidHex() }
                     out[i] = high << 4 | low
                 }
             }
@@ -98,28 +99,17 @@ public enum AuthorizationText {
 
     /// `hex:` and the value's hex digits, then a newline.
     public static func encode(_ value: SecureBytes) -> SecureBytes {
-        let digits = Array("0123456789abcdef".utf8), prefix = Array("hex:".utf8)
+        let prefix = Array("hex:".utf8)
         let text = SecureBytes(count: prefix.count + 2 * value.count + 1)
         text.withUnsafeMutableBytes { out in
             value.withUnsafeBytes { raw in
-                for (i, byte) in prefix.enumerated() { out[i] = byte }
-                for (i, byte) in raw.enumerated() {
-                    out[prefix.count + 2 * i] = digits[Int(byte >> 4)]
-                    out[prefix.count + 2 * i + 1] = digits[Int(byte & 0xF)]
-                }
+                var at = 0
+                for byte in prefix { out[at] = byte; at += 1 }
+                Hex.write(raw) { out[at] = $0; at += 1 }
                 out[out.count - 1] = UInt8(ascii: "\n")
             }
         }
         return text
-    }
-
-    private static func nibble(_ c: UInt8) -> UInt8? {
-        switch c {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): c - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): c - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): c - UInt8(ascii: "A") + 10
-        default: nil
-        }
     }
 
     private static func invalidHex() -> KeychainError {

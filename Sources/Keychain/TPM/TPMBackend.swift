@@ -142,15 +142,12 @@ extension Engine {
                 // Load, PolicyNV and two flushes for nothing) before the unlock below, so without a passcode
                 // unlock first. Once: after it the state index says whatever unlocks and locks made it say.
                 startedTPMNeedsUnlock = false
-                if try !keyring.passcodeIsSet() { try keyring.unlock(passcode: nil) }
+                _ = try keyring.unlockIfNoPasscode()
             }
             do throws(KeychainError) {
                 return try keyring.unseal(blob, policy: policy)
             } catch where error.code == .interactionNotAllowed {
-                // Without a passcode the device counts as unlocked (as on iOS): unlock with the empty one.
-                let passcodeSet = try keyring.passcodeIsSet()
-                guard !passcodeSet else { throw error }
-                try keyring.unlock(passcode: nil)
+                guard try keyring.unlockIfNoPasscode() else { throw error }
                 return try keyring.unseal(blob, policy: policy)
             }
         }
@@ -269,11 +266,7 @@ extension Engine {
             let state = try keyring.lockState()
             if state == .unlocked { return true }
             if state == .locked && availability == .afterFirstUnlock { return false }
-            let passcodeSet = try keyring.passcodeIsSet()
-            guard passcodeSet else {
-                try keyring.unlock(passcode: nil)
-                return true
-            }
+            if try keyring.unlockIfNoPasscode() { return true }
             throw state == .beforeFirstUnlock
                 ? KeychainError(.interactionNotAllowed,
                                 "The device has not been unlocked since the TPM started: unlock it first (keychainctl unlock)")

@@ -637,6 +637,14 @@ final class TPMKeyring {
         }
     }
 
+    /// Without a passcode the device counts as unlocked (as on iOS): unlocks it with the empty passcode.
+    /// - Returns: false, and nothing done, when a passcode is set.
+    func unlockIfNoPasscode() throws(KeychainError) -> Bool {
+        guard try !passcodeIsSet() else { return false }
+        try unlock(passcode: nil)
+        return true
+    }
+
     /// Writes "unlocked", authorized by the passcode through PolicySecret in a salted session:
     /// the TPM checks the PIN and counts wrong ones on its PIN index.
     func unlock(passcode: SecureBytes?) throws(KeychainError) {

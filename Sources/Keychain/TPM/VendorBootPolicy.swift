@@ -3,6 +3,7 @@ import KeychainStore
 import SecureMemory
 import TPM2
 import KeychainCLIText
+import KeychainBasics
 
 /// Vendor-signed boot states (issue 12, docs/boot-state.md): a store set up with the vendor's public
 /// key (`init --boot-policy-key`) seals `ThisDeviceOnly` keys to "any PCR policy that key signed"
@@ -241,13 +242,6 @@ extension TPMKeyring {
 
 extension String {
     var hexBytes: [UInt8]? {
-        let digits = Array(utf8)
-        guard digits.count % 2 == 0 else { return nil }
-        var bytes: [UInt8] = []
-        for i in stride(from: 0, to: digits.count, by: 2) {
-            guard let byte = UInt8(String(decoding: digits[i..<i + 2], as: UTF8.self), radix: 16) else { return nil }
-            bytes.append(byte)
-        }
-        return bytes
+        Hex.decode(utf8)
     }
 }

@@ -1,4 +1,5 @@
 import Glibc
+import KeychainBasics
 import KeychainCLIText
 import SecureMemory
 
@@ -80,9 +81,8 @@ public struct TerminalAuthenticator: Authenticator, LinePrompter {
         var bytes = Array(text.utf8)
         var offset = 0
         while offset < bytes.count {
-            let written = bytes.withUnsafeMutableBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) }
-            if written < 0 && errno == EINTR { continue }
-            guard written > 0 else { return }
+            let result = valueOrErrno { bytes.withUnsafeMutableBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) } }
+            guard case .success(let written) = result, written > 0 else { return }
             offset += written
         }
     }
