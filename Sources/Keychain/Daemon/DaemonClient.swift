@@ -336,8 +336,8 @@ extension DaemonClient: KeychainService {
         while reads.count < keys.count {
             let asked = keys[reads.count...].prefix(WireList.maxKeys)
             var reply = try await call(.getItems, storage, authenticator: authenticator) { message in
-                message.add(WireTag.keys, WireList.encode(asked.map { Array($0.utf8) }))
                 message.add(WireTag.attempts, authenticator.map { UInt64(max(1, $0.attemptsPerRead)) })
+                message.add(WireTag.keys, WireList.encode(asked.map { Array($0.utf8) }))
             }
             defer { reply.wipe() }
             do throws(WireError) {
