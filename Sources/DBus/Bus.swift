@@ -14,7 +14,7 @@ public final class Bus: @unchecked Sendable {
     private let bus: OpaquePointer
     private let wake: Int32
     private let posted = Mutex<[@Sendable () -> Void]>([])
-    private var handler: ((DBusCall) -> Result<DBusReply, DBusError>)?
+    private var handler: ((DBusCall) -> DBusAnswer)?
     private var vanished: ((String) -> Void)?
     private var lost: (() -> Void)?
     private var running = true
@@ -28,6 +28,14 @@ public final class Bus: @unchecked Sendable {
             self.arguments = arguments
             self.sensitive = sensitive
         }
+    }
+
+    /// What a handler answers a call with: its reply now, or later, when work off the bus thread is done.
+    public enum DBusAnswer {
+        case now(Result<DBusReply, DBusError>)
+        /// `start` runs at once (bus thread) and gets the function that sends the reply: call it once,
+        /// from any thread; meanwhile the bus serves other calls.
+        case later((_ reply: @escaping @Sendable (Result<DBusReply, DBusError>) -> Void) -> Void)
     }
 
     /// Connects to the caller's session bus (`DBUS_SESSION_BUS_ADDRESS`).
@@ -106,7 +114,7 @@ public final class Bus: @unchecked Sendable {
     /// - Parameters:
     ///   - vanished: a client's unique name left the bus (its sessions die with it).
     ///   - lost: another provider took the name (`--replace`).
-    public func serve(handler: @escaping (DBusCall) -> Result<DBusReply, DBusError>, vanished: @escaping (String) -> Void,
+    public func serve(handler: @escaping (DBusCall) -> DBusAnswer, vanished: @escaping (String) -> Void,
                       lost: @escaping () -> Void) throws(DBusError) {
         self.handler = handler
         self.vanished = vanished
@@ -268,27 +276,50 @@ public final class Bus: @unchecked Sendable {
     private func dispatch(_ message: OpaquePointer) -> Int32 {
         var type: UInt8 = 0
         guard sd_bus_message_get_type(message, &type) >= 0, type == UInt8(SD_BUS_MESSAGE_METHOD_CALL) else { return 0 }
-        let result: Result<DBusReply, DBusError>
+        let answer: DBusAnswer
         do {
-            result = handler?(try Self.call(message)) ?? .failure(.failed("The provider is not serving"))
+            answer = handler?(try Self.call(message)) ?? .now(.failure(.failed("The provider is not serving")))
         } catch {
-            result = .failure(error)
+            answer = .now(.failure(error))
         }
+        switch answer {
+        case .now(let result):
+            reply(to: message, result)
+        case .later(let start):
+            // The call is kept until its reply is sent (on this thread, through `post`).
+            let held = HeldCall(sd_bus_message_ref(message))
+            start { [self] result in
+                post { [self] in
+                    reply(to: held.message, result)
+                    sd_bus_message_unref(held.message)
+                }
+            }
+        }
+        return 1
+    }
+
+    /// A method call whose reply comes later; used on the bus thread only.
+    private struct HeldCall: @unchecked Sendable {
+        let message: OpaquePointer?
+        init(_ message: OpaquePointer?) { self.message = message }
+    }
+
+    private func reply(to message: OpaquePointer?, _ result: Result<DBusReply, DBusError>) {
+        guard let message else { return }
         switch result {
         case .success(let reply):
             var out: OpaquePointer?
-            guard sd_bus_message_new_method_return(message, &out) >= 0, let out else { return 1 }
+            guard sd_bus_message_new_method_return(message, &out) >= 0, let out else { return }
             defer { sd_bus_message_unref(out) }
             if reply.sensitive { _ = sd_bus_message_sensitive(out) }
             for argument in reply.arguments where Self.append(out, argument) < 0 {
                 replyError(message, .failed("The reply could not be encoded"))
-                return 1
+                return
             }
             _ = sd_bus_send(bus, out, nil)
         case .failure(let error):
             replyError(message, error)
         }
-        return 1
     }
 
     private func replyError(_ call: OpaquePointer, _ error: DBusError) {

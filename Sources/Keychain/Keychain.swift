@@ -74,6 +74,13 @@ public struct Keychain: Sendable {
         try await backing.getItem(key, options: call, in: storage, authenticator: configuration.authenticator)
     }
 
+    /// Reads of several items, each as `getSecureBytes` would answer it, in the order of `keys`;
+    /// through keychaind one exchange (a few for a batch past `WireList.maxKeys` or its reply budget).
+    /// - Throws: only what fails the whole batch (keychaind cannot be reached).
+    package func getSecureBytes(_ keys: [String]) async throws(KeychainError) -> [ItemRead] {
+        try await backing.getItems(keys, in: storage, authenticator: configuration.authenticator)
+    }
+
     /// The read `getSecureBytes` would answer at once (this process holds the item's key and may use
     /// it: no TPM command, no prompt), answered on the calling thread; nil when the read needs the
     /// engine (then call `getSecureBytes`). For a caller that serves on a thread of its own and

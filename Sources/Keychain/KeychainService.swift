@@ -129,6 +129,11 @@ package protocol KeychainService: Sendable {
     /// A read answered at once, on the caller's thread, when it needs no TPM, prompt or write (an item
     /// whose key was opened before); nil when it takes `getItem`. Never waits for a TPM command.
     func warmItem(_ key: String, in storage: StorageRef) -> WarmRead?
+    /// Reads of several items of `storage` (keychaind: in one exchange), each as `getItem` would
+    /// answer it: its outcomes in the order of `keys`.
+    /// - Throws: only what fails the whole batch (keychaind cannot be reached).
+    func getItems(_ keys: [String], in storage: StorageRef,
+                  authenticator: (any Authenticator)?) async throws(KeychainError) -> [ItemRead]
     func endWindows(in storage: StorageRef) async throws(KeychainError)
     /// The AK's statement of the wrapping key of `storage`'s items of its options' protection
     /// (`Keychain.attestKey`): the key of `storage`'s scope only.
@@ -162,7 +167,24 @@ package protocol KeychainService: Sendable {
 
 extension KeychainService {
     package func serving(_ caller: DaemonCaller) -> any KeychainService { self }
+
+    /// One `getItem` after another.
+    package func getItems(_ keys: [String], in storage: StorageRef,
+                          authenticator: (any Authenticator)?) async throws(KeychainError) -> [ItemRead] {
+        var reads: [ItemRead] = []
+        for key in keys {
+            do throws(KeychainError) {
+                reads.append(.success(try await getItem(key, options: nil, in: storage, authenticator: authenticator)))
+            } catch {
+                reads.append(.failure(error))
+            }
+        }
+        return reads
+    }
 }
+
+/// One read of a batch (`KeychainService.getItems`): the value, nil for no item, or why it failed.
+package typealias ItemRead = Result<SecureBytes?, KeychainError>
 
 /// What a read answered at once found (`KeychainService.warmItem`).
 package enum WarmRead: Sendable {

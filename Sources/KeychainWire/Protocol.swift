@@ -12,7 +12,10 @@ public enum WireOp: UInt8, CaseIterable, Sendable {
          attestKey,
          /// The services of the storage's scope that hold items (its own service is not used):
          /// `credential ls` with no unit, every unit's.
-         allServices
+         allServices,
+         /// Reads of several items of the storage in one exchange (`keys`, a `WireList` of keys;
+         /// the reply's `resultItems` holds the first keys' outcomes, at least one: ask again for the rest).
+         getItems
     // The device's.
     case enrollFinger = 20, removeFinger, deleteReader, enrolledFingers, biometryTypes, deviceCanUse,
          initialize, status, resetTokenPINTries, tokenStatus, unlock, lock, setPasscode, changePasscode,
@@ -60,13 +63,55 @@ public enum WireTag {
     public static let bundle: UInt8 = 14
     /// The caller's nonce of a key attestation (`attestKey`), 1 to 32 bytes.
     public static let nonce: UInt8 = 15
+    /// A batch read's keys (`getItems`): a `WireList` of UTF-8 keys, 1 to `WireList.maxKeys`.
+    public static let keys: UInt8 = 16
     public static let resultBytes: UInt8 = 20, resultBool: UInt8 = 21, resultJSON: UInt8 = 22, resultNumber: UInt8 = 23
+    /// A batch read's outcomes, in the order of its keys: a `WireList` of messages, each the reply
+    /// `getItem` would give (ok with or without `resultBytes`, or an error).
+    public static let resultItems: UInt8 = 24
     public static let errorCode: UInt8 = 30, errorMessage: UInt8 = 31, causeKind: UInt8 = 32, causeNumber: UInt8 = 33,
                       causeText: UInt8 = 34
     /// keychaind's prompt: its texts (`WirePrompt`), the methods (JSON), the item, the attempt, the last failure.
     public static let promptTexts: UInt8 = 40, methods: UInt8 = 41, service: UInt8 = 42, promptKey: UInt8 = 43, attempt: UInt8 = 44,
                       previousFailure: UInt8 = 45
     public static let answerKind: UInt8 = 50, answerFinger: UInt8 = 51, answerPasscode: UInt8 = 52, answerReason: UInt8 = 53
+}
+
+/// A list in one field (a message's tags never repeat): each element a 4-byte big-endian length,
+/// then its bytes.
+public enum WireList {
+    /// The most keys of one `getItems`.
+    public static let maxKeys = 1024
+    /// A `getItems` reply stops adding outcomes past this many bytes (it always holds one): the
+    /// client asks again for the rest, so a batch never makes a frame past `Wire.maxMessage`.
+    public static let replyBudget = 4 << 20
+
+    public static func encode(_ elements: [[UInt8]]) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(elements.reduce(0) { $0 + 4 + $1.count })
+        for element in elements {
+            let count = UInt32(element.count)
+            out += [UInt8(count >> 24), UInt8(truncatingIfNeeded: count >> 16), UInt8(truncatingIfNeeded: count >> 8),
+                    UInt8(truncatingIfNeeded: count)]
+            out += element
+        }
+        return out
+    }
+
+    /// The elements; `malformed` for a length past the end.
+    public static func decode(_ bytes: [UInt8]) throws(WireError) -> [[UInt8]] {
+        var elements: [[UInt8]] = []
+        var at = 0
+        while at < bytes.count {
+            guard bytes.count - at >= 4 else { throw WireError(.malformed, "list element header cut at byte \(at)") }
+            let length = Int(bytes[at]) << 24 | Int(bytes[at + 1]) << 16 | Int(bytes[at + 2]) << 8 | Int(bytes[at + 3])
+            at += 4
+            guard length <= bytes.count - at else { throw WireError(.malformed, "list element runs past its field") }
+            elements.append(Array(bytes[at..<(at + length)]))
+            at += length
+        }
+        return elements
+    }
 }
 
 /// The words an option field may hold: the raw values of the library's `Accessible` and

@@ -89,7 +89,7 @@ extension SecretServiceProvider {
     private func importTarget(label: String, sourcePath: String) throws(DBusError) -> Collection {
         if sourcePath == Self.collectionPrefix + "login", let login = collections["login"] { return login }
         if let same = collections.values.first(where: { $0.storage != nil && $0.record.label == label }) { return same }
-        let path = try createCollection(.properties([("org.freedesktop.Secret.Collection.Label", .string(label))]), alias: "")
+        let path = try createCollection([("org.freedesktop.Secret.Collection.Label", .string(label))], alias: "")
         guard case .collection(let made) = try resolve(path) else { throw .failed("The collection made for \(label) is missing") }
         return made
     }

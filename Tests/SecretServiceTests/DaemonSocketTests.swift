@@ -123,4 +123,28 @@ import Testing
         #expect(try lookup(other, ["app", "shared-name"]) == nil)
         #expect(try lookup(bus, ["app", "shared-name"]) == "first user's")
     }
+
+    /// A `GetSecrets` of 50 items through keychaind: every value, from one batch read (`getItems`).
+    /// Prints how long the call took (docs/performance.md), asserting nothing on it.
+    @Test func getSecretsOfFiftyItemsThroughKeychaindAnswersEachItem() throws {
+        let out = try bus.python(RawCallTests.prelude + """
+            import secretstorage, time
+            login = secretstorage.get_default_collection(secretstorage.dbus_init())
+            for n in range(50):
+                login.create_item('b%d' % n, {'batch': '1', 'n': str(n)}, b'value-%d' % n)
+            paths, _ = call(BASE, SVC, 'SearchItems', 'a{ss}', ({'batch': '1'},))
+            assert len(paths) == 50, paths
+            session = call(BASE, SVC, 'OpenSession', 'sv', ('plain', ('s', '')))[1]
+            start = time.monotonic()
+            [secrets] = call(BASE, SVC, 'GetSecrets', 'aoo', (paths, session))
+            took = time.monotonic() - start
+            labels = {p: call(p, 'org.freedesktop.DBus.Properties', 'Get', 'ss', (ITEM, 'Label'))[0][1] for p in paths}
+            assert sorted(secrets) == sorted(paths), secrets.keys()
+            for p, (_, _, value, _) in secrets.items():
+                assert value == b'value-' + labels[p][1:].encode(), (p, value)
+            print('ok')
+            sys.stderr.write('GetSecrets of 50 items through keychaind: %.1f ms\\n' % (took * 1000))
+            """)
+        #expect(out == "ok\n")
+    }
 }

@@ -310,6 +310,43 @@ extension DaemonClient: KeychainService {
         return reply.bytes(WireTag.resultBytes).map { SecureBytes(copying: $0) }
     }
 
+    /// One `getItems` request per `WireList.maxKeys` keys, and again for the keys a reply left out
+    /// (past its budget); a daemon answers its warm reads at once.
+    func getItems(_ keys: [String], in storage: StorageRef,
+                  authenticator: (any Authenticator)?) async throws(KeychainError) -> [ItemRead] {
+        var reads: [ItemRead] = []
+        while reads.count < keys.count {
+            let asked = keys[reads.count...].prefix(WireList.maxKeys)
+            var reply = try await call(.getItems, storage, authenticator: authenticator) { message in
+                message.add(WireTag.attempts, authenticator.map { UInt64(max(1, $0.attemptsPerRead)) })
+                message.add(WireTag.keys, WireList.encode(asked.map { Array($0.utf8) }))
+            }
+            defer { reply.wipe() }
+            do throws(WireError) {
+                var outcomes = try WireList.decode(reply.bytes(WireTag.resultItems) ?? [])
+                defer { for index in outcomes.indices { outcomes[index].wipe() } }
+                guard (1...asked.count).contains(outcomes.count) else {
+                    throw WireError(.malformed, "\(outcomes.count) outcomes for \(asked.count) keys")
+                }
+                for outcome in outcomes { reads.append(try Self.read(outcome)) }
+            } catch {
+                throw failure(error)
+            }
+        }
+        return reads
+    }
+
+    /// One outcome of a `getItems` reply: the reply `getItem` would have had.
+    private static func read(_ outcome: [UInt8]) throws(WireError) -> ItemRead {
+        var message = try WireMessage.decode(outcome)
+        defer { message.wipe() }
+        switch message.kind {
+        case WireKind.ok: return .success(message.bytes(WireTag.resultBytes).map { SecureBytes(copying: $0) })
+        case WireKind.error: return .failure(try KeychainError(decoding: message))
+        default: throw WireError(.malformed, "an outcome of kind \(message.kind)")
+        }
+    }
+
     /// Every read is a request: the daemon answers a warm one at once.
     func warmItem(_ key: String, in storage: StorageRef) -> WarmRead? { nil }
 

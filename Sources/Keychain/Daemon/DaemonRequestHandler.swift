@@ -117,11 +117,50 @@ package struct DaemonRequestHandler: Sendable {
         case .storageCanUse:
             reply.add(WireTag.resultJSON, WireJSON.encode(try await service.canUseAccessControl(try accessControl(request), in: storage)))
         case .endWindows: try await service.endWindows(in: storage)
+        case .getItems: return try await batchRead(request, in: storage, authenticator: authenticator)
         case .attestKey:
             let document = try await service.attestKey(nonce: request.bytes(WireTag.nonce) ?? [], in: storage).json()
             reply.add(WireTag.resultBytes, [UInt8](document))
         default: throw KeychainError(.internal, "not a storage call: \(op)")
         }
+        return reply
+    }
+
+    /// A batch read: each key's outcome as `getItem`'s reply, in order, up to `WireList.replyBudget`
+    /// bytes (at least one); the client asks again for the keys left out.
+    private func batchRead(_ request: WireMessage, in storage: StorageRef,
+                           authenticator: (any Authenticator)?) async throws(KeychainError) -> WireMessage {
+        let keys = try wire { () throws(WireError) in
+            try WireList.decode(request.bytes(WireTag.keys) ?? []).map { bytes throws(WireError) in
+                guard let key = String(validating: bytes, as: UTF8.self) else { throw WireError(.malformed, "a key is not UTF-8") }
+                return key
+            }
+        }
+        guard (1...WireList.maxKeys).contains(keys.count) else {
+            throw KeychainError(.invalidArgument, "A batch read names 1 to \(WireList.maxKeys) keys, got \(keys.count)")
+        }
+        var outcomes: [[UInt8]] = []
+        var size = 0
+        defer { for index in outcomes.indices { outcomes[index].wipe() } }
+        for read in try await service.getItems(keys, in: storage, authenticator: authenticator) {
+            var outcome: WireMessage
+            switch read {
+            case .success(let value):
+                outcome = WireMessage(kind: WireKind.ok)
+                outcome.add(WireTag.resultBytes, value?.wireBytes)
+            case .failure(let error): outcome = error.wireMessage
+            }
+            defer { outcome.wipe() }
+            var bytes = outcome.encoded()
+            guard outcomes.isEmpty || size + bytes.count <= WireList.replyBudget else {
+                bytes.wipe()
+                break
+            }
+            size += bytes.count + 4
+            outcomes.append(bytes)
+        }
+        var reply = WireMessage(kind: WireKind.ok)
+        reply.add(WireTag.resultItems, WireList.encode(outcomes))
         return reply
     }
 

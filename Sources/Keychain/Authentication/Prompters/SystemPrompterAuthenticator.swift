@@ -137,7 +137,7 @@ public struct SystemPrompterAuthenticator: Authenticator, LinePrompter {
                 guard let me = self else { return }
                 me.bus.post { me.end(.interrupted) }
             }
-            try bus.serve(handler: { [self] call in handle(call) }, vanished: { [self] gone in
+            try bus.serve(handler: { [self] call in .now(handle(call)) }, vanished: { [self] gone in
                 if gone == prompter { result = result ?? .interrupted; bus.stop() }
             }, lost: {})
             return result ?? .interrupted
