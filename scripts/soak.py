@@ -37,6 +37,7 @@ docs/performance.md ("Soak") has the last full run's figures.
 import argparse
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import random
@@ -432,6 +433,14 @@ def orchestrate(args):
                 p.kill()
                 p.wait()
         log.close()
+        # keychaind's turn lock of this swtpm (TPMTurn.lockName): the TPM is gone, and the lock with it.
+        lock = "tpm-" + hashlib.sha256(f"swtpm:path={work}/tpm/sock".encode()).hexdigest()[:16] + ".lock"
+        runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+        for folder in [f"/tmp/keychain-{os.geteuid()}"] + ([runtime + "/keychain"] if runtime.startswith("/") else []):
+            try:
+                os.unlink(os.path.join(folder, lock))
+            except FileNotFoundError:
+                pass
         if failures and args.keep:
             print(f"kept {work}")
         elif not args.keep:
