@@ -17,8 +17,10 @@ import Synchronization
 /// the connections of earlier timed-out calls fill its listen queues a blocking `connect` waits
 /// until the TPM runs again (76 s against a 30 s deadline in the soak, issue 38 item 13). So the
 /// timer also interrupts the exchange's thread with `SIGURG` (a handler that does nothing, installed
-/// without `SA_RESTART`): `connect` fails with `EINTR` and the TCTI with an I/O error. It fires again
-/// every 50 ms until the exchange ends, for a `connect` begun just after a firing.
+/// without `SA_RESTART`) when that thread is in `connect` (its `/proc/…/syscall`): `connect` fails
+/// with `EINTR` and the TCTI with an I/O error. It fires again every 50 ms until the exchange ends,
+/// for a `connect` begun just after a firing. Only `connect`: tpm2-tss 3.2's control command reads
+/// its answer's length into an unsigned, so a `read` ended by `EINTR` (-1) passes for an answer.
 /// - Important: `SIGURG` is unblocked on the exchange's thread while it runs and its pending signal
 ///   taken before `run` returns, so no `EINTR` reaches the caller's code after it.
 ///
@@ -88,8 +90,10 @@ final class AnswerDeadline {
     private final class Watch: @unchecked Sendable {
         /// The armed exchange's deadline (nil between exchanges) and whether it passed. A firing
         /// meant for an earlier exchange, late, finds a deadline still ahead and does nothing.
-        /// `thread` is the exchange's, interrupted at each firing once the deadline passed.
-        private let state = Mutex((deadline: ContinuousClock.Instant?.none, expired: false, thread: pthread_t?.none))
+        /// `thread` is the exchange's, interrupted at each firing once the deadline passed while it is
+        /// in `connect`; `syscall` is its `/proc/<pid>/task/<tid>/syscall`.
+        private let state = Mutex((deadline: ContinuousClock.Instant?.none, expired: false, thread: pthread_t?.none,
+                                   syscall: String?.none))
         private let peers: Set<Peer>
         private let timer: any DispatchSourceTimer
 
@@ -103,8 +107,9 @@ final class AnswerDeadline {
         func arm(_ timeout: Duration) {
             let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
             // Scheduled under the lock, so a late firing's `schedule` cannot replace this one.
+            let syscall = Self.currentThreadSyscallFile()
             state.withLock {
-                $0 = (ContinuousClock.now + timeout, false, pthread_self())
+                $0 = (ContinuousClock.now + timeout, false, pthread_self(), syscall)
                 timer.schedule(deadline: .now() + seconds, leeway: .milliseconds(10))
             }
         }
@@ -121,12 +126,39 @@ final class AnswerDeadline {
 
         func end() { timer.cancel() }
 
+        /// `/proc/<pid>/task/<tid>/syscall` of the calling thread (`/proc/thread-self` names it).
+        private static func currentThreadSyscallFile() -> String? {
+            var buffer = [CChar](repeating: 0, count: 64)
+            let count = readlink("/proc/thread-self", &buffer, buffer.count - 1)
+            guard count > 0 else { return nil }
+            return "/proc/" + String(decoding: buffer[..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self) + "/syscall"
+        }
+
+        /// Whether the thread whose `syscall` file this is waits in `connect` (its first field is the
+        /// system call's number while it is blocked in one).
+        private static func isInConnect(_ syscall: String) -> Bool {
+            #if arch(x86_64)
+            let connect = "42"
+            #elseif arch(arm64)
+            let connect = "203"
+            #else
+            let connect = ""
+            #endif
+            let fd = open(syscall, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { return false }
+            defer { close(fd) }
+            var buffer = [UInt8](repeating: 0, count: 32)
+            let count = read(fd, &buffer, buffer.count)
+            guard count > 0 else { return false }
+            return buffer[..<count].split(separator: UInt8(ascii: " ")).first.map { String(decoding: $0, as: UTF8.self) } == connect
+        }
+
         private func expire() {
             state.withLock { state in
                 guard let deadline = state.deadline, ContinuousClock.now >= deadline, let thread = state.thread else { return }
                 state.expired = true
                 AnswerDeadline.shutDownSockets(to: peers)
-                pthread_kill(thread, SIGURG)
+                if let syscall = state.syscall, Self.isInConnect(syscall) { pthread_kill(thread, SIGURG) }
                 timer.schedule(deadline: .now() + .milliseconds(50), leeway: .milliseconds(10))
             }
         }
