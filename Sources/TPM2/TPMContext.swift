@@ -48,7 +48,9 @@ public final class TPMContext {
         var tctiContext: OpaquePointer?
         // The swtpm TCTI talks to the TPM's control socket already here (it sets the locality).
         let (rc, timedOut) = deadline.run { Tss2_TctiLdr_Initialize(device.tctiConfiguration, &tctiContext) }
-        guard rc == 0, let tctiContext else {
+        // Past its deadline the set-up failed whatever it returned: an exchange cut short is no answer.
+        guard rc == 0, !timedOut, let tctiContext else {
+            if rc == 0 { Tss2_TctiLdr_Finalize(&tctiContext) }
             throw TPMError(command: "connect to \(device)", code: TPMReturnCode(rawValue: rc), timedOut: timedOut)
         }
         var ctx: OpaquePointer?

@@ -2,6 +2,7 @@ import Foundation
 @testable import Keychain
 import KeychainTestSupport
 import KeychainTestThreads
+import Synchronization
 import Testing
 import TPM2
 
@@ -78,6 +79,53 @@ struct KeptConnectionTests {
 
         #expect(try await keychain.getItem("k") == "value")
         #expect(await engine.keptConnectionIdentity != nil)
+    }
+
+    /// Issue 38 item 13 (the soak): a TPM that stays stopped lets each call fail at its deadline, the
+    /// fifth as the first. Each timed-out call leaves a connection the stopped swtpm never accepts, so
+    /// its listen queues fill and a later call's `connect`, inside tpm2-tss, blocks: no socket to shut
+    /// down yet. Before, such a call returned only when the TPM was continued (76 s against 30 s in the
+    /// soak). Here the TPM is continued only once every call has returned, or after a watchdog far
+    /// beyond their deadlines: a call that outlived its deadline returns after it, and the test says so.
+    @Test func everyCallToAStoppedTPMEndsAtItsDeadlineWithoutLeakingDescriptorsOrThreads() async throws {
+        let tpm = try SoftwareTPM()
+        var configuration = tpm.configuration()
+        configuration.tpmTimeout = .seconds(2)
+        let (keychain, device, _, _) = try await afterAColdRead(configuration, .init(service: "kept"))
+        let calls = 8
+        let descriptors = { (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? 0 }
+        let threads = { (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task").count) ?? 0 }
+        let before = (descriptors(), threads())
+
+        kill(tpm.processIdentifier, SIGSTOP)
+        let continued = Mutex(false)
+        let results = Mutex<[(error: KeychainError?, afterContinue: Bool)]>([])
+        let sequence = Task {
+            for _ in 0..<calls {
+                await device.dropCaches()
+                var failure: KeychainError?
+                do { _ = try await keychain.getItem("k") } catch { failure = error as? KeychainError }
+                let late = continued.withLock { $0 }
+                results.withLock { $0.append((failure, late)) }
+            }
+        }
+        // Eight deadlines of 2 s, waited for far longer: only a call stuck until the TPM answers needs it.
+        try? waitUntil("\(calls) calls to a stopped TPM to return", seconds: 120) { results.withLock { $0.count } == calls }
+        continued.withLock { $0 = true }
+        kill(tpm.processIdentifier, SIGCONT)
+        await sequence.value
+
+        for (index, result) in results.withLock({ $0 }).enumerated() {
+            #expect(!result.afterContinue, "call \(index + 1) of \(calls) returned only once the TPM was continued")
+            #expect(result.error?.code == .hardwareUnavailable, "call \(index + 1): \(String(describing: result.error))")
+            #expect(result.error?.message.contains("did not answer within \(Duration.seconds(2))") == true,
+                    "call \(index + 1): \(String(describing: result.error))")
+        }
+        #expect(try await keychain.getItem("k") == "value", "the TPM answers again")
+        // What the stalls left behind (sockets, threads waiting in connect) is gone once the TPM answers.
+        try? waitUntil("descriptors and threads to come back", seconds: 30) { descriptors() <= before.0 && threads() <= before.1 }
+        #expect(descriptors() <= before.0, "descriptors: \(before.0) before the stalls, \(descriptors()) after")
+        #expect(threads() <= before.1 + 2, "threads: \(before.1) before the stalls, \(threads()) after")
     }
 
     @Test func onlyConnectionsThatLeaveTheTPMToOthersAreKept() throws {
