@@ -87,15 +87,12 @@ struct KeptConnectionTests {
     /// down yet. Before, such a call returned only when the TPM was continued (76 s against 30 s in the
     /// soak). Here the TPM is continued only once every call has returned, or after a watchdog far
     /// beyond their deadlines: a call that outlived its deadline returns after it, and the test says so.
-    @Test func everyCallToAStoppedTPMEndsAtItsDeadlineWithoutLeakingDescriptorsOrThreads() async throws {
+    @Test func everyCallToAStoppedTPMEndsAtItsDeadline() async throws {
         let tpm = try SoftwareTPM()
         var configuration = tpm.configuration()
         configuration.tpmTimeout = .seconds(2)
         let (keychain, device, _, _) = try await afterAColdRead(configuration, .init(service: "kept"))
         let calls = 8
-        let descriptors = { (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? 0 }
-        let threads = { (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task").count) ?? 0 }
-        let before = (descriptors(), threads())
 
         kill(tpm.processIdentifier, SIGSTOP)
         let continued = Mutex(false)
@@ -122,10 +119,8 @@ struct KeptConnectionTests {
                     "call \(index + 1): \(String(describing: result.error))")
         }
         #expect(try await keychain.getItem("k") == "value", "the TPM answers again")
-        // What the stalls left behind (sockets, threads waiting in connect) is gone once the TPM answers.
-        try? waitUntil("descriptors and threads to come back", seconds: 30) { descriptors() <= before.0 && threads() <= before.1 }
-        #expect(descriptors() <= before.0, "descriptors: \(before.0) before the stalls, \(descriptors()) after")
-        #expect(threads() <= before.1 + 2, "threads: \(before.1) before the stalls, \(threads()) after")
+        // Descriptors and threads are not counted here: the suites beside this one in the same process open and
+        // close theirs meanwhile (a count of the whole process failed so in CI); scripts/soak.py samples keychaind's.
     }
 
     @Test func onlyConnectionsThatLeaveTheTPMToOthersAreKept() throws {
