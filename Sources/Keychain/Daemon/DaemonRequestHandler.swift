@@ -142,13 +142,16 @@ package struct DaemonRequestHandler: Sendable {
         var outcomes: [[UInt8]] = []
         var size = 0
         defer { for index in outcomes.indices { outcomes[index].wipe() } }
-        for read in try await service.getItems(keys, in: storage, authenticator: authenticator) {
+        // One key at a time, stopping at the budget: a batch never holds more than one value beyond its reply,
+        // and a key left out is not read (nor prompted for) until the client asks again.
+        for key in keys {
             var outcome: WireMessage
-            switch read {
-            case .success(let value):
+            do throws(KeychainError) {
+                let value = try await service.getItem(key, options: nil, in: storage, authenticator: authenticator)
                 outcome = WireMessage(kind: WireKind.ok)
                 outcome.add(WireTag.resultBytes, value?.wireBytes)
-            case .failure(let error): outcome = error.wireMessage
+            } catch {
+                outcome = error.wireMessage
             }
             defer { outcome.wipe() }
             var bytes = outcome.encoded()
