@@ -134,7 +134,13 @@ class Client:
         outcome, _, start, duration = self.keychainctl(["rm", self.service, key])
         if outcome == "ok":
             table[key] = {None}
-        elif outcome == "ITEM_NOT_FOUND" and table[key] == {None}:
+        elif outcome == "ITEM_NOT_FOUND":
+            # Absent is right when the item may be absent (never written, removed, or its last writes were
+            # killed or failed and so may not have happened); otherwise an acknowledged value is lost.
+            if None not in table[key]:
+                self.emit(kind="lost", client=self.n, uid=os.getuid(), key=key, final=False,
+                          expected=sorted(v or "<absent>" for v in table[key])[:4], got="<absent>")
+            table[key] = {None}
             outcome = "ok"
         else:
             table[key].add(None)
