@@ -1,0 +1,321 @@
+"""Where keychaind is, who may serve it, and its frames on a connected socket (blocking and asyncio).
+
+The rule is the Swift library's (`DaemonSocket.resolve`, docs/daemon.md "Callers"); the failures
+are worded as `WireFailure` words them, so a Python caller sees what a Swift caller sees.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import pwd
+import socket
+import struct
+import threading
+from typing import Dict, List, Optional, Tuple
+
+from . import _wire as w
+from ._errors import ErrorCode, KeychainError
+
+SYSTEM_SOCKET = "/run/keychain/keychaind.sock"
+SERVICE_USER = "keychaind"
+#: How long a reply may take (keychaind bounds its own TPM commands), and a started frame may stall.
+REPLY_TIMEOUT, STALL_TIMEOUT = 120, 10
+MAX_IDLE = 16
+
+
+def resolve_socket(explicit: Optional[str] = None) -> str:
+    """`explicit`, else KEYCHAIN_SOCKET when set and not empty, else the system's socket.
+
+    - Important: KEYCHAIN_STORE (a store in the process, for the Swift library) cannot be served
+      here: without KEYCHAIN_SOCKET it is HARDWARE_UNAVAILABLE rather than another store.
+    """
+    if explicit:
+        return explicit
+    variable = os.environ.get("KEYCHAIN_SOCKET")
+    if variable:
+        return variable
+    if os.environ.get("KEYCHAIN_STORE"):
+        raise KeychainError(ErrorCode.HARDWARE_UNAVAILABLE,
+                            "KEYCHAIN_STORE names a store in the process, which this package cannot open: it speaks to "
+                            "keychaind only; set KEYCHAIN_SOCKET to keychaind's socket")
+    return SYSTEM_SOCKET
+
+
+def _service_uid() -> Optional[int]:
+    try:
+        return pwd.getpwnam(SERVICE_USER).pw_uid
+    except KeyError:
+        return None
+
+
+def _trusted(uid: int) -> bool:
+    return uid == 0 or uid == os.geteuid() or uid == _service_uid()
+
+
+def _peer_uid(sock: socket.socket) -> Optional[int]:
+    try:
+        _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        return uid & 0xFFFFFFFF
+    except OSError:
+        return None
+
+
+def not_running(path: str, code: int) -> KeychainError:
+    return KeychainError(ErrorCode.HARDWARE_UNAVAILABLE,
+                         f"The keychain service is not running: nothing answers on {path} (start keychaind or its "
+                         "socket unit; keychainctl --direct uses a store without the service)", f"errno {code}")
+
+
+def check_peer(sock: socket.socket, path: str) -> None:
+    """Refuses a listener whose uid may not serve the keychain, before anything is sent."""
+    uid = _peer_uid(sock)
+    if uid is not None and _trusted(uid):
+        return
+    sock.close()
+    service = _service_uid()
+    who = f"the user {SERVICE_USER} (uid {service})" if service is not None else f"the user {SERVICE_USER}"
+    owner = f"uid {uid}" if uid is not None else "an unknown uid"
+    raise KeychainError(ErrorCode.HARDWARE_UNAVAILABLE,
+                        f"The keychain service at {path} is not trusted: its socket belongs to {owner}, and only root, "
+                        f"this user (uid {os.geteuid()}) or {who} may serve the keychain; nothing was sent (point "
+                        "KEYCHAIN_SOCKET at keychaind's socket)")
+
+
+def exchange_failure(error: w.WireError, path: str) -> KeychainError:
+    """An exchange on a connected socket failed (`WireFailure(exchanging:)`)."""
+    if error.kind in ("closed", "truncated"):
+        message = (f"The keychain service stopped during the call ({path}): the call may or may not have taken effect; "
+                   "check and retry")
+    elif error.kind == "timedOut":
+        message = f"The keychain service did not answer within {REPLY_TIMEOUT} s ({path})"
+    elif error.kind == "io":
+        message = (f"The keychain service closed the connection ({path}): it may be at its connection limit or "
+                   "stopping; the call may or may not have taken effect; check and retry")
+    else:
+        return KeychainError(ErrorCode.INTERNAL, f"The keychain service's reply does not decode: {error.detail}")
+    return KeychainError(ErrorCode.HARDWARE_UNAVAILABLE, message, error.detail)
+
+
+def _length(header) -> int:
+    length = int.from_bytes(header[:4], "big")
+    if length < 2 or length > w.MAX_MESSAGE:
+        raise w.WireError("badLength", f"frame length {length}")
+    return length
+
+
+class Unread(Exception):
+    """A kept connection that keychaind had closed before it read the request: send it again, once."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Blocking.
+
+class Connection:
+    """A connected socket and who connected it (keychaind knows a connection by its credentials at connect)."""
+
+    __slots__ = ("sock", "identity", "reused")
+
+    def __init__(self, sock: socket.socket, identity: Tuple[int, int]) -> None:
+        self.sock, self.identity, self.reused = sock, identity, False
+
+    @classmethod
+    def open(cls, path: str) -> "Connection":
+        identity = (os.geteuid(), os.getegid())
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.connect(path)
+        except OSError as error:
+            sock.close()
+            raise not_running(path, error.errno or 0) from None
+        check_peer(sock, path)
+        return cls(sock, identity)
+
+    def exchange(self, frame: bytearray) -> bytearray:
+        """Sends a frame and reads keychaind's next message (the caller wipes it)."""
+        try:
+            self.sock.settimeout(STALL_TIMEOUT)
+            self.sock.sendall(frame)
+        except (BrokenPipeError, ConnectionResetError) as error:
+            if self.reused:
+                raise Unread() from None
+            raise w.WireError("io", f"write failed: errno {error.errno}") from None
+        except socket.timeout:
+            raise w.WireError("timedOut", "the peer stopped reading") from None
+        except OSError as error:
+            raise w.WireError("io", f"write failed: errno {error.errno}") from None
+        return self.receive()
+
+    def receive(self) -> bytearray:
+        # The length and the body of a short reply arrive in one recv.
+        head = bytearray(4096)
+        view = memoryview(head)
+        got = self._recv(view, REPLY_TIMEOUT, first=True)
+        while got < 4:
+            got += self._recv(view[got:], STALL_TIMEOUT)
+        length = _length(head)
+        body = bytearray(length)
+        kept = min(length, got - 4)
+        body[:kept] = view[4:4 + kept]
+        if got > 4 + length:
+            w.wipe(head)
+            raise w.WireError("malformed", "bytes past the reply")
+        w.wipe(head)
+        body_view = memoryview(body)
+        while kept < length:
+            kept += self._recv(body_view[kept:], STALL_TIMEOUT)
+        return body
+
+    def _recv(self, into: memoryview, timeout: int, first: bool = False) -> int:
+        try:
+            self.sock.settimeout(timeout)
+            got = self.sock.recv_into(into)
+        except socket.timeout:
+            raise w.WireError("timedOut", "no message within the timeout") from None
+        except ConnectionResetError:
+            if first and self.reused:
+                raise Unread() from None
+            raise w.WireError("io", "read failed: errno 104") from None
+        except OSError as error:
+            raise w.WireError("io", f"read failed: errno {error.errno}") from None
+        if got == 0:
+            if first and self.reused:
+                raise Unread()
+            raise w.WireError("closed" if first else "truncated", "the peer closed the connection")
+        return got
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Pool:
+    """Connections whose last call completed, per socket and identity (at most `MAX_IDLE` each)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: Dict[Tuple[str, int, int], List[Connection]] = {}
+
+    def take(self, path: str) -> Connection:
+        identity = (os.geteuid(), os.getegid())
+        with self._lock:
+            kept = self._idle.get((path,) + identity)
+            connection = kept.pop() if kept else None
+        if connection is not None:
+            connection.reused = True
+            return connection
+        return Connection.open(path)
+
+    def give(self, path: str, connection: Connection) -> None:
+        connection.reused = False
+        with self._lock:
+            kept = self._idle.setdefault((path,) + connection.identity, [])
+            if len(kept) < MAX_IDLE:
+                kept.append(connection)
+                return
+        connection.close()
+
+    def clear(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for kept in idle.values():
+            for connection in kept:
+                connection.close()
+
+
+POOL = Pool()
+
+
+# ------------------------------------------------------------------------------------------------
+# asyncio: the same frames on a non-blocking socket, through the loop.
+
+class AsyncConnection:
+    __slots__ = ("sock", "identity", "reused")
+
+    def __init__(self, sock: socket.socket, identity: Tuple[int, int]) -> None:
+        self.sock, self.identity, self.reused = sock, identity, False
+
+    @classmethod
+    async def open(cls, path: str) -> "AsyncConnection":
+        loop = asyncio.get_running_loop()
+        identity = (os.geteuid(), os.getegid())
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+        try:
+            await loop.sock_connect(sock, path)
+        except OSError as error:
+            sock.close()
+            raise not_running(path, error.errno or 0) from None
+        check_peer(sock, path)
+        return cls(sock, identity)
+
+    async def exchange(self, frame: bytearray) -> bytearray:
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.sock_sendall(self.sock, frame), STALL_TIMEOUT)
+        except (BrokenPipeError, ConnectionResetError) as error:
+            if self.reused:
+                raise Unread() from None
+            raise w.WireError("io", f"write failed: errno {error.errno}") from None
+        except asyncio.TimeoutError:
+            raise w.WireError("timedOut", "the peer stopped reading") from None
+        except OSError as error:
+            raise w.WireError("io", f"write failed: errno {error.errno}") from None
+        head = bytearray(4096)
+        view = memoryview(head)
+        got = await self._recv(view, REPLY_TIMEOUT, first=True)
+        while got < 4:
+            got += await self._recv(view[got:], STALL_TIMEOUT)
+        length = _length(head)
+        body = bytearray(length)
+        kept = min(length, got - 4)
+        body[:kept] = view[4:4 + kept]
+        w.wipe(head)
+        if got > 4 + length:
+            raise w.WireError("malformed", "bytes past the reply")
+        body_view = memoryview(body)
+        while kept < length:
+            kept += await self._recv(body_view[kept:], STALL_TIMEOUT)
+        return body
+
+    async def _recv(self, into: memoryview, timeout: int, first: bool = False) -> int:
+        loop = asyncio.get_running_loop()
+        try:
+            got = await asyncio.wait_for(loop.sock_recv_into(self.sock, into), timeout)
+        except asyncio.TimeoutError:
+            raise w.WireError("timedOut", "no message within the timeout") from None
+        except ConnectionResetError:
+            if first and self.reused:
+                raise Unread() from None
+            raise w.WireError("io", "read failed: errno 104") from None
+        except OSError as error:
+            raise w.WireError("io", f"read failed: errno {error.errno}") from None
+        if got == 0:
+            if first and self.reused:
+                raise Unread()
+            raise w.WireError("closed" if first else "truncated", "the peer closed the connection")
+        return got
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class AsyncPool:
+    """As `Pool`, for one event loop (a socket is used by the loop that made it)."""
+
+    def __init__(self) -> None:
+        self._idle: Dict[Tuple[str, int, int], List[AsyncConnection]] = {}
+
+    async def take(self, path: str) -> AsyncConnection:
+        kept = self._idle.get((path, os.geteuid(), os.getegid()))
+        if kept:
+            connection = kept.pop()
+            connection.reused = True
+            return connection
+        return await AsyncConnection.open(path)
+
+    def give(self, path: str, connection: AsyncConnection) -> None:
+        connection.reused = False
+        kept = self._idle.setdefault((path,) + connection.identity, [])
+        if len(kept) < MAX_IDLE:
+            kept.append(connection)
+        else:
+            connection.close()
