@@ -9,6 +9,12 @@ swift build --build-tests -Xswiftc -warnings-as-errors
 # A hung test must not hold CI for 90 minutes: 20 minutes is ample (the suite takes about 3 alone, 14 on a
 # machine loaded 20 deep). A hang fails the run naming the tests that started and never finished.
 scripts/test-watchdog.sh "${KEYCHAIN_TEST_DEADLINE:-1200}" "$@"
+# The Python package (bindings/python, issue 42 item 2) against a keychaind of this build on its own swtpm: its pytest
+# suite, keyring's own backend tests, git's credential helper, a venv outside the checkout (about a minute). Debian's
+# python3 and its packages (setup-debian.sh), whatever python3 is first on PATH. The whole run only.
+if (($# == 0)); then
+  KEYCHAIN_BIN="$PWD/.build/debug" PYTHONDONTWRITEBYTECODE=1 timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider bindings/python/tests
+else echo "test.sh: a filter was given: the Python package's tests (bindings/python/tests) were not run"; fi
 # The daemon's suites under ThreadSanitizer (scripts/sanitize.sh; the full runs of both sanitizers and their figures are in
 # docs/security.md, "Sanitizers"): about 13 minutes on a loaded 2-core machine, most of it the instrumented build. The whole run only.
 if (($# == 0)); then timeout 1800 scripts/sanitize.sh thread --slice; fi
