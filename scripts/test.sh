@@ -13,7 +13,10 @@ scripts/test-watchdog.sh "${KEYCHAIN_TEST_DEADLINE:-1200}" "$@"
 # suite, keyring's own backend tests, git's credential helper, a venv outside the checkout (about a minute). Debian's
 # python3 and its packages (setup-debian.sh), whatever python3 is first on PATH. The whole run only.
 if (($# == 0)); then
-  KEYCHAIN_BIN="$PWD/.build/debug" PYTHONDONTWRITEBYTECODE=1 timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider bindings/python/tests
+  pytmp=$(mktemp -d /tmp/keychain-pytest-XXXXXX)  # pytest's own temporary folders (the venv), removed after
+  KEYCHAIN_BIN="$PWD/.build/debug" PYTHONDONTWRITEBYTECODE=1 timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+    --basetemp "$pytmp" bindings/python/tests || { rm -rf "$pytmp"; exit 1; }
+  rm -rf "$pytmp"
 else echo "test.sh: a filter was given: the Python package's tests (bindings/python/tests) were not run"; fi
 # The daemon's suites under ThreadSanitizer (scripts/sanitize.sh; the full runs of both sanitizers and their figures are in
 # docs/security.md, "Sanitizers"): about 13 minutes on a loaded 2-core machine, most of it the instrumented build. The whole run only.
