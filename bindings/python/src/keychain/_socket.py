@@ -230,7 +230,7 @@ POOL = Pool()
 
 async def _within(awaitable, seconds: float):
     """`awaitable` bounded by `seconds` (asyncio.TimeoutError after them); asyncio.timeout where there is one,
-    which starts no task per wait as wait_for does (half the asyncio form's warm read)."""
+    which starts no task per wait as wait_for does."""
     if hasattr(asyncio, "timeout"):
         async with asyncio.timeout(seconds):
             return await awaitable
