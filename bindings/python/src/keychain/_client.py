@@ -244,10 +244,12 @@ def _run(path: str, request: bytearray, wants: Callable[[w.Message], Any], promp
     finally:
         w.wipe(request)
         if connection is not None:
-            if complete:
-                s.POOL.give(path, connection)
-            else:
-                connection.close()
+            s.POOL.release(path, connection, complete)
+    return _result(outcome, raised)
+
+
+def _result(outcome: Any, raised: Optional[BaseException]) -> Any:
+    """A call's end: the prompter's own exception first, then keychaind's error, else the result."""
     if raised is not None:
         raise raised
     if isinstance(outcome, KeychainError):
@@ -264,12 +266,8 @@ def _ask(prompter: Optional[Prompter], question: PromptRequest) -> Optional[Answ
     return answer
 
 
-class Keychain:
-    """A storage: one service and its defaults for every call (seed: `createKeychain`), on keychaind.
-
-    Cheap to make; touches nothing until the first call. Each call blocks the calling thread until
-    keychaind's reply; calls from several threads run side by side (a connection each).
-    """
+class _Options:
+    """A storage's options as both forms take them (checked at once: `_Storage`)."""
 
     def __init__(self, *, service: Optional[str] = None, accessible: o.AccessibleLike = Accessible.AFTER_FIRST_UNLOCK,
                  access_control: o.AccessControlLike = AccessControl.NONE, auth_validity: int = 0,
@@ -282,6 +280,14 @@ class Keychain:
     @property
     def service(self) -> str:
         return self._storage.service
+
+
+class Keychain(_Options):
+    """A storage: one service and its defaults for every call (seed: `createKeychain`), on keychaind.
+
+    Cheap to make; touches nothing until the first call. Each call blocks the calling thread until
+    keychaind's reply; calls from several threads run side by side (a connection each).
+    """
 
     def _call(self, request: bytearray, wants: Callable[[w.Message], Any]) -> Any:
         storage = self._storage
@@ -403,15 +409,8 @@ async def _run_async(path: str, request: bytearray, wants: Callable[[w.Message],
     finally:
         w.wipe(request)
         if connection is not None:
-            if complete:
-                pool.give(path, connection)
-            else:
-                connection.close()
-    if raised is not None:
-        raise raised
-    if isinstance(outcome, KeychainError):
-        raise outcome
-    return outcome
+            pool.release(path, connection, complete)
+    return _result(outcome, raised)
 
 
 async def _ask_async(prompter: Optional[Prompter], question: PromptRequest) -> Optional[Answer]:
@@ -424,20 +423,8 @@ async def _ask_async(prompter: Optional[Prompter], question: PromptRequest) -> O
     return await answer if inspect.isawaitable(answer) else answer
 
 
-class AsyncKeychain:
+class AsyncKeychain(_Options):
     """`Keychain`'s calls as coroutines, on the running event loop (a prompter may be a coroutine function)."""
-
-    def __init__(self, *, service: Optional[str] = None, accessible: o.AccessibleLike = Accessible.AFTER_FIRST_UNLOCK,
-                 access_control: o.AccessControlLike = AccessControl.NONE, auth_validity: int = 0,
-                 synchronizable: bool = False, access_group: Optional[str] = None, prompt: Optional[o.PromptLike] = None,
-                 android: Any = None, prompter: Optional[Prompter] = _DEFAULT, attempts_per_read: int = 3,
-                 socket: Optional[str] = None, **unknown: Any) -> None:
-        self._storage = _Storage(service, accessible, access_control, auth_validity, synchronizable, access_group, prompt,
-                                 android, prompter, attempts_per_read, socket, unknown)
-
-    @property
-    def service(self) -> str:
-        return self._storage.service
 
     async def _call(self, request: bytearray, wants: Callable[[w.Message], Any]) -> Any:
         try:

@@ -12,7 +12,7 @@ import pwd
 import socket
 import struct
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Generator, List, Optional, Tuple
 
 from . import _wire as w
 from ._errors import ErrorCode, KeychainError
@@ -108,6 +108,54 @@ class Unread(Exception):
     """A kept connection that keychaind had closed before it read the request: send it again, once."""
 
 
+def _send_failure(error: Exception, reused: bool) -> Exception:
+    """What a failed send means: on a kept connection, EPIPE or ECONNRESET is keychaind having closed it unread."""
+    if isinstance(error, (BrokenPipeError, ConnectionResetError)) and reused:
+        return Unread()
+    if isinstance(error, (socket.timeout, asyncio.TimeoutError)):
+        return w.WireError("timedOut", "the peer stopped reading")
+    return w.WireError("io", f"write failed: errno {getattr(error, 'errno', 0)}")
+
+
+def _receive_failure(error: Exception, first: bool, reused: bool) -> Exception:
+    """What a failed read means: a reset before the reply's first byte on a kept connection is a request not read."""
+    if isinstance(error, (socket.timeout, asyncio.TimeoutError)):
+        return w.WireError("timedOut", "no message within the timeout")
+    if isinstance(error, ConnectionResetError) and first and reused:
+        return Unread()
+    return w.WireError("io", f"read failed: errno {getattr(error, 'errno', 0)}")
+
+
+def _ended(first: bool, reused: bool) -> Exception:
+    """The peer closed: before the reply on a kept connection, it never read the request."""
+    if first and reused:
+        return Unread()
+    return w.WireError("closed" if first else "truncated", "the peer closed the connection")
+
+
+def read_frame() -> Generator[Tuple[memoryview, int, bool], int, bytearray]:
+    """One frame's reads, without I/O: yields (where, timeout, first) and is sent how many bytes arrived
+    (never 0); returns the message. A short reply's length and body arrive in one read."""
+    head = bytearray(4096)
+    view = memoryview(head)
+    got = yield (view, REPLY_TIMEOUT, True)
+    while got < 4:
+        got += yield (view[got:], STALL_TIMEOUT, False)
+    try:
+        length = _length(head)
+        if got > 4 + length:
+            raise w.WireError("malformed", "bytes past the reply")
+        body = bytearray(length)
+        kept = min(length, got - 4)
+        body[:kept] = view[4:4 + kept]
+    finally:
+        w.wipe(head)
+    body_view = memoryview(body)
+    while kept < length:
+        kept += yield (body_view[kept:], STALL_TIMEOUT, False)
+    return body
+
+
 # ------------------------------------------------------------------------------------------------
 # Blocking.
 
@@ -136,53 +184,22 @@ class Connection:
         try:
             self.sock.settimeout(STALL_TIMEOUT)
             self.sock.sendall(frame)
-        except (BrokenPipeError, ConnectionResetError) as error:
-            if self.reused:
-                raise Unread() from None
-            raise w.WireError("io", f"write failed: errno {error.errno}") from None
-        except socket.timeout:
-            raise w.WireError("timedOut", "the peer stopped reading") from None
         except OSError as error:
-            raise w.WireError("io", f"write failed: errno {error.errno}") from None
-        return self.receive()
-
-    def receive(self) -> bytearray:
-        # The length and the body of a short reply arrive in one recv.
-        head = bytearray(4096)
-        view = memoryview(head)
-        got = self._recv(view, REPLY_TIMEOUT, first=True)
-        while got < 4:
-            got += self._recv(view[got:], STALL_TIMEOUT)
-        length = _length(head)
-        body = bytearray(length)
-        kept = min(length, got - 4)
-        body[:kept] = view[4:4 + kept]
-        if got > 4 + length:
-            w.wipe(head)
-            raise w.WireError("malformed", "bytes past the reply")
-        w.wipe(head)
-        body_view = memoryview(body)
-        while kept < length:
-            kept += self._recv(body_view[kept:], STALL_TIMEOUT)
-        return body
-
-    def _recv(self, into: memoryview, timeout: int, first: bool = False) -> int:
+            raise _send_failure(error, self.reused) from None
+        reads = read_frame()
+        where, timeout, first = next(reads)
         try:
-            self.sock.settimeout(timeout)
-            got = self.sock.recv_into(into)
-        except socket.timeout:
-            raise w.WireError("timedOut", "no message within the timeout") from None
-        except ConnectionResetError:
-            if first and self.reused:
-                raise Unread() from None
-            raise w.WireError("io", "read failed: errno 104") from None
-        except OSError as error:
-            raise w.WireError("io", f"read failed: errno {error.errno}") from None
-        if got == 0:
-            if first and self.reused:
-                raise Unread()
-            raise w.WireError("closed" if first else "truncated", "the peer closed the connection")
-        return got
+            while True:
+                try:
+                    self.sock.settimeout(timeout)
+                    got = self.sock.recv_into(where)
+                except OSError as error:
+                    raise _receive_failure(error, first, self.reused) from None
+                if got == 0:
+                    raise _ended(first, self.reused)
+                where, timeout, first = reads.send(got)
+        except StopIteration as done:
+            return done.value
 
     def close(self) -> None:
         self.sock.close()
@@ -205,7 +222,11 @@ class Pool:
             return connection
         return Connection.open(path)
 
-    def give(self, path: str, connection: Connection) -> None:
+    def release(self, path: str, connection: Connection, complete: bool) -> None:
+        """Kept for a later call after a complete exchange; closed otherwise (the stream may be out of step)."""
+        if not complete:
+            connection.close()
+            return
         connection.reused = False
         with self._lock:
             kept = self._idle.setdefault((path,) + connection.identity, [])
@@ -260,48 +281,21 @@ class AsyncConnection:
         loop = asyncio.get_running_loop()
         try:
             await _within(loop.sock_sendall(self.sock, frame), STALL_TIMEOUT)
-        except (BrokenPipeError, ConnectionResetError) as error:
-            if self.reused:
-                raise Unread() from None
-            raise w.WireError("io", f"write failed: errno {error.errno}") from None
-        except asyncio.TimeoutError:
-            raise w.WireError("timedOut", "the peer stopped reading") from None
-        except OSError as error:
-            raise w.WireError("io", f"write failed: errno {error.errno}") from None
-        head = bytearray(4096)
-        view = memoryview(head)
-        got = await self._recv(view, REPLY_TIMEOUT, first=True)
-        while got < 4:
-            got += await self._recv(view[got:], STALL_TIMEOUT)
-        length = _length(head)
-        body = bytearray(length)
-        kept = min(length, got - 4)
-        body[:kept] = view[4:4 + kept]
-        w.wipe(head)
-        if got > 4 + length:
-            raise w.WireError("malformed", "bytes past the reply")
-        body_view = memoryview(body)
-        while kept < length:
-            kept += await self._recv(body_view[kept:], STALL_TIMEOUT)
-        return body
-
-    async def _recv(self, into: memoryview, timeout: int, first: bool = False) -> int:
-        loop = asyncio.get_running_loop()
+        except (OSError, asyncio.TimeoutError) as error:
+            raise _send_failure(error, self.reused) from None
+        reads = read_frame()
+        where, timeout, first = next(reads)
         try:
-            got = await _within(loop.sock_recv_into(self.sock, into), timeout)
-        except asyncio.TimeoutError:
-            raise w.WireError("timedOut", "no message within the timeout") from None
-        except ConnectionResetError:
-            if first and self.reused:
-                raise Unread() from None
-            raise w.WireError("io", "read failed: errno 104") from None
-        except OSError as error:
-            raise w.WireError("io", f"read failed: errno {error.errno}") from None
-        if got == 0:
-            if first and self.reused:
-                raise Unread()
-            raise w.WireError("closed" if first else "truncated", "the peer closed the connection")
-        return got
+            while True:
+                try:
+                    got = await _within(loop.sock_recv_into(self.sock, where), timeout)
+                except (OSError, asyncio.TimeoutError) as error:
+                    raise _receive_failure(error, first, self.reused) from None
+                if got == 0:
+                    raise _ended(first, self.reused)
+                where, timeout, first = reads.send(got)
+        except StopIteration as done:
+            return done.value
 
     def close(self) -> None:
         self.sock.close()
@@ -321,7 +315,10 @@ class AsyncPool:
             return connection
         return await AsyncConnection.open(path)
 
-    def give(self, path: str, connection: AsyncConnection) -> None:
+    def release(self, path: str, connection: AsyncConnection, complete: bool) -> None:
+        if not complete:
+            connection.close()
+            return
         connection.reused = False
         kept = self._idle.setdefault((path,) + connection.identity, [])
         if len(kept) < MAX_IDLE:
