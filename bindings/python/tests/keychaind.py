@@ -33,7 +33,7 @@ def _wait_for(path: str, seconds: float = 30) -> bool:
 class Daemon:
     """swtpm and keychaind (as this user, root in CI) on a socket every uid may reach, a device passcode set."""
 
-    def __init__(self, passcode: bool = True) -> None:
+    def __init__(self, passcode: bool = True, options=()) -> None:
         self.bin = binaries()
         self.work = tempfile.mkdtemp(prefix="keychain-py-")
         os.chmod(self.work, 0o755)
@@ -41,12 +41,12 @@ class Daemon:
         self.procs = {}
         self.log = open(os.path.join(self.work, "keychaind.log"), "wb")
         try:
-            self._start(passcode)
+            self._start(passcode, list(options))
         except BaseException:
             self.stop()
             raise
 
-    def _start(self, passcode: bool) -> None:
+    def _start(self, passcode: bool, options) -> None:
         tpm = os.path.join(self.work, "tpm")
         os.makedirs(tpm + "/state", mode=0o700)
         self.procs["swtpm"] = subprocess.Popen(
@@ -59,7 +59,7 @@ class Daemon:
             os.makedirs(os.path.join(self.work, folder), mode=0o700)
         self.procs["keychaind"] = subprocess.Popen(
             [self.bin + "/keychaind", "--socket", self.socket, "--store", self.work + "/store", "--tcti",
-             f"swtpm:path={tpm}/sock", "--groups", self.work + "/groups.d", "--reader", "none"],
+             f"swtpm:path={tpm}/sock", "--groups", self.work + "/groups.d", "--reader", "none"] + options,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log)
         ready = self.procs["keychaind"].stdout.readline().decode()
         if "ready" not in ready:

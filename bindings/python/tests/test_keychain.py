@@ -421,3 +421,34 @@ def test_a_kept_connection_is_reused_and_threads_run_side_by_side(daemon):
     vault.set_item("k", "v")
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(lambda _: vault.get_item("k"), range(64))) == ["v"] * 64
+
+
+# Kept connections.
+
+def test_a_kept_connection_keychaind_closed_while_idle_is_replaced_and_the_call_served():
+    """keychaind ends an idle connection (--idle-timeout 1): the next call's request goes once more, on a new one."""
+    from keychain import _client, _socket
+    from keychaind import Daemon
+    daemon = Daemon(passcode=False, options=["--idle-timeout", "1"])
+    try:
+        vault = storage(daemon)
+        vault.set_item("k", "v")
+        [kept] = _socket.POOL._idle[(daemon.socket, os.geteuid(), os.getegid())]
+        # Until keychaind has closed it (readable at its end of stream), however long the machine takes.
+        assert select.select([kept.sock], [], [], 60)[0] == [kept.sock]
+        assert vault.get_item("k") == "v"
+        [now] = _socket.POOL._idle[(daemon.socket, os.geteuid(), os.getegid())]
+        assert now is not kept and kept.sock.fileno() == -1
+
+        async def main():
+            store = keychain.create_async_keychain(service=vault.service, socket=daemon.socket)
+            assert await store.get_item("k") == "v"
+            [first] = _client._POOLS[asyncio.get_running_loop()]._idle[(daemon.socket, os.geteuid(), os.getegid())]
+            readable = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().add_reader(first.sock, readable.set_result, None)
+            await asyncio.wait_for(readable, 60)
+            asyncio.get_running_loop().remove_reader(first.sock)
+            assert await store.get_item("k") == "v"
+        asyncio.run(main())
+    finally:
+        daemon.stop()
