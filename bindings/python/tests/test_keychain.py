@@ -452,3 +452,4 @@ def test_a_kept_connection_keychaind_closed_while_idle_is_replaced_and_the_call_
         asyncio.run(main())
     finally:
         daemon.stop()
+
