@@ -1,11 +1,9 @@
 """The package against a real keychaind on a private swtpm (conftest.py's `daemon`, a device passcode set)."""
 import asyncio
-import fcntl
 import os
 import select
 import subprocess
 import sys
-import termios
 import time
 import uuid
 
@@ -14,6 +12,7 @@ import pytest
 import keychain
 from keychain import AccessControl, Accessible, Answer, ErrorCode, KeychainError, Prompt
 from keychaind import PASSCODE
+from terminal import on_terminal
 
 SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "src"))
 
@@ -157,29 +156,7 @@ def _run_child(daemon, script, terminal=False, answer=None):
     if not terminal:
         return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=60,
                               start_new_session=True, stdin=subprocess.DEVNULL)
-    master, slave = os.openpty()
-    name = os.ttyname(slave)
-    os.close(slave)
-
-    def controlling_terminal():
-        fd = os.open(name, os.O_RDWR)
-        fcntl.ioctl(fd, termios.TIOCSCTTY, 0)
-        os.close(fd)
-    p = subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, start_new_session=True, preexec_fn=controlling_terminal)
-    seen, end = b"", time.monotonic() + 60
-    while p.poll() is None and time.monotonic() < end:
-        if select.select([master], [], [], 0.2)[0]:
-            try:
-                seen += os.read(master, 4096)
-            except OSError:  # EIO until the child opens the terminal
-                time.sleep(0.05)
-            if answer is not None and b"Passcode" in seen:
-                os.write(master, answer)
-                answer = None
-    out, err = p.communicate(timeout=60)
-    os.close(master)
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err + b"\nterminal: " + seen)
+    return on_terminal([sys.executable, "-c", script], env, answer)
 
 
 def test_the_default_prompter_asks_on_the_terminal_with_echo_off(daemon):
