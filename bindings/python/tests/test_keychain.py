@@ -430,3 +430,24 @@ def test_a_kept_connection_keychaind_closed_while_idle_is_replaced_and_the_call_
     finally:
         daemon.stop()
 
+
+
+def test_a_forked_child_does_not_use_its_parents_kept_connection(daemon):
+    from keychain import _socket
+    vault = storage(daemon)
+    vault.set_item("k", "v")
+    [kept] = _socket.POOL._idle[(daemon.socket, os.geteuid(), os.getegid())]
+    child = os.fork()
+    if child == 0:
+        ok = not _socket.POOL._idle and kept.sock.fileno() == -1 and vault.get_item("k") == "v"
+        os._exit(0 if ok else 1)
+    assert vault.get_item("k") == "v"
+    assert os.waitpid(child, 0)[1] == 0
+    assert _socket.POOL._idle[(daemon.socket, os.geteuid(), os.getegid())] == [kept] and kept.sock.fileno() >= 0
+
+
+def test_the_default_storage_is_the_application_identifiers(daemon, socket_env, monkeypatch):
+    monkeypatch.setenv("KEYCHAIN_APP_ID", "py.default." + uuid.uuid4().hex[:8])
+    from keychain import keychain as default
+    default.set_item("k", "v")
+    assert keychain.create_keychain(service=os.environ["KEYCHAIN_APP_ID"]).get_item("k") == "v"

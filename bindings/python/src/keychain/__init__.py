@@ -15,6 +15,16 @@ from ._errors import ErrorCode, KeychainError
 from ._options import MAX_VALUE_LENGTH, AccessControl, Accessible, AndroidOptions, KeyStorage, Prompt
 from ._prompt import Answer, PromptRequest, TerminalPrompter
 
+
+
+def __getattr__(name: str):
+    """`keychain.keychain`, the seed's default storage: the application identifier as its service
+    (KEYCHAIN_APP_ID, the systemd unit, the desktop file id), made at each use; INVALID_ARGUMENT without one."""
+    if name == "keychain":
+        return Keychain()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AccessControl", "AccessControlCheck", "Accessible", "AndroidOptions", "Answer", "AsyncKeychain", "ErrorCode",
     "ItemInfo", "KeyStorage", "Keychain", "KeychainError", "MAX_VALUE_LENGTH", "Prompt", "PromptRequest",

@@ -244,6 +244,9 @@ class Pool:
 
 
 POOL = Pool()
+# A forked child must not share its parent's kept connections (two processes' exchanges on one stream
+# would interleave): it starts with none, closing only its own copies of the descriptors.
+os.register_at_fork(after_in_child=POOL.clear)
 
 
 # ------------------------------------------------------------------------------------------------
