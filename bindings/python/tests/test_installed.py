@@ -4,7 +4,6 @@ git's helper on PATH."""
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 

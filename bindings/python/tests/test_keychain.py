@@ -434,6 +434,7 @@ def test_a_kept_connection_keychaind_closed_while_idle_is_replaced_and_the_call_
 
 def test_a_forked_child_does_not_use_its_parents_kept_connection(daemon):
     from keychain import _socket
+    _socket.POOL.clear()  # the calls of the tests before keep connections too
     vault = storage(daemon)
     vault.set_item("k", "v")
     [kept] = _socket.POOL._idle[(daemon.socket, os.geteuid(), os.getegid())]

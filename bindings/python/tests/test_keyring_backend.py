@@ -2,7 +2,6 @@
 import subprocess
 import sys
 
-import keyring
 import pytest
 from keyring.testing.backend import BackendBasicTests
 

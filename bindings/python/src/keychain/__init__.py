@@ -17,7 +17,7 @@ from ._prompt import Answer, PromptRequest, TerminalPrompter
 
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Keychain:
     """`keychain.keychain`, the seed's default storage: the application identifier as its service
     (KEYCHAIN_APP_ID, the systemd unit, the desktop file id), made at each use; INVALID_ARGUMENT without one."""
     if name == "keychain":

@@ -6,17 +6,18 @@ import inspect
 import weakref
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union, cast
 
 from . import _options as o
 from . import _socket as s
 from . import _wire as w
 from ._appid import MISSING, application_identifier
 from ._errors import ErrorCode, KeychainError
-from ._options import Accessible, AccessControl, Prompt
+from ._options import Accessible, AccessControl
 from ._prompt import Answer, Prompter, PromptRequest, TerminalPrompter
 
 Value = Union[str, bytes, bytearray, memoryview]
+T = TypeVar("T")
 
 #: The prompter a storage gets unless it names one (`prompter=`): the controlling terminal.
 DEFAULT_PROMPTER = TerminalPrompter()
@@ -57,7 +58,7 @@ class _Storage:
 
     def __init__(self, service: Any, accessible: Any, access_control: Any, auth_validity: Any, synchronizable: Any,
                  access_group: Any, prompt: Any, android: Any, prompter: Any, attempts_per_read: Any, socket: Optional[str],
-                 unknown: dict) -> None:
+                 unknown: Dict[str, Any]) -> None:
         # Seed: options checked at once, a misspelt one included (it would store a secret without protection).
         o.unknown_options(unknown)
         if service is not None:
@@ -263,7 +264,7 @@ def _ask(prompter: Optional[Prompter], question: PromptRequest) -> Optional[Answ
     answer = prompter(question)
     if inspect.isawaitable(answer):
         raise TypeError("a coroutine prompter needs the asyncio form (create_async_keychain)")
-    return answer
+    return cast(Optional[Answer], answer)
 
 
 class _Options:
@@ -279,7 +280,7 @@ class _Options:
 
     @property
     def service(self) -> str:
-        return self._storage.service
+        return str(self._storage.service)
 
 
 class Keychain(_Options):
@@ -289,14 +290,14 @@ class Keychain(_Options):
     keychaind's reply; calls from several threads run side by side (a connection each).
     """
 
-    def _call(self, request: bytearray, wants: Callable[[w.Message], Any]) -> Any:
+    def _call(self, request: bytearray, wants: Callable[[w.Message], T]) -> T:
         storage = self._storage
         try:
             path = storage.socket
         except KeychainError:
             w.wipe(request)
             raise
-        return _run(path, request, wants, storage.prompter)
+        return cast(T, _run(path, request, wants, storage.prompter))
 
     def set_item(self, key: str, value: Value, *, accessible: Optional[o.AccessibleLike] = None,
                  access_control: Optional[o.AccessControlLike] = None, auth_validity: Optional[int] = None,
@@ -417,22 +418,22 @@ async def _ask_async(prompter: Optional[Prompter], question: PromptRequest) -> O
     if prompter is None:
         return Answer.INTERRUPTED
     if inspect.iscoroutinefunction(prompter) or inspect.iscoroutinefunction(getattr(prompter, "__call__", None)):
-        return await prompter(question)  # type: ignore[misc]
+        return cast(Optional[Answer], await prompter(question))  # type: ignore[misc]
     # A blocking prompter (the terminal) waits on a thread of the loop's executor, not on the loop.
     answer = await asyncio.get_running_loop().run_in_executor(None, prompter, question)
-    return await answer if inspect.isawaitable(answer) else answer
+    return cast(Optional[Answer], await answer if inspect.isawaitable(answer) else answer)
 
 
 class AsyncKeychain(_Options):
     """`Keychain`'s calls as coroutines, on the running event loop (a prompter may be a coroutine function)."""
 
-    async def _call(self, request: bytearray, wants: Callable[[w.Message], Any]) -> Any:
+    async def _call(self, request: bytearray, wants: Callable[[w.Message], T]) -> T:
         try:
             path = self._storage.socket
         except KeychainError:
             w.wipe(request)
             raise
-        return await _run_async(path, request, wants, self._storage.prompter)
+        return cast(T, await _run_async(path, request, wants, self._storage.prompter))
 
     async def set_item(self, key: str, value: Value, *, accessible: Optional[o.AccessibleLike] = None,
                        access_control: Optional[o.AccessControlLike] = None, auth_validity: Optional[int] = None,

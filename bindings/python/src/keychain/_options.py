@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Mapping, Optional, Type, TypeVar, Union
+from typing import Any, Iterable, Mapping, Optional, Type, TypeVar, Union
 
 from ._errors import KeychainError
 
@@ -223,7 +223,7 @@ def check_android(value: Any) -> KeyStorage:
     return KeyStorage.TEE if found is None else choice(KeyStorage, found, "android.keyStorage")
 
 
-def unknown_options(names) -> None:
+def unknown_options(names: Iterable[str]) -> None:
     names = sorted(names)
     if len(names) == 1:
         raise KeychainError.invalid_argument(f"Invalid keychain options: unknown option '{names[0]}'")

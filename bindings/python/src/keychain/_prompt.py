@@ -6,11 +6,10 @@ keychaind then runs the TPM policy itself. The default prompter is the controlli
 """
 from __future__ import annotations
 
-import json
 import os
 import termios
-from dataclasses import dataclass, field
-from typing import Awaitable, Callable, List, Optional, Union
+from dataclasses import dataclass
+from typing import Awaitable, Callable, List, Optional, Tuple, Union
 
 from . import _wire as w
 from ._options import Prompt
@@ -90,7 +89,7 @@ def answer_frame(answer: Optional[Answer]) -> bytearray:
         answer = Answer.CANCEL
     if not isinstance(answer, Answer):
         answer = Answer.unavailable(f"the prompt callback returned {type(answer).__name__}, not an Answer")
-    fields = [(w.T_ANSWER_KIND, w.uint(answer.kind))]
+    fields: List[Tuple[int, Optional[w.Bytes]]] = [(w.T_ANSWER_KIND, w.uint(answer.kind))]
     if answer.kind == w.A_FINGER:
         fields.append((w.T_ANSWER_FINGER, w.text(answer.finger_name or "")))
     elif answer.kind == w.A_PASSCODE:
@@ -112,7 +111,7 @@ class TerminalPrompter:
     def __init__(self, path: str = "/dev/tty") -> None:
         self.path = path
 
-    def _open(self):
+    def _open(self) -> Tuple[Optional[int], Optional[str]]:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
         except OSError as error:

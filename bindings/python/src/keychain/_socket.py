@@ -6,13 +6,14 @@ are worded as `WireFailure` words them, so a Python caller sees what a Swift cal
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import pwd
 import socket
 import struct
 import threading
-from typing import Dict, Generator, List, Optional, Tuple
+from typing import Awaitable, Dict, Generator, List, Optional, Tuple, TypeVar, cast
+
+T = TypeVar("T")
 
 from . import _wire as w
 from ._errors import ErrorCode, KeychainError
@@ -56,7 +57,7 @@ def _trusted(uid: int) -> bool:
 def _peer_uid(sock: socket.socket) -> Optional[int]:
     try:
         _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        return uid & 0xFFFFFFFF
+        return int(uid) & 0xFFFFFFFF
     except OSError:
         return None
 
@@ -97,7 +98,7 @@ def exchange_failure(error: w.WireError, path: str) -> KeychainError:
     return KeychainError(ErrorCode.HARDWARE_UNAVAILABLE, message, error.detail)
 
 
-def _length(header) -> int:
+def _length(header: bytearray) -> int:
     length = int.from_bytes(header[:4], "big")
     if length < 2 or length > w.MAX_MESSAGE:
         raise w.WireError("badLength", f"frame length {length}")
@@ -199,7 +200,7 @@ class Connection:
                     raise _ended(first, self.reused)
                 where, timeout, first = reads.send(got)
         except StopIteration as done:
-            return done.value
+            return cast(bytearray, done.value)
 
     def close(self) -> None:
         self.sock.close()
@@ -252,7 +253,7 @@ os.register_at_fork(after_in_child=POOL.clear)
 # ------------------------------------------------------------------------------------------------
 # asyncio: the same frames on a non-blocking socket, through the loop.
 
-async def _within(awaitable, seconds: float):
+async def _within(awaitable: Awaitable[T], seconds: float) -> T:
     """`awaitable` bounded by `seconds` (asyncio.TimeoutError after them); asyncio.timeout where there is one,
     which starts no task per wait as wait_for does."""
     if hasattr(asyncio, "timeout"):
@@ -298,7 +299,7 @@ class AsyncConnection:
                     raise _ended(first, self.reused)
                 where, timeout, first = reads.send(got)
         except StopIteration as done:
-            return done.value
+            return cast(bytearray, done.value)
 
     def close(self) -> None:
         self.sock.close()

@@ -8,8 +8,7 @@ of kind 0. No I/O here: the blocking and asyncio clients drive `converse`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Generator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Generator, Optional, Sequence, Tuple, Union
 
 from ._errors import KeychainError
 
@@ -82,7 +81,7 @@ class Message:
 
     __slots__ = ("kind", "fields")
 
-    def __init__(self, kind: int, fields: dict) -> None:
+    def __init__(self, kind: int, fields: Dict[int, memoryview]) -> None:
         self.kind, self.fields = kind, fields
 
     @classmethod
@@ -132,9 +131,9 @@ class Message:
             return None
         if len(data) != 1 or data[0] > 1:
             raise WireError("malformed", f"field {tag} is not a boolean")
-        return data[0] == 1
+        return bool(data[0] == 1)
 
-    def json(self, tag: int):
+    def json(self, tag: int) -> Any:
         data = self.fields.get(tag)
         if data is None:
             return None
@@ -144,7 +143,7 @@ class Message:
             raise WireError("malformed", f"a result field does not decode: {error}") from None
 
 
-def prompt_fields(prompt) -> Optional[bytearray]:
+def prompt_fields(prompt: Any) -> Optional[bytearray]:
     """A `Prompt` as the nested message a field carries (WirePrompt), None for no prompt."""
     if prompt is None:
         return None
@@ -153,7 +152,7 @@ def prompt_fields(prompt) -> Optional[bytearray]:
 
 
 def storage_options(service: str, accessible: str, access_control: str, auth_validity: int, synchronizable: bool,
-                    access_group: Optional[str], prompt, key_storage: str) -> bytearray:
+                    access_group: Optional[str], prompt: Any, key_storage: str) -> bytearray:
     """The storage's options as requests carry them (WireStorageOptions): every field, as the library sends."""
     return encode(FIELDS, [(1, text(service)), (2, text(accessible)), (3, text(access_control)),
                            (4, uint(auth_validity)), (5, boolean(synchronizable)), (6, text(access_group)),
@@ -194,10 +193,10 @@ def _signed(number: int, bits: int) -> int:
 
 # The exchange, without I/O: `converse` yields ("send", frame) (None: the call's request) and is sent
 # keychaind's next message (a bytearray it wipes), or yields ("ask", question) and is sent the answer.
-Step = Tuple[str, object]
+Step = Tuple[str, Any]
 
 
-def converse(wants_reply) -> Generator[Step, object, object]:
+def converse(wants_reply: Callable[[Message], Any]) -> Generator[Step, Any, Any]:
     """keychaind's messages until its reply: returns ``wants_reply(ok message)``, or the `KeychainError`
     of an error reply (the stream still in step); raises for anything else."""
     from ._prompt import PromptRequest, answer_frame
@@ -219,7 +218,7 @@ def converse(wants_reply) -> Generator[Step, object, object]:
         buffer = yield ("send", answer_frame(answer))
 
 
-def wipe(buffer) -> None:
+def wipe(buffer: object) -> None:
     """Zeroes a bytearray in place (a best effort for buffers that held a secret)."""
     if isinstance(buffer, bytearray):
         buffer[:] = bytes(len(buffer))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, TextIO
 from urllib.parse import quote, unquote
 
 from ._client import Keychain
@@ -21,7 +21,7 @@ from ._errors import KeychainError
 SERVICE = "git-credential"
 
 
-def read_attributes(stream) -> Dict[str, str]:
+def read_attributes(stream: TextIO) -> Dict[str, str]:
     attributes: Dict[str, str] = {}
     for line in stream:
         line = line.rstrip("\n")
@@ -54,7 +54,7 @@ def matching(storage: Keychain, attributes: Dict[str, str]) -> List[str]:
             and "@" not in k[len(prefix):len(k) - len(suffix)]]
 
 
-def run(action: str, attributes: Dict[str, str], storage: Keychain, out) -> None:
+def run(action: str, attributes: Dict[str, str], storage: Keychain, out: TextIO) -> None:
     if "protocol" not in attributes or "host" not in attributes:
         return  # git always sends both; anything else is not ours to answer
     if action == "get":

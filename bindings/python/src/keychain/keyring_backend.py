@@ -12,7 +12,7 @@ Properties (``KEYRING_PROPERTY_ACCESSIBLE``, ``KEYRING_PROPERTY_ACCESS_CONTROL``
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Callable, Dict, Optional
 
 from keyring import backend, credentials, errors
 
@@ -24,14 +24,14 @@ from ._socket import SYSTEM_SOCKET
 class _ClassProperty:
     """keyring reads a backend's `priority` on the class (its own helper is internal, and moved between versions)."""
 
-    def __init__(self, getter) -> None:
+    def __init__(self, getter: Callable[[Any], float]) -> None:
         self.getter = getter
 
-    def __get__(self, instance, owner):
+    def __get__(self, instance: Any, owner: Any) -> float:
         return self.getter(owner)
 
 
-class KeychainBackend(backend.KeyringBackend):
+class KeychainBackend(backend.KeyringBackend):  # type: ignore[misc]
     """Passwords in keychaind (Keychain for Linux): TPM-sealed, per user, no session bus needed."""
 
     #: Set by keyring's properties: the seed's strings ('whenUnlocked', 'passcode', …).
@@ -41,7 +41,7 @@ class KeychainBackend(backend.KeyringBackend):
     socket: Optional[str] = None
 
     @_ClassProperty
-    def priority(cls) -> float:  # type: ignore[override]
+    def priority(cls) -> float:
         """Above the Secret Service's 5 where keychaind's socket is; not viable elsewhere."""
         if os.environ.get("KEYCHAIN_SOCKET") or os.path.exists(SYSTEM_SOCKET):
             return 6.0
@@ -52,7 +52,7 @@ class KeychainBackend(backend.KeyringBackend):
         return "keychain.keyring_backend keychaind (Keychain for Linux)"
 
     def _storage(self, service: str) -> Keychain:
-        options = {}
+        options: Dict[str, Any] = {}
         if self.accessible:
             options["accessible"] = self.accessible
         if self.access_control:
