@@ -33,7 +33,7 @@ def _wait_for(path: str, seconds: float = 30) -> bool:
 class Daemon:
     """swtpm and keychaind (as this user, root in CI) on a socket every uid may reach, a device passcode set."""
 
-    def __init__(self, passcode: bool = True, options=()) -> None:
+    def __init__(self, passcode: bool = True, options=(), reader: bool = False) -> None:
         self.bin = binaries()
         self.work = tempfile.mkdtemp(prefix="keychain-py-")
         os.chmod(self.work, 0o755)
@@ -41,12 +41,12 @@ class Daemon:
         self.procs = {}
         self.log = open(os.path.join(self.work, "keychaind.log"), "wb")
         try:
-            self._start(passcode, list(options))
+            self._start(passcode, list(options), reader)
         except BaseException:
             self.stop()
             raise
 
-    def _start(self, passcode: bool, options) -> None:
+    def _start(self, passcode: bool, options, reader: bool) -> None:
         tpm = os.path.join(self.work, "tpm")
         os.makedirs(tpm + "/state", mode=0o700)
         self.procs["swtpm"] = subprocess.Popen(
@@ -55,11 +55,11 @@ class Daemon:
              "--flags", "not-need-init,startup-clear", "--log", f"file={tpm}/swtpm.log"], stdin=subprocess.DEVNULL)
         if not _wait_for(tpm + "/sock.ctrl"):
             raise RuntimeError("swtpm did not start")
-        for folder in ("groups.d", "store"):
+        for folder in ("groups.d", "store", "reader"):
             os.makedirs(os.path.join(self.work, folder), mode=0o700)
         self.procs["keychaind"] = subprocess.Popen(
             [self.bin + "/keychaind", "--socket", self.socket, "--store", self.work + "/store", "--tcti",
-             f"swtpm:path={tpm}/sock", "--groups", self.work + "/groups.d", "--reader", "none"] + options,
+             f"swtpm:path={tpm}/sock", "--groups", self.work + "/groups.d", "--reader", self.work + "/reader" if reader else "none"] + options,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log)
         ready = self.procs["keychaind"].stdout.readline().decode()
         if "ready" not in ready:

@@ -452,3 +452,35 @@ def test_the_default_storage_is_the_application_identifiers(daemon, socket_env, 
     from keychain import keychain as default
     default.set_item("k", "v")
     assert keychain.create_keychain(service=os.environ["KEYCHAIN_APP_ID"]).get_item("k") == "v"
+
+
+# A fingerprint reader (the simulated one), fingers answered by the callback.
+
+@pytest.fixture(scope="module")
+def reader_daemon():
+    from keychaind import Daemon
+    started = Daemon(reader=True)
+    try:
+        started.keychainctl(["reader", "enroll", "thumb"], PASSCODE + "\n")
+        yield started
+    finally:
+        started.stop()
+
+
+def test_a_fingerprint_prompt_is_answered_with_a_finger_and_a_new_enrollment_invalidates_current_set(reader_daemon):
+    prompter = answering(Answer.finger("thumb"), Answer.finger("pinky"), Answer.finger("pinky"))
+    vault = storage(reader_daemon, access_control=AccessControl.BIOMETRY_CURRENT_SET, prompter=prompter,
+                    attempts_per_read=2)
+    assert vault.can_use_access_control("biometryCurrentSet").available
+    vault.set_item("refreshToken", "r-1")
+    assert vault.get_item("refreshToken") == "r-1"
+    assert "fingerprint" in prompter.asked[0].methods
+    with pytest.raises(KeychainError) as raised:
+        vault.get_item("refreshToken")  # an enrolled finger it is not
+    assert (raised.value.code, [r.previous_failure for r in prompter.asked[1:]]) == ("AUTHENTICATION_FAILED", [None, "no match"])
+    reader_daemon.keychainctl(["reader", "enroll", "index"], PASSCODE + "\n")
+    again = storage(reader_daemon, service=vault.service, prompter=answering(Answer.finger("thumb")))
+    with pytest.raises(KeychainError) as raised:
+        again.get_item("refreshToken")
+    assert raised.value.code == "KEY_INVALIDATED"
+    assert not again.has_item("refreshToken")  # seed: the item is removed

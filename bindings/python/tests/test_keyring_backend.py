@@ -23,8 +23,8 @@ class TestKeychainBackend(BackendBasicTests):
         return KeychainBackend().with_properties(socket=SOCKET)
 
 
-def test_the_entry_point_selects_keychaind_when_its_socket_is_there(socket_env, tmp_path):
-    """keyring's CLI, with no backend named, stores and reads through keychaind (installed entry point or not)."""
+def test_keyrings_cli_sets_gets_and_deletes_through_keychaind(socket_env, tmp_path):
+    """keyring's own CLI (the backend named by PYTHON_KEYRING_BACKEND; the venv test finds it by its entry point)."""
     env = {"PATH": "/usr/bin:/bin", "KEYCHAIN_SOCKET": socket_env, "HOME": str(tmp_path),
            "PYTHON_KEYRING_BACKEND": "keychain.keyring_backend.KeychainBackend",
            "PYTHONPATH": ":".join(sys.path)}
