@@ -16,8 +16,8 @@ let attemptsPerRead = 3;
 
 /**
  * Registers the function that answers keychaind's prompts.
- * @param handler `(request) => answer | Promise<answer>`, `null` for none (a prompted read then
- *   ends with SYSTEM_CANCELED, as Swift's `KeychainClient`), `undefined` for the default.
+ * @param handler `(request) => answer | Promise<answer>`, `null` for none (a read behind an access
+ *   control then ends with INTERACTION_NOT_ALLOWED, unasked), `undefined` for the default.
  * @param options `{ attemptsPerRead }`: how many questions one read may ask (1 to 10, default 3).
  */
 function setPromptHandler(given, options) {
