@@ -18,6 +18,7 @@ packages=(
   gcr xvfb xdotool                                       # SystemPrompterTests: gcr-prompter under Xvfb, its dialog typed into
   systemd util-linux                                     # SystemPromptTests: systemd-tty-ask-password-agent answering the ask-password protocol (script, unshare)
   iproute2                                               # FrozenTPMTests: ss, what a stopped swtpm has not read yet
+  nodejs node-typescript                                 # the Node package (bindings/node): node --test, tsc's checks of index.d.ts and the seed's examples
 )
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
