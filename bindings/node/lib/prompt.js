@@ -77,8 +77,9 @@ function readLine(label, echo) {
       input?.destroy();
       return resolve(undefined);
     }
-    output.write(label);
+    // Raw (no echo) before the question shows: an answer typed as soon as it shows is never echoed.
     input.setRawMode(true);
+    output.write(label);
     const typed = [];
     const finish = (line) => {
       input.setRawMode(false);

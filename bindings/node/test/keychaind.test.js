@@ -179,6 +179,38 @@ describe('through keychaind', () => {
     assert.equal(await vault.getItem('t'), 'v');
   });
 
+  it('asks on the terminal by default, the passcode without echo', async () => {
+    const vault = createKeychain({ service: 'node.terminal', accessControl: AccessControl.Passcode, prompt: { title: 'Unlock the vault' } });
+    await vault.setItem('t', 'terminal-value');
+    const folder = fs.mkdtempSync(path.join(os.tmpdir(), 'keychain-node-tty-'));
+    const child = path.join(folder, 'child.js');
+    fs.writeFileSync(child, `require(${JSON.stringify(path.resolve(__dirname, '..'))})
+      .createKeychain({ service: 'node.terminal', prompt: { title: 'Unlock the vault' } })
+      .getItem('t').then((v) => console.log('value=' + v), (e) => console.log('error=' + e.code));`);
+    // script(1) runs the child on a new pseudo-terminal: its stdin and /dev/tty are that terminal.
+    const run = require('node:child_process').spawn('script', ['-qfec', `${process.execPath} ${child}`, '/dev/null'],
+      { env: { PATH: '/usr/bin:/bin', KEYCHAIN_SOCKET: daemon.socket, TERM: 'dumb' }, stdio: ['pipe', 'pipe', 'inherit'] });
+    let seen = '';
+    try {
+      await new Promise((resolve, reject) => {
+        run.stdout.on('data', (chunk) => {
+          seen += chunk;
+          // Typed only once the prompt is up (raw mode, no echo): typed earlier, the terminal's own echo would show it.
+          if (seen.includes('Passcode (enter alone: Cancel): ') && !run.typed) { run.typed = true; run.stdin.write(`${daemon.passcode}\r`); }
+          if (/value=|error=/.test(seen)) resolve();
+        });
+        run.once('exit', () => resolve());
+        run.once('error', reject);
+      });
+    } finally {
+      run.kill();
+      fs.rmSync(folder, { recursive: true, force: true });
+    }
+    assert.match(seen, /Unlock the vault/);
+    assert.match(seen, /value=terminal-value/);
+    assert.doesNotMatch(seen, new RegExp(daemon.passcode), 'the passcode was echoed');
+  });
+
   it('answers canUseAccessControl from the device, and noPrompt when nothing can ask the user', async () => {
     assert.deepEqual(await getBiometryTypes(), ['fingerprint']);
     setPromptHandler(() => 'cancel');
