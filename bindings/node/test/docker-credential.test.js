@@ -10,7 +10,7 @@ const { spawn, spawnSync } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { startDaemon } = require('./support/daemon');
+const { startDaemon, childEnvironment } = require('./support/daemon');
 
 const helper = path.resolve(__dirname, '../bin/docker-credential-keychain');
 const URL = 'https://index.docker.io/v1/';
@@ -87,7 +87,7 @@ describe('docker-credential-keychain', () => {
   });
 
   it('answers each request as Debian\'s docker-credential-secretservice does', () => {
-    const ours = { PATH: '/usr/bin:/bin', HOME: daemon.work, KEYCHAIN_SOCKET: daemon.socket };
+    const ours = childEnvironment({ HOME: daemon.work, KEYCHAIN_SOCKET: daemon.socket });
     for (const [name, args, input, compare] of STEPS) {
       const got = run([process.execPath, helper], args, input, ours);
       const expected = run(['docker-credential-secretservice'], args, input, reference.env);
@@ -101,7 +101,7 @@ describe('docker-credential-keychain', () => {
   });
 
   it('replaces a server\'s credentials when they are stored again, and keeps the secret out of the item\'s label', () => {
-    const env = { PATH: '/usr/bin:/bin', HOME: daemon.work, KEYCHAIN_SOCKET: daemon.socket };
+    const env = childEnvironment({ HOME: daemon.work, KEYCHAIN_SOCKET: daemon.socket });
     const store = (username, secret) => run([process.execPath, helper], ['store'],
       credentials({ ServerURL: URL, Username: username, Secret: secret }), env);
     assert.equal(store('ivan', 'first').status, 0);

@@ -10,7 +10,7 @@ const fs = require('node:fs');
 const net = require('node:net');
 const os = require('node:os');
 const path = require('node:path');
-const { startDaemon } = require('./support/daemon');
+const { startDaemon, childEnvironment } = require('./support/daemon');
 const {
   AccessControl, Accessible, KeychainError, KeychainErrorCode, createKeychain, canUseAccessControl, getBiometryTypes,
   setPromptHandler,
@@ -189,7 +189,7 @@ describe('through keychaind', () => {
       .getItem('t').then((v) => console.log('value=' + v), (e) => console.log('error=' + e.code));`);
     // script(1) runs the child on a new pseudo-terminal: its stdin and /dev/tty are that terminal.
     const run = require('node:child_process').spawn('script', ['-qfec', `${process.execPath} ${child}`, '/dev/null'],
-      { env: { PATH: '/usr/bin:/bin', KEYCHAIN_SOCKET: daemon.socket, TERM: 'dumb' }, stdio: ['pipe', 'pipe', 'inherit'] });
+      { env: childEnvironment({ KEYCHAIN_SOCKET: daemon.socket, TERM: 'dumb' }), stdio: ['pipe', 'pipe', 'inherit'] });
     let seen = '';
     try {
       await new Promise((resolve, reject) => {
@@ -251,7 +251,7 @@ describe('through keychaind', () => {
         console.log(JSON.stringify({ before, after: await s.getItem('k'), keys: await s.getAllKeys() }));
       })().catch((e) => { console.log(JSON.stringify({ code: e.code, message: e.message })); process.exit(1); });`, { mode: 0o644 });
     const done = spawnSync('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', process.execPath, script],
-      { env: { PATH: '/usr/bin:/bin', KEYCHAIN_SOCKET: daemon.socket }, encoding: 'utf8' });
+      { env: childEnvironment({ KEYCHAIN_SOCKET: daemon.socket }), encoding: 'utf8' });
     fs.rmSync(path.dirname(script), { recursive: true, force: true });
     assert.equal(done.status, 0, done.stdout + done.stderr);
     assert.deepEqual(JSON.parse(done.stdout), { before: null, after: 'nobody-value', keys: ['k'] });

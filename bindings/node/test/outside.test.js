@@ -10,7 +10,7 @@ const { spawnSync } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
-const { startDaemon } = require('./support/daemon');
+const { startDaemon, childEnvironment } = require('./support/daemon');
 
 const packageFolder = path.resolve(__dirname, '..');
 
@@ -56,7 +56,7 @@ describe('a program outside the checkout', () => {
     }
     fs.writeFileSync(path.join(app, 'app.mjs'), ESM);
     fs.writeFileSync(path.join(app, 'app.cjs'), CJS);
-    const env = { PATH: process.env.PATH, HOME: app, KEYCHAIN_SOCKET: daemon.socket };
+    const env = childEnvironment({ HOME: app, KEYCHAIN_SOCKET: daemon.socket });
     const run = (file, input) => spawnSync(process.execPath, [file], { cwd: app, env, input, encoding: 'utf8' });
     const esm = run('app.mjs', `${daemon.passcode}\n`);
     assert.equal(esm.status, 0, esm.stderr);

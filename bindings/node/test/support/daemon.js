@@ -102,4 +102,11 @@ async function startDaemon(options = {}) {
   }
 }
 
-module.exports = { startDaemon, bin, repository };
+/** A child's environment: PATH (and the dynamic linker's path, for a node run from an unpacked .deb), then `extra`. */
+function childEnvironment(extra) {
+  const env = { PATH: process.env.PATH ?? '/usr/bin:/bin' };
+  if (process.env.LD_LIBRARY_PATH) env.LD_LIBRARY_PATH = process.env.LD_LIBRARY_PATH;
+  return { ...env, ...extra };
+}
+
+module.exports = { startDaemon, childEnvironment, bin, repository };
