@@ -36,7 +36,8 @@ function keychainctl(env, args, input) {
 
 /**
  * Starts swtpm and keychaind; resolves with `{ socket, env, passcode, finger, stop }`.
- * @param {{ reader?: boolean }} options `reader: false` starts keychaind without a fingerprint reader.
+ * @param {{ reader?: boolean, args?: string[] }} options `reader: false` starts keychaind without a fingerprint
+ *   reader; `args`: more of keychaind's arguments (`--idle-timeout 1`).
  */
 async function startDaemon(options = {}) {
   for (const tool of ['keychaind', 'keychainctl']) {
@@ -78,7 +79,7 @@ async function startDaemon(options = {}) {
     const socket = path.join(work, 'keychaind.sock');
     const reader = options.reader === false ? 'none' : path.join(work, 'reader');
     const daemon = spawn(path.join(bin, 'keychaind'), ['--socket', socket, '--store', path.join(work, 'store'),
-      '--tcti', `swtpm:path=${tpm}/sock`, '--groups', path.join(work, 'groups.d'), '--reader', reader],
+      '--tcti', `swtpm:path=${tpm}/sock`, '--groups', path.join(work, 'groups.d'), '--reader', reader, ...(options.args ?? [])],
     { stdio: ['ignore', 'pipe', log] });
     procs.push(daemon);
     await new Promise((resolve, reject) => {
@@ -95,7 +96,9 @@ async function startDaemon(options = {}) {
     const env = { PATH: '/usr/bin:/bin', HOME: work, KEYCHAIN_SOCKET: socket, LANG: 'C.UTF-8' };
     keychainctl(env, ['passcode', 'set'], `${PASSCODE}\n`);
     if (options.reader !== false) keychainctl(env, ['reader', 'enroll', FINGER], `${PASSCODE}\n`);
-    return { socket, env, work, passcode: PASSCODE, finger: FINGER, keychainctl: (args, input) => keychainctl(env, args, input), stop };
+    /** Ends keychaind at once (SIGKILL), as a crash would; swtpm stays until `stop()`. */
+    const kill = () => new Promise((resolve) => { daemon.once('exit', resolve); daemon.kill('SIGKILL'); });
+    return { socket, env, work, passcode: PASSCODE, finger: FINGER, keychainctl: (args, input) => keychainctl(env, args, input), kill, stop };
   } catch (error) {
     await stop();
     throw error;
