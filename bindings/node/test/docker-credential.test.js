@@ -100,6 +100,15 @@ describe('docker-credential-keychain', () => {
     }
   });
 
+  it('never writes the request back: a malformed one is refused without its text', () => {
+    const env = childEnvironment({ HOME: daemon.work, KEYCHAIN_SOCKET: daemon.socket });
+    for (const request of ['{"ServerURL":"https://x.example","Username":"u","Secret":hunter2}', 'hunter2 and more']) {
+      const got = run([process.execPath, helper], ['store'], request, env);
+      assert.equal(got.status, 1);
+      assert.doesNotMatch(got.stdout, /hunter2/, 'the secret was written to stdout');
+    }
+  });
+
   it('replaces a server\'s credentials when they are stored again, and keeps the secret out of the item\'s label', () => {
     const env = childEnvironment({ HOME: daemon.work, KEYCHAIN_SOCKET: daemon.socket });
     const store = (username, secret) => run([process.execPath, helper], ['store'],
