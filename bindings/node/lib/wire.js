@@ -224,14 +224,16 @@ function encodeAnswer(answer) {
 /** keychaind's prompt (`WirePromptQuestion`): absent texts are the system's, an absent attempt the first. */
 function decodeQuestion(message) {
   const methods = message.json(Tag.methods) ?? [];
-  return {
+  const question = {
     ...decodePrompt(message.bytes(Tag.promptTexts)),
     methods: Array.isArray(methods) ? methods.filter((m) => typeof m === 'string') : [],
     service: message.string(Tag.service) ?? '',
     key: message.string(Tag.promptKey) ?? '',
     attempt: Number(message.uint(Tag.attempt) ?? 1n),
-    previousFailure: message.string(Tag.previousFailure),
   };
+  const previousFailure = message.string(Tag.previousFailure);
+  if (previousFailure !== undefined) question.previousFailure = previousFailure;
+  return question;
 }
 
 module.exports = {
