@@ -175,6 +175,9 @@ describe('through keychaind', () => {
     await assert.rejects(Promise.resolve().then(() => setPromptHandler('yes')), { code: 'INVALID_ARGUMENT' });
     setPromptHandler(() => ({ pin: '1' }));
     await assert.rejects(vault.getItem('t'), { code: 'INVALID_ARGUMENT', message: /Invalid prompt answer/ });
+    const failure = new Error('the handler failed');
+    setPromptHandler(async () => { throw failure; });
+    await assert.rejects(vault.getItem('t'), (error) => error === failure);
     setPromptHandler(scripted({ passcode: daemon.passcode }).handler);
     assert.equal(await vault.getItem('t'), 'v');
   });
