@@ -12,7 +12,7 @@ scripts/test-watchdog.sh "${KEYCHAIN_TEST_DEADLINE:-1200}" "$@"
 # The Node package (bindings/node, issue 42 item 3; docs/node.md) against keychaind on private swtpms, with the binaries
 # just built (.build/debug): its calls, prompts and the golden bytes, the seed's examples extracted from shared/seeds
 # (KEYCHAIN_SEEDS), its declarations under tsc, a program outside the checkout, docker-credential-keychain against Debian's
-# reference helper. About 30 s; the whole run only.
+# reference helper. About 40 s on the loaded machine; the whole run only.
 if (($# == 0)); then bindings/node/test/run.sh; fi
 # The daemon's suites under ThreadSanitizer (scripts/sanitize.sh; the full runs of both sanitizers and their figures are in
 # docs/security.md, "Sanitizers"): about 13 minutes on a loaded 2-core machine, most of it the instrumented build. The whole run only.
