@@ -10,8 +10,8 @@ swift build --build-tests -Xswiftc -warnings-as-errors
 # machine loaded 20 deep). A hang fails the run naming the tests that started and never finished.
 scripts/test-watchdog.sh "${KEYCHAIN_TEST_DEADLINE:-1200}" "$@"
 # The Node package (bindings/node, issue 42 item 3; docs/node.md) against keychaind on private swtpms, with the binaries
-# just built (.build/debug): its calls, prompts and the golden bytes, the seed's examples extracted from shared/seeds
-# (KEYCHAIN_SEEDS), its declarations under tsc, a program outside the checkout, docker-credential-keychain against Debian's
+# just built (.build/debug): its calls, prompts and the golden bytes, the seed's examples extracted from its copies of shared/seeds
+# (bindings/node/test/seeds), its declarations under tsc, a program outside the checkout, docker-credential-keychain against Debian's
 # reference helper. About 40 s on the loaded machine; the whole run only.
 if (($# == 0)); then bindings/node/test/run.sh; fi
 # The daemon's suites under ThreadSanitizer (scripts/sanitize.sh; the full runs of both sanitizers and their figures are in

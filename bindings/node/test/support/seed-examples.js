@@ -10,7 +10,9 @@ const fs = require('node:fs');
 const path = require('node:path');
 const { repository } = require('./daemon');
 
-const seeds = process.env.KEYCHAIN_SEEDS || path.resolve(repository, '../shared/seeds');
+// The copies in the repository (test/seeds: a clean clone has no shared/ beside it); KEYCHAIN_SEEDS names
+// another folder, such as the project's shared/seeds, to run the examples as they are there now.
+const seeds = process.env.KEYCHAIN_SEEDS || path.join(__dirname, '..', 'seeds');
 const DOCUMENTS = { '000': 'AccessControl', '001': 'createKeychain()', '004': 'Sign-in with Face ID' };
 
 const FILE = /^src\/[\w/.]+\.ts$/;
