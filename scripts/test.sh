@@ -18,6 +18,11 @@ if (($# == 0)); then
     --basetemp "$pytmp" bindings/python/tests || { rm -rf "$pytmp"; exit 1; }
   rm -rf "$pytmp"
 else echo "test.sh: a filter was given: the Python package's tests (bindings/python/tests) were not run"; fi
+# The Node package (bindings/node, issue 42 item 3; docs/node.md) against keychaind on private swtpms, with the binaries
+# just built (.build/debug): its calls, prompts and the golden bytes, the seed's examples extracted from its copies of shared/seeds
+# (bindings/node/test/seeds), its declarations under tsc, a program outside the checkout, docker-credential-keychain against Debian's
+# reference helper. About 40 s on the loaded machine; the whole run only.
+if (($# == 0)); then bindings/node/test/run.sh; fi
 # The daemon's suites under ThreadSanitizer (scripts/sanitize.sh; the full runs of both sanitizers and their figures are in
 # docs/security.md, "Sanitizers"): about 13 minutes on a loaded 2-core machine, most of it the instrumented build. The whole run only.
 if (($# == 0)); then timeout 1800 scripts/sanitize.sh thread --slice; fi
