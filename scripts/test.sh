@@ -18,6 +18,15 @@ if (($# == 0)); then
     --basetemp "$pytmp" bindings/python/tests || { rm -rf "$pytmp"; exit 1; }
   rm -rf "$pytmp"
 else echo "test.sh: a filter was given: the Python package's tests (bindings/python/tests) were not run"; fi
+# The C library (bindings/c, issue 42 item 1), built with make into a temporary folder, against a keychaind of this
+# build on its own swtpm: its C test programs, the golden bytes, the exported symbols (abi.txt), a program built with
+# pkg-config after make install (about 20 s). The whole run only.
+if (($# == 0)); then
+  ctmp=$(mktemp -d /tmp/keychain-ctest-XXXXXX)
+  KEYCHAIN_BIN="$PWD/.build/debug" PYTHONDONTWRITEBYTECODE=1 timeout 300 /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+    --basetemp "$ctmp" bindings/c/tests || { rm -rf "$ctmp"; exit 1; }
+  rm -rf "$ctmp"
+else echo "test.sh: a filter was given: the C library's tests (bindings/c/tests) were not run"; fi
 # The daemon's suites under ThreadSanitizer (scripts/sanitize.sh; the full runs of both sanitizers and their figures are in
 # docs/security.md, "Sanitizers"): about 13 minutes on a loaded 2-core machine, most of it the instrumented build. The whole run only.
 if (($# == 0)); then timeout 1800 scripts/sanitize.sh thread --slice; fi
