@@ -5,6 +5,7 @@ The library and the programs are built into a temporary folder (`make O=…`); k
 bindings/python's tests start them (binaries from KEYCHAIN_BIN, default .build/debug, which scripts/test.sh builds).
 """
 import os
+import shutil
 import subprocess
 import sys
 
@@ -123,3 +124,40 @@ def test_a_program_outside_the_checkout_built_with_pkg_config_reads_its_secret_a
                           input=b"r-123")
     assert done.returncode == 1
     assert done.stderr.decode().startswith("getItem: INTERACTION_NOT_ALLOWED: ")
+
+
+def test_the_debian_packages_hold_the_library_and_its_development_files(tmp_path):
+    """libkeychain1 and libkeychain-dev, built as scripts/package-deb.sh builds them but with the build profile
+    pkg.keychain-linux.clib (the C library alone, no Swift toolchain), in a copy: the checkout stays clean."""
+    root = os.path.abspath(os.path.join(SOURCE, "..", ".."))
+    source = tmp_path / "src"
+    for part in ("debian", "dist", "bindings/c"):
+        shutil.copytree(os.path.join(root, part), source / part, ignore=shutil.ignore_patterns("build", "__pycache__"))
+    done = subprocess.run(["dpkg-buildpackage", "-b", "-us", "-uc", "--build-profiles=pkg.keychain-linux.clib"], cwd=source,
+                          capture_output=True, timeout=600)
+    assert done.returncode == 0, done.stdout.decode()[-3000:] + done.stderr.decode()[-3000:]
+    version = open(os.path.join(root, "dist", "VERSION")).read().strip()
+    arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
+    multiarch = subprocess.run(["dpkg-architecture", "-qDEB_HOST_MULTIARCH"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+
+    def contents(package):
+        listed = subprocess.run(["dpkg", "-c", str(tmp_path / f"{package}_{version}_{arch}.deb")], capture_output=True,
+                                text=True, check=True).stdout
+        return sorted(" ".join(line.split()[5:]).lstrip(".") for line in listed.splitlines() if not line.startswith("d"))
+    lib = f"/usr/lib/{multiarch}"
+    assert contents("libkeychain1") == [f"{lib}/libkeychain.so.1", "/usr/share/doc/libkeychain1/changelog.gz",
+                                        "/usr/share/doc/libkeychain1/copyright"]
+    assert contents("libkeychain-dev") == ["/usr/include/keychain.h", f"{lib}/libkeychain.so -> libkeychain.so.1",
+                                           f"{lib}/pkgconfig/keychain.pc", "/usr/share/doc/libkeychain-dev/changelog.gz",
+                                           "/usr/share/doc/libkeychain-dev/copyright"]
+    control = tmp_path / "control"
+    subprocess.run(["dpkg-deb", "-e", str(tmp_path / f"libkeychain1_{version}_{arch}.deb"), str(control)], check=True)
+    assert (control / "shlibs").read_text() == f"libkeychain 1 libkeychain1 (>= {version})\n"
+    symbols = (control / "symbols").read_text().split("\n", 2)[2].split()
+    listed = open(os.path.join(SOURCE, "abi.txt")).read().split()
+    assert sorted(symbols[0::2]) == sorted(s.replace("@@", "@") if "@@" in s else f"{s}@{s}" for s in listed)
+    field = lambda package, name: subprocess.run(["dpkg-deb", "-f", str(tmp_path / f"{package}_{version}_{arch}.deb"), name],
+                                                 capture_output=True, text=True, check=True).stdout.strip()
+    assert field("libkeychain1", "Depends").startswith("libc6 (>= ")
+    assert field("libkeychain-dev", "Depends") == f"libkeychain1 (= {version})"
