@@ -5,6 +5,7 @@ The library and the programs are built into a temporary folder (`make O=…`); k
 bindings/python's tests start them (binaries from KEYCHAIN_BIN, default .build/debug, which scripts/test.sh builds).
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -161,3 +162,22 @@ def test_the_debian_packages_hold_the_library_and_its_development_files(tmp_path
                                                  capture_output=True, text=True, check=True).stdout.strip()
     assert field("libkeychain1", "Depends").startswith("libc6 (>= ")
     assert field("libkeychain-dev", "Depends") == f"libkeychain1 (= {version})"
+
+
+def test_the_c_blocks_of_docs_c_md_compile(tmp_path):
+    """Each ```c block of docs/c.md, its #include lines hoisted and its statements the body of a function given what
+    the prose leaves to the reader (token, token_length, use), compiles against keychain.h with warnings as errors."""
+    text = open(os.path.join(SOURCE, "..", "..", "docs", "c.md")).read()
+    blocks = re.findall(r"```c\n(.*?)```", text, re.S)
+    assert blocks
+    for n, block in enumerate(blocks):
+        lines = block.splitlines()
+        includes = [line for line in lines if line.startswith("#include")]
+        body = "\n".join("    " + line for line in lines if not line.startswith("#include"))
+        program = tmp_path / f"block{n}.c"
+        program.write_text("\n".join(includes) + "\n#include <stdint.h>\n"
+                           "static void use(const uint8_t *bytes, size_t length) { (void)bytes; (void)length; }\n"
+                           f"void block(const char *token, size_t token_length) {{\n{body}\n}}\n")
+        done = subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-unused-but-set-variable",
+                               "-fsyntax-only", f"-I{SOURCE}", str(program)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"docs/c.md block {n + 1}:\n{done.stderr}"
