@@ -56,6 +56,18 @@ def test_the_c_test_program_passes_against_keychaind(build, daemon):
     assert [line.split(" ")[1] for line in lines if line.startswith("ok ")] == TESTS, lines
 
 
+def test_a_kept_connection_keychaind_closed_while_idle_is_replaced_and_the_call_served(build):
+    """keychaind ends idle connections after a second here: the next call is sent again on a new one (seen failing
+    with the resend removed)."""
+    idle = Daemon(passcode=False, options=["--idle-timeout", "1"])
+    try:
+        done = run([str(build / "test_keychain"), "idle_closed"], idle)
+    finally:
+        idle.stop()
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+    assert done.stdout.decode().startswith("ok idle_closed")
+
+
 def test_no_freed_block_holds_a_value_or_a_passcode(build, daemon):
     done = run([str(build / "test_wipe")], daemon)
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()

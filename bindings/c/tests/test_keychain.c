@@ -4,6 +4,7 @@
 #include "keychain.h"
 #include "check.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -462,6 +463,40 @@ static void a_forked_child_and_its_parent_each_keep_their_own_connection(void) {
     kc_storage_free(s);
 }
 
+/* The process's connected sockets whose peer listens at `path`. */
+static int connections_to(const char *path, int *fds, int most) {
+    int found = 0;
+    for (int fd = 3; fd < 1024 && found < most; fd++) {
+        struct sockaddr_un peer;
+        socklen_t length = sizeof peer;
+        if (getpeername(fd, (struct sockaddr *)&peer, &length) == 0 && peer.sun_family == AF_UNIX &&
+            strcmp(peer.sun_path, path) == 0)
+            fds[found++] = fd;
+    }
+    return found;
+}
+
+/* keychaind (--idle-timeout 1, started by test_c.py) ends the kept connection while idle: the next call's request
+ * goes once more, on a new connection, and is served. */
+static void a_kept_connection_keychaind_closed_while_idle_is_replaced_and_the_call_served(void) {
+    const char *path = getenv("KEYCHAIN_SOCKET");
+    kc_storage *s = storage_with((kc_options){0});
+    OK(kc_set_item(s, "k", "v", 1, NULL, ERR));
+    int kept[4];
+    CHECK(connections_to(path, kept, 4) == 1);
+    /* Until keychaind has closed it (readable at its end of stream), however long the machine takes. */
+    struct pollfd entry = {.fd = kept[0], .events = POLLIN};
+    CHECK(poll(&entry, 1, 60000) == 1);
+    char byte;
+    CHECK(recv(kept[0], &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0);
+    kc_secret *got = NULL;
+    OK(kc_get_item(s, "k", NULL, &got, ERR));
+    CHECK(secret_is(got, "v", 1));
+    kc_secret_free(got);
+    CHECK(connections_to(path, kept, 4) == 1);  /* the closed one was closed here too, its replacement kept */
+    kc_storage_free(s);
+}
+
 static void the_codes_have_the_seeds_names(void) {
     CHECK_STR(kc_code_name(KC_OK), "OK");
     CHECK_STR(kc_code_name(KC_INVALID_ARGUMENT), "INVALID_ARGUMENT");
@@ -475,20 +510,21 @@ static void the_codes_have_the_seeds_names(void) {
 
 int main(int argc, char **argv) {
     static const test tests[] = {
-        {"item_calls", item_calls_store_read_list_describe_and_remove},
-        {"passcode_prompt", a_passcode_prompt_is_answered_by_the_callback},
-        {"wrong_passcode", a_wrong_passcode_is_asked_again_then_fails_with_authentication_failed},
-        {"ended_prompts", a_prompt_ended_without_an_answer_gives_the_seeds_code_and_keeps_the_item},
-        {"no_prompt", without_a_prompt_a_guarded_read_is_interaction_not_allowed_and_a_plain_one_works},
-        {"no_terminal", the_terminal_prompter_without_a_terminal_is_interaction_not_allowed},
-        {"can_use", can_use_access_control_answers_for_the_device_and_the_storage},
-        {"bad_options", options_that_break_a_seed_rule_fail_at_once_with_its_message},
-        {"bad_arguments", bad_call_arguments_fail_before_anything_is_sent},
-        {"application_identifier", without_a_service_the_application_identifier_is_the_default},
-        {"threads", threads_read_at_once_through_one_storage},
-        {"untrusted_peer", a_listener_of_another_uid_gets_nothing},
-        {"fork", a_forked_child_and_its_parent_each_keep_their_own_connection},
-        {"codes", the_codes_have_the_seeds_names},
+        {"item_calls", item_calls_store_read_list_describe_and_remove, 0},
+        {"passcode_prompt", a_passcode_prompt_is_answered_by_the_callback, 0},
+        {"wrong_passcode", a_wrong_passcode_is_asked_again_then_fails_with_authentication_failed, 0},
+        {"ended_prompts", a_prompt_ended_without_an_answer_gives_the_seeds_code_and_keeps_the_item, 0},
+        {"no_prompt", without_a_prompt_a_guarded_read_is_interaction_not_allowed_and_a_plain_one_works, 0},
+        {"no_terminal", the_terminal_prompter_without_a_terminal_is_interaction_not_allowed, 0},
+        {"can_use", can_use_access_control_answers_for_the_device_and_the_storage, 0},
+        {"bad_options", options_that_break_a_seed_rule_fail_at_once_with_its_message, 0},
+        {"bad_arguments", bad_call_arguments_fail_before_anything_is_sent, 0},
+        {"application_identifier", without_a_service_the_application_identifier_is_the_default, 0},
+        {"threads", threads_read_at_once_through_one_storage, 0},
+        {"untrusted_peer", a_listener_of_another_uid_gets_nothing, 0},
+        {"fork", a_forked_child_and_its_parent_each_keep_their_own_connection, 0},
+        {"codes", the_codes_have_the_seeds_names, 0},
+        {"idle_closed", a_kept_connection_keychaind_closed_while_idle_is_replaced_and_the_call_served, 1},
     };
     return run_tests(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

@@ -85,8 +85,8 @@ static void a_value_written_and_read_is_in_no_freed_block(void) {
 
 int main(int argc, char **argv) {
     static const test tests[] = {
-        {"check_sees_a_secret", the_check_sees_a_secret_left_in_a_freed_block},
-        {"secrets_wiped", a_value_written_and_read_is_in_no_freed_block},
+        {"check_sees_a_secret", the_check_sees_a_secret_left_in_a_freed_block, 0},
+        {"secrets_wiped", a_value_written_and_read_is_in_no_freed_block, 0},
     };
     return run_tests(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }
