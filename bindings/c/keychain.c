@@ -1600,26 +1600,9 @@ static void reach(kc_prompting prompting, kc_access_control value, kc_access_con
     }
 }
 
-KC_API kc_code kc_storage_can_use_access_control(kc_storage *s, kc_access_control value, kc_access_control_check *check,
-                                                 kc_error **error) {
-    if (error) *error = NULL;
-    if (!check) return fail(error, KC_INVALID_ARGUMENT, "Invalid check: expected a place for the answer, got null");
-    *check = (kc_access_control_check){0};
-    kc_code code = check_choice((int)value, access_control_names, COUNT(access_control_names), "accessControl", error);
-    if (code) return code;
-    if (value == KC_ACCESS_CONTROL_DEFAULT)
-        return fail(error, KC_INVALID_ARGUMENT, "Invalid accessControl: expected an access control, got the default");
-    buffer b;
-    if ((code = request_for(s, OP_STORAGE_CAN_USE, NULL, &b, error))) return code;
-    field_text(&b, T_ACCESS_CONTROL, access_control_names[value]);
-    finish(&b);
-    if ((code = run(s->socket, &b, s, read_check, check, error))) return code;
-    reach(s->prompting, value, check);
-    return KC_OK;
-}
-
-KC_API kc_code kc_can_use_access_control(const char *socket, kc_access_control value, kc_access_control_check *check,
-                                         kc_error **error) {
+/* One canUseAccessControl: the storage's (its options sent, its prompting) or the device's (`s` NULL, the terminal). */
+static kc_code can_use(kc_storage *s, const char *socket, kc_access_control value, kc_access_control_check *check,
+                       kc_error **error) {
     if (error) *error = NULL;
     if (!check) return fail(error, KC_INVALID_ARGUMENT, "Invalid check: expected a place for the answer, got null");
     *check = (kc_access_control_check){0};
@@ -1628,10 +1611,25 @@ KC_API kc_code kc_can_use_access_control(const char *socket, kc_access_control v
     if (value == KC_ACCESS_CONTROL_DEFAULT)
         return fail(error, KC_INVALID_ARGUMENT, "Invalid accessControl: expected an access control, got the default");
     buffer b = {0};
-    begin(&b, OP_DEVICE_CAN_USE, true);
+    if (s) {
+        if ((code = request_for(s, OP_STORAGE_CAN_USE, NULL, &b, error))) return code;
+    } else {
+        begin(&b, OP_DEVICE_CAN_USE, true);
+    }
     field_text(&b, T_ACCESS_CONTROL, access_control_names[value]);
     finish(&b);
-    if ((code = run(socket, &b, NULL, read_check, check, error))) return code;
-    reach(KC_PROMPT_TERMINAL, value, check);
+    if ((code = run(s ? s->socket : socket, &b, s, read_check, check, error))) return code;
+    reach(s ? s->prompting : KC_PROMPT_TERMINAL, value, check);
     return KC_OK;
+}
+
+KC_API kc_code kc_storage_can_use_access_control(kc_storage *s, kc_access_control value, kc_access_control_check *check,
+                                                 kc_error **error) {
+    if (!s) return fail(error, KC_INVALID_ARGUMENT, "Invalid storage: expected a storage, got null");
+    return can_use(s, NULL, value, check, error);
+}
+
+KC_API kc_code kc_can_use_access_control(const char *socket, kc_access_control value, kc_access_control_check *check,
+                                         kc_error **error) {
+    return can_use(NULL, socket, value, check, error);
 }
