@@ -697,12 +697,13 @@ static void child_after_fork(void) {
 }
 static void register_fork(void) { pthread_atfork(NULL, NULL, child_after_fork); }
 
-static kc_code take_connection(const char *path, connection **out, kc_error **error) {
+/* An idle kept connection, else a new one; `fresh`: a new one (the kept ones may all have been closed). */
+static kc_code take_connection(const char *path, bool fresh, connection **out, kc_error **error) {
     pthread_once(&fork_once, register_fork);
     uid_t uid = geteuid();
     gid_t gid = getegid();
     pthread_mutex_lock(&pool_lock);
-    for (connection **at = &idle_connections; *at; at = &(*at)->next) {
+    for (connection **at = &idle_connections; *at && !fresh; at = &(*at)->next) {
         connection *c = *at;
         if (c->uid == uid && c->gid == gid && strcmp(c->path, path) == 0) {
             *at = c->next;
@@ -798,12 +799,16 @@ static wire_failure receive_some(connection *c, uint8_t *into, size_t n, bool fi
 /* Sends a frame and reads keychaind's next message; a short reply's length and body come in one recv. */
 static wire_failure exchange(connection *c, const buffer *request, frame *reply, char **detail) {
     wire_failure failed = send_all(c, request->bytes, request->length);
+    if (failed == W_IO) *detail = format("write failed: errno %d", errno);
     if (failed) return failed;
     uint8_t head[4096];
     size_t got = 0, n = 0;
     bool first = true;
     while (got < 4) {
-        if ((failed = receive_some(c, head + got, sizeof head - got, first, &n))) goto done;
+        if ((failed = receive_some(c, head + got, sizeof head - got, first, &n))) {
+            if (failed == W_IO) *detail = format("read failed: errno %d", errno);
+            goto done;
+        }
         got += n, first = false;
     }
     uint32_t length = get_u32(head);
@@ -819,6 +824,7 @@ static wire_failure exchange(connection *c, const buffer *request, frame *reply,
     }
     reply->bytes = malloc(length);
     if (!reply->bytes) {
+        *detail = format("no memory for a reply of %u bytes", length);
         failed = W_IO;
         goto done;
     }
@@ -827,6 +833,7 @@ static wire_failure exchange(connection *c, const buffer *request, frame *reply,
     memcpy(reply->bytes, head + 4, kept);
     while (kept < length) {
         if ((failed = receive_some(c, reply->bytes + kept, length - kept, false, &n))) {
+            if (failed == W_IO) *detail = format("read failed: errno %d", errno);
             frame_free(reply);
             goto done;
         }
@@ -849,13 +856,10 @@ static kc_code exchange_failure(wire_failure failed, char *detail, const char *p
         free(detail);
         return fail_with(error, KC_HARDWARE_UNAVAILABLE, format("no message within the timeout"),
                          "The keychain service did not answer within %d s (%s)", REPLY_TIMEOUT, path);
-    case W_IO: {
-        int code = errno;
-        free(detail);
-        return fail_with(error, KC_HARDWARE_UNAVAILABLE, format("errno %d", code),
+    case W_IO:
+        return fail_with(error, KC_HARDWARE_UNAVAILABLE, detail,
                          "The keychain service closed the connection (%s): it may be at its connection limit or stopping; "
                          "the call may or may not have taken effect; check and retry", path);
-    }
     default: {
         kc_code code = fail(error, KC_INTERNAL, "The keychain service's reply does not decode: %s", detail ? detail : "");
         free(detail);
@@ -1185,7 +1189,7 @@ static kc_code run(const char *explicit_socket, buffer *request, const kc_storag
     if (code) return buffer_free(request), code;
     if (request->failed) return buffer_free(request), out_of_memory(error);
     connection *c = NULL;
-    if ((code = take_connection(path, &c, error))) return buffer_free(request), code;
+    if ((code = take_connection(path, false, &c, error))) return buffer_free(request), code;
     bool complete = false;
     buffer answer = {0};
     const buffer *sending = request;
@@ -1196,7 +1200,7 @@ static kc_code run(const char *explicit_socket, buffer *request, const kc_storag
         if (failed == W_UNREAD && sending == request) {
             connection_close(c);
             c = NULL;
-            if ((code = take_connection(path, &c, error))) break;
+            if ((code = take_connection(path, true, &c, error))) break;
             failed = exchange(c, sending, &reply, &detail);
         }
         buffer_free(&answer);

@@ -476,25 +476,45 @@ static int connections_to(const char *path, int *fds, int most) {
     return found;
 }
 
-/* keychaind (--idle-timeout 1, started by test_c.py) ends the kept connection while idle: the next call's request
- * goes once more, on a new connection, and is served. */
+/* A prompter that makes a call of its own while the read's connection is busy (so the process keeps two), then
+ * answers the passcode. */
+static kc_storage *inner;
+static void calling_prompter(void *context, const kc_prompt_request *r, kc_answer *a) {
+    (void)context, (void)r;
+    int found = 0;
+    OK(kc_has_item(inner, "k", &found, ERR));
+    CHECK(found);
+    kc_answer_passcode(a, PASSCODE, strlen(PASSCODE));
+}
+
+/* keychaind (--idle-timeout 1, started by test_c.py) ends both kept connections while idle: the next call's request
+ * goes once more, on a new connection (not on the other dead one), and is served. */
 static void a_kept_connection_keychaind_closed_while_idle_is_replaced_and_the_call_served(void) {
     const char *path = getenv("KEYCHAIN_SOCKET");
-    kc_storage *s = storage_with((kc_options){0});
-    OK(kc_set_item(s, "k", "v", 1, NULL, ERR));
-    int kept[4];
-    CHECK(connections_to(path, kept, 4) == 1);
-    /* Until keychaind has closed it (readable at its end of stream), however long the machine takes. */
-    struct pollfd entry = {.fd = kept[0], .events = POLLIN};
-    CHECK(poll(&entry, 1, 60000) == 1);
-    char byte;
-    CHECK(recv(kept[0], &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0);
+    inner = storage_with((kc_options){0});
+    OK(kc_set_item(inner, "k", "v", 1, NULL, ERR));
+    kc_storage *s = storage_with((kc_options){.prompting = KC_PROMPT_CALLBACK, .prompter = calling_prompter});
+    kc_set_options guarded = {.access_control = KC_ACCESS_CONTROL_PASSCODE};
+    OK(kc_set_item(s, "g", "w", 1, &guarded, ERR));
     kc_secret *got = NULL;
-    OK(kc_get_item(s, "k", NULL, &got, ERR));
+    OK(kc_get_item(s, "g", NULL, &got, ERR));
+    CHECK(secret_is(got, "w", 1));
+    kc_secret_free(got);
+    int kept[4];
+    CHECK(connections_to(path, kept, 4) == 2);
+    /* Until keychaind has closed both (readable at their end of stream), however long the machine takes. */
+    for (int i = 0; i < 2; i++) {
+        struct pollfd entry = {.fd = kept[i], .events = POLLIN};
+        CHECK(poll(&entry, 1, 60000) == 1);
+        char byte;
+        CHECK(recv(kept[i], &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0);
+    }
+    OK(kc_get_item(inner, "k", NULL, &got, ERR));
     CHECK(secret_is(got, "v", 1));
     kc_secret_free(got);
-    CHECK(connections_to(path, kept, 4) == 1);  /* the closed one was closed here too, its replacement kept */
+    CHECK(connections_to(path, kept, 4) == 2);  /* the dead one closed here too, the other dead one kept until used */
     kc_storage_free(s);
+    kc_storage_free(inner);
 }
 
 static void the_codes_have_the_seeds_names(void) {
