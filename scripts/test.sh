@@ -20,7 +20,7 @@ if (($# == 0)); then
 else echo "test.sh: a filter was given: the Python package's tests (bindings/python/tests) were not run"; fi
 # The C library (bindings/c, issue 42 item 1), built with make into a temporary folder, against a keychaind of this
 # build on its own swtpm: its C test programs, the golden bytes, the exported symbols (abi.txt), a program built with
-# pkg-config after make install (about 40 s, most of it the Debian packages). The whole run only.
+# pkg-config after make install (about 40 s, most of it the Debian packages and lintian). The whole run only.
 if (($# == 0)); then
   ctmp=$(mktemp -d /tmp/keychain-ctest-XXXXXX)
   KEYCHAIN_BIN="$PWD/.build/debug" PYTHONDONTWRITEBYTECODE=1 timeout 300 /usr/bin/python3 -m pytest -q -p no:cacheprovider \

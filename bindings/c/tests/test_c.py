@@ -174,6 +174,10 @@ def test_the_debian_packages_hold_the_library_and_its_development_files(tmp_path
                                                  capture_output=True, text=True, check=True).stdout.strip()
     assert field("libkeychain1", "Depends").startswith("libc6 (>= ")
     assert field("libkeychain-dev", "Depends") == f"libkeychain1 (= {version})"
+    debs = [str(tmp_path / f"{package}_{version}_{arch}.deb") for package in ("libkeychain1", "libkeychain-dev")]
+    linted = subprocess.run(["lintian", "--tag-display-limit", "0", *debs], capture_output=True, text=True, timeout=600)
+    complaints = [line for line in (linted.stdout + linted.stderr).splitlines() if "running with root privileges" not in line]
+    assert complaints == [], complaints
 
 
 def test_the_c_blocks_of_docs_c_md_compile(tmp_path):
