@@ -22,7 +22,7 @@ from terminal import on_terminal  # noqa: E402
 from test_wire_golden import ASKED, GOLDEN, GOLDEN_ANSWERS, Recorder  # noqa: E402
 
 TESTS = ["item_calls", "passcode_prompt", "wrong_passcode", "ended_prompts", "no_prompt", "no_terminal", "can_use",
-         "bad_options", "bad_arguments", "application_identifier", "threads", "untrusted_peer", "fork", "codes"]
+         "bad_options", "bad_arguments", "application_identifier", "keychain_store", "threads", "untrusted_peer", "fork", "codes"]
 
 
 @pytest.fixture(scope="session")

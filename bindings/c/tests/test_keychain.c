@@ -352,6 +352,25 @@ static void without_a_service_the_application_identifier_is_the_default(void) {
     unsetenv("KEYCHAIN_APP_ID");
 }
 
+/* KEYCHAIN_STORE names a store in the process (the Swift library's): without KEYCHAIN_SOCKET it is refused, not
+ * served by another store. */
+static void keychain_store_without_keychain_socket_is_refused(void) {
+    char *socket = getenv("KEYCHAIN_SOCKET") ? strdup(getenv("KEYCHAIN_SOCKET")) : NULL;
+    unsetenv("KEYCHAIN_SOCKET");
+    setenv("KEYCHAIN_STORE", "/tmp/some-store", 1);
+    kc_storage *s = storage_with((kc_options){0});
+    kc_error *e = NULL;
+    int found;
+    CHECK(kc_has_item(s, "k", &found, &e) == KC_HARDWARE_UNAVAILABLE);
+    CHECK_STR(kc_error_message(e), "KEYCHAIN_STORE names a store in the process, which this library cannot open: it speaks "
+                                   "to keychaind only; set KEYCHAIN_SOCKET to keychaind's socket");
+    kc_error_free(e);
+    unsetenv("KEYCHAIN_STORE");
+    if (socket) setenv("KEYCHAIN_SOCKET", socket, 1);
+    free(socket);
+    kc_storage_free(s);
+}
+
 /* Several threads reading at once through one storage: every read gets its own item's value. */
 enum { THREADS = 8, READS = 200 };
 static kc_storage *shared;
@@ -540,6 +559,7 @@ int main(int argc, char **argv) {
         {"bad_options", options_that_break_a_seed_rule_fail_at_once_with_its_message, 0},
         {"bad_arguments", bad_call_arguments_fail_before_anything_is_sent, 0},
         {"application_identifier", without_a_service_the_application_identifier_is_the_default, 0},
+        {"keychain_store", keychain_store_without_keychain_socket_is_refused, 0},
         {"threads", threads_read_at_once_through_one_storage, 0},
         {"untrusted_peer", a_listener_of_another_uid_gets_nothing, 0},
         {"fork", a_forked_child_and_its_parent_each_keep_their_own_connection, 0},
