@@ -19,7 +19,7 @@ packages=(
   systemd util-linux                                     # SystemPromptTests: systemd-tty-ask-password-agent answering the ask-password protocol (script, unshare)
   iproute2                                               # FrozenTPMTests: ss, what a stopped swtpm has not read yet
   golang-docker-credential-helpers                       # bindings/python: docker-credential-keychain compared with the reference helpers
-  gcc make                                               # bindings/c: libkeychain and its test programs (plain make and cc; pkg-config above)
+  gcc make valgrind                                      # bindings/c: libkeychain and its test programs (plain make and cc; pkg-config above), memcheck
   python3-pytest python3-venv python3-setuptools python3-wheel python3-mypy git  # bindings/python: its pytest suite, a venv outside the checkout (pip install, offline), its type hints (mypy --strict), git's credential helper
 )
 missing=()

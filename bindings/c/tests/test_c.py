@@ -56,6 +56,17 @@ def test_the_c_test_program_passes_against_keychaind(build, daemon):
     assert [line.split(" ")[1] for line in lines if line.startswith("ok ")] == TESTS, lines
 
 
+def test_no_memory_error_or_leak_under_valgrind(build, daemon):
+    """The library's calls, prompts, errors and threads under memcheck: no invalid access, nothing lost (the kept
+    connections stay reachable by design)."""
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed (scripts/setup-debian.sh installs it)")
+    done = run(["valgrind", "-q", "--leak-check=full", "--errors-for-leak-kinds=definite,indirect", "--error-exitcode=9",
+                str(build / "test_keychain"), "item_calls", "passcode_prompt", "wrong_passcode", "ended_prompts", "no_prompt",
+                "can_use", "bad_options", "bad_arguments", "keychain_store", "threads"], daemon)
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()[-4000:]
+
+
 def test_a_kept_connection_keychaind_closed_while_idle_is_replaced_and_the_call_served(build):
     """keychaind ends idle connections after a second here: the next call is sent again on a new one, not on another
     kept one it closed too (seen failing with the resend removed, and with the resend on a kept connection)."""
