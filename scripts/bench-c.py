@@ -9,7 +9,6 @@ control), N warm kc_get_item calls from one caller on its kept connection, and t
 then Python's blocking form and `keychain-bench --daemon-warm-reads N` (the Swift library's client) as bench-python.py
 measures them. Prints reads/s of each.
 """
-import argparse
 import importlib.util
 import os
 import subprocess
@@ -37,12 +36,7 @@ def c_reads(program, reads):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--reads", type=int, default=20000)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--bin", default=os.environ.get("KEYCHAIN_BIN") or os.path.join(HERE, "..", ".build", "debug"))
-    args = parser.parse_args()
-    os.environ["KEYCHAIN_BIN"] = os.path.abspath(args.bin)
+    args = bench_python.arguments()
     with tempfile.TemporaryDirectory(prefix="keychain-bench-c-") as out:
         subprocess.run(["make", "-s", "-C", os.path.join(HERE, "..", "bindings", "c"), f"O={out}", f"{out}/bench"], check=True)
         for run in range(1, args.runs + 1):
