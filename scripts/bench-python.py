@@ -61,13 +61,19 @@ def swift_reads(folder, reads):
     return int(done.stdout.split(" reads/s")[0].rsplit(" ", 1)[1]), done.stdout.strip()
 
 
-def main():
+def arguments():
+    """--reads, --runs and --bin (exported as KEYCHAIN_BIN for the daemons): this script's and bench-c.py's."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--reads", type=int, default=20000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--bin", default=os.environ.get("KEYCHAIN_BIN") or os.path.join(HERE, "..", ".build", "debug"))
     args = parser.parse_args()
     os.environ["KEYCHAIN_BIN"] = os.path.abspath(args.bin)
+    return args
+
+
+def main():
+    args = arguments()
     for run in range(1, args.runs + 1):
         blocking, cpu_us, in_loop = python_reads(args.reads)
         swift = swift_reads(os.environ["KEYCHAIN_BIN"], args.reads)

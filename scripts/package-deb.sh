@@ -2,7 +2,7 @@
 # Builds the Debian packages from this repository with dpkg-buildpackage (debian/: debhelper, dh_shlibdeps,
 # dh_strip, dh_installsystemd): keychain-linux (the commands, one executable, keychain-multicall, with a link named
 # after each; keychaind's units, sysusers and tmpfiles entries, the Secret Service activation, man pages, bash
-# completion), keychain-linux-bench and their -dbgsym packages.
+# completion), keychain-linux-bench, the C library (libkeychain1, libkeychain-dev) and their -dbgsym packages.
 # The executables link the Swift runtime statically (checked with ldd: nothing from a Swift toolchain).
 #
 #   scripts/package-deb.sh [--out DIR]
@@ -28,10 +28,10 @@ arch=$(dpkg --print-architecture)
 # version makes there are touched.
 parent=$(cd .. && pwd)
 names=()
-for p in keychain-linux keychain-linux-bench; do
+for p in keychain-linux keychain-linux-bench libkeychain1; do
   names+=("${p}_${version}_${arch}.deb" "${p}-dbgsym_${version}_${arch}.deb")
 done
-names+=("keychain-linux_${version}_${arch}.buildinfo" "keychain-linux_${version}_${arch}.changes")
+names+=("libkeychain-dev_${version}_${arch}.deb" "keychain-linux_${version}_${arch}.buildinfo" "keychain-linux_${version}_${arch}.changes")
 for n in "${names[@]}"; do rm -f "$parent/$n"; done
 # -b: binary packages only; -nc: no clean, so the Swift build stays (incremental), but its stamp goes, so that
 # debian/rules builds again; no signing.

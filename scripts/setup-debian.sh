@@ -18,9 +18,10 @@ packages=(
   gcr xvfb xdotool                                       # SystemPrompterTests: gcr-prompter under Xvfb, its dialog typed into
   systemd util-linux                                     # SystemPromptTests: systemd-tty-ask-password-agent answering the ask-password protocol (script, unshare)
   iproute2                                               # FrozenTPMTests: ss, what a stopped swtpm has not read yet
+  golang-docker-credential-helpers                       # bindings/python: docker-credential-keychain compared with the reference helpers
+  gcc make valgrind                                      # bindings/c: libkeychain and its test programs (plain make and cc; pkg-config above), memcheck
   python3-pytest python3-venv python3-setuptools python3-wheel python3-mypy git  # bindings/python: its pytest suite, a venv outside the checkout (pip install, offline), its type hints (mypy --strict), git's credential helper
   nodejs node-typescript                                 # the Node package (bindings/node): node --test, tsc's checks of index.d.ts and the seed's examples
-  golang-docker-credential-helpers                       # docker-credential-keychain's tests: the reference helper (docker-credential-secretservice) to compare with
 )
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -20,9 +20,17 @@ if (($# == 0)); then
 else echo "test.sh: a filter was given: the Python package's tests (bindings/python/tests) were not run"; fi
 # The Node package (bindings/node, issue 42 item 3; docs/node.md) against keychaind on private swtpms, with the binaries
 # just built (.build/debug): its calls, prompts and the golden bytes, the seed's examples extracted from its copies of shared/seeds
-# (bindings/node/test/seeds), its declarations under tsc, a program outside the checkout, docker-credential-keychain against Debian's
-# reference helper. About 40 s on the loaded machine; the whole run only.
+# (bindings/node/test/seeds), its declarations under tsc, a program outside the checkout. About 40 s on the loaded machine; the whole run only.
 if (($# == 0)); then bindings/node/test/run.sh; fi
+# The C library (bindings/c, issue 42 item 1), built with make into a temporary folder, against a keychaind of this
+# build on its own swtpm: its C test programs, the golden bytes, the exported symbols (abi.txt), a program built with
+# pkg-config after make install (about 40 s, most of it the Debian packages and lintian). The whole run only.
+if (($# == 0)); then
+  ctmp=$(mktemp -d /tmp/keychain-ctest-XXXXXX)
+  KEYCHAIN_BIN="$PWD/.build/debug" PYTHONDONTWRITEBYTECODE=1 timeout 300 /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+    --basetemp "$ctmp" bindings/c/tests || { rm -rf "$ctmp"; exit 1; }
+  rm -rf "$ctmp"
+else echo "test.sh: a filter was given: the C library's tests (bindings/c/tests) were not run"; fi
 # The daemon's suites under ThreadSanitizer (scripts/sanitize.sh; the full runs of both sanitizers and their figures are in
 # docs/security.md, "Sanitizers"): about 13 minutes on a loaded 2-core machine, most of it the instrumented build. The whole run only.
 if (($# == 0)); then timeout 1800 scripts/sanitize.sh thread --slice; fi

@@ -1,6 +1,6 @@
 """A program outside the checkout, with only what `pip install` put in a venv: a secret stored and read
 with an access control through keychaind, keyring's CLI finding the backend by its entry point, and
-git's helper on PATH."""
+git's and Docker's helpers on PATH."""
 import os
 import shutil
 import subprocess
@@ -62,3 +62,6 @@ def test_keyring_finds_the_backend_by_its_entry_point_and_git_finds_its_helper(v
     assert keyring("set", "outside.keyring", "dave", stdin="d4ve\n").returncode == 0
     assert keyring("get", "outside.keyring", "dave").stdout == b"d4ve\n"
     assert shutil.which("git-credential-keychain", path=env["PATH"]) == f"{venv}/venv/bin/git-credential-keychain"
+    # Docker finds its helper on PATH by the credsStore name: docker-credential-keychain.
+    version = subprocess.run(["docker-credential-keychain", "version"], env=env, capture_output=True, timeout=120)
+    assert (version.returncode, version.stdout) == (0, b"0.6.4\n"), version.stderr
