@@ -27,7 +27,7 @@ if (($# == 0)); then bindings/node/test/run.sh; fi
 # pkg-config after make install (about 40 s, most of it the Debian packages and lintian). The whole run only.
 if (($# == 0)); then
   ctmp=$(mktemp -d /tmp/keychain-ctest-XXXXXX)
-  KEYCHAIN_BIN="$PWD/.build/debug" PYTHONDONTWRITEBYTECODE=1 timeout 300 /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+  KEYCHAIN_BIN="$PWD/.build/debug" PYTHONDONTWRITEBYTECODE=1 timeout 900 /usr/bin/python3 -m pytest -q -p no:cacheprovider \
     --basetemp "$ctmp" bindings/c/tests || { rm -rf "$ctmp"; exit 1; }
   rm -rf "$ctmp"
 else echo "test.sh: a filter was given: the C library's tests (bindings/c/tests) were not run"; fi

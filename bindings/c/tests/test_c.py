@@ -155,8 +155,18 @@ def test_the_debian_packages_hold_the_library_and_its_development_files(tmp_path
     pkg.keychain-linux.clib (the C library alone, no Swift toolchain), in a copy: the checkout stays clean."""
     root = os.path.abspath(os.path.join(SOURCE, "..", ".."))
     source = tmp_path / "src"
-    for part in ("debian", "dist", "bindings/c"):
-        shutil.copytree(os.path.join(root, part), source / part, ignore=shutil.ignore_patterns("build", "__pycache__"))
+    parts = ("debian", "dist", "bindings/c")
+    # The files git tracks, so that what an earlier package build left in the checkout (debian/.debhelper, the
+    # packages' trees) is not copied; every file of those folders where the source is not a git checkout.
+    tracked = subprocess.run(["git", "-C", root, "ls-files", "-z", "--", *parts], capture_output=True)
+    if tracked.returncode == 0 and tracked.stdout:
+        for name in tracked.stdout.decode().split("\0"):
+            if name:
+                os.makedirs((source / name).parent, exist_ok=True)
+                shutil.copy2(os.path.join(root, name), source / name, follow_symlinks=False)
+    else:
+        for part in parts:
+            shutil.copytree(os.path.join(root, part), source / part, ignore=shutil.ignore_patterns("build", "__pycache__"))
     done = subprocess.run(["dpkg-buildpackage", "-b", "-us", "-uc", "--build-profiles=pkg.keychain-linux.clib"], cwd=source,
                           capture_output=True, timeout=600)
     assert done.returncode == 0, done.stdout.decode()[-3000:] + done.stderr.decode()[-3000:]
