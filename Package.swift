@@ -76,6 +76,10 @@ let package = Package(
         .target(name: "Keychain", dependencies: ["TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn", "COpenSSL",
                                                  "KeychainWire", "KeychainCLIText", "DBus", "KeychainBasics"]),
 
+        // keychaind's service over the engine: the socket server, the request handler, access groups, the limits
+        // on connections and each uid's turn, the log, and the systemd credentials socket. keychaind alone links it.
+        .target(name: "KeychainDaemon", dependencies: ["Keychain", "KeychainWire", "SecureMemory", "TPM2", "KeychainCLIText", "KeychainBasics", "CSystemd"]),
+
         .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2", "KeychainTestThreads"]),
         // C: the token tests' PKCS#11 module (see its product); p11-kit's pkcs11.h only, no C library of its own.
         .target(name: "KeychainTestRefusingToken", dependencies: ["CP11Kit"]),
@@ -94,7 +98,7 @@ let package = Package(
         .target(name: "KeychainctlFull", dependencies: ["Keychain", "TPM2", "SignInFlow", "KeychainCLIText", "KeychainWire", "DBus", "KeychainBasics"],
                 path: "Sources/keychainctl-full"),
         .target(name: "KeychainctlFront", dependencies: ["KeychainWire", "KeychainCLIText", "KeychainBasics"], path: "Sources/keychainctl"),
-        .target(name: "Keychaind", dependencies: ["Keychain", "KeychainCLIText", "CSystemd"], path: "Sources/keychaind"),
+        .target(name: "Keychaind", dependencies: ["KeychainDaemon", "Keychain", "KeychainCLIText", "CSystemd"], path: "Sources/keychaind"),
         .target(name: "SecretServiceCommand", dependencies: ["SecretService", "Keychain", "KeychainCLIText"],
                 path: "Sources/keychain-secret-service"),
         .executableTarget(name: "keychainctl-full", dependencies: ["KeychainctlFull"], path: "Sources/Executables/keychainctl-full"),
@@ -104,12 +108,13 @@ let package = Package(
         .executableTarget(name: "keychaind", dependencies: ["Keychaind"], path: "Sources/Executables/keychaind"),
         .executableTarget(name: "keychain-secret-service", dependencies: ["SecretServiceCommand"],
                           path: "Sources/Executables/keychain-secret-service"),
-        .executableTarget(name: "keychain-multicall", dependencies: ["KeychainctlFront", "KeychainctlFull", "Keychaind", "SecretServiceCommand"],
+        .executableTarget(name: "keychain-multicall", dependencies: ["KeychainctlFront", "KeychainctlFull", "Keychaind", "KeychainDaemon",
+                                                                        "SecretServiceCommand"],
                           path: "Sources/Executables/keychain-multicall"),
         .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport", "BiometricsVault"]),
         // The parsers at each trust boundary as libFuzzer targets: a real one only as scripts/fuzz.sh builds it
         // (-DFUZZING -sanitize=fuzzer,address); the default build makes a stub that says so.
-        .executableTarget(name: "keychain-fuzz", dependencies: ["Keychain", "Keychaind", "KeychainWire", "PKCS11", "SecretService",
+        .executableTarget(name: "keychain-fuzz", dependencies: ["Keychain", "KeychainDaemon", "Keychaind", "KeychainWire", "PKCS11", "SecretService",
                                                                 "SecureMemory", "KeychainCLIText", "DBus", "CSystemd"]),
         // The seed's BiometricsVault example as a command, one vault call per argument (the vault's kill tests run it).
         .executableTarget(name: "vault-example", dependencies: ["BiometricsVault", "Keychain", "KeychainCLIText"]),
@@ -128,7 +133,8 @@ let package = Package(
         .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "Keychain", "SecureMemory", "KeychainTestSupport",
                                                           "KeychainTestThreads"]),
         .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport", "KeychainWire",
-                                                     "KeychainClient", "KeychainTestThreads", "CTSSCrypto", "COpenSSL", "KeychainCLIText", "Keychaind"]),
+                                                     "KeychainClient", "KeychainTestThreads", "CTSSCrypto", "COpenSSL", "KeychainCLIText", "Keychaind",
+                                                     "KeychainDaemon"]),
     ],
     swiftLanguageModes: [.v6]
 )

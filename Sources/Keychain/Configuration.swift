@@ -59,8 +59,6 @@ public struct KeychainConfiguration: Sendable {
     public var daemonSocket: String?
     /// keychaind's engine only: the per-user quota its writes are checked against (nil in-process).
     package var userLimits: UserLimits?
-    /// keychaind only: the caller of this call (set per call by the daemon; nil in-process).
-    package var caller: DaemonCaller?
 
     /// A configuration that reaches the keychain through keychaind at `socket`.
     public static func daemon(socket: String, authenticator: (any Authenticator)? = SystemAuthenticator()) -> KeychainConfiguration {

@@ -273,7 +273,7 @@ actor Engine {
         /// every other member read without proving anything, so such reads ask each time.
         var windowAllowed = true
         /// keychaind's caller: its own reader failures and passcode budget (nil in-process).
-        var caller: DaemonCaller?
+        var caller: Caller?
 
         /// The read's authValidity window in seconds for an item of `tag` (0: ask at every read).
         func window(tag: String) -> Int { windowAllowed ? Engine.window(tag: tag, asked: authValidity) : 0 }

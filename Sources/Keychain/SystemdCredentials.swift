@@ -113,17 +113,4 @@ package enum SystemdCredentials {
             throw refuse("only printable ASCII other than : may be used")
         }
     }
-
-    /// The message for a caller who may not administer `manager`'s credentials.
-    static func refusal(_ peer: Peer, for manager: Manager) -> KeychainError {
-        switch manager {
-        case .system:
-            KeychainError(.accessDenied, "Only root or a member of the access group '\(AccessGroups.adminGroup)' may store, read, list "
-                          + "or remove systemd credentials; uid \(peer.uid) is neither")
-        case .user(let uid):
-            KeychainError(.accessDenied, "Only uid \(uid), root or a member of the access group '\(AccessGroups.adminGroup)' may store, "
-                          + "read, list or remove the systemd credentials of uid \(uid)'s user units; uid \(peer.uid) is none of them "
-                          + "(your own user units' are `keychainctl credential … --user`)")
-        }
-    }
 }
