@@ -3,6 +3,7 @@ import KeychainWire
 import Synchronization
 /// `SecureBytes` is part of the API (passcodes, values): `import Keychain` brings it.
 @_exported import SecureMemory
+@_exported import KeychainCore
 
 /// A storage: one service and its defaults for every call, over the TPM-backed store (seed: `createKeychain`).
 ///

@@ -1,3 +1,4 @@
+import KeychainCore
 import KeychainWire
 
 /// Whose items a storage reaches: the part of an item's name that a caller never spells.

@@ -1,3 +1,5 @@
+import KeychainCore
+import KeychainBasics
 import KeychainStore
 
 /// The items keychaind hands to systemd units (`LoadCredential=ID:/run/keychain/credentials.sock`,

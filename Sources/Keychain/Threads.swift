@@ -1,3 +1,4 @@
+import KeychainCore
 import Dispatch
 import Glibc
 import Synchronization
