@@ -216,9 +216,10 @@ package struct LocalService: KeychainService {
         (self.engine, self.configuration, refusal) = (engine, configuration, nil)
     }
 
-    /// A server's (keychaind's): the store's engine, which the server holds for its life.
-    package init(server configuration: KeychainConfiguration) {
-        self.init(engine: Engine.shared(for: configuration).engine, configuration: configuration)
+    /// A server's (keychaind's): the store's engine, which the server holds for its life, its writes
+    /// checked against `quota` in each of the server's scopes.
+    package init(server configuration: KeychainConfiguration, quota: UserLimits) {
+        self.init(engine: Engine.shared(for: configuration, quota: quota).engine, configuration: configuration)
     }
 
     /// The engine's thread, for a server's connection thread to run the engine's jobs on while it

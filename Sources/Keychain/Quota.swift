@@ -55,7 +55,7 @@ extension KeychainError.Code {
 
 extension Engine {
     /// Refuses a write that would take the service's namespace past the daemon's quota
-    /// (`configuration.userLimits`); a write that leaves the namespace no larger (a smaller value over
+    /// (`quota`); a write that leaves the namespace no larger (a smaller value over
     /// a larger one, after the quota was lowered) is let through.
     ///
     /// - Parameters:
@@ -64,7 +64,7 @@ extension Engine {
     ///   - existing: the item the write replaces.
     func checkQuota(service: String, key: String, usage: StoreUsage, existing: ItemRecord?, newItemBytes: Int,
                     newKeyBytes: Int) throws(KeychainError) {
-        guard let limits = configuration.userLimits, let scope = quotaScope(of: service) else { return }
+        guard let limits = quota, let scope = quotaScope(of: service) else { return }
         let items = usage.items + (existing == nil ? 1 : 0)
         let bytes = usage.bytes - (existing.map(StoreUsage.bytes(of:)) ?? 0) + newItemBytes + newKeyBytes
         let grows = items > usage.items || bytes > usage.bytes
@@ -95,7 +95,7 @@ extension Engine {
     /// - Returns: the measure, for the write's transaction; nil when no quota applies.
     func checkQuotaBeforeSealing(_ value: SecureBytes, service: String, key: String, label: String?,
                                  store: Store) throws(KeychainError) -> QuotaMeasure? {
-        guard configuration.userLimits != nil, let scope = quotaScope(of: service) else { return nil }
+        guard quota != nil, let scope = quotaScope(of: service) else { return nil }
         // The version first: a commit between it and the scan makes the transaction measure again.
         let (version, usage, existing) = try read {
             (try store.dataVersion(), try store.usage(servicePrefix: scope.storePrefix), try store.item(service: service, key: key))

@@ -26,7 +26,7 @@ package final class DaemonServer: Sendable {
         package var stallTimeout = 10
         /// Seconds a prompt waits for the client's authenticator (a person answers it).
         package var promptTimeout = 300
-        /// Each user's quota (UserLimits.swift).
+        /// Each user's quota (Keychain/Quota.swift).
         package var user = UserLimits()
         package init() {}
 
@@ -91,7 +91,7 @@ package final class DaemonServer: Sendable {
     let limits: Limits
     /// Every socket's accept loop, limits and slots (keychaind's credentials socket is one more door of it).
     package let connections: ConnectionServer
-    /// One call of each uid in the engine at a time (UserLimits.swift).
+    /// One call of each uid in the engine at a time (FairShare.swift).
     private let fairShare = FairShare()
 
     /// - Parameter configuration: the daemon's store, TPM and reader; its authenticator is ignored
@@ -99,9 +99,8 @@ package final class DaemonServer: Sendable {
     package init(configuration: KeychainConfiguration, groups: AccessGroups, limits: Limits = .init()) {
         var configuration = configuration
         configuration.authenticator = nil
-        configuration.userLimits = limits.user
         self.configuration = configuration
-        service = LocalService(server: configuration)
+        service = LocalService(server: configuration, quota: limits.user)
         handler = DaemonRequestHandler(service: service, groups: groups)
         self.limits = limits
         connections = ConnectionServer(limits: limits)
