@@ -3,9 +3,9 @@ import KeychainStore
 import SecureMemory
 import KeychainCLIText
 
-/// keychaind's limits on each user, so that one uid cannot take what the others need: the store's
-/// space (a quota of items and bytes) and the engine's time (one call in the engine at a time).
-/// docs/daemon.md, "Per-user limits".
+/// The engine's quota on each namespace of a server's scopes (keychaind's uids, access groups and
+/// credentials), so that one uid cannot take the store's space the others need (a quota of items and
+/// bytes; the engine's time is the daemon's `FairShare`). docs/daemon.md, "Per-user limits".
 package struct UserLimits: Sendable, Equatable {
     /// Items one namespace (a uid's own items, or one access group's) may hold.
     package var quotaItems = 4096
