@@ -1,3 +1,5 @@
+import KeychainCore
+
 /// The answer of `canUseAccessControl` (seed: `{ available, reason }`).
 public struct AccessControlCheck: Sendable, Hashable, Codable {
     public enum Reason: String, Sendable, Hashable, Codable {

@@ -1,3 +1,5 @@
+import KeychainCore
+
 /// The application's identifier on Linux, the seed's default service ("the bundle identifier / the
 /// application id"). Linux has no bundle identifier; what it has, in this order:
 /// 1. `KEYCHAIN_APP_ID`, when set and not empty: the same for an app's daemon, its CLI and its tests;

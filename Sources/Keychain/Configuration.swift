@@ -1,3 +1,4 @@
+import KeychainCore
 import FoundationEssentials
 import SecureMemory
 import KeychainWire
@@ -57,10 +58,6 @@ public struct KeychainConfiguration: Sendable {
     /// owns the store and the TPM; the store, TPM and reader settings here are then unused. The same
     /// API, codes and messages; prompts still come to this configuration's `authenticator`.
     public var daemonSocket: String?
-    /// keychaind's engine only: the per-user quota its writes are checked against (nil in-process).
-    package var userLimits: UserLimits?
-    /// keychaind only: the caller of this call (set per call by the daemon; nil in-process).
-    package var caller: DaemonCaller?
 
     /// A configuration that reaches the keychain through keychaind at `socket`.
     public static func daemon(socket: String, authenticator: (any Authenticator)? = SystemAuthenticator()) -> KeychainConfiguration {

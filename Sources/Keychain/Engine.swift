@@ -1,3 +1,5 @@
+import KeychainCore
+import KeychainBasics
 import Glibc
 import FoundationEssentials
 import KeychainStore
@@ -14,6 +16,9 @@ actor Engine {
     nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
 
     let configuration: KeychainConfiguration
+    /// The quota of each namespace of a server's scopes (a uid's, an access group's, a manager's
+    /// credentials) that this engine's writes are checked against (Quota.swift); nil in-process.
+    let quota: UserLimits?
     var openedStore: Store?
     /// Whether this engine's first TPM operation looked for an interrupted passcode change.
     var checkedPasscodeChange = false
@@ -76,8 +81,9 @@ actor Engine {
     /// took: a later operation of the same call counts them as the TPM's answers, not as a wait.
     var callTPMTime: (call: ContinuousClock.Instant, spent: Duration)?
 
-    private init(configuration: KeychainConfiguration) {
+    private init(configuration: KeychainConfiguration, quota: UserLimits?) {
         self.configuration = configuration
+        self.quota = quota
         self.executor = SerialThreadExecutor(name: "keychain.engine")
     }
 
@@ -101,12 +107,13 @@ actor Engine {
     /// The engine of a store directory in this process (made on first use; touches nothing yet), and
     /// the refusal of a configuration whose engine-wide settings differ from the engine's: one store
     /// has one TPM, owner authorization, PCR selection, passcode limit and timeout in a process.
-    static func shared(for configuration: KeychainConfiguration) -> (engine: Engine, refusal: KeychainError?) {
+    /// - Parameter quota: a new engine's (`quota`); an engine already made keeps its own.
+    static func shared(for configuration: KeychainConfiguration, quota: UserLimits? = nil) -> (engine: Engine, refusal: KeychainError?) {
         let key = URL(fileURLWithPath: configuration.storeDirectory).standardizedFileURL.path
         return engines.withLock { engines in
             if let engine = engines[key]?.engine { return (engine, engine.configuration.refusal(sharing: configuration)) }
             engines = engines.filter { $0.value.engine != nil }
-            let engine = Engine(configuration: configuration)
+            let engine = Engine(configuration: configuration, quota: quota)
             engines[key] = Weak(engine)
             return (engine, nil)
         }
@@ -208,7 +215,7 @@ actor Engine {
         try writeStore(store) { tx in
             // keychaind's quota: what the caller's namespace holds before this write, as measured before
             // the TPM work unless something was committed since (then measured again).
-            let scope = configuration.userLimits == nil ? nil : quotaScope(of: service)
+            let scope = quota == nil ? nil : quotaScope(of: service)
             let usage = try scope.map { scope in
                 if let measured, try store.dataVersion() == measured.dataVersion { return measured.usage }
                 return try tx.usage(servicePrefix: scope.storePrefix)
@@ -273,7 +280,7 @@ actor Engine {
         /// every other member read without proving anything, so such reads ask each time.
         var windowAllowed = true
         /// keychaind's caller: its own reader failures and passcode budget (nil in-process).
-        var caller: DaemonCaller?
+        var caller: Caller?
 
         /// The read's authValidity window in seconds for an item of `tag` (0: ask at every read).
         func window(tag: String) -> Int { windowAllowed ? Engine.window(tag: tag, asked: authValidity) : 0 }

@@ -1,3 +1,4 @@
+import KeychainCore
 import KeychainStore
 import TPM2
 

@@ -3,6 +3,7 @@ import KeychainWire
 import Synchronization
 /// `SecureBytes` is part of the API (passcodes, values): `import Keychain` brings it.
 @_exported import SecureMemory
+@_exported import KeychainCore
 
 /// A storage: one service and its defaults for every call, over the TPM-backed store (seed: `createKeychain`).
 ///
@@ -351,7 +352,7 @@ public struct KeychainDevice: Sendable {
     /// through keychaind, the daemon's (root or `admin` only).
     public func dropCaches() async { await backing.dropCaches() }
 
-    static func checkPasscode(_ passcode: SecureBytes) throws(KeychainError) {
+    package static func checkPasscode(_ passcode: SecureBytes) throws(KeychainError) {
         // The PIN index's authValue holds at most one SHA-256 digest: 32 bytes.
         guard (4...32).contains(passcode.count) else {
             throw KeychainError.invalidArgument("Invalid passcode: expected 4 to 32 bytes, got \(passcode.count)")
@@ -361,5 +362,5 @@ public struct KeychainDevice: Sendable {
 
 extension SecureBytes {
     /// The bytes for a request field (the message is wiped once sent).
-    var wireBytes: [UInt8] { withUnsafeBytes { Array($0) } }
+    package var wireBytes: [UInt8] { withUnsafeBytes { Array($0) } }
 }

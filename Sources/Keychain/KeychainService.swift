@@ -1,3 +1,4 @@
+import KeychainCore
 import KeychainWire
 
 /// Whose items a storage reaches: the part of an item's name that a caller never spells.
@@ -161,12 +162,13 @@ package protocol KeychainService: Sendable {
     /// Imports a bundle sealed to this device into `scope` (keychaind: the caller's uid, whatever the
     /// scope passed), or into the system manager's credentials for a bundle made `--credential`.
     func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes?, in scope: ItemScope) async throws(KeychainError) -> ImportOutcome
-    /// The same service for one of keychaind's callers: its failures count against its own budgets.
-    func serving(_ caller: DaemonCaller) -> any KeychainService
+    /// The same service for one caller of a service that serves many users (keychaind's): its failures
+    /// count against its own budgets.
+    func serving(_ caller: Caller) -> any KeychainService
 }
 
 extension KeychainService {
-    package func serving(_ caller: DaemonCaller) -> any KeychainService { self }
+    package func serving(_ caller: Caller) -> any KeychainService { self }
 
     /// One `getItem` after another.
     package func getItems(_ keys: [String], in storage: StorageRef,
@@ -201,6 +203,8 @@ package struct LocalService: KeychainService {
     let configuration: KeychainConfiguration
     /// Why this configuration cannot use the store's engine; thrown by every call that can throw.
     let refusal: KeychainError?
+    /// Whose call this is (`serving`): its own reader failures and passcode budget; nil in-process.
+    var caller: Caller?
 
     init(configuration: KeychainConfiguration) {
         let shared = Engine.shared(for: configuration)
@@ -212,10 +216,26 @@ package struct LocalService: KeychainService {
         (self.engine, self.configuration, refusal) = (engine, configuration, nil)
     }
 
-    package func serving(_ caller: DaemonCaller) -> any KeychainService {
-        var configuration = configuration
-        configuration.caller = caller
-        return LocalService(engine: engine, configuration: configuration)
+    /// A server's (keychaind's): the store's engine, which the server holds for its life, its writes
+    /// checked against `quota` in each of the server's scopes.
+    package init(server configuration: KeychainConfiguration, quota: UserLimits) {
+        self.init(engine: Engine.shared(for: configuration, quota: quota).engine, configuration: configuration)
+    }
+
+    /// The engine's thread, for a server's connection thread to run the engine's jobs on while it
+    /// waits for its call (`SerialThreadExecutor.drive`).
+    package var executor: SerialThreadExecutor { engine.executor }
+
+    /// What the first call after a TPM reset would begin with, done before a server says it is ready
+    /// (`Engine.unlockWithoutPasscodeAtStart`). - Returns: whether it unlocked.
+    package func unlockWithoutPasscodeAtStart() async throws(KeychainError) -> Bool {
+        try await engine.unlockWithoutPasscodeAtStart()
+    }
+
+    package func serving(_ caller: Caller) -> any KeychainService {
+        var service = LocalService(engine: engine, configuration: configuration)
+        service.caller = caller
+        return service
     }
 
     private func checked() throws(KeychainError) -> Engine {
@@ -265,7 +285,7 @@ package struct LocalService: KeychainService {
     private func readContext(_ storage: StorageRef, prompt: Prompt, _ authenticator: (any Authenticator)?) -> Engine.ReadContext {
         Engine.ReadContext(prompt: prompt, authValidity: storage.options.authValidity, authenticator: authenticator,
                            readerDirectory: configuration.readerDirectory, pkcs11URI: configuration.pkcs11URI,
-                           windowAllowed: !storage.scope.isGroup, caller: configuration.caller)
+                           windowAllowed: !storage.scope.isGroup, caller: caller)
     }
 
     package func hasItem(_ key: String, in storage: StorageRef) async throws(KeychainError) -> Bool {
@@ -343,7 +363,7 @@ package struct LocalService: KeychainService {
         return try await checked().tokenStatus(uri: uri)
     }
     package func unlock(passcode: SecureBytes?) async throws(KeychainError) {
-        try await checked().unlock(passcode: passcode, readerDirectory: configuration.readerDirectory, caller: configuration.caller)
+        try await checked().unlock(passcode: passcode, readerDirectory: configuration.readerDirectory, caller: caller)
     }
     package func lock() async throws(KeychainError) { try await checked().lock() }
     package func setPasscode(old: SecureBytes?, new: SecureBytes?) async throws(KeychainError) {

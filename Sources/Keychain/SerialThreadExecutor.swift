@@ -1,3 +1,4 @@
+import KeychainCore
 import Glibc
 import FoundationEssentials
 import Synchronization

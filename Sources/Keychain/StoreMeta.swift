@@ -1,3 +1,4 @@
+import KeychainCore
 import KeychainCLIText
 /// Every name this library keeps in the store's meta table, in one place (KeychainStore keeps its
 /// own, `Store.identityMeta`).

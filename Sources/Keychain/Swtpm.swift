@@ -1,3 +1,4 @@
+import KeychainCore
 import Glibc
 internal import CSpawn
 import TPM2

@@ -1,3 +1,4 @@
+import KeychainCore
 import Dispatch
 import Glibc
 import Synchronization
@@ -57,11 +58,11 @@ package enum DetachedThread {
 
 /// A pthread mutex and its condition variable, used as Foundation's `NSCondition` was: `lock`,
 /// `wait` while a state is not reached, `signal` after changing it, `unlock`.
-final class Condition: @unchecked Sendable {
+package final class Condition: @unchecked Sendable {
     private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
     private let variable = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
 
-    init() {
+    package init() {
         pthread_mutex_init(mutex, nil)
         pthread_cond_init(variable, nil)
     }
@@ -73,9 +74,9 @@ final class Condition: @unchecked Sendable {
         mutex.deallocate()
     }
 
-    func lock() { pthread_mutex_lock(mutex) }
-    func unlock() { pthread_mutex_unlock(mutex) }
+    package func lock() { pthread_mutex_lock(mutex) }
+    package func unlock() { pthread_mutex_unlock(mutex) }
     /// Unlocks, sleeps until signaled, locks again; the caller checks its state again (wake-ups may be spurious).
-    func wait() { pthread_cond_wait(variable, mutex) }
-    func signal() { pthread_cond_signal(variable) }
+    package func wait() { pthread_cond_wait(variable, mutex) }
+    package func signal() { pthread_cond_signal(variable) }
 }

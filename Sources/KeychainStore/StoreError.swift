@@ -1,3 +1,4 @@
+import KeychainBasics
 /// A failure of the store, with enough detail for a person to act on it.
 public struct StoreError: Error, Sendable, CustomStringConvertible {
     public enum Kind: String, Sendable, Equatable {

@@ -1,3 +1,4 @@
+import KeychainBasics
 /// The changes of one `Store.write` body. Valid only inside that body and on
 /// its thread; using it afterwards throws instead of touching the database.
 public final class Transaction {

@@ -12,6 +12,7 @@ import Glibc
 import KeychainCLIText
 @testable import Keychain
 @testable import Keychaind
+@testable import KeychainDaemon
 import KeychainWire
 import PKCS11
 @testable import SecretService

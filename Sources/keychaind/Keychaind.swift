@@ -1,6 +1,7 @@
 import Glibc
 import FoundationEssentials
 import Keychain
+import KeychainDaemon
 import KeychainCLIText
 
 /// keychaind: serves the keychain API on a Unix socket (docs/daemon.md).

@@ -3,6 +3,7 @@ import KeychainTestThreads
 import Synchronization
 import Testing
 @testable import KeychainStore
+import KeychainBasics
 
 @Suite struct StoreOpeningTests {
     @Test func aNewStoreGetsAPrivateDirectoryAPrivateDatabaseAndSchemaVersionOne() throws {

@@ -1,4 +1,4 @@
-@testable import Keychaind
+@testable import KeychainDaemon
 import Keychain
 import Testing
 

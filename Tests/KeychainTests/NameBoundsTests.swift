@@ -1,5 +1,6 @@
 import Foundation
 @testable import Keychain
+import KeychainBasics
 import KeychainTestSupport
 import KeychainTestThreads
 import SecureMemory

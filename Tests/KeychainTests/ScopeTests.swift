@@ -1,5 +1,6 @@
 import Foundation
 @testable import Keychain
+@testable import KeychainDaemon
 import KeychainTestSupport
 import KeychainTestThreads
 import KeychainWire

@@ -6,6 +6,7 @@ import SecureMemory
 import Synchronization
 import Testing
 @testable import Keychain
+@testable import KeychainDaemon
 
 /// keychaind's bytes pinned: each operation's request as the library's client sends it, the prompt
 /// keychaind asks with and each answer a client gives, byte for byte as the protocol's second

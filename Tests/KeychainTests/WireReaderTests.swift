@@ -3,6 +3,7 @@ import KeychainWire
 import Synchronization
 import Testing
 @testable import Keychain
+@testable import KeychainDaemon
 
 /// Frames on one connection (`WireReader`): taken whole in one `recv` when they arrived together,
 /// put together when they arrive in pieces, returned in order; and the library's rule for a kept

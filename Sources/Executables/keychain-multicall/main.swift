@@ -1,6 +1,7 @@
 import Glibc
 import KeychainCLIText
 import Keychaind
+import KeychainDaemon
 import KeychainctlFront
 import KeychainctlFull
 import SecretServiceCommand

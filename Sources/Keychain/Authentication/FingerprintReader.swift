@@ -1,3 +1,4 @@
+import KeychainCore
 import Glibc
 import FoundationEssentials
 import KeychainStore
@@ -34,7 +35,7 @@ final class FingerprintReader {
         var enrollmentSet: [UInt8]
         /// The failures of the in-process caller (the store's owner).
         var failures: Int = 0
-        /// keychaind's callers' failures, by account (`DaemonCaller.readerAccount`); absent in older files.
+        /// keychaind's callers' failures, by account (`Caller.readerAccount`); absent in older files.
         var accountFailures: [String: Int]? = nil
         /// How many enrollment changes this reader has had, which a bound store records after each
         /// (`Engine.checkedReader`): a copy of this file put back is behind it. Absent in older files.

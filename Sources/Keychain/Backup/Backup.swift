@@ -1,3 +1,5 @@
+import KeychainCore
+import KeychainBasics
 import Glibc
 import FoundationEssentials
 import KeychainStore

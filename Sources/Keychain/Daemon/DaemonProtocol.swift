@@ -1,3 +1,4 @@
+import KeychainCore
 import FoundationEssentials
 import KeychainWire
 import SecureMemory
@@ -8,32 +9,32 @@ import SecureMemory
 
 extension KeychainError {
     /// A request the daemon cannot read: the client and the daemon disagree on the protocol.
-    init(wire error: WireError) {
+    package init(wire error: WireError) {
         self.init(.invalidArgument, "The keychain service could not read the request: \(error.detail)")
     }
 
-    var wireMessage: WireMessage {
+    package var wireMessage: WireMessage {
         WireErrorReply(code: code.rawValue, message: message, cause: underlying.map(WireCause.init)).wireMessage
     }
 
-    init(decoding message: WireMessage) throws(WireError) {
+    package init(decoding message: WireMessage) throws(WireError) {
         self.init(try WireErrorReply(decoding: message))
     }
 
-    init(_ reply: WireErrorReply) {
+    package init(_ reply: WireErrorReply) {
         self.init(Code(rawValue: reply.code), reply.message, underlying: reply.cause.map(Cause.init))
     }
 }
 
 extension AuthenticationRequest {
     /// keychaind's prompt as the client's authenticator is asked it.
-    init(wire question: WirePromptQuestion) throws(WireError) {
+    package init(wire question: WirePromptQuestion) throws(WireError) {
         self.init(prompt: Prompt(wire: question.texts), methods: try WireJSON.decode([AuthenticationMethod].self, question.methods) ?? [],
                   service: question.service, key: question.key, attempt: question.attempt, previousFailure: question.previousFailure)
     }
 
     /// The prompt keychaind sends the client.
-    var wire: WirePromptQuestion {
+    package var wire: WirePromptQuestion {
         WirePromptQuestion(texts: prompt.wire, methods: WireJSON.encode(methods), service: service, key: key, attempt: attempt,
                            previousFailure: previousFailure)
     }
@@ -41,7 +42,7 @@ extension AuthenticationRequest {
 
 extension WirePromptAnswer {
     /// The answer the client sends (the passcode's bytes go into the message, which the sender wipes).
-    init(_ answer: AuthenticationAnswer) {
+    package init(_ answer: AuthenticationAnswer) {
         switch answer {
         case .finger(let name): self = .finger(name)
         case .passcode(let pin): self = .passcode(pin.withUnsafeBytes { Array($0) })
@@ -55,7 +56,7 @@ extension WirePromptAnswer {
 
 extension AuthenticationAnswer {
     /// The answer the client sent.
-    init(wire answer: WirePromptAnswer) {
+    package init(wire answer: WirePromptAnswer) {
         switch answer {
         case .finger(let name): self = .finger(name)
         case .passcode(let bytes): self = .passcode(SecureBytes(copying: bytes))
@@ -67,38 +68,14 @@ extension AuthenticationAnswer {
     }
 }
 
-extension WireCause {
-    init(_ cause: KeychainError.Cause) {
-        switch cause {
-        case .tpm(let code, let name): self = .tpm(code: code, name: name)
-        case .sqlite(let code, let message): self = .sqlite(code: code, message: message)
-        case .errno(let value): self = .errno(value)
-        case .pkcs11(let code, let name): self = .pkcs11(code: UInt64(code), name: name)
-        case .other(let text): self = .other(text)
-        }
-    }
-}
-
-extension KeychainError.Cause {
-    init(_ cause: WireCause) {
-        switch cause {
-        case .tpm(let code, let name): self = .tpm(code: code, name: name)
-        case .sqlite(let code, let message): self = .sqlite(code: code, message: message)
-        case .errno(let value): self = .errno(value)
-        case .pkcs11(let code, let name): self = .pkcs11(code: UInt(truncatingIfNeeded: code), name: name)
-        case .other(let text): self = .other(text)
-        }
-    }
-}
-
 /// JSON for the structured results (keys, item info, statuses) and a prompt's methods; options and
 /// prompt texts travel as fields (`KeychainOptions.wire`, `Prompt.wire`).
-enum WireJSON {
-    static func encode<T: Encodable>(_ value: T) -> [UInt8] {
+package enum WireJSON {
+    package static func encode<T: Encodable>(_ value: T) -> [UInt8] {
         // Encoding these plain value types cannot fail.
         (try? Array(JSONEncoder().encode(value))) ?? []
     }
-    static func decode<T: Decodable>(_ type: T.Type, _ bytes: [UInt8]?) throws(WireError) -> T? {
+    package static func decode<T: Decodable>(_ type: T.Type, _ bytes: [UInt8]?) throws(WireError) -> T? {
         guard let bytes else { return nil }
         do { return try JSONDecoder().decode(type, from: Data(bytes)) } catch {
             throw WireError(.malformed, "a \(T.self) field does not decode: \(error)")
@@ -115,14 +92,14 @@ private func parsed<T: RawRepresentable>(_ raw: String?, _: T.Type) throws(WireE
 
 extension KeychainOptions {
     /// Every field as keychaind's requests carry it (`service` resolved by the caller).
-    var wire: WireStorageOptions {
+    package var wire: WireStorageOptions {
         WireStorageOptions(service: service, accessible: accessible.rawValue, accessControl: accessControl.rawValue,
                            authValidity: authValidity, synchronizable: synchronizable, accessGroup: accessGroup, prompt: prompt?.wire,
                            keyStorage: android.keyStorage.rawValue)
     }
 
     /// The options a request carries, an absent field the default; not validated (`StorageRef` does).
-    init(wire fields: WireStorageOptions) throws(WireError) {
+    package init(wire fields: WireStorageOptions) throws(WireError) {
         let defaults = KeychainOptions()
         self.init(service: fields.service, accessible: try parsed(fields.accessible, Accessible.self) ?? defaults.accessible,
                   accessControl: try parsed(fields.accessControl, AccessControl.self) ?? defaults.accessControl,
@@ -134,22 +111,22 @@ extension KeychainOptions {
 }
 
 extension Prompt {
-    var wire: WirePrompt { WirePrompt(title: title, subtitle: subtitle, description: description, cancel: cancel) }
-    init(wire fields: WirePrompt) {
+    package var wire: WirePrompt { WirePrompt(title: title, subtitle: subtitle, description: description, cancel: cancel) }
+    package init(wire fields: WirePrompt) {
         self.init(title: fields.title, subtitle: fields.subtitle, description: fields.description, cancel: fields.cancel)
     }
 }
 
 extension SetItemOptions {
-    var wire: WireSetOptions {
+    package var wire: WireSetOptions {
         WireSetOptions(accessible: accessible?.rawValue, accessControl: accessControl?.rawValue, authValidity: authValidity,
                        label: label, synchronizable: synchronizable)
     }
 
-    func add(to message: inout WireMessage) { wire.add(to: &message) }
+    package func add(to message: inout WireMessage) { wire.add(to: &message) }
 
     /// nil when the request carried none of its fields.
-    init?(wire message: WireMessage) throws(WireError) {
+    package init?(wire message: WireMessage) throws(WireError) {
         guard let fields = try WireSetOptions(wire: message) else { return nil }
         self.init(accessible: try parsed(fields.accessible, Accessible.self),
                   accessControlOverride: try parsed(fields.accessControl, AccessControl.self),

@@ -1,3 +1,4 @@
+import KeychainCore
 import FoundationEssentials
 import KeychainStore
 import SecureMemory

@@ -1,3 +1,4 @@
+import KeychainCore
 import SecureMemory
 import TPM2
 

@@ -1,3 +1,4 @@
+import KeychainCore
 import KeychainStore
 import PKCS11
 import SecureMemory
@@ -8,7 +9,7 @@ extension Engine {
     /// Unlocks; a passcode that the TPM accepted also ends a fingerprint-reader lockout (through
     /// keychaind, the caller's: each uid's failures are its own). A caller through keychaind spends
     /// its own budget of wrong passcodes (`PasscodeBudget`).
-    func unlock(passcode: SecureBytes?, readerDirectory: String? = nil, caller: DaemonCaller? = nil) throws(KeychainError) {
+    func unlock(passcode: SecureBytes?, readerDirectory: String? = nil, caller: Caller? = nil) throws(KeychainError) {
         let generation = try lockGeneration(try store())
         try spendingPasscodeBudget(of: caller) { () throws(KeychainError) in
             try countingWrongPasscodes { () throws(KeychainError) in

@@ -1,3 +1,4 @@
+import KeychainCore
 import KeychainStore
 import SecureMemory
 import TPM2

@@ -1,3 +1,4 @@
+import KeychainCore
 import KeychainStore
 import PKCS11
 import SecureMemory

@@ -1,3 +1,4 @@
+import KeychainCore
 internal import COpenSSL
 import SecureMemory
 import TPM2

@@ -1,3 +1,4 @@
+import KeychainCore
 internal import DBus
 import FoundationEssentials
 import Dispatch

@@ -39,7 +39,7 @@ extension UInt8 {
 ///   prompt at a unit's start, so an item behind an access control is refused).
 /// - Parameter relay: keychain-journal-relay's socket, when keychaind was given one: each refusal of a
 ///   request's unit is also told to the unit's own journal.
-func credentialsDoor(service: any KeychainService, stallTimeout: Int, relay: JournalRelayClient?) -> ConnectionServer.Door {
+package func credentialsDoor(service: any KeychainService, stallTimeout: Int, relay: JournalRelayClient?) -> ConnectionServer.Door {
     .init(name: "credentials socket", serve: { fd, peer in
         answerCredential(fd, peer: peer, service: service, stallTimeout: stallTimeout, relay: relay)
     }, refuse: { fd, _ in

@@ -1,3 +1,4 @@
+import Keychain
 import Glibc
 import KeychainWire
 import SecureMemory
@@ -25,7 +26,7 @@ package final class DaemonServer: Sendable {
         package var stallTimeout = 10
         /// Seconds a prompt waits for the client's authenticator (a person answers it).
         package var promptTimeout = 300
-        /// Each user's quota (UserLimits.swift).
+        /// Each user's quota (Keychain/Quota.swift).
         package var user = UserLimits()
         package init() {}
 
@@ -84,13 +85,13 @@ package final class DaemonServer: Sendable {
 
     let configuration: KeychainConfiguration
     /// Holds the store's engine (its thread, database and the keys it opened) for the daemon's life.
-    private let engine: Engine
+    private let service: LocalService
     /// Each request as a call of the engine, in the caller's scope.
     package let handler: DaemonRequestHandler
     let limits: Limits
     /// Every socket's accept loop, limits and slots (keychaind's credentials socket is one more door of it).
     package let connections: ConnectionServer
-    /// One call of each uid in the engine at a time (UserLimits.swift).
+    /// One call of each uid in the engine at a time (FairShare.swift).
     private let fairShare = FairShare()
 
     /// - Parameter configuration: the daemon's store, TPM and reader; its authenticator is ignored
@@ -98,23 +99,22 @@ package final class DaemonServer: Sendable {
     package init(configuration: KeychainConfiguration, groups: AccessGroups, limits: Limits = .init()) {
         var configuration = configuration
         configuration.authenticator = nil
-        configuration.userLimits = limits.user
         self.configuration = configuration
-        engine = Engine.shared(for: configuration).engine
-        handler = DaemonRequestHandler(service: LocalService(engine: engine, configuration: configuration), groups: groups)
+        service = LocalService(server: configuration, quota: limits.user)
+        handler = DaemonRequestHandler(service: service, groups: groups)
         self.limits = limits
         connections = ConnectionServer(limits: limits)
     }
 
     /// What the first request after a TPM reset would begin with, made before keychaind says it is ready
-    /// (`Engine.unlockWithoutPasscodeAtStart`): a credential asked for at boot then finds it done. The
+    /// (`LocalService.unlockWithoutPasscodeAtStart`): a credential asked for at boot then finds it done. The
     /// line to log: what was done, or what failed (never fatal: the first request meets it again and
     /// answers with it); nil when there was nothing to do.
     package func prepareForFirstRequest() async -> String? {
-        let engine = engine
+        let service = service
         return await TPMContext.pausingCrashPoints { () async -> String? in
             do throws(KeychainError) {
-                return try await engine.unlockWithoutPasscodeAtStart()
+                return try await service.unlockWithoutPasscodeAtStart()
                     ? "keychaind: the device has no passcode and the TPM had it locked (a TPM reset): unlocked it" : nil
             } catch {
                 return "keychaind: preparing for the first request failed (\(error.code.rawValue): \(error.message)); each request meets it again"
@@ -175,9 +175,9 @@ package final class DaemonServer: Sendable {
         fairShare.enter(peer.uid)
         defer { fairShare.leave(peer.uid) }
         /// Runs `start` and the engine's jobs on this thread until this call has its own work back.
-        func drive(_ start: () -> Void) { engine.executor.drive(start, madeAt: madeAt, until: mailbox.hasEvent) }
+        func drive(_ start: () -> Void) { service.executor.drive(start, madeAt: madeAt, until: mailbox.hasEvent) }
         drive {
-            Task(executorPreference: engine.executor) { [self] in
+            Task(executorPreference: service.executor) { [self] in
                 mailbox.post(.done(await handle(request, peer: peer, connection: connection, mailbox: mailbox)))
             }
         }

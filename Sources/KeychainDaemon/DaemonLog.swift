@@ -1,3 +1,4 @@
+import Keychain
 import FoundationEssentials
 import Glibc
 import Synchronization

@@ -1,3 +1,4 @@
+import Keychain
 import Glibc
 import Synchronization
 

@@ -80,11 +80,11 @@ struct RelayDrop: Error, Equatable {
 
 /// keychaind's side: one datagram per refusal, never waiting (a relay that is down or full loses the line,
 /// which keychaind's own journal still has).
-final class JournalRelayClient: Sendable {
+package final class JournalRelayClient: Sendable {
     private let fd: Int32
     private let address: sockaddr_un
 
-    init?(path: String) {
+    package init?(path: String) {
         guard path.utf8.count < MemoryLayout.size(ofValue: sockaddr_un().sun_path) else { return nil }
         let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
         guard fd >= 0 else { return nil }

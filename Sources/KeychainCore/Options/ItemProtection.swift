@@ -81,7 +81,7 @@ public struct ItemProtection: Sendable, Hashable {
 
     /// The window a storage tag stores (token suffix allowed); nil for tags without one: no access
     /// control, CurrentSet (never a window), or written before windows were stored.
-    static func storedWindow(ofTag tag: String) -> Int? {
+    package static func storedWindow(ofTag tag: String) -> Int? {
         let parts = tag.split(separator: "/", omittingEmptySubsequences: false)
         guard parts.count == 3 else { return nil }
         return Int(parts[2].prefix { $0.isASCII && $0.isNumber })
@@ -90,7 +90,7 @@ public struct ItemProtection: Sendable, Hashable {
 
 extension AccessControl {
     /// The values whose items can have an authValidity window (seed: not None, not the CurrentSet ones).
-    var takesWindow: Bool { self != .none && !isCurrentSet }
+    package var takesWindow: Bool { self != .none && !isCurrentSet }
 }
 
 extension Accessible {

@@ -1,3 +1,4 @@
+import Keychain
 import Glibc
 import KeychainWire
 import Synchronization
@@ -118,8 +119,17 @@ package struct AccessGroups: Sendable {
     static func log(_ text: String) { DaemonLog.say(text) }
 }
 
-extension KeychainError.Code {
-    /// Linux, keychaind: the caller's Unix identity may not do this (not a member of the storage's
-    /// access group; a device-wide change by someone neither root nor in the `admin` group).
-    public static let accessDenied = KeychainError.Code(rawValue: "ACCESS_DENIED")
+extension SystemdCredentials {
+    /// The message for a caller who may not administer `manager`'s credentials.
+    static func refusal(_ peer: Peer, for manager: Manager) -> KeychainError {
+        switch manager {
+        case .system:
+            KeychainError(.accessDenied, "Only root or a member of the access group '\(AccessGroups.adminGroup)' may store, read, list "
+                          + "or remove systemd credentials; uid \(peer.uid) is neither")
+        case .user(let uid):
+            KeychainError(.accessDenied, "Only uid \(uid), root or a member of the access group '\(AccessGroups.adminGroup)' may store, "
+                          + "read, list or remove the systemd credentials of uid \(uid)'s user units; uid \(peer.uid) is none of them "
+                          + "(your own user units' are `keychainctl credential … --user`)")
+        }
+    }
 }

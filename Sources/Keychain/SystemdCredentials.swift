@@ -1,3 +1,5 @@
+import KeychainCore
+import KeychainBasics
 import KeychainStore
 
 /// The items keychaind hands to systemd units (`LoadCredential=ID:/run/keychain/credentials.sock`,
@@ -111,19 +113,6 @@ package enum SystemdCredentials {
         guard !bytes.contains(UInt8(ascii: "/")) else { throw refuse("it may not contain /") }
         guard bytes.allSatisfy({ $0 >= 0x20 && $0 <= 0x7E && $0 != UInt8(ascii: ":") }) else {
             throw refuse("only printable ASCII other than : may be used")
-        }
-    }
-
-    /// The message for a caller who may not administer `manager`'s credentials.
-    static func refusal(_ peer: Peer, for manager: Manager) -> KeychainError {
-        switch manager {
-        case .system:
-            KeychainError(.accessDenied, "Only root or a member of the access group '\(AccessGroups.adminGroup)' may store, read, list "
-                          + "or remove systemd credentials; uid \(peer.uid) is neither")
-        case .user(let uid):
-            KeychainError(.accessDenied, "Only uid \(uid), root or a member of the access group '\(AccessGroups.adminGroup)' may store, "
-                          + "read, list or remove the systemd credentials of uid \(uid)'s user units; uid \(peer.uid) is none of them "
-                          + "(your own user units' are `keychainctl credential … --user`)")
         }
     }
 }

@@ -3,12 +3,12 @@
 
 extension RawRepresentable where Self: CaseIterable, RawValue == String {
     /// "one of 'a', 'b'": the valid strings, for messages.
-    static var optionValues: String {
+    package static var optionValues: String {
         "one of " + allCases.map { "'\($0.rawValue)'" }.joined(separator: ", ")
     }
 
     /// The case named `text`, or INVALID_ARGUMENT naming `option` and the valid strings.
-    static func parseOption(_ text: String, named option: String) throws(KeychainError) -> Self {
+    package static func parseOption(_ text: String, named option: String) throws(KeychainError) -> Self {
         guard let value = Self(rawValue: text) else {
             throw .invalidArgument("Invalid \(option): expected \(optionValues), got '\(text)'")
         }

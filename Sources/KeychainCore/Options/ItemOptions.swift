@@ -38,7 +38,7 @@ public struct SetItemOptions: Sendable, Hashable {
                   synchronizable: synchronizable)
     }
 
-    init(accessible: Accessible?, accessControlOverride: AccessControl?, authValidity: Int?, label: String?,
+    package init(accessible: Accessible?, accessControlOverride: AccessControl?, authValidity: Int?, label: String?,
          synchronizable: Bool?) {
         self.accessible = accessible
         self.accessControl = accessControlOverride

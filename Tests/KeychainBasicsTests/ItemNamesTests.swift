@@ -1,9 +1,9 @@
 import Foundation
-@testable import KeychainStore
+@testable import KeychainBasics
 import Testing
 
-/// `ItemNames`: lengths as the seed's JavaScript counts them, bytes bounded with them, and the
-/// store refusing what a restore would refuse.
+/// `ItemNames`: lengths as the seed's JavaScript counts them, bytes bounded with them (the store
+/// refusing what a restore would refuse: `StoreNameBoundsTests`).
 @Suite("item names")
 struct ItemNamesTests {
     /// One letter and 300 combining accents: one Character to Swift, 301 UTF-16 code units to JavaScript.
@@ -49,24 +49,5 @@ struct ItemNamesTests {
         #expect(ItemNames.keyProblem("") == "Invalid key: expected a non-empty string of up to 1024 bytes, got an empty string")
         #expect(ItemNames.labelProblem(String(repeating: "l", count: 4096)) == nil && ItemNames.labelProblem(nil) == nil)
         #expect(ItemNames.labelProblem(String(repeating: "l", count: 4097)) == "Invalid label: expected a string of up to 4096 bytes, got 4097 bytes")
-    }
-
-    /// The last line: a record whose names a backup could not carry is never written.
-    @Test func theStoreRefusesANameOutOfBoundsAndWritesNothing() throws {
-        try withTemporaryStorePath { path in
-            let store = try Store(directory: path)
-            for bad in [sampleItem(service: String(repeating: Self.accented, count: 256)), sampleItem(key: ""),
-                        sampleItem(label: String(repeating: "l", count: 5000))] {
-                do {
-                    try store.write { try $0.putItem(bad) }
-                    Issue.record("a record with a name out of bounds was written")
-                } catch let error as StoreError {
-                    #expect(error.kind == .invalidName && error.message.hasPrefix("Invalid "), "\(error)")
-                }
-            }
-            #expect(try store.services().isEmpty)
-            try store.write { try $0.putItem(sampleItem(service: "uid:1600/" + String(repeating: "s", count: 256))) }
-            #expect(try store.services().count == 1)
-        }
     }
 }

@@ -1,5 +1,5 @@
 import FoundationEssentials
-import KeychainStore
+import KeychainBasics
 
 /// A storage's service and the defaults of its calls, the seed's `createKeychain` options.
 ///

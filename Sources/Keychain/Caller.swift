@@ -1,10 +1,11 @@
+import KeychainCore
 import FoundationEssentials
 import KeychainStore
 
-/// Who a keychaind call comes from (the kernel's `SO_PEERCRED`), for the budgets that are each
-/// user's own: the fingerprint reader's failed matches and the wrong passcodes a user may give.
-/// nil in-process: there the caller is the store's owner.
-package struct DaemonCaller: Sendable {
+/// Who a call comes from, passed with each call of a service that serves many users (keychaind: the
+/// kernel's `SO_PEERCRED`), for the budgets that are each user's own: the fingerprint reader's failed
+/// matches and the wrong passcodes a user may give. nil in-process: there the caller is the store's owner.
+package struct Caller: Sendable {
     package var uid: UInt32
     /// Root or a member of the access group `admin` (read only when a passcode is tried).
     package var isAdmin: @Sendable () -> Bool
@@ -51,7 +52,7 @@ extension Engine {
     /// Root and `admin` spend the TPM's own tries, as in-process. On a bound store each change of
     /// the budget is a counted write: a snapshot of the store put back is refused as a rollback,
     /// never a spent budget given back.
-    func spendingPasscodeBudget<T>(of caller: DaemonCaller?, _ attempt: () throws(KeychainError) -> T) throws(KeychainError) -> T {
+    func spendingPasscodeBudget<T>(of caller: Caller?, _ attempt: () throws(KeychainError) -> T) throws(KeychainError) -> T {
         guard let caller, !caller.isAdmin() else { return try attempt() }
         let store = try store()
         let uid = String(caller.uid)
@@ -89,4 +90,10 @@ extension Engine {
         let store = try store()
         _ = try writeStore(store) { try $0.deleteMeta(StoreMeta.passcodeBudget) }
     }
+}
+
+extension KeychainError.Code {
+    /// Linux, keychaind: the caller's Unix identity may not do this (not a member of the storage's
+    /// access group; a device-wide change by someone neither root nor in the `admin` group).
+    public static let accessDenied = KeychainError.Code(rawValue: "ACCESS_DENIED")
 }

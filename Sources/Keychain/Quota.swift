@@ -1,11 +1,11 @@
+import KeychainCore
 import KeychainStore
 import SecureMemory
-import Synchronization
 import KeychainCLIText
 
-/// keychaind's limits on each user, so that one uid cannot take what the others need: the store's
-/// space (a quota of items and bytes) and the engine's time (one call in the engine at a time).
-/// docs/daemon.md, "Per-user limits".
+/// The engine's quota on each namespace of a server's scopes (keychaind's uids, access groups and
+/// credentials), so that one uid cannot take the store's space the others need (a quota of items and
+/// bytes; the engine's time is the daemon's `FairShare`). docs/daemon.md, "Per-user limits".
 package struct UserLimits: Sendable, Equatable {
     /// Items one namespace (a uid's own items, or one access group's) may hold.
     package var quotaItems = 4096
@@ -55,7 +55,7 @@ extension KeychainError.Code {
 
 extension Engine {
     /// Refuses a write that would take the service's namespace past the daemon's quota
-    /// (`configuration.userLimits`); a write that leaves the namespace no larger (a smaller value over
+    /// (`quota`); a write that leaves the namespace no larger (a smaller value over
     /// a larger one, after the quota was lowered) is let through.
     ///
     /// - Parameters:
@@ -64,7 +64,7 @@ extension Engine {
     ///   - existing: the item the write replaces.
     func checkQuota(service: String, key: String, usage: StoreUsage, existing: ItemRecord?, newItemBytes: Int,
                     newKeyBytes: Int) throws(KeychainError) {
-        guard let limits = configuration.userLimits, let scope = quotaScope(of: service) else { return }
+        guard let limits = quota, let scope = quotaScope(of: service) else { return }
         let items = usage.items + (existing == nil ? 1 : 0)
         let bytes = usage.bytes - (existing.map(StoreUsage.bytes(of:)) ?? 0) + newItemBytes + newKeyBytes
         let grows = items > usage.items || bytes > usage.bytes
@@ -95,7 +95,7 @@ extension Engine {
     /// - Returns: the measure, for the write's transaction; nil when no quota applies.
     func checkQuotaBeforeSealing(_ value: SecureBytes, service: String, key: String, label: String?,
                                  store: Store) throws(KeychainError) -> QuotaMeasure? {
-        guard configuration.userLimits != nil, let scope = quotaScope(of: service) else { return nil }
+        guard quota != nil, let scope = quotaScope(of: service) else { return nil }
         // The version first: a commit between it and the scan makes the transaction measure again.
         let (version, usage, existing) = try read {
             (try store.dataVersion(), try store.usage(servicePrefix: scope.storePrefix), try store.item(service: service, key: key))
@@ -111,64 +111,5 @@ extension Engine {
         if bytes < 1024 { return "\(bytes) bytes" }
         if bytes < 1 << 20 { return oneDecimal(Double(bytes) / 1024) + " KiB" }
         return oneDecimal(Double(bytes) / Double(1 << 20)) + " MiB"
-    }
-}
-
-/// One call of each uid in the engine at a time: the engine runs its jobs in arrival order, so
-/// without this a uid with many connections (each sending cold writes) put its whole backlog ahead
-/// of another user's read. A uid's further calls wait at their connection threads; the engine's
-/// queue then holds at most one call per uid, and another uid's call waits for at most one of each.
-/// Root's calls are not held (root can stop the daemon anyway; its own calls only wait for it).
-final class FairShare: Sendable {
-    private final class Gate: @unchecked Sendable {
-        let condition = Condition()
-        var busy = false
-        var users = 0  // holding or waiting, under FairShare's lock
-    }
-    private let gates = Mutex<[UInt32: Gate]>([:])
-
-    /// Waits until no other call of `uid` is in the engine, then takes its turn.
-    func enter(_ uid: UInt32) {
-        guard uid != 0 else { return }
-        let gate = gates.withLock { gates in
-            let gate = gates[uid] ?? Gate()
-            gates[uid] = gate
-            gate.users += 1
-            return gate
-        }
-        gate.condition.lock()
-        while gate.busy { gate.condition.wait() }
-        gate.busy = true
-        gate.condition.unlock()
-    }
-
-    /// Ends the turn `enter` gave; the uid's next waiting call goes in.
-    func leave(_ uid: UInt32) {
-        guard uid != 0, let gate = gates.withLock({ $0[uid] }) else { return }
-        gate.condition.lock()
-        gate.busy = false
-        gate.condition.signal()
-        gate.condition.unlock()
-        gates.withLock { gates in
-            gate.users -= 1
-            if gate.users == 0 { gates[uid] = nil }
-        }
-    }
-
-    /// Gives the turn back while the call waits for something outside the engine (a prompt's
-    /// answer, which a person gives), then takes it again.
-    func pause<T, E: Error>(_ uid: UInt32, _ body: () throws(E) -> T) throws(E) -> T {
-        guard uid != 0, let gate = gates.withLock({ $0[uid] }) else { return try body() }
-        gate.condition.lock()
-        gate.busy = false
-        gate.condition.signal()
-        gate.condition.unlock()
-        defer {
-            gate.condition.lock()
-            while gate.busy { gate.condition.wait() }
-            gate.busy = true
-            gate.condition.unlock()
-        }
-        return try body()
     }
 }

@@ -1,3 +1,4 @@
+import Keychain
 import FoundationEssentials
 import KeychainWire
 import SecureMemory
@@ -39,7 +40,7 @@ package struct DaemonRequestHandler: Sendable {
             }
             let asker = try wire { () throws(WireError) in try request.uint(WireTag.attempts) }.map { authenticator(Int(min($0, 10))) }
             // The caller's failures (reader, passcode) count against its own budgets.
-            let caller = DaemonRequestHandler(service: service.serving(DaemonCaller(uid: peer.uid, isAdmin: { [groups] in groups.isAdmin(peer) })),
+            let caller = DaemonRequestHandler(service: service.serving(Caller(uid: peer.uid, isAdmin: { [groups] in groups.isAdmin(peer) })),
                                               groups: groups)
             if op == .importBundle { return try await caller.importCall(request, in: .user(peer.uid)) }
             guard op.isStorageCall else { return try await caller.deviceCall(op, request) }

@@ -102,3 +102,27 @@ public struct KeychainError: Error, Sendable, CustomStringConvertible, Equatable
         KeychainError(.invalidArgument, message)
     }
 }
+
+extension WireCause {
+    package init(_ cause: KeychainError.Cause) {
+        switch cause {
+        case .tpm(let code, let name): self = .tpm(code: code, name: name)
+        case .sqlite(let code, let message): self = .sqlite(code: code, message: message)
+        case .errno(let value): self = .errno(value)
+        case .pkcs11(let code, let name): self = .pkcs11(code: UInt64(code), name: name)
+        case .other(let text): self = .other(text)
+        }
+    }
+}
+
+extension KeychainError.Cause {
+    package init(_ cause: WireCause) {
+        switch cause {
+        case .tpm(let code, let name): self = .tpm(code: code, name: name)
+        case .sqlite(let code, let message): self = .sqlite(code: code, message: message)
+        case .errno(let value): self = .errno(value)
+        case .pkcs11(let code, let name): self = .pkcs11(code: UInt(truncatingIfNeeded: code), name: name)
+        case .other(let text): self = .other(text)
+        }
+    }
+}
