@@ -233,9 +233,9 @@ public struct WireJSONResult: WireFields {
 /// A number (`resultNumber`); nil when the reply has none that reads as one.
 public struct WireNumber: WireFields {
     public var value: UInt64?
+    public init(from message: WireMessage) { value = (try? message.uint(WireTag.resultNumber)).flatMap { $0 } }
     public init(_ value: UInt64) { self.value = value }
     public func encode(into message: inout WireMessage) { message.add(WireTag.resultNumber, value) }
-    public init(from message: WireMessage) { value = (try? message.uint(WireTag.resultNumber)).flatMap { $0 } }
 }
 
 /// A batch read's outcomes (`resultItems`), each the encoded reply `getItem` would give.
@@ -263,16 +263,26 @@ extension WireCall where Request == WireStorage, Reply == WireFlag {
 }
 extension WireCall where Request == WireStorage, Reply == WireNone {
     public static var removeItem: Self { Self(op: .removeItem) }
+}
+extension WireCall where Request == WireStorage, Reply == WireNone {
     public static var clear: Self { Self(op: .clear) }
+}
+extension WireCall where Request == WireStorage, Reply == WireNone {
     public static var endWindows: Self { Self(op: .endWindows) }
 }
 extension WireCall where Request == WireStorage, Reply == WireJSONResult {
     public static var allKeys: Self { Self(op: .allKeys) }
+}
+extension WireCall where Request == WireStorage, Reply == WireJSONResult {
     public static var allServices: Self { Self(op: .allServices) }
+}
+extension WireCall where Request == WireStorage, Reply == WireJSONResult {
     public static var itemInfo: Self { Self(op: .itemInfo) }
 }
 extension WireCall where Request == WireCanUse, Reply == WireJSONResult {
     public static var storageCanUse: Self { Self(op: .storageCanUse) }
+}
+extension WireCall where Request == WireCanUse, Reply == WireJSONResult {
     public static var deviceCanUse: Self { Self(op: .deviceCanUse) }
 }
 extension WireCall where Request == WireAttestKey, Reply == WireBytes {
@@ -280,26 +290,50 @@ extension WireCall where Request == WireAttestKey, Reply == WireBytes {
 }
 extension WireCall where Request == WireDevice, Reply == WireNone {
     public static var enrollFinger: Self { Self(op: .enrollFinger) }
+}
+extension WireCall where Request == WireDevice, Reply == WireNone {
     public static var unlock: Self { Self(op: .unlock) }
+}
+extension WireCall where Request == WireDevice, Reply == WireNone {
     public static var setPasscode: Self { Self(op: .setPasscode) }
+}
+extension WireCall where Request == WireDevice, Reply == WireNone {
     public static var changePasscode: Self { Self(op: .changePasscode) }
+}
+extension WireCall where Request == WireDevice, Reply == WireNone {
     public static var removePasscode: Self { Self(op: .removePasscode) }
 }
 extension WireCall where Request == WireDevice, Reply == WireFlag {
     public static var removeFinger: Self { Self(op: .removeFinger) }
+}
+extension WireCall where Request == WireDevice, Reply == WireFlag {
     public static var deleteReader: Self { Self(op: .deleteReader) }
 }
 extension WireCall where Request == WireNone, Reply == WireJSONResult {
     public static var enrolledFingers: Self { Self(op: .enrolledFingers) }
+}
+extension WireCall where Request == WireNone, Reply == WireJSONResult {
     public static var biometryTypes: Self { Self(op: .biometryTypes) }
+}
+extension WireCall where Request == WireNone, Reply == WireJSONResult {
     public static var initialize: Self { Self(op: .initialize) }
+}
+extension WireCall where Request == WireNone, Reply == WireJSONResult {
     public static var status: Self { Self(op: .status) }
+}
+extension WireCall where Request == WireNone, Reply == WireJSONResult {
     public static var tokenStatus: Self { Self(op: .tokenStatus) }
 }
 extension WireCall where Request == WireNone, Reply == WireNone {
     public static var resetTokenPINTries: Self { Self(op: .resetTokenPINTries) }
+}
+extension WireCall where Request == WireNone, Reply == WireNone {
     public static var lock: Self { Self(op: .lock) }
+}
+extension WireCall where Request == WireNone, Reply == WireNone {
     public static var resetPasscodeTries: Self { Self(op: .resetPasscodeTries) }
+}
+extension WireCall where Request == WireNone, Reply == WireNone {
     public static var dropCaches: Self { Self(op: .dropCaches) }
 }
 extension WireCall where Request == WireNone, Reply == WireNumber {

@@ -145,6 +145,8 @@ struct WireGoldenTests {
             ("dropCaches", { await client.dropCaches(); return "ok" }),
             ("identity", { "\(try await client.identity())" }),
             ("importBundle", { "\(try await client.importBundle(bundle, passcode: nil, in: .user(1600)))" }),
+            // New bytes: the hand encoder added the passcode after the bundle, out of tag order, and trapped.
+            ("importBundleWithPasscode", { "\(try await client.importBundle(bundle, passcode: pin, in: .user(1600)))" }),
             ("getItems", {
                 try await client.getItems(["token", "absent", "locked"], in: storage, authenticator: nil).map { read in
                     switch read { case .success(let value): show(value); case .failure(let error): "\(error)" }
@@ -179,6 +181,7 @@ struct WireGoldenTests {
             "hasItem": ["0203" + o + "0200000005746f6b656e"],
             "identity": ["0228"],
             "importBundle": ["0229" + "0e00000145" + hex(Array(bundleDocument.utf8))],
+            "importBundleWithPasscode": ["0229" + "0c0000000431323334" + "0e00000145" + hex(Array(bundleDocument.utf8))],
             "initialize": ["021a"],
             "itemInfo": ["0207" + o + "0200000005746f6b656e"],
             "lock": ["021f"],
@@ -351,6 +354,7 @@ extension WireGoldenTests {
         "hasItem": "0280150000000101",
         "identity": "02811e0000001448415244574152455f554e415641494c41424c451f000000064e6f2054504d2000000008000000000000000221000000080000000000000002",
         "importBundle": "0280160000000a22696d706f7274656422",
+        "importBundleWithPasscode": "0280160000000a22696d706f7274656422",
         "initialize": "028016000000c27b226c6f636b6f7574417574686f72697a6174696f6e536574223a747275652c226c6f636b5374617465223a22756e6c6f636b6564222c226f776e6572417574686f72697a6174696f6e536574223a66616c73652c2270617373636f6465536574223a747275652c2273656375726974794c6576656c223a22736f66747761726554504d222c2273746f72616765526f6f744b6579223a2270696e6e6564222c2274706d223a22737774706d222c227761726e696e6773223a5b227765616b225d7d",
         "itemInfo": "028016000000947b22616363657373436f6e74726f6c223a2270617373636f6465222c2261636365737369626c65223a22616c77617973222c2263726561746564223a312c226b6579223a22746f6b656e222c226c6162656c223a224c222c226d6f646966696564223a322c2273656375726974794c6576656c223a22736f66747761726554504d222c2273657276696365223a226d61696c227d",
         "lock": "0280",
