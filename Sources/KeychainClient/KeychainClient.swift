@@ -122,7 +122,8 @@ public struct KeychainClient: Sendable {
         } catch {
             throw KeychainClientError(WireFailure(exchanging: error, socket: socket, replyTimeout: Self.replyTimeout))
         }
-        let result = try reply.result(thrown: KeychainClientError.init, unknown: KeychainClientError.init)
+        var result = try (consume reply).result(thrown: KeychainClientError.init, unknown: KeychainClientError.init)
+        defer { result.wipe() }
         do { return try call.reply(from: result) } catch {
             throw KeychainClientError(WireFailure(exchanging: error, socket: socket, replyTimeout: Self.replyTimeout))
         }

@@ -286,8 +286,9 @@ private func frontExchange<Request, Reply>(_ call: WireCall<Request, Reply>, _ m
             // No authenticator: the full tool answers "interrupted", and so does the front.
             return try WireSocket.exchange(fd, WirePromptAnswer.interrupted.message, idle: 120, stall: 10)
         }
-        let result: WireMessage
-        do throws(Failure) { result = try reply.result(thrown: Failure.init, unknown: Failure.init) } catch { error.report() }
+        var result: WireMessage
+        do throws(Failure) { result = try (consume reply).result(thrown: Failure.init, unknown: Failure.init) } catch { error.report() }
+        defer { result.wipe() }
         return try call.reply(from: result)
     } catch {
         Failure(WireFailure(exchanging: error, socket: socket, replyTimeout: 120)).report()

@@ -52,7 +52,9 @@ struct DaemonClient: Sendable {
         var request = call.request(fields)
         _ = consume fields
         defer { request.wipe() }
-        let reply = try await exchange(request, authenticator: authenticator)
+        // The reply's buffers are this call's alone; those the fields do not keep (a batch's list) are wiped here.
+        var reply = try await exchange(request, authenticator: authenticator)
+        defer { reply.wipe() }
         do { return try call.reply(from: reply) } catch { throw failure(error) }
     }
 
@@ -85,7 +87,7 @@ struct DaemonClient: Sendable {
             return try await exchange(reader, answer)
         }
         if case .unknown = reply {} else { complete = true }
-        return try reply.result(thrown: KeychainError.init, unknown: KeychainError.init)
+        return try (consume reply).result(thrown: KeychainError.init, unknown: KeychainError.init)
     }
 
     /// A call without fields and without prompts, for the API's few synchronous calls; nil on any failure.
