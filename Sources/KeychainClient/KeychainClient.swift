@@ -69,50 +69,42 @@ public struct KeychainClient: Sendable {
 
     /// Stores `value` under `key`, replacing any value atomically; the buffer is wiped once sent.
     public func setItem(_ key: String, _ value: inout [UInt8], options overrides: WireSetOptions? = nil) throws(KeychainClientError) {
-        var reply = try call(.setItem, key) { request in
-            request.add(WireTag.value, value)
-            overrides?.add(to: &request)
-        }
+        _ = try call(.setItem, WireSetItem(storage: storage(key), value: value, options: overrides))
         value.wipe()
-        reply.wipe()
     }
 
     /// The value's bytes (wipe them after use), or nil when there is none.
     public func getItem(_ key: String) throws(KeychainClientError) -> [UInt8]? {
-        var reply = try call(.getItem, key)
-        defer { reply.wipe() }
-        return reply.bytes(WireTag.resultBytes)
+        try call(.getItem, WireGetItem(storage: storage(key))).bytes
     }
 
     public func hasItem(_ key: String) throws(KeychainClientError) -> Bool {
-        let reply = try call(.hasItem, key)
-        guard let present = (try? reply.bool(WireTag.resultBool)).flatMap({ $0 }) else {
+        guard let present = try call(.hasItem, storage(key)).value else {
             throw KeychainClientError(code: "INTERNAL", message: "The keychain service's reply has no boolean result")
         }
         return present
     }
 
     /// Removing an absent item is not an error.
-    public func removeItem(_ key: String) throws(KeychainClientError) { _ = try call(.removeItem, key) }
+    public func removeItem(_ key: String) throws(KeychainClientError) { _ = try call(.removeItem, storage(key)) }
 
     /// Removes every item of this storage's service and its wrapping keys.
-    public func clear() throws(KeychainClientError) { _ = try call(.clear, nil) }
+    public func clear() throws(KeychainClientError) { _ = try call(.clear, storage(nil)) }
 
     /// The keys of this storage's items, sorted.
     public func getAllKeys() throws(KeychainClientError) -> [String] {
-        let reply = try call(.allKeys, nil)
-        guard let bytes = reply.bytes(WireTag.resultJSON), let keys = WireJSONStrings.decode(bytes) else {
+        guard let bytes = try call(.allKeys, storage(nil)).json, let keys = WireJSONStrings.decode(bytes) else {
             throw KeychainClientError(code: "INTERNAL", message: "The keychain service's reply has no list of keys")
         }
         return keys
     }
 
-    /// One request and its reply (an error reply thrown as the library words it).
-    private func call(_ op: WireOp, _ key: String?, _ build: (inout WireMessage) -> Void = { _ in }) throws(KeychainClientError) -> WireMessage {
-        var request = WireMessage(kind: op.rawValue)
-        request.add(WireTag.options, encodedOptions)
-        request.add(WireTag.key, key)
-        build(&request)
+    private func storage(_ key: String?) -> WireStorage { WireStorage(options: encodedOptions, key: key) }
+
+    /// One request and its reply's fields (an error reply thrown as the library words it).
+    private func call<Request, Reply>(_ call: WireCall<Request, Reply>, _ fields: consuming Request) throws(KeychainClientError) -> Reply {
+        var request = call.request(fields)
+        _ = consume fields
         defer { request.wipe() }
         let fd: Int32
         switch WireSocket.connect(path: socket) {
@@ -120,24 +112,20 @@ public struct KeychainClient: Sendable {
         case .failure(let error): throw KeychainClientError(WireFailure(connecting: error, socket: socket))
         }
         defer { close(fd) }
-        let outcome: Result<WireMessage, KeychainClientError>
-        do throws(WireError) { outcome = try exchange(fd, request) } catch {
+        let reply: WireReply
+        do throws(WireError) {
+            let first = try WireSocket.exchange(fd, request, idle: Self.replyTimeout, stall: Self.stallTimeout)
+            // Asked without an authenticator (none was offered): "interrupted", as the library answers.
+            reply = try WireReply.awaiting(first, unreadable: { $0 }) { _ throws(WireError) in
+                try WireSocket.exchange(fd, WirePromptAnswer.interrupted.message, idle: Self.replyTimeout, stall: Self.stallTimeout)
+            }
+        } catch {
             throw KeychainClientError(WireFailure(exchanging: error, socket: socket, replyTimeout: Self.replyTimeout))
         }
-        return try outcome.get()
-    }
-
-    /// The request, then keychaind's messages until its reply: ok, or the error it threw.
-    private func exchange(_ fd: Int32, _ request: WireMessage) throws(WireError) -> Result<WireMessage, KeychainClientError> {
-        let first = try WireSocket.exchange(fd, request, idle: Self.replyTimeout, stall: Self.stallTimeout)
-        // Asked without an authenticator (none was offered): "interrupted", as the library answers.
-        let reply = try WireReply.awaiting(first) { _ throws(WireError) in
-            try WireSocket.exchange(fd, WirePromptAnswer.interrupted.message, idle: Self.replyTimeout, stall: Self.stallTimeout)
-        }
-        switch reply {
-        case .ok(let result): return .success(result)
-        case .error(let thrown): return .failure(KeychainClientError(thrown))
-        case .unknown(let kind): return .failure(KeychainClientError(WireFailure(unknownKind: kind)))
+        var result = try (consume reply).result(thrown: KeychainClientError.init, unknown: KeychainClientError.init)
+        defer { result.wipe() }
+        do { return try call.reply(from: result) } catch {
+            throw KeychainClientError(WireFailure(exchanging: error, socket: socket, replyTimeout: Self.replyTimeout))
         }
     }
 }

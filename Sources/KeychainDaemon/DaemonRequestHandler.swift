@@ -38,17 +38,17 @@ package struct DaemonRequestHandler: Sendable {
                 throw KeychainError(.accessDenied, "Only root or a member of the access group '\(AccessGroups.adminGroup)' may \(what); "
                                     + "uid \(peer.uid) is neither")
             }
-            let asker = try wire { () throws(WireError) in try request.uint(WireTag.attempts) }.map { authenticator(Int(min($0, 10))) }
             // The caller's failures (reader, passcode) count against its own budgets.
             let caller = DaemonRequestHandler(service: service.serving(Caller(uid: peer.uid, isAdmin: { [groups] in groups.isAdmin(peer) })),
                                               groups: groups)
             if op == .importBundle { return try await caller.importCall(request, in: .user(peer.uid)) }
             guard op.isStorageCall else { return try await caller.deviceCall(op, request) }
-            guard let options = try options(request.bytes(WireTag.options)), let service = options.service else {
+            let fields = try wire { () throws(WireError) in try WireStorage(from: request) }
+            guard let options = try options(fields.options), let service = options.service else {
                 throw KeychainError(.invalidArgument, "The keychain service got a storage call without its options")
             }
             let storage = try StorageRef(scope: try scope(of: options, for: peer), options: options, defaultService: service)
-            return try await caller.storageCall(op, request, in: storage, authenticator: asker)
+            return try await caller.storageCall(op, request, in: storage, authenticator: authenticator)
         } catch {
             return error.wireMessage
         }
@@ -61,13 +61,12 @@ package struct DaemonRequestHandler: Sendable {
                                options: ([UInt8]?) throws(KeychainError) -> KeychainOptions?) -> WireMessage? {
         guard request.kind == WireOp.getItem.rawValue else { return nil }
         do throws(KeychainError) {
-            guard let options = try options(request.bytes(WireTag.options)), let service = options.service,
-                  let key = try wire({ () throws(WireError) in try request.string(WireTag.key) }) else { return nil }
+            let fields = try wire { () throws(WireError) in try WireStorage(from: request) }
+            guard let options = try options(fields.options), let service = options.service, let key = fields.key else { return nil }
             let storage = try StorageRef(scope: try scope(of: options, for: peer), options: options, defaultService: service)
             guard let read = self.service.warmItem(key, in: storage) else { return nil }
-            var reply = WireMessage(kind: WireKind.ok)
-            if case .value(let value) = read { reply.add(WireTag.resultBytes, value.wireBytes) }
-            return reply
+            if case .value(let value) = read { return WireCall.getItem.reply(WireBytes(value.wireBytes)) }
+            return WireCall.getItem.reply(WireBytes(nil))
         } catch {
             return nil
         }
@@ -90,105 +89,118 @@ package struct DaemonRequestHandler: Sendable {
     }
 
     /// One storage call of `request` (`op`) in `storage`'s scope; the reply.
+    /// - Parameter authenticator: the caller's, for a read that carries `attempts` (the client has one).
     package func storageCall(_ op: WireOp, _ request: WireMessage, in storage: StorageRef,
-                             authenticator: (any Authenticator)?) async throws(KeychainError) -> WireMessage {
-        var reply = WireMessage(kind: WireKind.ok)
-        let key = try wire { () throws(WireError) in try request.string(WireTag.key) } ?? ""
+                             authenticator: (_ attemptsPerRead: Int) -> any Authenticator) async throws(KeychainError) -> WireMessage {
+        func asker(_ attempts: UInt64?) -> (any Authenticator)? { attempts.map { authenticator(Int(min($0, 10))) } }
+        func key<Reply>(_ call: WireCall<WireStorage, Reply>) throws(KeychainError) -> String { try fields(call, request).key ?? "" }
         switch op {
         case .setItem:
-            var bytes = request.bytes(WireTag.value) ?? []
-            defer { bytes.wipe() }
-            let call = try wire { () throws(WireError) in try SetItemOptions(wire: request) }
-            try await service.setItem(key, SecureBytes(copying: bytes), options: call, in: storage)
+            // The value's bytes are the request's (keychaind wipes it); the service gets them in secure memory.
+            let fields = try fields(.setItem, request)
+            let options = try wire { () throws(WireError) in try SetItemOptions(wire: fields.options) }
+            try await service.setItem(fields.storage.key ?? "", SecureBytes(copying: fields.value), options: options, in: storage)
+            return WireNone.reply
         case .getItem:
-            let prompt = try wire { () throws(WireError) in
-                try request.bytes(WireTag.prompt).map { bytes throws(WireError) in Prompt(wire: try WirePrompt(decoding: bytes)) }
-            }
-            if let value = try await service.getItem(key, options: prompt.map { GetItemOptions(prompt: $0) }, in: storage,
-                                                     authenticator: authenticator) {
-                reply.add(WireTag.resultBytes, value.wireBytes)
-            }
-        case .hasItem: reply.add(WireTag.resultBool, try await service.hasItem(key, in: storage))
-        case .removeItem: try await service.removeItem(key, in: storage)
-        case .clear: try await service.clear(storage)
-        case .allKeys: reply.add(WireTag.resultJSON, WireJSON.encode(try await service.allKeys(in: storage)))
-        case .allServices: reply.add(WireTag.resultJSON, WireJSON.encode(try await service.allServices(in: storage)))
+            let fields = try fields(.getItem, request)
+            let value = try await service.getItem(fields.storage.key ?? "", options: fields.prompt.map { GetItemOptions(prompt: Prompt(wire: $0)) },
+                                                  in: storage, authenticator: asker(fields.attempts))
+            return WireCall.getItem.reply(WireBytes(value?.wireBytes))
+        case .getItems:
+            let fields = try fields(.getItems, request)
+            return try await batchRead(fields.keys, in: storage, authenticator: asker(fields.attempts))
+        case .hasItem: return WireCall.hasItem.reply(WireFlag(try await service.hasItem(try key(.hasItem), in: storage)))
+        case .removeItem:
+            try await service.removeItem(try key(.removeItem), in: storage)
+            return WireNone.reply
+        case .clear:
+            try await service.clear(storage)
+            return WireNone.reply
+        case .allKeys: return WireCall.allKeys.reply(WireJSONResult(WireJSON.encode(try await service.allKeys(in: storage))))
+        case .allServices: return WireCall.allServices.reply(WireJSONResult(WireJSON.encode(try await service.allServices(in: storage))))
         case .itemInfo:
-            if let info = try await service.itemInfo(key, in: storage) { reply.add(WireTag.resultJSON, WireJSON.encode(info)) }
+            let info = try await service.itemInfo(try key(.itemInfo), in: storage)
+            return WireCall.itemInfo.reply(WireJSONResult(info.map { WireJSON.encode($0) }))
         case .storageCanUse:
-            reply.add(WireTag.resultJSON, WireJSON.encode(try await service.canUseAccessControl(try accessControl(request), in: storage)))
-        case .endWindows: try await service.endWindows(in: storage)
-        case .getItems: return try await batchRead(request, in: storage, authenticator: authenticator)
+            let value = try accessControl(try fields(.storageCanUse, request))
+            return WireCall.storageCanUse.reply(WireJSONResult(WireJSON.encode(try await service.canUseAccessControl(value, in: storage))))
+        case .endWindows:
+            try await service.endWindows(in: storage)
+            return WireNone.reply
         case .attestKey:
-            let document = try await service.attestKey(nonce: request.bytes(WireTag.nonce) ?? [], in: storage).json()
-            reply.add(WireTag.resultBytes, [UInt8](document))
+            let document = try await service.attestKey(nonce: try fields(.attestKey, request).nonce, in: storage).json()
+            return WireCall.attestKey.reply(WireBytes([UInt8](document)))
         default: throw KeychainError(.internal, "not a storage call: \(op)")
         }
-        return reply
     }
 
     /// A batch read: each key's outcome as `getItem`'s reply, in order, up to `WireList.replyBudget`
     /// bytes (at least one); the client asks again for the keys left out.
-    private func batchRead(_ request: WireMessage, in storage: StorageRef,
+    private func batchRead(_ keys: [String], in storage: StorageRef,
                            authenticator: (any Authenticator)?) async throws(KeychainError) -> WireMessage {
-        let keys = try wire { () throws(WireError) in
-            try WireList.decode(request.bytes(WireTag.keys) ?? []).map { bytes throws(WireError) in
-                guard let key = String(validating: bytes, as: UTF8.self) else { throw WireError(.malformed, "a key is not UTF-8") }
-                return key
-            }
-        }
         guard (1...WireList.maxKeys).contains(keys.count) else {
             throw KeychainError(.invalidArgument, "A batch read names 1 to \(WireList.maxKeys) keys, got \(keys.count)")
         }
-        var outcomes: [[UInt8]] = []
+        var outcomes = WireOutcomes([])
         var size = 0
-        defer { for index in outcomes.indices { outcomes[index].wipe() } }
+        defer { outcomes.wipe() }
         // One key at a time, stopping at the budget: a batch never holds more than one value beyond its reply,
         // and a key left out is not read (nor prompted for) until the client asks again.
         for key in keys {
             var outcome: WireMessage
             do throws(KeychainError) {
                 let value = try await service.getItem(key, options: nil, in: storage, authenticator: authenticator)
-                outcome = WireMessage(kind: WireKind.ok)
-                outcome.add(WireTag.resultBytes, value?.wireBytes)
+                outcome = WireCall.getItem.reply(WireBytes(value?.wireBytes))
             } catch {
                 outcome = error.wireMessage
             }
             defer { outcome.wipe() }
             var bytes = outcome.encoded()
-            guard outcomes.isEmpty || size + bytes.count <= WireList.replyBudget else {
+            guard outcomes.outcomes.isEmpty || size + bytes.count <= WireList.replyBudget else {
                 bytes.wipe()
                 break
             }
             size += bytes.count + 4
-            outcomes.append(bytes)
+            outcomes.outcomes.append(bytes)
         }
-        var reply = WireMessage(kind: WireKind.ok)
-        reply.add(WireTag.resultItems, WireList.encode(outcomes))
-        return reply
+        return WireCall.getItems.reply(outcomes)
     }
 
     /// One device call; the reply. Who may make it was checked (`WireOp.needsAdmin`).
     package func deviceCall(_ op: WireOp, _ request: WireMessage) async throws(KeychainError) -> WireMessage {
-        var reply = WireMessage(kind: WireKind.ok)
-        let passcode = request.bytes(WireTag.passcode).map(secure)
-        let newPasscode = request.bytes(WireTag.newPasscode).map(secure)
-        let finger = try wire { () throws(WireError) in try request.string(WireTag.finger) } ?? ""
-        let empty = SecureBytes(copying: [])
         switch op {
-        case .enrollFinger: try await service.enrollFinger(finger, passcode: passcode)
-        case .removeFinger: reply.add(WireTag.resultBool, try await service.removeFinger(finger, passcode: passcode))
-        case .deleteReader: reply.add(WireTag.resultBool, try await service.deleteReader(passcode: passcode))
-        case .enrolledFingers: reply.add(WireTag.resultJSON, WireJSON.encode(try await service.enrolledFingers()))
-        case .biometryTypes: reply.add(WireTag.resultJSON, WireJSON.encode(service.biometryTypes()))
-        case .deviceCanUse: reply.add(WireTag.resultJSON, WireJSON.encode(try await service.canUseAccessControl(try accessControl(request))))
-        case .initialize: reply.add(WireTag.resultJSON, WireJSON.encode(try await service.initialize()))
-        case .status: reply.add(WireTag.resultJSON, WireJSON.encode(try await service.status()))
+        case .enrollFinger, .removeFinger, .deleteReader, .unlock, .setPasscode, .changePasscode, .removePasscode:
+            return try await secretCall(op, try wire { () throws(WireError) in try WireDevice(from: request) })
+        case .enrolledFingers: return WireCall.enrolledFingers.reply(WireJSONResult(WireJSON.encode(try await service.enrolledFingers())))
+        case .biometryTypes: return WireCall.biometryTypes.reply(WireJSONResult(WireJSON.encode(service.biometryTypes())))
+        case .deviceCanUse:
+            let value = try accessControl(try fields(.deviceCanUse, request))
+            return WireCall.deviceCanUse.reply(WireJSONResult(WireJSON.encode(try await service.canUseAccessControl(value))))
+        case .initialize: return WireCall.initialize.reply(WireJSONResult(WireJSON.encode(try await service.initialize())))
+        case .status: return WireCall.status.reply(WireJSONResult(WireJSON.encode(try await service.status())))
         case .resetTokenPINTries: try await service.resetTokenPINTries()
-        case .tokenStatus:
-            if let status = try await service.tokenStatus() { reply.add(WireTag.resultJSON, WireJSON.encode(status)) }
-        case .unlock: try await service.unlock(passcode: passcode)
+        case .tokenStatus: return WireCall.tokenStatus.reply(WireJSONResult(try await service.tokenStatus().map { WireJSON.encode($0) }))
         case .lock: try await service.lock()
+        case .resetPasscodeTries: try await service.resetPasscodeTries()
+        case .takeTPMCommandCount: return WireCall.takeTPMCommandCount.reply(WireNumber(UInt64(await service.takeTPMCommandCount())))
+        case .dropCaches: await service.dropCaches()
+        case .identity: return WireCall.identity.reply(WireBytes([UInt8](try await service.identity().json())))
+        default: throw KeychainError(.internal, "not a device call: \(op)")
+        }
+        return WireNone.reply
+    }
+
+    /// The device calls that name a finger or carry a passcode: the passcodes' bytes are the request's
+    /// (keychaind wipes it), the service gets them in secure memory.
+    private func secretCall(_ op: WireOp, _ fields: WireDevice) async throws(KeychainError) -> WireMessage {
+        let passcode = fields.passcode.map { SecureBytes(copying: $0) }
+        let newPasscode = fields.newPasscode.map { SecureBytes(copying: $0) }
+        let (finger, empty) = (fields.finger ?? "", SecureBytes(copying: []))
+        switch op {
+        case .removeFinger: return WireCall.removeFinger.reply(WireFlag(try await service.removeFinger(finger, passcode: passcode)))
+        case .deleteReader: return WireCall.deleteReader.reply(WireFlag(try await service.deleteReader(passcode: passcode)))
+        case .enrollFinger: try await service.enrollFinger(finger, passcode: passcode)
+        case .unlock: try await service.unlock(passcode: passcode)
         case .setPasscode:
             let new = newPasscode ?? empty
             try KeychainDevice.checkPasscode(new)
@@ -198,36 +210,30 @@ package struct DaemonRequestHandler: Sendable {
             try KeychainDevice.checkPasscode(new)
             try await service.setPasscode(old: passcode ?? empty, new: new)
         case .removePasscode: try await service.setPasscode(old: passcode ?? empty, new: nil)
-        case .resetPasscodeTries: try await service.resetPasscodeTries()
-        case .takeTPMCommandCount: reply.add(WireTag.resultNumber, UInt64(await service.takeTPMCommandCount()))
-        case .dropCaches: await service.dropCaches()
-        case .identity: reply.add(WireTag.resultBytes, [UInt8](try await service.identity().json()))
-        default: throw KeychainError(.internal, "not a device call: \(op)")
+        default: throw KeychainError(.internal, "not a device call with a finger or passcode: \(op)")
         }
-        return reply
+        return WireNone.reply
     }
 
     /// An import of the bundle `request` carries, into `scope` (the caller's own items; the system's
     /// credentials for a credential bundle). Who may make it was checked (`WireOp.needsAdmin`).
     package func importCall(_ request: WireMessage, in scope: ItemScope) async throws(KeychainError) -> WireMessage {
-        guard let document = request.bytes(WireTag.bundle) else {
+        let fields = try fields(.importBundle, request)
+        guard let document = fields.bundle else {
             throw KeychainError(.invalidArgument, "The keychain service got an import without its bundle")
         }
         let bundle = try ProvisioningBundle(json: Data(document))
-        let outcome = try await service.importBundle(bundle, passcode: request.bytes(WireTag.passcode).map(secure), in: scope)
-        var reply = WireMessage(kind: WireKind.ok)
-        reply.add(WireTag.resultJSON, WireJSON.encode(outcome))
-        return reply
+        let outcome = try await service.importBundle(bundle, passcode: fields.passcode.map { SecureBytes(copying: $0) }, in: scope)
+        return WireCall.importBundle.reply(WireJSONResult(WireJSON.encode(outcome)))
     }
 
-    private func secure(_ bytes: [UInt8]) -> SecureBytes {
-        var bytes = bytes
-        defer { bytes.wipe() }
-        return SecureBytes(copying: bytes)
+    /// The request's fields as `call` defines them; a request that does not decode is INVALID_ARGUMENT.
+    private func fields<Request, Reply>(_ call: WireCall<Request, Reply>, _ request: WireMessage) throws(KeychainError) -> Request {
+        try wire { () throws(WireError) in try call.request(from: request) }
     }
 
-    private func accessControl(_ request: WireMessage) throws(KeychainError) -> AccessControl {
-        let raw = try wire { () throws(WireError) in try request.string(WireTag.accessControl) } ?? ""
+    private func accessControl(_ fields: WireCanUse) throws(KeychainError) -> AccessControl {
+        let raw = fields.accessControl ?? ""
         guard let value = AccessControl(rawValue: raw) else { throw .invalidArgument("Invalid accessControl '\(raw)'") }
         return value
     }

@@ -23,16 +23,45 @@ public enum WireReply: Sendable {
     }
 
     /// keychaind's messages from `first` until its reply: each prompt is handed to `answering`, which
-    /// sends the answer and returns keychaind's next message, then wiped. (The library's client, whose
-    /// authenticator is async, drives the same steps with `init?(_:)`.)
-    public static func awaiting(_ first: WireMessage,
-                                answering: (WireMessage) throws(WireError) -> WireMessage) throws(WireError) -> WireReply {
+    /// sends the answer and returns keychaind's next message, then wiped; a message that does not
+    /// decode ends the wait with `unreadable`'s error. (keychainctl's front and the small client.)
+    public static func awaiting<E: Error>(_ first: WireMessage, unreadable: (WireError) -> E,
+                                          answering: (WireMessage) throws(E) -> WireMessage) throws(E) -> WireReply {
         var message = first
         while true {
-            if let reply = try WireReply(message) { return reply }
-            let next = try answering(message)
-            message.wipe()
-            message = next
+            if let reply = try read(message, unreadable) { return reply }
+            message = replacing(&message, with: try answering(message))
+        }
+    }
+
+    /// `awaiting` with an async `answering`: the library's client, whose authenticator is async.
+    public static func awaiting<E: Error>(_ first: WireMessage, unreadable: (WireError) -> E,
+                                          answering: (WireMessage) async throws(E) -> WireMessage) async throws(E) -> WireReply {
+        var message = first
+        while true {
+            if let reply = try read(message, unreadable) { return reply }
+            message = replacing(&message, with: try await answering(message))
+        }
+    }
+
+    /// The reply `message` is, nil for a prompt.
+    private static func read<E: Error>(_ message: WireMessage, _ unreadable: (WireError) -> E) throws(E) -> WireReply? {
+        do { return try WireReply(message) } catch { throw unreadable(error) }
+    }
+
+    /// The prompt answered: wiped (it named the item), `next` in its place.
+    private static func replacing(_ prompt: inout WireMessage, with next: WireMessage) -> WireMessage {
+        prompt.wipe()
+        return next
+    }
+
+    /// The call's result, or the error keychaind threw (`thrown`) or a kind this client does not know
+    /// (`unknown`, which `WireFailure(unknownKind:)` words), as the client's own error.
+    public func result<E: Error>(thrown: (WireErrorReply) -> E, unknown: (WireFailure) -> E) throws(E) -> WireMessage {
+        switch self {
+        case .ok(let message): return message
+        case .error(let reply): throw thrown(reply)
+        case .unknown(let kind): throw unknown(WireFailure(unknownKind: kind))
         }
     }
 }

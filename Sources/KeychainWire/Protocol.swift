@@ -184,18 +184,14 @@ public struct WirePrompt: Sendable, Equatable {
         (self.title, self.subtitle, self.description, self.cancel) = (title, subtitle, description, cancel)
     }
 
-    /// The nested message a field carries.
-    public func encoded() -> [UInt8] {
-        var message = WireMessage(kind: WireKind.fields)
+    public func encode(into message: inout WireMessage) {
         message.add(Tag.title, title)
         message.add(Tag.subtitle, subtitle)
         message.add(Tag.description, description)
         message.add(Tag.cancel, cancel)
-        return message.encoded()
     }
 
-    public init(decoding bytes: [UInt8]) throws(WireError) {
-        let message = try WireMessage.decodeFields(bytes, of: "prompt")
+    public init(from message: WireMessage) throws(WireError) {
         title = try message.string(Tag.title)
         subtitle = try message.string(Tag.subtitle)
         description = try message.string(Tag.description)
@@ -229,9 +225,7 @@ public struct WireStorageOptions: Sendable, Equatable {
         (self.synchronizable, self.accessGroup, self.prompt, self.keyStorage) = (synchronizable, accessGroup, prompt, keyStorage)
     }
 
-    /// The nested message `WireTag.options` carries.
-    public func encoded() -> [UInt8] {
-        var message = WireMessage(kind: WireKind.fields)
+    public func encode(into message: inout WireMessage) {
         message.add(Tag.service, service)
         message.add(Tag.accessible, accessible)
         message.add(Tag.accessControl, accessControl)
@@ -240,11 +234,9 @@ public struct WireStorageOptions: Sendable, Equatable {
         message.add(Tag.accessGroup, accessGroup)
         message.add(Tag.prompt, prompt?.encoded())
         message.add(Tag.keyStorage, keyStorage)
-        return message.encoded()
     }
 
-    public init(decoding bytes: [UInt8]) throws(WireError) {
-        let message = try WireMessage.decodeFields(bytes, of: "storage options")
+    public init(from message: WireMessage) throws(WireError) {
         service = try message.string(Tag.service)
         accessible = try message.string(Tag.accessible)
         accessControl = try message.string(Tag.accessControl)
@@ -256,12 +248,28 @@ public struct WireStorageOptions: Sendable, Equatable {
     }
 }
 
-extension WireMessage {
-    /// A nested message of `WireKind.fields` (its own version byte, checked like a request's).
-    static func decodeFields(_ bytes: [UInt8], of what: String) throws(WireError) -> WireMessage {
+extension WirePrompt: WireNestedFields { public static let what = "prompt" }
+extension WireStorageOptions: WireNestedFields { public static let what = "storage options" }
+
+/// Fields that travel as a nested message of `WireKind.fields` in one field of a request or prompt
+/// (its own version byte, checked like a request's).
+public protocol WireNestedFields: WireFields {
+    /// What the field is, for the error when it does not decode.
+    static var what: String { get }
+}
+
+extension WireNestedFields {
+    /// The nested message a field carries.
+    public func encoded() -> [UInt8] {
+        var message = WireMessage(kind: WireKind.fields)
+        encode(into: &message)
+        return message.encoded()
+    }
+
+    public init(decoding bytes: [UInt8]) throws(WireError) {
         let message = try WireMessage.decode(bytes)
-        guard message.kind == WireKind.fields else { throw WireError(.malformed, "the \(what) field is not a list of fields") }
-        return message
+        guard message.kind == WireKind.fields else { throw WireError(.malformed, "the \(Self.what) field is not a list of fields") }
+        try self.init(from: message)
     }
 }
 

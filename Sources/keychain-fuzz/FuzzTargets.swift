@@ -103,13 +103,18 @@ enum FuzzTarget: String, CaseIterable {
 
     private static func request(_ message: WireMessage) {
         _ = WireOp(rawValue: message.kind)
-        _ = try? message.uint(WireTag.attempts)
-        _ = try? message.string(WireTag.key)
+        // Every operation's request codec, whatever the kind (keychaind picks one by the kind).
         if let bytes = message.bytes(WireTag.options), let options = try? KeychainOptions(wire: WireStorageOptions(decoding: bytes)),
            let service = options.service {
             _ = try? StorageRef(scope: .user(1000), options: options, defaultService: service, forWire: true)
         }
-        _ = try? SetItemOptions(wire: message)
+        _ = try? SetItemOptions(wire: WireCall.setItem.request(from: message).options)
+        _ = try? WireCall.getItem.request(from: message)
+        _ = try? WireCall.getItems.request(from: message)
+        _ = try? WireCall.storageCanUse.request(from: message)
+        _ = try? WireCall.attestKey.request(from: message)
+        _ = try? WireDevice(from: message)
+        _ = try? WireCall.importBundle.request(from: message)
         _ = try? KeychainError(decoding: message)
         if let bytes = message.bytes(WireTag.value) { _ = WireJSONStrings.decode(bytes) }
     }

@@ -268,11 +268,13 @@ func readValue() -> [UInt8] {
     return value
 }
 
-/// One exchange of the front: the request, then keychaind's reply (an error reply reported as the full tool does).
-private func frontExchange(_ message: WireMessage, on fd: Int32, socket: String, for fast: FastCommand) -> WireMessage {
+/// One exchange of the front: `call`'s request, then keychaind's reply read as `call`'s (an error
+/// reply reported as the full tool does).
+private func frontExchange<Request, Reply>(_ call: WireCall<Request, Reply>, _ message: WireMessage, on fd: Int32, socket: String,
+                                           for fast: FastCommand) -> Reply {
     do throws(WireError) {
         let first = try WireSocket.exchange(fd, message, idle: 120, stall: 10)
-        let reply = try WireReply.awaiting(first) { _ throws(WireError) in
+        let reply = try WireReply.awaiting(first, unreadable: { $0 }) { _ throws(WireError) in
             // The full tool has an authenticator: it asks the question. This request ends
             // unanswered (keychaind takes the closed connection for an interrupted prompt,
             // which changes nothing) and the full tool makes the read again; a get has read
@@ -284,11 +286,10 @@ private func frontExchange(_ message: WireMessage, on fd: Int32, socket: String,
             // No authenticator: the full tool answers "interrupted", and so does the front.
             return try WireSocket.exchange(fd, WirePromptAnswer.interrupted.message, idle: 120, stall: 10)
         }
-        switch reply {
-        case .ok(let result): return result
-        case .error(let thrown): Failure(thrown).report()
-        case .unknown(let kind): Failure(WireFailure(unknownKind: kind)).report()
-        }
+        var result: WireMessage
+        do throws(Failure) { result = try (consume reply).result(thrown: Failure.init, unknown: Failure.init) } catch { error.report() }
+        defer { result.wipe() }
+        return try call.reply(from: result)
     } catch {
         Failure(WireFailure(exchanging: error, socket: socket, replyTimeout: 120)).report()
     }
@@ -305,25 +306,19 @@ public func keychainctlMain(fullToolInThisExecutable: Bool = false) -> Never {
           let fast = FastCommand(inv) else {
         runFullTool()
     }
-    let options = WireStorageOptions(service: fast.service, accessGroup: fast.accessGroup).encoded()
-    func request(_ op: WireOp) -> WireMessage {
-        var message = WireMessage(kind: op.rawValue)
-        message.add(WireTag.options, options)
-        message.add(WireTag.key, fast.key)
-        return message
-    }
+    let storage = WireStorage(options: WireStorageOptions(service: fast.service, accessGroup: fast.accessGroup).encoded(), key: fast.key)
 
     // The full tool's order: its checks, then stdin (set), then the connection.
-    var first = request(fast.op == .removeItem ? .hasItem : fast.op)
-    switch fast.op {
+    var first = switch fast.op {
     case .setItem:
         // Moved into the request without another reference, so the request's wipe zeroes it in place.
-        first.add(WireTag.value, readValue())
-        WireSetOptions(accessible: fast.flags["--accessible"], accessControl: fast.flags["--access-control"],
-                       label: fast.flags["--label"], synchronizable: fast.synchronizable ? true : nil).add(to: &first)
-    case .getItem:
-        first.add(WireTag.attempts, fast.attempts)
-    default: break
+        WireCall.setItem.request(WireSetItem(storage: storage, value: readValue(), options: WireSetOptions(
+            accessible: fast.flags["--accessible"], accessControl: fast.flags["--access-control"], label: fast.flags["--label"],
+            synchronizable: fast.synchronizable ? true : nil)))
+    case .getItem: WireCall.getItem.request(WireGetItem(storage: storage, attempts: fast.attempts))
+    case .allKeys: WireCall.allKeys.request(storage)
+    case .clear: WireCall.clear.request(storage)
+    default: WireCall.hasItem.request(storage)  // hasItem, and removeItem's first question
     }
 
     let fd: Int32
@@ -334,13 +329,13 @@ public func keychainctlMain(fullToolInThisExecutable: Bool = false) -> Never {
         Failure(WireFailure(connecting: error, socket: socket)).report()
     }
 
-    func exchange(_ message: WireMessage) -> WireMessage { frontExchange(message, on: fd, socket: socket, for: fast) }
+    func exchange<Reply>(_ call: WireCall<some WireFields, Reply>, _ message: WireMessage) -> Reply {
+        frontExchange(call, message, on: fd, socket: socket, for: fast)
+    }
 
-    var reply = exchange(first)
-    first.wipe()
     switch fast.op {
     case .getItem:
-        guard var value = reply.bytes(WireTag.resultBytes) else {
+        guard var value = exchange(WireCall.getItem, first).bytes else {
             guard fast.json else { fail("no item '\(escaped(fast.key!))' in service '\(escaped(fast.service))'", 1) }
             let message = "No item '\(fast.key!)' in service '\(fast.service)'"
             writeAll(1, Array("{\"error\":{\"code\":\"NOT_FOUND\",\"message\":\(jsonEncoded(message))}}\n".utf8))
@@ -349,25 +344,27 @@ public func keychainctlMain(fullToolInThisExecutable: Bool = false) -> Never {
         writeAll(1, value)
         value.wipe()
     case .hasItem, .removeItem:
-        guard let present = (try? reply.bool(WireTag.resultBool)).flatMap({ $0 }) else {
+        guard let present = exchange(WireCall.hasItem, first).value else {
             Failure("INTERNAL", "The keychain service's reply has no boolean result").report()
         }
-        if fast.op == .removeItem { _ = exchange(request(.removeItem)) }
+        if fast.op == .removeItem { _ = exchange(WireCall.removeItem, WireCall.removeItem.request(storage)) }
         if fast.json { writeAll(1, Array("{\"\(fast.op == .removeItem ? "removed" : "present")\":\(present)}\n".utf8)) }
         exit(present ? 0 : 1)
     case .allKeys:
-        guard let bytes = reply.bytes(WireTag.resultJSON) else { Failure("INTERNAL", "The keychain service's reply has no result").report() }
+        guard let bytes = exchange(WireCall.allKeys, first).json else { Failure("INTERNAL", "The keychain service's reply has no result").report() }
         // A reply this parser does not read: the full tool asks again and words it (a read changes nothing).
         guard let keys = WireJSONStrings.decode(bytes) else { close(fd); runFullTool() }
         let text = fast.json ? "[" + keys.map(jsonEncoded).joined(separator: ",") + "]\n" : keys.map { escaped($0) + "\n" }.joined()
         writeAll(1, Array(text.utf8))
     case .setItem:
+        _ = exchange(WireCall.setItem, first)
+        first.wipe()
         if fast.json { writeAll(1, Array("{\"stored\":true}\n".utf8)) }
     case .clear:
+        _ = exchange(WireCall.clear, first)
         if fast.json { writeAll(1, Array("{\"cleared\":true}\n".utf8)) }
     default:
         break  // FastCommand makes no other
     }
-    reply.wipe()
     exit(0)
 }

@@ -281,6 +281,40 @@ struct RequestHandlerTests {
     }
 }
 
+extension RequestHandlerTests {
+    /// A field of an operation that does not decode is INVALID_ARGUMENT naming it, a value the
+    /// operation refuses is refused in its own words, and the service is never called.
+    @Test func aRequestWhoseFieldsDoNotDecodeIsRefusedBeforeTheService() async throws {
+        let backing = RecordingService()
+        let handler = DaemonRequestHandler(service: backing, groups: .init(directory: nil))
+        let root = Peer(pid: 1, uid: 0, gid: 0, groups: [])
+        let options = KeychainOptions(service: "mail").wire.encoded()
+        let unread = "The keychain service could not read the request: "
+        let cases: [(WireOp, [(UInt8, [UInt8])], String)] = [
+            (.getItem, [(WireTag.options, options), (WireTag.key, [0xFF])], unread + "field 2 is not UTF-8"),
+            (.getItem, [(WireTag.options, options), (WireTag.key, Array("k".utf8)), (WireTag.attempts, [1])],
+             unread + "field 10 is not an 8-byte integer"),
+            (.getItems, [(WireTag.options, options), (WireTag.keys, WireList.encode([[0xFF]]))], unread + "a key is not UTF-8"),
+            (.getItems, [(WireTag.options, options)], "A batch read names 1 to 1024 keys, got 0"),
+            (.setItem, [(WireTag.options, options), (WireTag.key, Array("k".utf8)), (WireTag.accessible, Array("sometimes".utf8))],
+             unread + "unknown Accessible 'sometimes'"),
+            (.storageCanUse, [(WireTag.options, options), (WireTag.accessControl, Array("faceID".utf8))], "Invalid accessControl 'faceID'"),
+            (.deviceCanUse, [], "Invalid accessControl ''"),
+            (.removeFinger, [(WireTag.finger, [0xFF])], unread + "field 11 is not UTF-8"),
+            (.importBundle, [], "The keychain service got an import without its bundle"),
+        ]
+        for (op, fields, message) in cases {
+            var request = WireMessage(kind: op.rawValue)
+            for (tag, bytes) in fields { request.add(tag, bytes) }
+            let reply = await handler.respond(to: request, from: root, options: Connection().options,
+                                              authenticator: { _ in fatalError("no prompt in these tests") })
+            let error = try KeychainError(decoding: reply)
+            #expect(error.code == .invalidArgument && error.message == message, "\(op): \(error)")
+        }
+        #expect(backing.names.isEmpty)
+    }
+}
+
 /// Scopes in the store: the process's own services can never spell one of keychaind's.
 @Suite("item scopes", .offThePool)
 struct ItemScopeTests {

@@ -8,20 +8,24 @@ import Testing
 @testable import Keychain
 @testable import KeychainDaemon
 
-/// keychaind's bytes pinned: each operation's request as the library's client sends it, the prompt
-/// keychaind asks with and each answer a client gives, byte for byte as the protocol's second
-/// version wrote them (taken from the hand-written encoders before the codecs replaced them).
+/// keychaind's bytes pinned: each operation's request as the library's client sends it, its reply as
+/// keychaind's handler makes it, the prompt keychaind asks with and each answer a client gives, byte
+/// for byte as the protocol's second version wrote them (taken from the hand-written encoders and
+/// decoders before the per-operation codecs replaced them).
 @Suite("keychaind protocol: golden bytes", .offThePool)
 struct WireGoldenTests {
     /// A socket that records each frame it gets: a `getItem` that carries `attempts` is asked a
     /// prompt first (its answer recorded too), and every request is then refused with an error reply.
     final class Recorder: @unchecked Sendable {
+        /// Answers each request (as root) instead of the error reply; its replies are recorded too.
+        let handler: DaemonRequestHandler?
         let directory: String
         var socket: String { directory + "/golden.sock" }
         let listener: Int32
         let frames = Mutex<[[UInt8]]>([])
 
-        init() throws {
+        init(handler: DaemonRequestHandler? = nil) throws {
+            self.handler = handler
             directory = FileManager.default.temporaryDirectory.appendingPathComponent("wire-golden-\(UUID().uuidString)").path
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
             listener = Glibc.socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
@@ -55,7 +59,23 @@ struct WireGoldenTests {
                       let answer = try? WireSocket.receive(fd, idle: 60, stall: 60) else { return false }
                 frames.withLock { $0.append(answer.encoded()) }
             }
-            return (try? WireSocket.send(fd, KeychainError(.internal, "recorded").wireMessage)) != nil
+            guard let handler else { return (try? WireSocket.send(fd, KeychainError(.internal, "recorded").wireMessage)) != nil }
+            let reply = waitFor { () async -> WireMessage in
+                await handler.respond(to: request, from: Peer(pid: 1, uid: 0, gid: 0, groups: []), options: Connection().options,
+                                      authenticator: { _ in fatalError("no prompt in these calls") })
+            }
+            frames.withLock { $0.append(Self.sortingJSON(reply).encoded()) }
+            return (try? WireSocket.send(fd, reply)) != nil
+        }
+
+        /// The reply with its JSON result's object keys sorted: JSONEncoder writes them in no fixed
+        /// order (the client reads them by name), so the order is not part of the protocol.
+        static func sortingJSON(_ reply: WireMessage) -> WireMessage {
+            guard let json = reply.bytes(WireTag.resultJSON), let object = try? JSONSerialization.jsonObject(with: Data(json), options: [.fragmentsAllowed]),
+                  let sorted = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .fragmentsAllowed]) else { return reply }
+            var copy = WireMessage(kind: reply.kind)
+            for (tag, bytes) in reply.fields { copy.add(tag, tag == WireTag.resultJSON ? [UInt8](sorted) : bytes) }
+            return copy
         }
 
         /// The frames recorded since the last call, as hex.
@@ -88,44 +108,55 @@ struct WireGoldenTests {
     static func secure(_ text: String) -> SecureBytes { SecureBytes(copying: Array(text.utf8)) }
 
     /// Every call of the library's client, each made once; what each sent is in `golden`.
-    static func calls(_ client: DaemonClient, _ storage: StorageRef) async -> [(String, () async throws -> Void)] {
+    static func calls(_ client: any KeychainService, _ storage: StorageRef) async -> [(String, () async throws -> String)] {
         let (pin, new) = (secure("1234"), secure("5678"))
         let getOptions = GetItemOptions(prompt: Prompt(subtitle: "for the mail"))
         let setOptions = SetItemOptions(accessible: .always, accessControlOverride: .passcode, authValidity: 5, label: "L", synchronizable: false)
+        let bundle = Self.bundle
         return [
-            ("setItem", { try await client.setItem("token", secure("v"), options: setOptions, in: storage) }),
-            ("setItemPlain", { try await client.setItem("token", secure("v"), options: nil, in: storage) }),
-            ("getItem", { _ = try await client.getItem("token", options: getOptions, in: storage, authenticator: nil) }),
-            ("hasItem", { _ = try await client.hasItem("token", in: storage) }),
-            ("removeItem", { try await client.removeItem("token", in: storage) }),
-            ("clear", { try await client.clear(storage) }),
-            ("allKeys", { _ = try await client.allKeys(in: storage) }),
-            ("allServices", { _ = try await client.allServices(in: storage) }),
-            ("itemInfo", { _ = try await client.itemInfo("token", in: storage) }),
-            ("storageCanUse", { _ = try await client.canUseAccessControl(.biometryAny, in: storage) }),
-            ("endWindows", { try await client.endWindows(in: storage) }),
-            ("attestKey", { _ = try await client.attestKey(nonce: [1, 2, 3], in: storage) }),
-            ("enrollFinger", { try await client.enrollFinger("thumb", passcode: pin) }),
-            ("removeFinger", { _ = try await client.removeFinger("thumb", passcode: nil) }),
-            ("deleteReader", { _ = try await client.deleteReader(passcode: pin) }),
-            ("enrolledFingers", { _ = try await client.enrolledFingers() }),
-            ("biometryTypes", { _ = client.biometryTypes() }),
-            ("deviceCanUse", { _ = try await client.canUseAccessControl(.passcode) }),
-            ("initialize", { _ = try await client.initialize() }),
-            ("status", { _ = try await client.status() }),
-            ("resetTokenPINTries", { try await client.resetTokenPINTries() }),
-            ("tokenStatus", { _ = try await client.tokenStatus() }),
-            ("unlock", { try await client.unlock(passcode: pin) }),
-            ("lock", { try await client.lock() }),
-            ("setPasscode", { try await client.setPasscode(old: nil, new: new) }),
-            ("changePasscode", { try await client.setPasscode(old: pin, new: new) }),
-            ("removePasscode", { try await client.setPasscode(old: pin, new: nil) }),
-            ("resetPasscodeTries", { try await client.resetPasscodeTries() }),
-            ("takeTPMCommandCount", { _ = await client.takeTPMCommandCount() }),
-            ("dropCaches", { await client.dropCaches() }),
-            ("identity", { _ = try await client.identity() }),
+            ("setItem", { try await client.setItem("token", secure("v"), options: setOptions, in: storage); return "ok" }),
+            ("setItemPlain", { try await client.setItem("token", secure("v"), options: nil, in: storage); return "ok" }),
+            ("getItem", { show(try await client.getItem("token", options: getOptions, in: storage, authenticator: nil)) }),
+            ("hasItem", { "\(try await client.hasItem("token", in: storage))" }),
+            ("removeItem", { try await client.removeItem("token", in: storage); return "ok" }),
+            ("clear", { try await client.clear(storage); return "ok" }),
+            ("allKeys", { "\(try await client.allKeys(in: storage))" }),
+            ("allServices", { "\(try await client.allServices(in: storage))" }),
+            ("itemInfo", { "\(try await client.itemInfo("token", in: storage) as Any)" }),
+            ("storageCanUse", { "\(try await client.canUseAccessControl(.biometryAny, in: storage))" }),
+            ("endWindows", { try await client.endWindows(in: storage); return "ok" }),
+            ("attestKey", { "\(try await client.attestKey(nonce: [1, 2, 3], in: storage))" }),
+            ("enrollFinger", { try await client.enrollFinger("thumb", passcode: pin); return "ok" }),
+            ("removeFinger", { "\(try await client.removeFinger("thumb", passcode: nil))" }),
+            ("deleteReader", { "\(try await client.deleteReader(passcode: pin))" }),
+            ("enrolledFingers", { "\(try await client.enrolledFingers())" }),
+            ("biometryTypes", { "\(client.biometryTypes())" }),
+            ("deviceCanUse", { "\(try await client.canUseAccessControl(.passcode))" }),
+            ("initialize", { "\(try await client.initialize())" }),
+            ("status", { "\(try await client.status())" }),
+            ("resetTokenPINTries", { try await client.resetTokenPINTries(); return "ok" }),
+            ("tokenStatus", { "\(try await client.tokenStatus() as Any)" }),
+            ("unlock", { try await client.unlock(passcode: pin); return "ok" }),
+            ("lock", { try await client.lock(); return "ok" }),
+            ("setPasscode", { try await client.setPasscode(old: nil, new: new); return "ok" }),
+            ("changePasscode", { try await client.setPasscode(old: pin, new: new); return "ok" }),
+            ("removePasscode", { try await client.setPasscode(old: pin, new: nil); return "ok" }),
+            ("resetPasscodeTries", { try await client.resetPasscodeTries(); return "ok" }),
+            ("takeTPMCommandCount", { "\(await client.takeTPMCommandCount())" }),
+            ("dropCaches", { await client.dropCaches(); return "ok" }),
+            ("identity", { "\(try await client.identity())" }),
+            ("importBundle", { "\(try await client.importBundle(bundle, passcode: nil, in: .user(1600)))" }),
+            // New bytes: the hand encoder added the passcode after the bundle, out of tag order, and trapped.
+            ("importBundleWithPasscode", { "\(try await client.importBundle(bundle, passcode: pin, in: .user(1600)))" }),
+            ("getItems", {
+                try await client.getItems(["token", "absent", "locked"], in: storage, authenticator: nil).map { read in
+                    switch read { case .success(let value): show(value); case .failure(let error): "\(error)" }
+                }.joined(separator: ", ")
+            }),
         ]
     }
+
+    static func show(_ value: SecureBytes?) -> String { value.map { "\($0.withUnsafeBytes { Array($0) })" } ?? "nil" }
 
 
     /// The storage options field both tests' storages send (service, accessible, access control, …).
@@ -146,9 +177,12 @@ struct WireGoldenTests {
             "endWindows": ["0209" + o],
             "enrollFinger": ["02140b000000057468756d620c0000000431323334"],
             "enrolledFingers": ["0217"],
+            "getItems": ["020c" + o + "100000001d00000005746f6b656e00000006616273656e74000000066c6f636b6564"],
             "getItem": ["0202" + o + "0200000005746f6b656e09000000130200020000000c666f7220746865206d61696c"],
             "hasItem": ["0203" + o + "0200000005746f6b656e"],
             "identity": ["0228"],
+            "importBundle": ["0229" + "0e00000145" + hex(Array(bundleDocument.utf8))],
+            "importBundleWithPasscode": ["0229" + "0c0000000431323334" + "0e00000145" + hex(Array(bundleDocument.utf8))],
             "initialize": ["021a"],
             "itemInfo": ["0207" + o + "0200000005746f6b656e"],
             "lock": ["021f"],
@@ -194,6 +228,31 @@ struct WireGoldenTests {
             seen[name] = recorder.take()
         }
         #expect(seen == Self.golden)
+    }
+
+    /// Each request's reply as keychaind's handler makes it from the service's answer, byte for byte,
+    /// and read back by the library's client as the service answered.
+    @Test func eachOperationsReplyIsTheBytesTheProtocolPinnedAndReadsBackAsAnswered() async throws {
+        let service = GoldenService()
+        let recorder = try Recorder(handler: DaemonRequestHandler(service: service, groups: .init(directory: nil)))
+        let client = DaemonClient(socketPath: recorder.socket)
+        let options = KeychainOptions(service: "mail", prompt: Prompt(title: "Mail"))
+        let storage = try StorageRef(scope: .user(1600), options: options, defaultService: "mail", forWire: true)
+        let local = try StorageRef(scope: .user(0), options: options, defaultService: "mail")
+        let direct = await Self.calls(service, local)
+        var replies: [String: String] = [:]
+        for ((name, call), (_, directCall)) in zip(await Self.calls(client, storage), direct) {
+            let (answered, expected) = (await Self.outcome(call), await Self.outcome(directCall))
+            let frames = recorder.take()
+            replies[name] = frames.dropFirst().joined(separator: " ")
+            #expect(answered == expected, "\(name)")
+        }
+        #expect(replies == Self.goldenReplies)
+    }
+
+    /// What a call returned or threw, in words (the error's code, message and cause).
+    static func outcome(_ call: () async throws -> String) async -> String {
+        do { return try await call() } catch { return "\(error)" }
     }
 
     @Test func eachPromptAnswerIsTheBytesTheProtocolPinned() async throws {
@@ -249,4 +308,143 @@ private func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x"
 private func unhex(_ text: String) -> [UInt8] {
     let digits = Array(text.utf8)
     return stride(from: 0, to: digits.count, by: 2).map { UInt8(String(decoding: digits[$0..<$0 + 2], as: UTF8.self), radix: 16)! }
+}
+
+extension WireGoldenTests {
+    /// The bundle `importBundle` sends (its JSON document travels as it is).
+    static let bundle = ProvisioningBundle(format: ProvisioningBundle.formatName, version: 1, parent: "srk", target: "00", service: "mail",
+                                           key: "token", label: nil, accessible: .afterFirstUnlock, accessControl: .none, itemVersion: 0,
+                                           pcrs: nil, publicArea: "", duplicate: "", encryptedSeed: "", nonce: "", ciphertext: "")
+
+    /// `bundle`'s document, as the client sends it (pretty-printed, keys sorted: `ProvisioningJSON`).
+    static let bundleDocument = """
+        {
+          "accessControl" : "none",
+          "accessible" : "afterFirstUnlock",
+          "ciphertext" : "",
+          "duplicate" : "",
+          "encryptedSeed" : "",
+          "format" : "keychain-linux bundle",
+          "itemVersion" : 0,
+          "key" : "token",
+          "nonce" : "",
+          "parent" : "srk",
+          "publicArea" : "",
+          "service" : "mail",
+          "target" : "00",
+          "version" : 1
+        }
+        """
+
+    /// Each reply as `GoldenService`'s answers make it (JSON objects' keys sorted: `Recorder.sortingJSON`).
+    static let goldenReplies: [String: String] = [
+        "allKeys": "0280160000000c5b2261222c22625c2f63225d",
+        "allServices": "028016000000085b226d61696c225d",
+        "attestKey": "028014000001627b0a2020226174746573746174696f6e4b65794e616d6522203a20223030222c0a202022636c61696d22203a207b0a2020202022616363657373436f6e74726f6c22203a20226e6f6e65222c0a202020202261636365737369626c6522203a2022616c77617973222c0a20202020227365727669636522203a20226d61696c220a20207d2c0a2020226372656174696f6e43657274696669636174696f6e22203a207b0a202020202261747465737422203a2022222c0a20202020227369676e617475726522203a2022220a20207d2c0a2020226372656174696f6e4461746122203a2022222c0a202022666f726d617422203a20226b6579636861696e2d6c696e7578206b6579206174746573746174696f6e222c0a2020226e6f6e636522203a202241514944222c0a202022706f6c69637922203a2022222c0a2020227075626c69634172656122203a2022222c0a20202276657273696f6e22203a20310a7d",
+        "biometryTypes": "0280160000000f5b2266696e6765727072696e74225d",
+        "changePasscode": "0280",
+        "clear": "0280",
+        "deleteReader": "0280150000000100",
+        "deviceCanUse": "028016000000127b22617661696c61626c65223a747275657d",
+        "dropCaches": "0280",
+        "endWindows": "0280",
+        "enrollFinger": "0280",
+        "enrolledFingers": "028016000000095b227468756d62225d",
+        "getItem": "0280140000000e76616c7565206f6620746f6b656e",
+        "getItems": "02801800000085000000150280140000000e76616c7565206f6620746f6b656e0000000202800000006202811e0000001541555448454e5449434154494f4e5f4641494c45441f00000012546865206974656d206973206c6f636b6564200000000800000000000000002100000008000000000000098e220000001054504d5f52435f415554485f4641494c",
+        "hasItem": "0280150000000101",
+        "identity": "02811e0000001448415244574152455f554e415641494c41424c451f000000064e6f2054504d2000000008000000000000000221000000080000000000000002",
+        "importBundle": "0280160000000a22696d706f7274656422",
+        "importBundleWithPasscode": "0280160000000a22696d706f7274656422",
+        "initialize": "028016000000c27b226c6f636b6f7574417574686f72697a6174696f6e536574223a747275652c226c6f636b5374617465223a22756e6c6f636b6564222c226f776e6572417574686f72697a6174696f6e536574223a66616c73652c2270617373636f6465536574223a747275652c2273656375726974794c6576656c223a22736f66747761726554504d222c2273746f72616765526f6f744b6579223a2270696e6e6564222c2274706d223a22737774706d222c227761726e696e6773223a5b227765616b225d7d",
+        "itemInfo": "028016000000947b22616363657373436f6e74726f6c223a2270617373636f6465222c2261636365737369626c65223a22616c77617973222c2263726561746564223a312c226b6579223a22746f6b656e222c226c6162656c223a224c222c226d6f646966696564223a322c2273656375726974794c6576656c223a22736f66747761726554504d222c2273657276696365223a226d61696c227d",
+        "lock": "0280",
+        "removeFinger": "0280150000000101",
+        "removeItem": "0280",
+        "removePasscode": "0280",
+        "resetPasscodeTries": "0280",
+        "resetTokenPINTries": "0280",
+        "setItem": "0280",
+        "setItemPlain": "0280",
+        "setPasscode": "0280",
+        "status": "028016000000c27b226c6f636b6f7574417574686f72697a6174696f6e536574223a747275652c226c6f636b5374617465223a22756e6c6f636b6564222c226f776e6572417574686f72697a6174696f6e536574223a66616c73652c2270617373636f6465536574223a747275652c2273656375726974794c6576656c223a22736f66747761726554504d222c2273746f72616765526f6f744b6579223a2270696e6e6564222c2274706d223a22737774706d222c227761726e696e6773223a5b227765616b225d7d",
+        "storageCanUse": "0280160000002a7b22617661696c61626c65223a66616c73652c22726561736f6e223a226e6f74456e726f6c6c6564227d",
+        "takeTPMCommandCount": "028017000000080000000000000007",
+        "tokenStatus": "0280160000007e7b226c6162656c223a2274222c226d616e756661637475726572223a226d222c226d6f64656c223a226f222c2273657269616c223a2273222c227573657250696e436f756e744c6f77223a66616c73652c227573657250696e46696e616c547279223a747275652c227573657250696e4c6f636b6564223a66616c73657d",
+        "unlock": "0280",
+    ]
+}
+
+/// A `KeychainService` with one fixed answer a call: every kind of result a reply carries (a value, none,
+/// a boolean, a list, a document, a number, an error with its cause).
+final class GoldenService: KeychainService {
+    static let locked = KeychainError(.authenticationFailed, "The item is locked", underlying: .tpm(code: 0x98E, name: "TPM_RC_AUTH_FAIL"))
+    static let status = try! JSONDecoder().decode(DeviceStatus.self, from: Data("""
+        {"passcodeSet":true,"lockState":"unlocked","securityLevel":"softwareTPM","tpm":"swtpm","ownerAuthorizationSet":false,
+         "lockoutAuthorizationSet":true,"storageRootKey":"pinned","warnings":["weak"]}
+        """.utf8))
+
+    func setItem(_ key: String, _ value: SecureBytes, options: SetItemOptions?, in storage: StorageRef) async throws(KeychainError) {}
+    func getItem(_ key: String, options: GetItemOptions?, in storage: StorageRef,
+                 authenticator: (any Authenticator)?) async throws(KeychainError) -> SecureBytes? {
+        switch key {
+        case "absent": return nil
+        case "locked": throw Self.locked
+        default: return SecureBytes(copying: Array("value of \(key)".utf8))
+        }
+    }
+    func warmItem(_ key: String, in storage: StorageRef) -> WarmRead? { nil }
+    func hasItem(_ key: String, in storage: StorageRef) async throws(KeychainError) -> Bool { true }
+    func removeItem(_ key: String, in storage: StorageRef) async throws(KeychainError) {}
+    func clear(_ storage: StorageRef) async throws(KeychainError) {}
+    func allKeys(in storage: StorageRef) async throws(KeychainError) -> [String] { ["a", "b/c"] }
+    func allServices(in storage: StorageRef) async throws(KeychainError) -> [String] { ["mail"] }
+    func itemInfo(_ key: String, in storage: StorageRef) async throws(KeychainError) -> ItemInfo? {
+        ItemInfo(key: key, service: storage.service, accessible: .always, accessControl: .passcode, label: "L",
+                 created: Date(timeIntervalSinceReferenceDate: 1), modified: Date(timeIntervalSinceReferenceDate: 2),
+                 securityLevel: .softwareTPM, token: nil)
+    }
+    func canUseAccessControl(_ value: AccessControl, in storage: StorageRef) async throws(KeychainError) -> AccessControlCheck {
+        .init(available: false, reason: .notEnrolled)
+    }
+    func getItems(_ keys: [String], in storage: StorageRef, authenticator: (any Authenticator)?) async throws(KeychainError) -> [ItemRead] {
+        var reads: [ItemRead] = []
+        for key in keys {
+            do { reads.append(.success(try await getItem(key, options: nil, in: storage, authenticator: authenticator))) } catch {
+                reads.append(.failure(error))
+            }
+        }
+        return reads
+    }
+    func endWindows(in storage: StorageRef) async throws(KeychainError) {}
+    func attestKey(nonce: [UInt8], in storage: StorageRef) async throws(KeychainError) -> KeyAttestation {
+        KeyAttestation(format: KeyAttestation.formatName, version: 1,
+                       claim: .init(service: storage.service, accessible: .always, accessControl: .none),
+                       attestationKeyName: "00", nonce: Data(nonce).base64EncodedString(), publicArea: "", policy: "", creationData: "",
+                       creationCertification: AttestationAnswer.Signed(attest: "", signature: ""))
+    }
+    func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) {}
+    func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool { true }
+    func deleteReader(passcode: SecureBytes?) async throws(KeychainError) -> Bool { false }
+    func enrolledFingers() async throws(KeychainError) -> [String] { ["thumb"] }
+    func biometryTypes() -> [BiometryType] { [.fingerprint] }
+    func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck { .init(available: true, reason: nil) }
+    func initialize() async throws(KeychainError) -> DeviceStatus { Self.status }
+    func status() async throws(KeychainError) -> DeviceStatus { Self.status }
+    func resetTokenPINTries() async throws(KeychainError) {}
+    func tokenStatus() async throws(KeychainError) -> TokenStatus? {
+        TokenStatus(label: "t", manufacturer: "m", model: "o", serial: "s", userPinLocked: false, userPinFinalTry: true, userPinCountLow: false)
+    }
+    func unlock(passcode: SecureBytes?) async throws(KeychainError) {}
+    func lock() async throws(KeychainError) {}
+    func setPasscode(old: SecureBytes?, new: SecureBytes?) async throws(KeychainError) {}
+    func resetPasscodeTries() async throws(KeychainError) {}
+    func takeTPMCommandCount() async -> Int { 7 }
+    func dropCaches() async {}
+    func identity() async throws(KeychainError) -> DeviceIdentity {
+        throw KeychainError(.hardwareUnavailable, "No TPM", underlying: .errno(ENOENT))
+    }
+    func importBundle(_ bundle: ProvisioningBundle, passcode: SecureBytes?, in scope: ItemScope) async throws(KeychainError) -> ImportOutcome {
+        .imported
+    }
 }

@@ -202,8 +202,8 @@ struct WireReaderTests {
     @Test func aRequestTheDaemonClosedUnreadIsSentOnANewConnection() async throws {
         let daemon = try FakeDaemon(second: .closeUnread)
         let client = DaemonClient(socketPath: daemon.socket)
-        #expect(try await client.call(.status).uint(WireTag.resultNumber) == 1)
-        #expect(try await client.call(.status).uint(WireTag.resultNumber) == 2)
+        #expect(try await client.call(.takeTPMCommandCount, WireNone()).value == 1)
+        #expect(try await client.call(.takeTPMCommandCount, WireNone()).value == 2)
         #expect(daemon.connections.load(ordering: .sequentiallyConsistent) == 2)
     }
 
@@ -247,7 +247,7 @@ struct WireReaderTests {
     @Test func aRequestANewConnectionDidNotDeliverIsSentOnAnother() async throws {
         let daemon = try FakeDaemon(second: .readAndClose, first: .closeUnread)
         let client = DaemonClient(socketPath: daemon.socket)
-        #expect(try await client.call(.status).uint(WireTag.resultNumber) == 1)
+        #expect(try await client.call(.takeTPMCommandCount, WireNone()).value == 1)
         #expect(daemon.connections.load(ordering: .sequentiallyConsistent) == 2)
         #expect(daemon.answered.load(ordering: .sequentiallyConsistent) == 1)
     }
@@ -258,7 +258,7 @@ struct WireReaderTests {
         let daemon = try FakeDaemon(second: .readAndClose, first: .refuse)
         let client = DaemonClient(socketPath: daemon.socket)
         do {
-            _ = try await client.call(.status)
+            _ = try await client.call(.takeTPMCommandCount, WireNone())
             Issue.record("a refused call succeeded")
         } catch {
             #expect(error.code == .hardwareUnavailable)
@@ -274,9 +274,9 @@ struct WireReaderTests {
     @Test func aRequestTheDaemonReadAndDroppedIsNotSentAgain() async throws {
         let daemon = try FakeDaemon(second: .readAndClose)
         let client = DaemonClient(socketPath: daemon.socket)
-        #expect(try await client.call(.status).uint(WireTag.resultNumber) == 1)
+        #expect(try await client.call(.takeTPMCommandCount, WireNone()).value == 1)
         do {
-            _ = try await client.call(.status)
+            _ = try await client.call(.takeTPMCommandCount, WireNone())
             Issue.record("a call whose request the daemon dropped succeeded")
         } catch {
             #expect(error.code == .hardwareUnavailable)

@@ -27,7 +27,7 @@ struct WireTests {
         #expect(decoded.encoded() == encoded)
         #expect(try decoded.string(WireTag.key) == "k")
         #expect(try decoded.uint(WireTag.authValidity) == 5)
-        let call = try #require(try SetItemOptions(wire: decoded))
+        let call = try #require(try SetItemOptions(wire: WireCall.setItem.request(from: decoded).options))
         #expect(call.accessible == .always && call.authValidity == 5 && call.synchronizable == false && call.accessControl == nil)
     }
 
@@ -80,7 +80,7 @@ struct WireTests {
             guard let message = try? WireMessage.decode(input) else { continue }
             accepted += 1
             #expect(message.encoded() == input)
-            _ = try? SetItemOptions(wire: message)
+            _ = try? SetItemOptions(wire: WireCall.setItem.request(from: message).options)
             _ = try? message.bytes(WireTag.options).map { bytes throws(WireError) in try KeychainOptions(wire: WireStorageOptions(decoding: bytes)) }
             _ = try? KeychainError(decoding: message)
             for tag in message.fields.map(\.tag) { _ = try? message.string(tag); _ = try? message.uint(tag); _ = try? message.bool(tag) }

@@ -46,11 +46,21 @@ struct DaemonClient: Sendable {
     /// How long a started frame may stall.
     static let stallTimeout = 10
 
-    func call(_ op: WireOp, _ build: (inout WireMessage) -> Void = { _ in },
-              authenticator: (any Authenticator)? = nil) async throws(KeychainError) -> WireMessage {
-        var request = WireMessage(kind: op.rawValue)
-        build(&request)
+    /// One call: `call`'s request with `fields` (released before the request is wiped, so a secret in
+    /// them is wiped in place), the daemon's prompts answered by `authenticator`, then its reply's fields.
+    func call<Request, Reply>(_ call: WireCall<Request, Reply>, _ fields: consuming Request,
+                              authenticator: (any Authenticator)? = nil) async throws(KeychainError) -> Reply {
+        var request = call.request(fields)
+        _ = consume fields
         defer { request.wipe() }
+        // The reply's buffers are this call's alone; those the fields do not keep (a batch's list) are wiped here.
+        var reply = try await exchange(request, authenticator: authenticator)
+        defer { reply.wipe() }
+        do { return try call.reply(from: reply) } catch { throw failure(error) }
+    }
+
+    /// `request` and the daemon's messages until its reply: its ok message, or the error it threw.
+    private func exchange(_ request: WireMessage, authenticator: (any Authenticator)?) async throws(KeychainError) -> WireMessage {
         // Read once a call (two system calls): the connection's identity is the one it was made with.
         let identity = Identity.current
         var connection = try await checkOut(as: identity)
@@ -60,46 +70,35 @@ struct DaemonClient: Sendable {
             // Bytes past the reply: the daemon said more than it was asked, the stream is out of step.
             if complete && !connection.reader.hasPending { checkIn(connection) } else { close(connection.reader.fd) }
         }
-        var reply: WireMessage
+        let first: WireMessage
         if let served = try await exchangeUnlessUnread(connection, request) {
-            reply = served
+            first = served
         } else {
             // Closed by the daemon before it read the request: a kept one while idle (its idle timeout, a
             // restart), a new one that waited past the idle timeout for a thread to wait on. The request was
             // not served: once more, on a connection made where the request goes at once.
             let (fresh, served) = try await connectAndExchange(as: identity, request)
             close(connection.reader.fd)
-            (connection, reply) = (fresh, served)
+            (connection, first) = (fresh, served)
         }
-        // `WireReply.awaiting`'s steps, with this process's authenticator (async) answering.
-        while true {
-            let final: WireReply?
-            do { final = try WireReply(reply) } catch { throw failure(error) }
-            switch final {
-            case .ok(let result)?:
-                complete = true
-                return result
-            case .error(let thrown)?:
-                complete = true
-                throw KeychainError(thrown)
-            case .unknown(let kind)?: throw KeychainError(WireFailure(unknownKind: kind))
-            case nil:
-                var answer = try await answer(reply, authenticator: authenticator)
-                defer { answer.wipe() }
-                reply.wipe()
-                reply = try await exchange(connection.reader, answer)
-            }
+        let reader = connection.reader
+        let reply = try await WireReply.awaiting(first, unreadable: failure) { prompt async throws(KeychainError) in
+            var answer = try await answer(prompt, authenticator: authenticator)
+            defer { answer.wipe() }
+            return try await exchange(reader, answer)
         }
+        if case .unknown = reply {} else { complete = true }
+        return try (consume reply).result(thrown: KeychainError.init, unknown: KeychainError.init)
     }
 
     /// A call without fields and without prompts, for the API's few synchronous calls; nil on any failure.
-    func callBlocking(_ op: WireOp) -> WireMessage? {
+    func callBlocking<Reply>(_ call: WireCall<WireNone, Reply>) -> Reply? {
         guard case .success(let fd) = WireSocket.connect(path: socketPath) else { return nil }
         defer { close(fd) }
-        guard (try? WireSocket.send(fd, WireMessage(kind: op.rawValue))) != nil,
+        guard (try? WireSocket.send(fd, call.request(WireNone()))) != nil,
               let reply = try? WireSocket.receive(fd, idle: Self.replyTimeout, stall: Self.stallTimeout),
               reply.kind == WireKind.ok else { return nil }
-        return reply
+        return try? call.reply(from: reply)
     }
 
     /// The daemon asks; this process's authenticator answers (the daemon never prompts).
@@ -252,20 +251,23 @@ struct DaemonClient: Sendable {
     }
 }
 
-extension WireMessage {
-    /// The `resultJSON` field decoded, or `INTERNAL` naming what was missing.
-    func result<T: Decodable>(_ type: T.Type) throws(KeychainError) -> T {
-        let value: T?
-        do { value = try WireJSON.decode(type, bytes(WireTag.resultJSON)) } catch {
-            throw KeychainError(.internal, "The keychain service's reply does not decode: \(error.detail)")
-        }
-        guard let value else { throw KeychainError(.internal, "The keychain service's reply has no result") }
+extension WireJSONResult {
+    /// The result decoded, or `INTERNAL` naming what was missing.
+    func decoded<T: Decodable>(_ type: T.Type) throws(KeychainError) -> T {
+        guard let value = try decodedIfPresent(type) else { throw KeychainError(.internal, "The keychain service's reply has no result") }
         return value
     }
-    func resultBool() throws(KeychainError) -> Bool {
-        guard let value = try? bool(WireTag.resultBool) else {
-            throw KeychainError(.internal, "The keychain service's reply has no boolean result")
+    /// nil for a reply without a result (no item, no token).
+    func decodedIfPresent<T: Decodable>(_ type: T.Type) throws(KeychainError) -> T? {
+        do { return try WireJSON.decode(type, json) } catch {
+            throw KeychainError(.internal, "The keychain service's reply does not decode: \(error.detail)")
         }
+    }
+}
+
+extension WireFlag {
+    func result() throws(KeychainError) -> Bool {
+        guard let value else { throw KeychainError(.internal, "The keychain service's reply has no boolean result") }
         return value
     }
 }
@@ -285,30 +287,19 @@ extension KeychainError {
 /// keychaind as a `KeychainService`: each call is one request (the storage's options, encoded once
 /// when the storage was made, travel with each storage call).
 extension DaemonClient: KeychainService {
-    private func call(_ op: WireOp, _ storage: StorageRef, key: String? = nil, authenticator: (any Authenticator)? = nil,
-                      _ build: (inout WireMessage) -> Void = { _ in }) async throws(KeychainError) -> WireMessage {
-        try await call(op, { message in
-            message.add(WireTag.options, storage.wireOptions)
-            message.add(WireTag.key, key)
-            build(&message)
-        }, authenticator: authenticator)
-    }
+    private func storage(_ storage: StorageRef, _ key: String? = nil) -> WireStorage { WireStorage(options: storage.wireOptions, key: key) }
 
     func setItem(_ key: String, _ value: SecureBytes, options call: SetItemOptions?, in storage: StorageRef) async throws(KeychainError) {
-        _ = try await self.call(.setItem, storage, key: key) { message in
-            message.add(WireTag.value, value.wireBytes)
-            call?.add(to: &message)
-        }
+        _ = try await self.call(.setItem, WireSetItem(storage: self.storage(storage, key), value: value.wireBytes, options: call?.wire))
     }
 
     func getItem(_ key: String, options call: GetItemOptions?, in storage: StorageRef,
                  authenticator: (any Authenticator)?) async throws(KeychainError) -> SecureBytes? {
-        var reply = try await self.call(.getItem, storage, key: key, authenticator: authenticator) { message in
-            message.add(WireTag.prompt, call?.prompt?.wire.encoded())
-            message.add(WireTag.attempts, authenticator.map { UInt64(max(1, $0.attemptsPerRead)) })
-        }
+        var reply = try await self.call(.getItem, WireGetItem(storage: self.storage(storage, key), prompt: call?.prompt?.wire,
+                                                              attempts: authenticator.map { UInt64(max(1, $0.attemptsPerRead)) }),
+                                        authenticator: authenticator)
         defer { reply.wipe() }
-        return reply.bytes(WireTag.resultBytes).map { SecureBytes(copying: $0) }
+        return reply.bytes.map { SecureBytes(copying: $0) }
     }
 
     /// One `getItems` request per `WireList.maxKeys` keys, and again for the keys a reply left out
@@ -317,19 +308,15 @@ extension DaemonClient: KeychainService {
                   authenticator: (any Authenticator)?) async throws(KeychainError) -> [ItemRead] {
         var reads: [ItemRead] = []
         while reads.count < keys.count {
-            let asked = keys[reads.count...].prefix(WireList.maxKeys)
-            var reply = try await call(.getItems, storage, authenticator: authenticator) { message in
-                message.add(WireTag.attempts, authenticator.map { UInt64(max(1, $0.attemptsPerRead)) })
-                message.add(WireTag.keys, WireList.encode(asked.map { Array($0.utf8) }))
-            }
+            let asked = Array(keys[reads.count...].prefix(WireList.maxKeys))
+            var reply = try await call(.getItems, WireGetItems(storage: self.storage(storage), attempts: authenticator.map { UInt64(max(1, $0.attemptsPerRead)) },
+                                                               keys: asked), authenticator: authenticator)
             defer { reply.wipe() }
             do throws(WireError) {
-                var outcomes = try WireList.decode(reply.bytes(WireTag.resultItems) ?? [])
-                defer { for index in outcomes.indices { outcomes[index].wipe() } }
-                guard (1...asked.count).contains(outcomes.count) else {
-                    throw WireError(.malformed, "\(outcomes.count) outcomes for \(asked.count) keys")
+                guard (1...asked.count).contains(reply.outcomes.count) else {
+                    throw WireError(.malformed, "\(reply.outcomes.count) outcomes for \(asked.count) keys")
                 }
-                for outcome in outcomes { reads.append(try Self.read(outcome)) }
+                for outcome in reply.outcomes { reads.append(try Self.read(outcome)) }
             } catch {
                 throw failure(error)
             }
@@ -342,7 +329,10 @@ extension DaemonClient: KeychainService {
         var message = try WireMessage.decode(outcome)
         defer { message.wipe() }
         switch message.kind {
-        case WireKind.ok: return .success(message.bytes(WireTag.resultBytes).map { SecureBytes(copying: $0) })
+        case WireKind.ok:
+            var value = try WireCall.getItem.reply(from: message)
+            defer { value.wipe() }
+            return .success(value.bytes.map { SecureBytes(copying: $0) })
         case WireKind.error: return .failure(try KeychainError(decoding: message))
         default: throw WireError(.malformed, "an outcome of kind \(message.kind)")
         }
@@ -352,80 +342,78 @@ extension DaemonClient: KeychainService {
     func warmItem(_ key: String, in storage: StorageRef) -> WarmRead? { nil }
 
     func hasItem(_ key: String, in storage: StorageRef) async throws(KeychainError) -> Bool {
-        try await call(.hasItem, storage, key: key).resultBool()
+        try await call(.hasItem, self.storage(storage, key)).result()
     }
     func removeItem(_ key: String, in storage: StorageRef) async throws(KeychainError) {
-        _ = try await call(.removeItem, storage, key: key)
+        _ = try await call(.removeItem, self.storage(storage, key))
     }
-    func clear(_ storage: StorageRef) async throws(KeychainError) { _ = try await call(.clear, storage) }
+    func clear(_ storage: StorageRef) async throws(KeychainError) { _ = try await call(.clear, self.storage(storage)) }
     func allKeys(in storage: StorageRef) async throws(KeychainError) -> [String] {
-        try await call(.allKeys, storage).result([String].self)
+        try await call(.allKeys, self.storage(storage)).decoded([String].self)
     }
 
     func allServices(in storage: StorageRef) async throws(KeychainError) -> [String] {
-        try await call(.allServices, storage).result([String].self)
+        try await call(.allServices, self.storage(storage)).decoded([String].self)
     }
     func itemInfo(_ key: String, in storage: StorageRef) async throws(KeychainError) -> ItemInfo? {
-        let reply = try await call(.itemInfo, storage, key: key)
-        return reply.bytes(WireTag.resultJSON) == nil ? nil : try reply.result(ItemInfo.self)
+        try await call(.itemInfo, self.storage(storage, key)).decodedIfPresent(ItemInfo.self)
     }
     func canUseAccessControl(_ value: AccessControl, in storage: StorageRef) async throws(KeychainError) -> AccessControlCheck {
-        try await call(.storageCanUse, storage) { $0.add(WireTag.accessControl, value.rawValue) }.result(AccessControlCheck.self)
+        try await call(.storageCanUse, WireCanUse(storage: self.storage(storage), accessControl: value.rawValue)).decoded(AccessControlCheck.self)
     }
 
-    func endWindows(in storage: StorageRef) async throws(KeychainError) { _ = try await call(.endWindows, storage) }
+    func endWindows(in storage: StorageRef) async throws(KeychainError) { _ = try await call(.endWindows, self.storage(storage)) }
 
     func attestKey(nonce: [UInt8], in storage: StorageRef) async throws(KeychainError) -> KeyAttestation {
-        let reply = try await call(.attestKey, storage) { $0.add(WireTag.nonce, nonce) }
-        guard let document = reply.bytes(WireTag.resultBytes) else {
+        guard let document = try await call(.attestKey, WireAttestKey(storage: self.storage(storage), nonce: nonce)).bytes else {
             throw KeychainError(.internal, "The keychain service's reply has no key attestation")
         }
         return try KeyAttestation(json: Data(document))
     }
 
     func enrollFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) {
-        _ = try await call(.enrollFinger) { $0.add(WireTag.finger, name); $0.add(WireTag.passcode, passcode?.wireBytes) }
+        _ = try await call(.enrollFinger, WireDevice(finger: name, passcode: passcode?.wireBytes))
     }
     func removeFinger(_ name: String, passcode: SecureBytes?) async throws(KeychainError) -> Bool {
-        try await call(.removeFinger) { $0.add(WireTag.finger, name); $0.add(WireTag.passcode, passcode?.wireBytes) }.resultBool()
+        try await call(.removeFinger, WireDevice(finger: name, passcode: passcode?.wireBytes)).result()
     }
     func deleteReader(passcode: SecureBytes?) async throws(KeychainError) -> Bool {
-        try await call(.deleteReader) { $0.add(WireTag.passcode, passcode?.wireBytes) }.resultBool()
+        try await call(.deleteReader, WireDevice(passcode: passcode?.wireBytes)).result()
     }
-    func enrolledFingers() async throws(KeychainError) -> [String] { try await call(.enrolledFingers).result([String].self) }
+    func enrolledFingers() async throws(KeychainError) -> [String] { try await call(.enrolledFingers, WireNone()).decoded([String].self) }
     func biometryTypes() -> [BiometryType] {
-        callBlocking(.biometryTypes).flatMap { try? $0.result([BiometryType].self) } ?? []
+        callBlocking(.biometryTypes).flatMap { try? $0.decoded([BiometryType].self) } ?? []
     }
     func canUseAccessControl(_ value: AccessControl) async throws(KeychainError) -> AccessControlCheck {
-        try await call(.deviceCanUse) { $0.add(WireTag.accessControl, value.rawValue) }.result(AccessControlCheck.self)
+        try await call(.deviceCanUse, WireCanUse(accessControl: value.rawValue)).decoded(AccessControlCheck.self)
     }
-    func initialize() async throws(KeychainError) -> DeviceStatus { try await call(.initialize).result(DeviceStatus.self) }
-    func status() async throws(KeychainError) -> DeviceStatus { try await call(.status).result(DeviceStatus.self) }
-    func resetTokenPINTries() async throws(KeychainError) { _ = try await call(.resetTokenPINTries) }
+    func initialize() async throws(KeychainError) -> DeviceStatus { try await call(.initialize, WireNone()).decoded(DeviceStatus.self) }
+    func status() async throws(KeychainError) -> DeviceStatus { try await call(.status, WireNone()).decoded(DeviceStatus.self) }
+    func resetTokenPINTries() async throws(KeychainError) { _ = try await call(.resetTokenPINTries, WireNone()) }
     func tokenStatus() async throws(KeychainError) -> TokenStatus? {
-        let reply = try await call(.tokenStatus)
-        return reply.bytes(WireTag.resultJSON) == nil ? nil : try reply.result(TokenStatus.self)
+        try await call(.tokenStatus, WireNone()).decodedIfPresent(TokenStatus.self)
     }
     func unlock(passcode: SecureBytes?) async throws(KeychainError) {
-        _ = try await call(.unlock) { $0.add(WireTag.passcode, passcode?.wireBytes) }
+        _ = try await call(.unlock, WireDevice(passcode: passcode?.wireBytes))
     }
-    func lock() async throws(KeychainError) { _ = try await call(.lock) }
+    func lock() async throws(KeychainError) { _ = try await call(.lock, WireNone()) }
     func setPasscode(old: SecureBytes?, new: SecureBytes?) async throws(KeychainError) {
+        let call: WireCall<WireDevice, WireNone>
         switch (old, new) {
-        case (nil, let new?): _ = try await call(.setPasscode) { $0.add(WireTag.newPasscode, new.wireBytes) }
-        case (let old?, let new?):
-            _ = try await call(.changePasscode) { $0.add(WireTag.passcode, old.wireBytes); $0.add(WireTag.newPasscode, new.wireBytes) }
-        case (let old?, nil): _ = try await call(.removePasscode) { $0.add(WireTag.passcode, old.wireBytes) }
+        case (nil, _?): call = .setPasscode
+        case (_?, _?): call = .changePasscode
+        case (_?, nil): call = .removePasscode
         case (nil, nil): throw KeychainError.invalidArgument("Invalid passcode change: neither the current passcode nor a new one")
         }
+        _ = try await self.call(call, WireDevice(passcode: old?.wireBytes, newPasscode: new?.wireBytes))
     }
-    func resetPasscodeTries() async throws(KeychainError) { _ = try await call(.resetPasscodeTries) }
+    func resetPasscodeTries() async throws(KeychainError) { _ = try await call(.resetPasscodeTries, WireNone()) }
     func takeTPMCommandCount() async -> Int {
-        (try? await call(.takeTPMCommandCount).uint(WireTag.resultNumber)).flatMap { $0 }.map(Int.init) ?? 0
+        (try? await call(.takeTPMCommandCount, WireNone()).value).flatMap { $0 }.map(Int.init) ?? 0
     }
-    func dropCaches() async { _ = try? await call(.dropCaches) }
+    func dropCaches() async { _ = try? await call(.dropCaches, WireNone()) }
     func identity() async throws(KeychainError) -> DeviceIdentity {
-        guard let document = try await call(.identity).bytes(WireTag.resultBytes) else {
+        guard let document = try await call(.identity, WireNone()).bytes else {
             throw KeychainError(.internal, "The keychain service's reply has no identity document")
         }
         return try DeviceIdentity(json: Data(document))
@@ -437,7 +425,6 @@ extension DaemonClient: KeychainService {
             throw KeychainError.invalidArgument("This bundle (\(document.count) bytes) is larger than one request to the keychain service can "
                                                 + "carry: import it where the store is (keychainctl --direct --store <the service's store> import)")
         }
-        return try await call(.importBundle) { $0.add(WireTag.bundle, document); $0.add(WireTag.passcode, passcode?.wireBytes) }
-            .result(ImportOutcome.self)
+        return try await call(.importBundle, WireImport(bundle: document, passcode: passcode?.wireBytes)).decoded(ImportOutcome.self)
     }
 }

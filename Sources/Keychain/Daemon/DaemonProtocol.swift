@@ -123,11 +123,9 @@ extension SetItemOptions {
                        label: label, synchronizable: synchronizable)
     }
 
-    package func add(to message: inout WireMessage) { wire.add(to: &message) }
-
     /// nil when the request carried none of its fields.
-    package init?(wire message: WireMessage) throws(WireError) {
-        guard let fields = try WireSetOptions(wire: message) else { return nil }
+    package init?(wire fields: WireSetOptions?) throws(WireError) {
+        guard let fields else { return nil }
         self.init(accessible: try parsed(fields.accessible, Accessible.self),
                   accessControlOverride: try parsed(fields.accessControl, AccessControl.self),
                   authValidity: fields.authValidity, label: fields.label, synchronizable: fields.synchronizable)
