@@ -60,6 +60,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     var sessions: [String: Session] = [:]
     var prompts: [String: Prompt] = [:]
     var counter = 0
+    /// Calls that wait for an earlier one (`Turns`).
+    let turns = TurnTaking()
     /// Emits a signal on the bus (bus thread).
     public var emit: (DBusSignal) -> Void = { _ in }
     /// Runs work on the bus thread later (a prompt's completion).
@@ -166,8 +168,12 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     // MARK: - Calls
 
-    /// Answers one call: at once, or later for a read that waits for the keychain; every failure is a D-Bus error.
-    public func handle(_ call: DBusCall) -> Bus.DBusAnswer {
+    /// Answers one call: at once, or later for one that waits for the keychain or for the client's
+    /// earlier call (`ordered`); every failure is a D-Bus error.
+    public func handle(_ call: DBusCall) -> Bus.DBusAnswer { ordered(call) }
+
+    /// The answer to one call, now that it is its turn.
+    func answer(_ call: DBusCall) -> Bus.DBusAnswer {
         do throws(DBusError) {
             return try route(call)
         } catch {
