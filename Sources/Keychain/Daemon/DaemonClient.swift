@@ -311,15 +311,26 @@ extension DaemonClient: KeychainService {
     }
 
     /// One `getItems` request per `WireList.maxKeys` keys, and again for the keys a reply left out
-    /// (past its budget); a daemon answers its warm reads at once.
+    /// (past its budget); a daemon answers its warm reads at once. A keychaind that predates
+    /// `getItems` answers it as an unknown request: then one `getItem` a key.
     func getItems(_ keys: [String], in storage: StorageRef,
                   authenticator: (any Authenticator)?) async throws(KeychainError) -> [ItemRead] {
         var reads: [ItemRead] = []
         while reads.count < keys.count {
             let asked = keys[reads.count...].prefix(WireList.maxKeys)
-            var reply = try await call(.getItems, storage, authenticator: authenticator) { message in
-                message.add(WireTag.attempts, authenticator.map { UInt64(max(1, $0.attemptsPerRead)) })
-                message.add(WireTag.keys, WireList.encode(asked.map { Array($0.utf8) }))
+            var reply: WireMessage
+            do throws(KeychainError) {
+                reply = try await batch(asked, in: storage, authenticator: authenticator)
+            } catch {
+                guard Self.isUnknown(error, .getItems) else { throw error }
+                for key in keys[reads.count...] {
+                    do throws(KeychainError) {
+                        reads.append(.success(try await getItem(key, options: nil, in: storage, authenticator: authenticator)))
+                    } catch {
+                        reads.append(.failure(error))
+                    }
+                }
+                return reads
             }
             defer { reply.wipe() }
             do throws(WireError) {
@@ -334,6 +345,20 @@ extension DaemonClient: KeychainService {
             }
         }
         return reads
+    }
+
+    private func batch(_ keys: ArraySlice<String>, in storage: StorageRef,
+                       authenticator: (any Authenticator)?) async throws(KeychainError) -> WireMessage {
+        try await call(.getItems, storage, authenticator: authenticator) { message in
+            message.add(WireTag.attempts, authenticator.map { UInt64(max(1, $0.attemptsPerRead)) })
+            message.add(WireTag.keys, WireList.encode(keys.map { Array($0.utf8) }))
+        }
+    }
+
+    /// Whether `error` is a keychaind's answer to a request it does not know (`DaemonRequestHandler`'s,
+    /// as a keychaind older than `op` says it).
+    private static func isUnknown(_ error: KeychainError, _ op: WireOp) -> Bool {
+        error.code == .invalidArgument && error.message.hasPrefix("The keychain service does not know request \(op.rawValue):")
     }
 
     /// One outcome of a `getItems` reply: the reply `getItem` would have had.
