@@ -9,9 +9,10 @@ import KeychainCLIText
 /// Each D-Bus object is a type of its own (`ServiceObject`, `CollectionObject`, `ItemObject`,
 /// `SessionObject`, `PromptObject`) whose methods are decoded into a typed value before they run;
 /// this class holds their state and routes each call. Used from one thread, the bus's: a warm read
-/// is answered there, and a cold one (a TPM command, keychaind), a prompt's read too, runs off the
-/// bus thread and finishes through `post`, so other clients are served meanwhile. Writes still wait
-/// for the keychain on the bus thread (a thread of its own, never Swift's shared pool).
+/// is answered there, and a cold one (a TPM command, keychaind, a prompt), an item's write too, runs
+/// off the bus thread and finishes through `post`, so other clients are served meanwhile, in the
+/// order `Turns` keeps. The registry's changes still wait for the keychain on the bus thread (a
+/// thread of its own, never Swift's shared pool).
 public final class SecretServiceProvider: @unchecked Sendable {
     public static let busName = "org.freedesktop.secrets"
     static let base = "/org/freedesktop/secrets"
