@@ -25,7 +25,7 @@ package struct DaemonRequestHandler: Sendable {
                          options: ([UInt8]?) throws(KeychainError) -> KeychainOptions?,
                          authenticator: (_ attemptsPerRead: Int) -> any Authenticator) async -> WireMessage {
         do throws(KeychainError) {
-            guard let op = WireOp(rawValue: request.kind) else {
+            guard let op = WireOp(rawValue: request.kind), !Self.unknownForTests.contains(request.kind) else {
                 throw KeychainError(.invalidArgument, "The keychain service does not know request \(request.kind): update the client or the service")
             }
             if op.needsAdmin && !groups.isAdmin(peer) {
@@ -53,6 +53,15 @@ package struct DaemonRequestHandler: Sendable {
             return error.wireMessage
         }
     }
+
+    #if DEBUG
+    /// Test hook (debug builds): `KEYCHAIN_TEST_UNKNOWN_OPS=12,…` makes keychaind answer those requests
+    /// as a keychaind that predates them does (a client's fallback is tested against a real daemon).
+    private static let unknownForTests = Set((ProcessInfo.processInfo.environment["KEYCHAIN_TEST_UNKNOWN_OPS"] ?? "")
+        .split(separator: ",").compactMap { UInt8($0) })
+    #else
+    private static let unknownForTests: Set<UInt8> = []
+    #endif
 
     /// The reply to a read the service answers at once (`KeychainService.warmItem`: a key it opened,
     /// no TPM, prompt or write), made on the caller's thread; nil for every other request, and for any

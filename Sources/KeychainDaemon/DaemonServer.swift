@@ -151,6 +151,9 @@ package final class DaemonServer: Sendable {
                 }
                 return
             }
+            #if DEBUG
+            RequestLog.record(request.kind)
+            #endif
             let reply = respond(to: request, from: peer, connection: connection, on: reader)
             request.wipe()
             guard var reply else { return }
@@ -282,3 +285,18 @@ final class Mailbox: @unchecked Sendable {
         await withCheckedContinuation { post(.prompt(prompt, $0)) }
     }
 }
+
+#if DEBUG
+/// Test hook (debug builds): with `KEYCHAIN_TEST_REQUEST_LOG=FILE` keychaind appends each request's
+/// kind (its `WireOp` name, nothing of its content) to FILE, a line a request, so a test counts the
+/// exchanges a call took (a batch read: one `getItems`).
+private enum RequestLog {
+    static let fd: Int32 = getenv("KEYCHAIN_TEST_REQUEST_LOG").map { open($0, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600) } ?? -1
+
+    static func record(_ kind: UInt8) {
+        guard fd >= 0 else { return }
+        let line = Array(((WireOp(rawValue: kind).map { "\($0)" } ?? "\(kind)") + "\n").utf8)
+        _ = line.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }  // One write: lines of concurrent connections never mix.
+    }
+}
+#endif

@@ -57,7 +57,9 @@ struct CollectionObject {
         case .searchItems(let query):
             return .reply([.paths(provider.search(collection, query))])
         case .createItem(let properties, let secret, let replace):
-            return .reply([.objectPath(try createItem(properties, secret: secret, replace: replace, sender: sender)), .objectPath("/")])
+            return provider.writing(collection) { () throws(DBusError) in
+                try createItem(properties, secret: secret, replace: replace, sender: sender)
+            }
         }
     }
 
@@ -77,7 +79,9 @@ struct CollectionObject {
         provider.propertiesChanged(base, service, ["Collections"])
     }
 
-    private func createItem(_ properties: [(String, DBusValue)], secret: ClientSecret, replace: Bool, sender: String) throws(DBusError) -> String {
+    /// In the collection's turn: the item is stored off the bus thread.
+    private func createItem(_ properties: [(String, DBusValue)], secret: ClientSecret, replace: Bool,
+                            sender: String) throws(DBusError) -> Bus.DBusAnswer {
         guard !collection.locked else { throw .isLocked("Collection \(collection.name) is locked: unlock it first") }
         var label = ""
         var attributes: [String: String] = [:]
@@ -98,12 +102,14 @@ struct CollectionObject {
         let hashes = provider.hasher.hashes(attributes)
         let existing = replace ? collection.items.matching(hashes).first(where: { collection.items[$0]?.hashes == hashes }) : nil
         let id = existing ?? provider.nextItemID(collection)
-        try provider.write(collection, id, SealedItem(label: label, contentType: contentType, attributes: attributes, secret: value), hashes: hashes)
-        let path = collection.path + "/" + id
-        provider.emit(.init(path: collection.path, interface: SecretServiceProvider.collectionInterface,
-                            member: existing == nil ? "ItemCreated" : "ItemChanged", arguments: [.objectPath(path)]))
-        if existing == nil { provider.propertiesChanged(collection.path, SecretServiceProvider.collectionInterface, ["Items"]) }
-        return path
+        let item = SealedItem(label: label, contentType: contentType, attributes: attributes, secret: value)
+        return try provider.storing(collection, id, item, hashes: hashes) { [provider, collection] in
+            let path = collection.path + "/" + id
+            provider.emit(.init(path: collection.path, interface: SecretServiceProvider.collectionInterface,
+                                member: existing == nil ? "ItemCreated" : "ItemChanged", arguments: [.objectPath(path)]))
+            if existing == nil { provider.propertiesChanged(collection.path, SecretServiceProvider.collectionInterface, ["Items"]) }
+            return .reply([.objectPath(path), .objectPath("/")])
+        }
     }
 
     func property(_ name: String) -> DBusValue? {
@@ -149,19 +155,46 @@ extension SecretServiceProvider {
         collection.items.matching(hasher.hashes(query)).map { collection.path + "/" + $0 }
     }
 
-    /// Stores an item: one keychain write (atomic: the old value or the new one).
+    /// Stores an item, waiting on the bus thread: one keychain write (atomic: the old value or the
+    /// new one). For the import (a client, not serving).
     func write(_ collection: Collection, _ id: String, _ item: SealedItem, hashes: Set<String>) throws(DBusError) {
-        let now = Self.now()
-        let created = collection.items[id]?.created ?? now
         if let storage = collection.storage {
-            let encoded = item.encoded()
-            guard encoded.count <= Keychain.maxValueLength else {
-                throw .invalidArgs("The secret is \(item.secret.count) bytes: an item holds at most \(Keychain.maxValueLength - 1024) bytes")
-            }
-            let label = AttributeHasher.label(hashes)
+            let encoded = try Self.storedValue(item), label = AttributeHasher.label(hashes)
             try Self.blocking { try await storage.setItem(id, encoded, options: SetItemOptions(label: label)) }
         }
-        collection.items[id] = ItemEntry(hashes: hashes, created: created, modified: now, label: item.label, contentType: item.contentType,
-                                         attributes: item.attributes, memorySecret: collection.storage == nil ? item.secret : nil)
+        wrote(collection, id, item, hashes: hashes)
+    }
+
+    /// Stores an item off the bus thread (one keychain write), then `next`'s answer.
+    func storing(_ collection: Collection, _ id: String, _ item: SealedItem, hashes: Set<String>,
+                 _ next: @escaping () throws(DBusError) -> Bus.DBusAnswer) throws(DBusError) -> Bus.DBusAnswer {
+        guard let storage = collection.storage else {
+            wrote(collection, id, item, hashes: hashes)
+            return try next()
+        }
+        let encoded = try Self.storedValue(item), label = AttributeHasher.label(hashes)
+        return afterKeychain({ () throws(KeychainError) in
+            try await storage.setItem(id, encoded, options: SetItemOptions(label: label))
+        }) { [self] written throws(DBusError) in
+            try written.get()
+            wrote(collection, id, item, hashes: hashes)
+            return try next()
+        }
+    }
+
+    private static func storedValue(_ item: SealedItem) throws(DBusError) -> SecureBytes {
+        let encoded = item.encoded()
+        guard encoded.count <= Keychain.maxValueLength else {
+            throw .invalidArgs("The secret is \(item.secret.count) bytes: an item holds at most \(Keychain.maxValueLength - 1024) bytes")
+        }
+        return encoded
+    }
+
+    /// The index after a write.
+    private func wrote(_ collection: Collection, _ id: String, _ item: SealedItem, hashes: Set<String>) {
+        let now = Self.now()
+        collection.items[id] = ItemEntry(hashes: hashes, created: collection.items[id]?.created ?? now, modified: now, label: item.label,
+                                         contentType: item.contentType, attributes: item.attributes,
+                                         memorySecret: collection.storage == nil ? item.secret : nil)
     }
 }

@@ -52,12 +52,7 @@ struct ItemObject {
     func call(_ method: ItemMethod, from sender: String) throws(DBusError) -> Bus.DBusAnswer {
         switch method {
         case .delete:
-            if let storage = collection.storage { try SecretServiceProvider.blocking { [id] in try await storage.removeItem(id) } }
-            collection.items[id] = nil
-            provider.emit(.init(path: collection.path, interface: SecretServiceProvider.collectionInterface, member: "ItemDeleted",
-                                arguments: [.objectPath(path)]))
-            provider.propertiesChanged(collection.path, SecretServiceProvider.collectionInterface, ["Items"])
-            return .reply([.objectPath("/")])
+            return provider.writing(collection) { () throws(DBusError) in try delete() }
         case .getSecret(let sessionPath):
             _ = try provider.session(sessionPath, sender: sender)
             try checkUnlocked()
@@ -69,14 +64,47 @@ struct ItemObject {
                 return .init([try provider.secretValue(item.secret, item.contentType, session, sessionPath)], sensitive: true)
             }
         case .setSecret(let secret):
-            try checkUnlocked()
-            let (value, contentType) = try provider.decodeSecret(secret, sender: sender)
-            var item = try provider.open(collection, id)
-            item.secret = value
-            item.contentType = contentType
-            try provider.write(collection, id, item, hashes: collection.items[id]?.hashes ?? provider.hasher.hashes(item.attributes))
-            itemChanged()
-            return .reply([])
+            return provider.writing(collection) { () throws(DBusError) in
+                try checkUnlocked()
+                let (value, contentType) = try provider.decodeSecret(secret, sender: sender)
+                return try rewrite { item throws(DBusError) in
+                    item.secret = value
+                    item.contentType = contentType
+                    return collection.items[id]?.hashes ?? provider.hasher.hashes(item.attributes)
+                } then: {
+                    itemChanged()
+                    return .reply([])
+                }
+            }
+        }
+    }
+
+    /// In the collection's turn: one keychain delete, off the bus thread.
+    private func delete() throws(DBusError) -> Bus.DBusAnswer {
+        try checkPresent()
+        let deleted = { [provider, collection, id, path] () -> Bus.DBusAnswer in
+            collection.items[id] = nil
+            provider.emit(.init(path: collection.path, interface: SecretServiceProvider.collectionInterface, member: "ItemDeleted",
+                                arguments: [.objectPath(path)]))
+            provider.propertiesChanged(collection.path, SecretServiceProvider.collectionInterface, ["Items"])
+            return .reply([.objectPath("/")])
+        }
+        guard let storage = collection.storage else { return deleted() }
+        return provider.afterKeychain({ [id] () throws(KeychainError) in try await storage.removeItem(id) }) { removed throws(DBusError) in
+            try removed.get()
+            return deleted()
+        }
+    }
+
+    /// In the collection's turn: the item read (off the bus thread when cold), changed by `change`
+    /// (which gives its keyed hashes), stored again (off the bus thread), then `then`'s answer.
+    private func rewrite(_ change: @escaping (inout SealedItem) throws(DBusError) -> Set<String>,
+                         then: @escaping () throws(DBusError) -> Bus.DBusAnswer) throws(DBusError) -> Bus.DBusAnswer {
+        try checkPresent()
+        return try provider.opening(collection, id) { [provider, collection, id] read throws(DBusError) in
+            var item = read
+            let hashes = try change(&item)
+            return try provider.storing(collection, id, item, hashes: hashes, then)
         }
     }
 
@@ -84,45 +112,52 @@ struct ItemObject {
         guard !collection.locked else { throw .isLocked("Item \(id) is locked: unlock \(collection.name) first") }
     }
 
+    /// The item may have gone while its write waited for its turn.
+    private func checkPresent() throws(DBusError) {
+        guard collection.items[id] != nil else { throw .noSuchObject("No item at \(path)") }
+    }
+
     private func itemChanged() {
         provider.emit(.init(path: collection.path, interface: SecretServiceProvider.collectionInterface, member: "ItemChanged",
                             arguments: [.objectPath(path)]))
     }
 
-    /// One property: only the label, attributes and type may need a read of the item (once, while
-    /// its collection is unlocked).
+    /// One property, from what the provider holds (`readingDetails` reads the item first when it can).
     func property(_ name: String) -> DBusValue? {
-        guard var entry = collection.items[id] else { return nil }
+        guard let entry = collection.items[id] else { return nil }
         switch name {
         case "Locked": return .bool(collection.locked)
         case "Created": return .uint64(entry.created)
         case "Modified": return .uint64(entry.modified)
-        case "Attributes", "Label", "Type":
-            if entry.attributes == nil, !collection.locked, (try? provider.open(collection, id)) != nil, let read = collection.items[id] {
-                entry = read
-            }
-            return name == "Attributes" ? .stringMap(entry.attributes ?? [:])
-                : .string((name == "Label" ? entry.label : entry.contentType) ?? "")
+        case "Attributes": return .stringMap(entry.attributes ?? [:])
+        case "Label": return .string(entry.label ?? "")
+        case "Type": return .string(entry.contentType ?? "")
         default: return nil
         }
     }
 
-    func set(_ name: String, _ value: DBusValue) throws(DBusError) {
+    /// `Label` or `Attributes`, in the collection's turn: the item rewritten off the bus thread.
+    func set(_ name: String, _ value: DBusValue) throws(DBusError) -> Bus.DBusAnswer {
         guard name == "Label" || name == "Attributes" else {
             throw Self.propertyNames.contains(name) ? .propertyReadOnly("\(name) is read-only") : .unknownProperty("No property \(name) here")
         }
-        try checkUnlocked()
-        var item = try provider.open(collection, id)
-        if name == "Label" {
-            guard case .string(let label) = value else { throw .invalidArgs("Label is a string") }
-            item.label = label
-        } else {
-            guard let map = value.stringDictionary else { throw .invalidArgs("Attributes is an a{ss}") }
-            item.attributes = map
+        return provider.writing(collection) { () throws(DBusError) in
+            try checkUnlocked()
+            return try rewrite { item throws(DBusError) in
+                if name == "Label" {
+                    guard case .string(let label) = value else { throw .invalidArgs("Label is a string") }
+                    item.label = label
+                } else {
+                    guard let map = value.stringDictionary else { throw .invalidArgs("Attributes is an a{ss}") }
+                    item.attributes = map
+                }
+                try SecretServiceProvider.check(label: item.label, attributes: item.attributes)
+                return provider.hasher.hashes(item.attributes)
+            } then: {
+                itemChanged()
+                provider.propertiesChanged(path, SecretServiceProvider.itemInterface, [name])
+                return .reply([])
+            }
         }
-        try SecretServiceProvider.check(label: item.label, attributes: item.attributes)
-        try provider.write(collection, id, item, hashes: provider.hasher.hashes(item.attributes))
-        itemChanged()
-        provider.propertiesChanged(path, SecretServiceProvider.itemInterface, [name])
     }
 }

@@ -45,8 +45,7 @@ extension SecretServiceProvider {
         return item
     }
 
-    /// The whole item, waiting on the bus thread for a cold read: for a write's read-modify-write,
-    /// a property, the import (a client, not serving).
+    /// The whole item, waiting on the bus thread for a cold read: for the import (a client, not serving).
     func open(_ collection: Collection, _ id: String) throws(DBusError) -> SealedItem {
         switch try openAtOnce(collection, id) {
         case .opened(let item):
@@ -59,6 +58,33 @@ extension SecretServiceProvider {
                 read = .failure(error)
             }
             return try settle(collection, id, read)
+        }
+    }
+
+    /// The answer `next` makes of the whole item: at once when the bus thread can read it, else after
+    /// a read off the bus thread (a write's read-modify-write).
+    func opening(_ collection: Collection, _ id: String,
+                 _ next: @escaping (SealedItem) throws(DBusError) -> Bus.DBusAnswer) throws(DBusError) -> Bus.DBusAnswer {
+        switch try openAtOnce(collection, id) {
+        case .opened(let item):
+            return try next(item)
+        case .cold(let storage):
+            return afterKeychain({ () throws(KeychainError) in try await storage.getSecureBytes(id) }) { [self] read throws(DBusError) in
+                try next(try settle(collection, id, read))
+            }
+        }
+    }
+
+    /// `next`'s answer once the item's label, attributes and type are known when they can be: an
+    /// item never read, of an unlocked collection, is read first (off the bus thread when cold).
+    /// What the read finds is taken in; a failed read leaves them unknown (`""`, `{}`).
+    func readingDetails(_ collection: Collection, _ id: String,
+                        _ next: @escaping () throws(DBusError) -> Bus.DBusAnswer) throws(DBusError) -> Bus.DBusAnswer {
+        guard let entry = collection.items[id], entry.attributes == nil, !collection.locked,
+              case .cold(let storage)? = try? openAtOnce(collection, id) else { return try next() }
+        return afterKeychain({ () throws(KeychainError) in try await storage.getSecureBytes(id) }) { [self] read throws(DBusError) in
+            _ = try? settle(collection, id, read)
+            return try next()
         }
     }
 

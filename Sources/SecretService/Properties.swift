@@ -21,16 +21,29 @@ extension SecretServiceProvider {
         switch method {
         case .get(let interface, let name):
             guard interface.isEmpty || interface == own else { throw .unknownProperty("\(path) has no interface \(interface)") }
-            guard let value = property(name, of: object) else { throw .unknownProperty("\(own) has no property \(name)") }
-            return .reply([.variant(value)])
+            guard let before = property(name, of: object) else { throw .unknownProperty("\(own) has no property \(name)") }
+            return try afterDetails(of: object, ["Attributes", "Label", "Type"].contains(name)) { [self] in
+                .reply([.variant(property(name, of: object) ?? before)])
+            }
         case .getAll(let interface):
             guard interface.isEmpty || interface == own else { return .reply([.properties([])]) }
-            return .reply([.properties(properties(Self.propertyNames(of: object), of: object))])
+            let names = Self.propertyNames(of: object), before = properties(names, of: object)
+            return try afterDetails(of: object, true) { [self] in
+                let after = properties(names, of: object)
+                return .reply([.properties(after.isEmpty ? before : after)])
+            }
         case .set(let interface, let name, let value):
             guard interface.isEmpty || interface == own else { throw .unknownProperty("\(path) has no interface \(interface)") }
-            try setProperty(name, value, on: object)
-            return .reply([])
+            return try setProperty(name, value, on: object)
         }
+    }
+
+    /// `next`'s answer, after an item's label, attributes and type were read when `wanted` and they
+    /// can be (`readingDetails`).
+    private func afterDetails(of object: Object, _ wanted: Bool,
+                              _ next: @escaping () throws(DBusError) -> Bus.DBusAnswer) throws(DBusError) -> Bus.DBusAnswer {
+        guard wanted, case .item(let collection, let id) = object else { return try next() }
+        return try readingDetails(collection, id, next)
     }
 
     /// An object's properties, in `GetAll`'s order.
@@ -58,10 +71,12 @@ extension SecretServiceProvider {
         names.compactMap { name in property(name, of: object).map { (name, $0) } }
     }
 
-    func setProperty(_ name: String, _ value: DBusValue, on object: Object) throws(DBusError) {
+    func setProperty(_ name: String, _ value: DBusValue, on object: Object) throws(DBusError) -> Bus.DBusAnswer {
         switch object {
-        case .collection(let collection): try CollectionObject(provider: self, collection: collection).set(name, value)
-        case .item(let collection, let id): try ItemObject(provider: self, collection: collection, id: id).set(name, value)
+        case .collection(let collection):
+            try CollectionObject(provider: self, collection: collection).set(name, value)
+            return .reply([])
+        case .item(let collection, let id): return try ItemObject(provider: self, collection: collection, id: id).set(name, value)
         case .service where name == "Collections": throw .propertyReadOnly("\(name) is read-only")
         case .service, .session, .prompt, .node: throw .unknownProperty("No property \(name) here")
         }

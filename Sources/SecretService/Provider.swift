@@ -9,9 +9,10 @@ import KeychainCLIText
 /// Each D-Bus object is a type of its own (`ServiceObject`, `CollectionObject`, `ItemObject`,
 /// `SessionObject`, `PromptObject`) whose methods are decoded into a typed value before they run;
 /// this class holds their state and routes each call. Used from one thread, the bus's: a warm read
-/// is answered there, and a cold one (a TPM command, keychaind), a prompt's read too, runs off the
-/// bus thread and finishes through `post`, so other clients are served meanwhile. Writes still wait
-/// for the keychain on the bus thread (a thread of its own, never Swift's shared pool).
+/// is answered there, and a cold one (a TPM command, keychaind, a prompt), an item's write too, runs
+/// off the bus thread and finishes through `post`, so other clients are served meanwhile, in the
+/// order `Turns` keeps. The registry's changes still wait for the keychain on the bus thread (a
+/// thread of its own, never Swift's shared pool).
 public final class SecretServiceProvider: @unchecked Sendable {
     public static let busName = "org.freedesktop.secrets"
     static let base = "/org/freedesktop/secrets"
@@ -60,6 +61,8 @@ public final class SecretServiceProvider: @unchecked Sendable {
     var sessions: [String: Session] = [:]
     var prompts: [String: Prompt] = [:]
     var counter = 0
+    /// Calls that wait for an earlier one (`Turns`).
+    let turns = TurnTaking()
     /// Emits a signal on the bus (bus thread).
     public var emit: (DBusSignal) -> Void = { _ in }
     /// Runs work on the bus thread later (a prompt's completion).
@@ -166,8 +169,12 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     // MARK: - Calls
 
-    /// Answers one call: at once, or later for a read that waits for the keychain; every failure is a D-Bus error.
-    public func handle(_ call: DBusCall) -> Bus.DBusAnswer {
+    /// Answers one call: at once, or later for one that waits for the keychain or for the client's
+    /// earlier call (`ordered`); every failure is a D-Bus error.
+    public func handle(_ call: DBusCall) -> Bus.DBusAnswer { ordered(call) }
+
+    /// The answer to one call, now that it is its turn.
+    func answer(_ call: DBusCall) -> Bus.DBusAnswer {
         do throws(DBusError) {
             return try route(call)
         } catch {

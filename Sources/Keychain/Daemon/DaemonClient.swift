@@ -303,14 +303,27 @@ extension DaemonClient: KeychainService {
     }
 
     /// One `getItems` request per `WireList.maxKeys` keys, and again for the keys a reply left out
-    /// (past its budget); a daemon answers its warm reads at once.
+    /// (past its budget); a daemon answers its warm reads at once. A keychaind that predates
+    /// `getItems` answers it as an unknown request: then one `getItem` a key.
     func getItems(_ keys: [String], in storage: StorageRef,
                   authenticator: (any Authenticator)?) async throws(KeychainError) -> [ItemRead] {
         var reads: [ItemRead] = []
         while reads.count < keys.count {
             let asked = Array(keys[reads.count...].prefix(WireList.maxKeys))
-            var reply = try await call(.getItems, WireGetItems(storage: self.storage(storage), attempts: authenticator.map { UInt64(max(1, $0.attemptsPerRead)) },
-                                                               keys: asked), authenticator: authenticator)
+            var reply: WireOutcomes
+            do throws(KeychainError) {
+                reply = try await batch(asked, in: storage, authenticator: authenticator)
+            } catch {
+                guard Self.isUnknown(error, .getItems) else { throw error }
+                for key in keys[reads.count...] {
+                    do throws(KeychainError) {
+                        reads.append(.success(try await getItem(key, options: nil, in: storage, authenticator: authenticator)))
+                    } catch {
+                        reads.append(.failure(error))
+                    }
+                }
+                return reads
+            }
             defer { reply.wipe() }
             do throws(WireError) {
                 guard (1...asked.count).contains(reply.outcomes.count) else {
@@ -322,6 +335,18 @@ extension DaemonClient: KeychainService {
             }
         }
         return reads
+    }
+
+    private func batch(_ keys: [String], in storage: StorageRef,
+                       authenticator: (any Authenticator)?) async throws(KeychainError) -> WireOutcomes {
+        try await call(.getItems, WireGetItems(storage: self.storage(storage), attempts: authenticator.map { UInt64(max(1, $0.attemptsPerRead)) },
+                                               keys: keys), authenticator: authenticator)
+    }
+
+    /// Whether `error` is a keychaind's answer to a request it does not know (`DaemonRequestHandler`'s,
+    /// as a keychaind older than `op` says it).
+    private static func isUnknown(_ error: KeychainError, _ op: WireOp) -> Bool {
+        error.code == .invalidArgument && error.message.hasPrefix("The keychain service does not know request \(op.rawValue):")
     }
 
     /// One outcome of a `getItems` reply: the reply `getItem` would have had.
