@@ -114,11 +114,31 @@ package final class DaemonServer: Sendable {
         let engine = engine
         return await TPMContext.pausingCrashPoints { () async -> String? in
             do throws(KeychainError) {
-                return try await engine.unlockWithoutPasscodeAtStart()
+                let unlocked = try await engine.unlockWithoutPasscodeAtStart()
                     ? "keychaind: the device has no passcode and the TPM had it locked (a TPM reset): unlocked it" : nil
+                let kept = try await engine.prepareKeptSession()
+                let lines = [unlocked, kept].compactMap { $0 }
+                return lines.isEmpty ? nil : lines.joined(separator: "\n")
             } catch {
                 return "keychaind: preparing for the first request failed (\(error.code.rawValue): \(error.message)); each request meets it again"
             }
+        }
+    }
+
+    /// After "ready", on a chip (`prepareKeptSession`): the wrapping keys' contexts saved, one key per
+    /// engine call so that requests are served between two, at most `limit` keys. - Returns: the line
+    /// to log, nil when there was nothing to do.
+    package func saveWrappingKeyContexts(limit: Int = 1024) async -> String? {
+        let began = ContinuousClock.now
+        var saved = 0
+        do throws(KeychainError) {
+            let blobs = try await engine.wrappingKeysToSave(limit: limit)
+            guard !blobs.isEmpty else { return nil }
+            for blob in blobs where try await engine.saveContext(of: blob) { saved += 1 }
+            return "keychaind: saved the contexts of \(saved) wrapping keys in \(ContinuousClock.now - began)"
+        } catch {
+            return "keychaind: saving the wrapping keys' contexts stopped after \(saved) (\(error.code.rawValue): \(error.message)); "
+                + "the others are loaded when read"
         }
     }
 
