@@ -48,6 +48,8 @@ extension Engine {
         guard keepsTPMSession, savedContexts[blob] == nil else { return false }
         return try withKeyring { keyring throws(KeychainError) -> Bool in
             let context = keyring.context
+            context.outsideCrashPoints = true
+            defer { context.outsideCrashPoints = false }
             guard let object = try? context.load(blob, parent: keyring.srk) else { return false }
             defer { context.flush(object) }
             do throws(TPMError) {
