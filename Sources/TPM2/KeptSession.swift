@@ -33,14 +33,14 @@ extension TPMContext {
         kept = nil
     }
 
-    /// A command refused for its second session (the kept one): not loaded (TPM_RC_REFERENCE_S1),
+    /// A command refused for its second session (the kept one): not loaded (TPM_RC_REFERENCE_S1, 0x919),
     /// its HMAC, nonce or handle not what the TPM holds at that handle (a format-one code about
     /// session 2), or the first session's HMAC refused (TPM_RC_BAD_AUTH, TPM_RC_AUTH_FAIL): that HMAC
     /// covers the encrypt session's nonceTPM (Part 1, 19.6.5), and the TPM checks it first, so a
     /// session swapped at the kept one's handle is refused there. The command did not run.
     public static func refusedKeptSession(_ error: TPMError) -> Bool {
         guard error.code.isTPMError, !error.timedOut else { return false }
-        if error.code.rawValue & 0xFFFF == 0x911 { return true }
+        if error.code.rawValue & 0xFFFF == 0x919 { return true }
         guard let subject = error.code.subject, subject.kind == .session else { return false }
         return subject.number == 2 || (subject.number == 1 && (error.code.is(.badAuth) || error.code.is(.authFail)))
     }
