@@ -58,6 +58,20 @@ public struct KeychainConfiguration: Sendable {
     /// owns the store and the TPM; the store, TPM and reader settings here are then unused. The same
     /// API, codes and messages; prompts still come to this configuration's `authenticator`.
     public var daemonSocket: String?
+    /// keychaind only: whether its TPM connection keeps a salted session between operations and
+    /// saves the wrapping keys' contexts at its start (docs/daemon.md, "The TPM connection"); nil
+    /// in-process, where a connection lives for one call: never.
+    package var tpmSession: TPMSessionMode?
+
+    /// keychaind's `--tpm-session`: `auto` keeps the session where starting a salted one takes the TPM
+    /// long enough to matter (a chip's ECDH; `TPMSessionMode.chipThreshold`), not on swtpm.
+    package enum TPMSessionMode: String, Sendable {
+        case auto, kept
+        case perOperation = "per-operation"
+        /// A salted StartAuthSession this slow is a chip's (33–100 ms measured, docs/tpm-profiles.md);
+        /// swtpm's is about 1 ms of CPU.
+        static let chipThreshold: Duration = .milliseconds(20)
+    }
 
     /// A configuration that reaches the keychain through keychaind at `socket`.
     public static func daemon(socket: String, authenticator: (any Authenticator)? = SystemAuthenticator()) -> KeychainConfiguration {

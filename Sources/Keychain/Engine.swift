@@ -73,6 +73,12 @@ actor Engine {
     /// The TPM connection of the last operation that ended well, for the next one (`withKeyring`):
     /// only where it leaves the TPM free for other processes between operations (`allowsAKeptConnection`).
     var keptConnection: TPMContext?
+    /// keychaind on a chip (`configuration.tpmSession`, decided at its start): the kept connection
+    /// also keeps a salted session for the Unseals (`TPMContext.keptSession`).
+    var keepsTPMSession = false
+    /// The wrapping keys' contexts keychaind saved after its start (`saveWrappingKeyContexts`), by
+    /// sealed blob: a first read loads one with ContextLoad instead of Load.
+    var savedContexts: [TPMContext.SealedBlob: TPMContext.SavedContext] = [:]
     /// The mark of this engine's last turn at the TPM (`TPMTurn.mark`) when that turn's operation
     /// ended well and left nothing in the TPM: a turn whose lock still holds it follows that one
     /// directly, so the TPM holds nothing a killed process left, and the leftover check is skipped.

@@ -232,6 +232,29 @@ package struct LocalService: KeychainService {
         try await engine.unlockWithoutPasscodeAtStart()
     }
 
+    /// On a chip, before a server says it is ready: the kept salted session (`Engine.prepareKeptSession`).
+    /// - Returns: the line to log, nil when there was nothing to do.
+    package func prepareKeptSession() async throws(KeychainError) -> String? {
+        try await engine.prepareKeptSession()
+    }
+
+    /// After "ready", on a chip: the wrapping keys' contexts saved, one key per engine call so that
+    /// requests are served between two, at most `limit` keys. - Returns: the line to log, nil when
+    /// there was nothing to do.
+    package func saveWrappingKeyContexts(limit: Int) async -> String? {
+        let began = ContinuousClock.now
+        var saved = 0
+        do throws(KeychainError) {
+            let blobs = try await engine.wrappingKeysToSave(limit: limit)
+            guard !blobs.isEmpty else { return nil }
+            for blob in blobs where try await engine.saveContext(of: blob) { saved += 1 }
+            return "keychaind: saved the contexts of \(saved) wrapping keys in \(ContinuousClock.now - began)"
+        } catch {
+            return "keychaind: saving the wrapping keys' contexts stopped after \(saved) (\(error.code.rawValue): \(error.message)); "
+                + "the others are loaded when read"
+        }
+    }
+
     package func serving(_ caller: Caller) -> any KeychainService {
         var service = LocalService(engine: engine, configuration: configuration)
         service.caller = caller

@@ -114,12 +114,22 @@ package final class DaemonServer: Sendable {
         let service = service
         return await TPMContext.pausingCrashPoints { () async -> String? in
             do throws(KeychainError) {
-                return try await service.unlockWithoutPasscodeAtStart()
+                let unlocked = try await service.unlockWithoutPasscodeAtStart()
                     ? "keychaind: the device has no passcode and the TPM had it locked (a TPM reset): unlocked it" : nil
+                let kept = try await service.prepareKeptSession()
+                let lines = [unlocked, kept].compactMap { $0 }
+                return lines.isEmpty ? nil : lines.joined(separator: "\n")
             } catch {
                 return "keychaind: preparing for the first request failed (\(error.code.rawValue): \(error.message)); each request meets it again"
             }
         }
+    }
+
+    /// After "ready", on a chip (`prepareKeptSession`): the wrapping keys' contexts saved, one key per
+    /// engine call so that requests are served between two, at most `limit` keys. - Returns: the line
+    /// to log, nil when there was nothing to do.
+    package func saveWrappingKeyContexts(limit: Int = 1024) async -> String? {
+        await service.saveWrappingKeyContexts(limit: limit)
     }
 
     /// Accepts connections on `listener` forever: the keychain API's door of `connections`.

@@ -15,10 +15,12 @@ final class ChipProxy: @unchecked Sendable {
     private let upstream: String
     private let listeners: [Int32]
     private let open = Mutex<Set<Int32>>([])
-    private let state = Mutex<(stopped: Bool, seen: [UInt32], warnings: [TPMProfile.Warning])>((false, [], []))
+    private let state = Mutex<(stopped: Bool, seen: [UInt32], warnings: [TPMProfile.Warning], answered: [TPMExchange])>((false, [], [], []))
 
     /// The command codes the proxy was sent, in order (refused and warned ones included).
     var commandsSeen: [UInt32] { state.withLock { $0.seen } }
+    /// The commands swtpm answered, in order, with their answers' codes.
+    var exchangesSeen: [TPMExchange] { state.withLock { $0.answered } }
 
     /// Listens on `socket` and `socket.ctrl` and forwards to swtpm's `upstream` and `upstream.ctrl`.
     init(profile: TPMProfile, socket: String, upstream: String) throws {
@@ -106,6 +108,10 @@ final class ChipProxy: @unchecked Sendable {
                 }
                 // StartAuthSession's first handle is tpmKey: TPM_RH_NULL for an unsalted session.
                 let salted = code == TPMProfile.Command.startAuthSession && command.count >= 14 && Self.u32(command, 10) != 0x4000_0007
+                state.withLock { state in
+                    state.answered.append(TPMExchange(command: code, salted: salted, responseCode: Self.u32(response, 6),
+                                                      unsealAnswer: code == TPMProfile.Command.unseal ? response : []))
+                }
                 let latency = profile.latency(command: code, salted: salted)
                 let (seconds, attoseconds) = latency.components
                 if latency > .zero { usleep(useconds_t(seconds * 1_000_000 + attoseconds / 1_000_000_000_000)) }
@@ -251,4 +257,15 @@ final class ChipProxy: @unchecked Sendable {
     }
 
     private static func bytes(_ value: UInt32) -> [UInt8] { (0..<4).map { UInt8(truncatingIfNeeded: value >> (24 - 8 * $0)) } }
+}
+
+/// One command swtpm answered behind a profile's proxy: what keychaind sent, as a bus analyser sees it.
+public struct TPMExchange: Sendable {
+    public let command: UInt32
+    /// A StartAuthSession salted with a key (its tpmKey is not TPM_RH_NULL).
+    public let salted: Bool
+    /// The answer's response code (0: success).
+    public let responseCode: UInt32
+    /// An Unseal's whole answer as it crossed the wire (empty for other commands).
+    public let unsealAnswer: [UInt8]
 }

@@ -70,6 +70,10 @@ public final class KeychainDaemon: @unchecked Sendable {
         }
         self.arguments = ["--store", self.store, "--tcti", self.tcti, "--groups", directory + "/groups.d",
                           "--reader", reader ?? "none"] + arguments
+            // On swtpm as it is, the connection per operation that the command-count tests pin; on a
+            // chip's profile keychaind's own choice (`auto`: the kept session).
+            + (tpm.profile.map { $0.saltedSession > .zero } == true || arguments.contains("--tpm-session")
+               ? [] : ["--tpm-session", "per-operation"])
             + (credentialsSocket ? ["--credentials-socket", directory + "/credentials/credentials.sock"] : [])
         listener = try Self.listen(directory + "/keychaind.sock")
         if let user {
@@ -150,6 +154,23 @@ public final class KeychainDaemon: @unchecked Sendable {
     }
 
     /// Kills keychaind (SIGKILL) and reaps it; its exit status (128 + 9), or nil when none was running.
+    /// How many lines of keychaind's log (its stderr, over all its starts) contain `text`.
+    public func logLines(containing text: String) -> Int {
+        let log = (try? String(contentsOfFile: directory + "/keychaind.log", encoding: .utf8)) ?? ""
+        return log.split(separator: "\n").filter { $0.contains(text) }.count
+    }
+
+    /// Waits until keychaind's log holds more than `count` lines containing `text` (something it does
+    /// after "ready"), for at most `timeout`. - Returns: whether it did.
+    public func waitForLog(_ text: String, moreThan count: Int = 0, timeout: Duration = .seconds(120)) -> Bool {
+        let end = ContinuousClock.now + timeout
+        while logLines(containing: text) <= count {
+            guard ContinuousClock.now < end else { return false }
+            usleep(20_000)
+        }
+        return true
+    }
+
     @discardableResult
     public func kill() -> Int32? {
         lock.withLock {

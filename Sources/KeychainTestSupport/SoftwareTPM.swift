@@ -31,6 +31,8 @@ public final class SoftwareTPM: @unchecked Sendable {
     public let device: TPMDevice
     /// The command codes the profile's proxy was sent, in order; empty without a profile.
     public var commandsSeen: [UInt32] { lock.withLock { proxy?.commandsSeen ?? [] } }
+    /// The commands swtpm answered behind the profile's proxy, with their answers' codes; empty without a profile.
+    public var exchangesSeen: [TPMExchange] { lock.withLock { proxy?.exchangesSeen ?? [] } }
     /// The socket swtpm itself listens on: the `tcti`'s, or `directory/chip/tpm` behind a profile's proxy.
     public var swtpmSocket: String { swtpm.socket }
     /// The swtpm process (to stop it with SIGSTOP, say); 0 when it is not running.

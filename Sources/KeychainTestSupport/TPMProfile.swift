@@ -54,6 +54,10 @@ public struct TPMProfile: Sendable {
         public static let certifyCreation: UInt32 = 0x14A
         public static let create: UInt32 = 0x153
         public static let load: UInt32 = 0x157
+        public static let unseal: UInt32 = 0x15E
+        public static let contextLoad: UInt32 = 0x161
+        public static let contextSave: UInt32 = 0x162
+        public static let flushContext: UInt32 = 0x165
         public static let quote: UInt32 = 0x158
         public static let sign: UInt32 = 0x15D
         public static let policySigned: UInt32 = 0x160

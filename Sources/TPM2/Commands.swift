@@ -18,9 +18,24 @@ extension TPMContext {
         symmetric.mode.aes = UInt16(TPM2_ALG_CFB)
         let type: TPM2_SE = switch kind { case .hmac: UInt8(TPM2_SE_HMAC); case .policy: UInt8(TPM2_SE_POLICY); case .trial: UInt8(TPM2_SE_TRIAL) }
         var session: ESYS_TR = 0
-        try call("StartAuthSession") {
-            Esys_StartAuthSession(esys, saltKey?.tr ?? Self.none, Self.none, Self.none, Self.none, Self.none,
-                                  nil, type, &symmetric, UInt16(TPM2_ALG_SHA256), &session)
+        let began = ContinuousClock.now
+        do {
+            try call("StartAuthSession") {
+                Esys_StartAuthSession(esys, saltKey?.tr ?? Self.none, Self.none, Self.none, Self.none, Self.none,
+                                      nil, type, &symmetric, UInt16(TPM2_ALG_SHA256), &session)
+            }
+        } catch where error.code.is(.sessionMemory) && kept != nil {
+            // The kept session takes one of the TPM's loaded-session slots (3 on many chips and on
+            // swtpm): an operation that needs them all gets it back; the next read starts a new one.
+            dropKeptSession()
+            try call("StartAuthSession") {
+                Esys_StartAuthSession(esys, saltKey?.tr ?? Self.none, Self.none, Self.none, Self.none, Self.none,
+                                      nil, type, &symmetric, UInt16(TPM2_ALG_SHA256), &session)
+            }
+        }
+        if saltKey != nil {
+            let took = ContinuousClock.now - began
+            saltedSessionTime = min(saltedSessionTime ?? took, took)
         }
         var flags: TPMA_SESSION = 0
         if continueSession { flags |= KC_SESSION_CONTINUE }
@@ -187,9 +202,12 @@ extension TPMContext {
     }
 
     /// Unseals with `session` (a policy session, or an HMAC session for userWithAuth objects).
-    public func unseal(_ object: TPMHandle, session: TPMHandle) throws(TPMError) -> SecureBytes {
+    /// - Parameter encryptSession: a second session that encrypts the answer (keychaind's kept session):
+    ///   the TPM checks its HMAC before the command runs, so a session that is no longer ours is refused
+    ///   (TPM 2.0 Part 1, 19.6: every session's HMAC, an encrypt-only one's included).
+    public func unseal(_ object: TPMHandle, session: TPMHandle, encryptSession: TPMHandle? = nil) throws(TPMError) -> SecureBytes {
         var out: UnsafeMutablePointer<TPM2B_SENSITIVE_DATA>?
-        try call("Unseal") { Esys_Unseal(esys, object.tr, session.tr, Self.none, Self.none, &out) }
+        try call("Unseal") { Esys_Unseal(esys, object.tr, session.tr, encryptSession?.tr ?? Self.none, Self.none, &out) }
         guard let out else { throw TPMError(command: "Unseal", code: .failure) }
         defer { TPM2B.wipe(&out.pointee); Esys_Free(out) }
         return withUnsafeBytes(of: out.pointee.buffer) { SecureBytes(copying: $0.prefix(Int(out.pointee.size))) }

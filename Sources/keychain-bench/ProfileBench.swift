@@ -147,7 +147,8 @@ private struct ProfileRun {
         // keychaind: its start after a TPM reset (the device unlocked first, directly), then the first
         // read of an afterFirstUnlock item through it, against tpm2-tools' `tpm2_load && tpm2_unseal`.
         var daemonStart = ProfileRow("keychaind's start, after boot (spawn to ready)")
-        var daemonRead = ProfileRow("first `keychainctl get` through keychaind after its start (afterFirstUnlock)")
+        var daemonPrepared = ProfileRow("keychaind's preparation after ready (`--tpm-session auto` on a chip: the wrapping keys' contexts saved)")
+        var daemonRead = ProfileRow("first `keychainctl get` through keychaind after its start (afterFirstUnlock; on a chip once its contexts are saved)")
         var bare = ProfileRow("tpm2-tools: `tpm2_load && tpm2_unseal` (two processes, the same SRK)")
         let daemon = try KeychainDaemon(tpm: tpm, store: store, reader: store + ".reader")
         let throughDaemon = Subprocess(directory: scratch, extraEnvironment: daemon.environment)
@@ -157,7 +158,15 @@ private struct ProfileRun {
             _ = daemon.waitForExit()
             try tpm.reboot()
             _ = try untimed(["unlock"], input: passcode)
+            let saidBefore = daemon.logLines(containing: Self.contextsSaved)
             try timed(into: &daemonStart) { try daemon.start() }
+            if (tpm.profile?.saltedSession ?? .zero) > .zero {
+                try timed(into: &daemonPrepared) {
+                    guard daemon.waitForLog(Self.contextsSaved, moreThan: saidBefore) else {
+                        throw BenchFailure("keychaind did not say it saved the wrapping keys' contexts")
+                    }
+                }
+            }
             let value = try timed(into: &daemonRead) { try throughDaemon.check([keychainctl, "get", "bench.daemon", "k"]).output }
             guard value == Array(secret.utf8) else { throw BenchFailure("the get through keychaind returned another value") }
         }
@@ -172,8 +181,11 @@ private struct ProfileRun {
             }
         }
         return [initRow, passcodeRow, enrollRow, firstWrite, write, unlock] + reads
-            + [attestRespond, sealFor, importRow, daemonStart, daemonRead, bare]
+            + [attestRespond, sealFor, importRow, daemonStart, daemonPrepared, daemonRead, bare]
     }
+
+    /// keychaind's log line once its contexts are saved (`DaemonServer.saveWrappingKeyContexts`).
+    static let contextsSaved = "saved the contexts of"
 
     static func service(_ level: Accessible, _ control: String?) -> String {
         "bench.\(level.rawValue)" + (control.map { ".\($0)" } ?? "")

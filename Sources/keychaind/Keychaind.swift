@@ -9,7 +9,7 @@ let usage = """
     usage: keychaind --socket PATH --store DIR [--tcti CONF] [--groups DIR] [--reader DIR|none]
                      [--max-connections N] [--idle-timeout SECONDS] [--stall-timeout SECONDS]
                      [--pcrs 7,…] [--quota-items 4096] [--quota-bytes 32M] [--owner-auth-file FILE]
-                     [--credentials-socket PATH] [--journal-relay PATH]
+                     [--credentials-socket PATH] [--journal-relay PATH] [--tpm-session auto|kept|per-operation]
       Under systemd socket activation (LISTEN_FDS, LISTEN_PID=this process) the sockets come from systemd
       and --socket is not needed; a passed socket bound to the --credentials-socket PATH serves systemd
       credentials (LoadCredential=ID:PATH, docs/credentials.md), the other the keychain API. A refused
@@ -19,6 +19,10 @@ let usage = """
       may hold at most --quota-items items and --quota-bytes bytes (K, M, G: KiB, MiB, GiB).
       --owner-auth-file (default: the systemd credential owner.auth, $CREDENTIALS_DIRECTORY/owner.auth,
       when there is one) is the owner authorization init wrote: enrolling the first finger needs it.
+      --tpm-session kept keeps a salted session to the TPM between operations and saves the wrapping keys'
+      contexts after the start, so that a first read skips a salted StartAuthSession and a Load (a chip's
+      60 ms); per-operation starts one per read; auto (the default) keeps it when a salted StartAuthSession
+      takes the TPM 20 ms or more, as on a chip and not on swtpm (docs/daemon.md, "The TPM connection").
     """
 
 func fail(_ message: String, status: Int32 = 2) -> Never {
@@ -33,7 +37,8 @@ var arguments = CommandLine.arguments.dropFirst()
 while let arg = arguments.popFirst() {
     if arg == "--help" || arg == "-h" { print(usage); exit(0) }
     guard ["--socket", "--store", "--tcti", "--groups", "--reader", "--max-connections", "--idle-timeout",
-           "--stall-timeout", "--pcrs", "--quota-items", "--quota-bytes", "--owner-auth-file", "--credentials-socket", "--journal-relay"].contains(arg) else {
+           "--stall-timeout", "--pcrs", "--quota-items", "--quota-bytes", "--owner-auth-file", "--credentials-socket", "--journal-relay",
+           "--tpm-session"].contains(arg) else {
         fail("unknown argument \(arg)\n\(usage)")
     }
     guard let value = arguments.popFirst() else { fail("\(arg) needs a value") }
@@ -65,6 +70,12 @@ configuration.pkcs11URI = environment["KEYCHAIN_PKCS11_URI"].flatMap { $0.isEmpt
 let credential: String? = environment["CREDENTIALS_DIRECTORY"].map { $0 + "/owner.auth" }.flatMap { access($0, F_OK) == 0 ? $0 : nil }
 if let file: String = flags["--owner-auth-file"] ?? credential {
     do throws(KeychainError) { configuration.ownerAuthorization = try AuthorizationText.readFile(file) } catch { fail("\(error)") }
+}
+
+switch flags["--tpm-session"].map({ KeychainConfiguration.TPMSessionMode(rawValue: $0) }) {
+case .none: configuration.tpmSession = .auto
+case .some(.some(let mode)): configuration.tpmSession = mode
+case .some(.none): fail("--tpm-session is auto, kept or per-operation")
 }
 
 var limits = DaemonServer.Limits()
@@ -158,5 +169,9 @@ if let said = waitFor({ () async -> String? in await server.prepareForFirstReque
     DaemonLog.say(said)
 }
 writeAll(1, "keychaind: ready (store \(store))\n")
+// After "ready", on a chip: the wrapping keys' contexts, yielding to requests between two keys.
+Task.detached {
+    if let said = await server.saveWrappingKeyContexts() { DaemonLog.say(said) }
+}
 server.serve(listener: listener)
 }

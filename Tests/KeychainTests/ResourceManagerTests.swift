@@ -133,16 +133,19 @@ struct ResourceManagerTests {
             #expect(result.rounds > 0)
             #expect(result.failures == [])
         }
-        // keychaind still runs with its connection kept: it holds no session between operations.
+        // keychaind still runs with its connection kept: between operations it holds no session but, on
+        // a chip (this profile), the salted one it keeps for the Unseals (docs/daemon.md, "On a chip").
         // (What a killed client's command had loaded, the resource manager flushes once that command's answer came.)
+        let kept = daemon.logLines(containing: "a salted session is kept") > 0
+        #expect(kept, "keychaind took the typical profile for a chip")
         var left = ""
         #expect(throws: Never.self) {
-            try waitUntil("keychaind to hold no session in the TPM", seconds: 30) {
+            try waitUntil("keychaind to hold no session in the TPM but its kept one", seconds: 30) {
                 left = try Self.sessionsInTheTPM(tpm)
-                return left == ""
+                return left.split(separator: "\n").count <= (kept ? 1 : 0)
             }
         }
-        #expect(left == "", "\(left)")
+        #expect(left.split(separator: "\n").count <= (kept ? 1 : 0), "\(left)")
     }
 
     @Test func readsKilledMidCommandThroughTheResourceManagerLeaveNothingBehind() throws {

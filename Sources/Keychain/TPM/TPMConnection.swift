@@ -27,6 +27,7 @@ extension Engine {
             (device, started) = try EmbeddedTPM.ensureRunning(storeDirectory: configuration.storeDirectory)
             if started {
                 keptConnection = nil
+                savedContexts = [:]  // a new TPM: they would not load
                 startedTPMNeedsUnlock = true
                 // A TPM restart: the counter may have moved, and its clock counts did.
                 (rollbackKnown, rollbackClock) = (nil, nil)
@@ -62,6 +63,7 @@ extension Engine {
             keptConnection = nil
             context = try TPMKeyring.connect(device, configuration: configuration, answerTimeout: answerTimeout)
         }
+        context.keepsSession = keepsTPMSession
         defer { withExtendedLifetime(turn) {} }
         let failedFlushes = context.failedFlushes
         do {
@@ -98,7 +100,10 @@ extension Engine {
             if let unanswered = context.unanswered { throw .tpmDidNotAnswer(context.device, timeout: configuration.tpmTimeout, unanswered) }
             throw error
         }
+        keyring.savedContexts = savedContexts
         defer {
+            // A context the TPM refused was saved before its reset (or a restart of swtpm): so were the others.
+            if keyring.refusedContext { savedContexts = [:] }
             if keyring.finishedRemoval {
                 unsealed = unsealed.filter { !$0.key.protection.hasPrefix(Accessible.whenPasscodeSetThisDeviceOnly.rawValue + "/") }
                 forgetSecrets(keepingLongLived: true)

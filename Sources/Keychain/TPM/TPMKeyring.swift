@@ -26,6 +26,10 @@ final class TPMKeyring {
     let isSoftwareTPM: Bool
     /// The PCRs `ThisDeviceOnly` keys are bound to: the selection the store recorded when it was set up.
     let pcrSelection: [Int]
+    /// keychaind's saved contexts of wrapping keys (`Engine.savedContexts`): a Load becomes a ContextLoad.
+    var savedContexts: [TPMContext.SealedBlob: TPMContext.SavedContext] = [:]
+    /// Set when the TPM refused a saved context (it was reset since): the engine drops them all.
+    private(set) var refusedContext = false
 
 
     /// - Parameters:
@@ -58,6 +62,9 @@ final class TPMKeyring {
         let device = context.device
         self.store = store
         if flushLeftovers {
+            // Another process had a turn: its leftover check flushed every session, ours too, or this
+            // one will. Forgotten, not flushed: the handle may be someone else's session by now.
+            context.forgetKeptSession()
             do { try context.flushLeftovers() } catch {
                 throw KeychainError(.hardwareUnavailable, "The TPM at \(device) refused to list or flush the sessions "
                                     + "and objects left by killed processes (\(error.command))", underlying: .tpm(error))
@@ -389,6 +396,29 @@ final class TPMKeyring {
         } catch let error as KeychainError { throw error } catch {
             throw KeychainError(.dataCorrupted, "A wrapping key's sealed object cannot be decoded", underlying: .other("\(error)"))
         }
+        // keychaind on a chip: the answer encrypted by the kept session instead of a salted policy
+        // session of its own. A key with no policy keeps its salted HMAC session per read: libtpms
+        // drops a second session after an Unseal authorized by an HMAC session (seen in 4e90ffd).
+        guard context.keepsSession && !policy.digest.isEmpty && load == nil else {
+            return try unsealOnce(blob, policy: policy, authorization: authorization, load: load, kept: false)!
+        }
+        if let secret = try unsealOnce(blob, policy: policy, authorization: authorization, load: nil, kept: true) {
+            return secret
+        }
+        // The TPM refused the kept session before the Unseal ran (flushed by another process's turn or
+        // a reset, or replaced at its handle by another program's): once more, with a new one.
+        context.forgetKeptSession()
+        guard let secret = try unsealOnce(blob, policy: policy, authorization: authorization, load: nil, kept: true) else {
+            context.forgetKeptSession()
+            throw KeychainError(.hardwareUnavailable, "The TPM refused keychaind's new salted session for the Unseal twice")
+        }
+        return secret
+    }
+
+    /// One Load (or ContextLoad), policy and Unseal. With `kept`, nil when the TPM refused the kept
+    /// session: the Unseal did not run, and nothing was answered.
+    private func unsealOnce(_ blob: TPMContext.SealedBlob, policy: SealPolicy, authorization: Authorization,
+                            load: ((TPMContext) throws(TPMError) -> TPMHandle)?, kept: Bool) throws(KeychainError) -> SecureBytes? {
         let steps = policy.steps
         var session: TPMHandle?
         var object: TPMHandle?
@@ -399,9 +429,25 @@ final class TPMKeyring {
         }
         var step = "StartAuthSession"
         do {
-            session = try context.startSession(policy.digest.isEmpty ? .hmac : .policy, saltKey: srk, encryptResponse: true)
+            session = try context.startSession(policy.digest.isEmpty ? .hmac : .policy, saltKey: kept ? nil : srk,
+                                               encryptResponse: !kept)
             step = "Load"
-            if let load { object = try load(context) } else { object = try context.load(blob, parent: srk) }
+            if let load {
+                object = try load(context)
+            } else if let saved = savedContexts[TPMContext.SealedBlob(publicArea: blob.publicArea, privateArea: blob.privateArea)] {
+                step = "ContextLoad"
+                do {
+                    object = try context.loadContext(saved)
+                } catch where !error.timedOut && !error.isConnectionFailure {
+                    // Saved before a TPM reset: refused by the TPM's integrity check. The blob loads as always.
+                    refusedContext = true
+                    savedContexts = [:]  // saved before the same reset: a retry in this operation loads
+                    step = "Load"
+                    object = try context.load(blob, parent: srk)
+                }
+            } else {
+                object = try context.load(blob, parent: srk)
+            }
             try context.run(steps, on: session!, nvIndex: { index throws(TPMError) in
                 switch index {
                 case DeviceLockLayout.epochIndex: epochNV
@@ -423,11 +469,20 @@ final class TPMKeyring {
             if !policy.branches.isEmpty {
                 try authorize(session!, policy: policy, authorization: authorization, step: &step)
             }
+            var encryptSession: TPMHandle?
+            if kept {
+                step = "StartAuthSession"
+                encryptSession = try context.keptSession(saltKey: srk)
+            }
             // A ticket of another key (or an ended window) passes PolicyTicket but leaves another digest.
             if case .ticket = authorization { step = "Unseal(ticket)" } else { step = "Unseal" }
-            let secret = try context.unseal(object!, session: session!)
-            sessionClosed = true  // continueSession was clear: the TPM closed it.
-            return secret
+            do {
+                let secret = try context.unseal(object!, session: session!, encryptSession: encryptSession)
+                sessionClosed = true  // continueSession was clear: the TPM closed it.
+                return secret
+            } catch where kept && TPMContext.refusedKeptSession(error) {
+                return nil
+            }
         } catch {
             throw mapUnsealError(error, step: step, policy: policy)
         }
