@@ -389,44 +389,39 @@ final class TPMKeyring {
             throw KeychainError(.dataCorrupted, "A wrapping key's sealed object cannot be decoded", underlying: .other("\(error)"))
         }
         let steps = policy.steps
-        var session: TPMHandle?
-        var object: TPMHandle?
-        var sessionClosed = false
-        defer {
-            context.flush(object)
-            if !sessionClosed { context.flush(session) }
-        }
         var step = "StartAuthSession"
         do {
-            session = try context.startSession(policy.digest.isEmpty ? .hmac : .policy, saltKey: srk, encryptResponse: true)
-            step = "Load"
-            if let load { object = try load(context) } else { object = try context.load(blob, parent: srk) }
-            try context.run(steps, on: session!, nvIndex: { index throws(TPMError) in
-                switch index {
-                case DeviceLockLayout.epochIndex: epochNV
-                case DeviceLockLayout.stateIndex: stateNV
-                default: try bootApprovalIndex()
+            // The session and the object are flushed at the end of this scope, but a session the Unseal
+            // closed (continueSession clear).
+            return try context.withTransient { () throws(TPMError) -> SecureBytes in
+                let session = try context.startSession(policy.digest.isEmpty ? .hmac : .policy, saltKey: srk, encryptResponse: true)
+                step = "Load"
+                let object = if let load { try load(context) } else { try context.load(blob, parent: srk) }
+                try context.run(steps, on: session, nvIndex: { index throws(TPMError) in
+                    switch index {
+                    case DeviceLockLayout.epochIndex: epochNV
+                    case DeviceLockLayout.stateIndex: stateNV
+                    default: try bootApprovalIndex()
+                    }
+                }, willRun: { policyStep in
+                    if case .authorize = policyStep { return }
+                    switch policyStep {
+                    case .pcr: step = "PolicyPCR"
+                    case .authorizeNV: step = "PolicyAuthorizeNV"
+                    case .nv(let index, _, _, _, _): step = index == DeviceLockLayout.epochIndex ? "PolicyNV(epoch)" : "PolicyNV(state)"
+                    default: step = "policy"
+                    }
+                }, other: { policyStep throws(TPMError) in
+                    guard case .authorize(let keyName, _) = policyStep else { return }
+                    try runVendorSteps(session, policy: policy, keyName: keyName, step: &step)
+                })
+                if !policy.branches.isEmpty {
+                    try authorize(session, policy: policy, authorization: authorization, step: &step)
                 }
-            }, willRun: { policyStep in
-                if case .authorize = policyStep { return }
-                switch policyStep {
-                case .pcr: step = "PolicyPCR"
-                case .authorizeNV: step = "PolicyAuthorizeNV"
-                case .nv(let index, _, _, _, _): step = index == DeviceLockLayout.epochIndex ? "PolicyNV(epoch)" : "PolicyNV(state)"
-                default: step = "policy"
-                }
-            }, other: { policyStep throws(TPMError) in
-                guard case .authorize(let keyName, _) = policyStep else { return }
-                try runVendorSteps(session!, policy: policy, keyName: keyName, step: &step)
-            })
-            if !policy.branches.isEmpty {
-                try authorize(session!, policy: policy, authorization: authorization, step: &step)
+                // A ticket of another key (or an ended window) passes PolicyTicket but leaves another digest.
+                if case .ticket = authorization { step = "Unseal(ticket)" } else { step = "Unseal" }
+                return try context.unseal(object, session: session)
             }
-            // A ticket of another key (or an ended window) passes PolicyTicket but leaves another digest.
-            if case .ticket = authorization { step = "Unseal(ticket)" } else { step = "Unseal" }
-            let secret = try context.unseal(object!, session: session!)
-            sessionClosed = true  // continueSession was clear: the TPM closed it.
-            return secret
         } catch {
             throw mapUnsealError(error, step: step, policy: policy)
         }
@@ -459,12 +454,10 @@ final class TPMKeyring {
             try context.setAuth(pinIndex, pin)
             defer { try? context.setAuth(pinIndex, nil) }
             // A salted HMAC session: the passcode is the HMAC key, never sent, and a capture can't be brute-forced.
+            // Started with continueSession clear: the PolicySecret closes it, or the caller's scope flushes it.
             let auth = try context.startSession(.hmac, saltKey: srk)
-            var consumed = false
-            defer { if !consumed { context.flush(auth) } }
             let ticket = try context.policySecret(session, entity: pinIndex, authSession: auth, policyRef: policy.keyRef ?? [],
                                                   expiration: -window)
-            consumed = true
             issuedTicket = ticket.map { StoredTicket(branch: "passcode", ticket: $0, expires: now + Int64(window) * 1000, issued: now) }
         case .ticket(let stored):
             guard policy.acceptsTickets else { throw TPMError(command: "ticket for a key that takes none", code: .policyFail) }
