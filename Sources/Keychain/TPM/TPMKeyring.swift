@@ -388,7 +388,6 @@ final class TPMKeyring {
         } catch let error as KeychainError { throw error } catch {
             throw KeychainError(.dataCorrupted, "A wrapping key's sealed object cannot be decoded", underlying: .other("\(error)"))
         }
-        let steps = policy.steps
         var step = "StartAuthSession"
         do {
             // The session and the object are flushed at the end of this scope, but a session the Unseal
@@ -397,27 +396,30 @@ final class TPMKeyring {
                 let session = try context.startSession(policy.digest.isEmpty ? .hmac : .policy, saltKey: srk, encryptResponse: true)
                 step = "Load"
                 let object = if let load { try load(context) } else { try context.load(blob, parent: srk) }
-                try context.run(steps, on: session, nvIndex: { index throws(TPMError) in
+                try context.run(policy.allSteps, on: session, nvIndex: { index throws(TPMError) in
                     switch index {
                     case DeviceLockLayout.epochIndex: epochNV
                     case DeviceLockLayout.stateIndex: stateNV
                     default: try bootApprovalIndex()
                     }
                 }, willRun: { policyStep in
-                    if case .authorize = policyStep { return }
                     switch policyStep {
+                    case .authorize, .signed, .secret: return  // named by their runners, once they reach the TPM
+                    case .or: step = "PolicyOR"
                     case .pcr: step = "PolicyPCR"
                     case .authorizeNV: step = "PolicyAuthorizeNV"
                     case .nv(let index, _, _, _, _): step = index == DeviceLockLayout.epochIndex ? "PolicyNV(epoch)" : "PolicyNV(state)"
                     default: step = "policy"
                     }
+                }, branch: { _ throws(TPMError) in
+                    try branch(proving: authorization, policy: policy)
                 }, other: { policyStep throws(TPMError) in
-                    guard case .authorize(let keyName, _) = policyStep else { return }
-                    try runVendorSteps(session, policy: policy, keyName: keyName, step: &step)
+                    if case .authorize(let keyName, _) = policyStep {
+                        try runVendorSteps(session, policy: policy, keyName: keyName, step: &step)
+                    } else {
+                        try prove(policyStep, on: session, policy: policy, authorization: authorization, step: &step)
+                    }
                 })
-                if !policy.branches.isEmpty {
-                    try authorize(session, policy: policy, authorization: authorization, step: &step)
-                }
                 // A ticket of another key (or an ended window) passes PolicyTicket but leaves another digest.
                 if case .ticket = authorization { step = "Unseal(ticket)" } else { step = "Unseal" }
                 return try context.unseal(object, session: session)
@@ -427,14 +429,32 @@ final class TPMKeyring {
         }
     }
 
-    /// The access-control branch: PolicySigned by the reader or PolicySecret with the passcode,
-    /// then PolicyOR when the key has both branches.
-    private func authorize(_ session: TPMHandle, policy: SealPolicy, authorization: Authorization,
-                           step: inout String) throws(TPMError) {
+    /// Which branch of the access-control step `authorization` proves (a ticket stands in for the
+    /// branch it was made for); the policy's branches are the step's, in order.
+    private func branch(proving authorization: Authorization, policy: SealPolicy) throws(TPMError) -> Int {
         issuedTicket = nil
-        let now = Int64(Date().timeIntervalSince1970 * 1000)
         switch authorization {
-        case .finger(let reader, let window):
+        case .finger:
+            guard let i = policy.branches.firstIndex(of: .biometry) else { throw TPMError(command: "reader signature", code: .policyFail) }
+            return i
+        case .passcode:
+            guard let i = policy.branches.firstIndex(of: .passcode) else { throw TPMError(command: "passcode branch", code: .policyFail) }
+            return i
+        case .ticket(let stored):
+            guard policy.acceptsTickets else { throw TPMError(command: "ticket for a key that takes none", code: .policyFail) }
+            return policy.branches.firstIndex(of: stored.branch == "passcode" ? .passcode : .biometry) ?? 0
+        case .none:
+            throw TPMError(command: "authorization", code: .policyFail)
+        }
+    }
+
+    /// Runs the chosen branch's step with what `authorization` holds: the reader's signature
+    /// (PolicySigned), the passcode (PolicySecret), or a ticket standing in for either (PolicyTicket).
+    private func prove(_ proof: PolicyStep, on session: TPMHandle, policy: SealPolicy, authorization: Authorization,
+                       step: inout String) throws(TPMError) {
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        switch (proof, authorization) {
+        case (.signed(_, let policyRef), .finger(let reader, let window)):
             let window = policy.acceptsTickets ? window : 0
             guard let binding = policy.biometry, let keyTR = reader.state?.keyTR,
                   let hmac = reader.sign(nonceTPM: try context.nonceTPM(session), for: binding, keyRef: policy.keyRef,
@@ -444,10 +464,9 @@ final class TPMKeyring {
             step = "PolicySigned"
             let readerKey = try context.deserialize(keyTR)
             let ticket = try context.policySigned(session, authObject: readerKey, nonceTPM: try context.nonceTPM(session),
-                                                  policyRef: policy.signedRef, hmac: hmac, expiration: -window)
+                                                  policyRef: policyRef, hmac: hmac, expiration: -window)
             issuedTicket = ticket.map { StoredTicket(branch: "biometry", ticket: $0, expires: now + Int64(window) * 1000, issued: now) }
-        case .passcode(let pin, let window):
-            guard policy.passcode == true else { throw TPMError(command: "passcode branch", code: .policyFail) }
+        case (.secret(_, _, let policyRef), .passcode(let pin, let window)):
             let window = policy.acceptsTickets ? window : 0
             step = "PolicySecret"
             let pinIndex = try pinResource()
@@ -456,19 +475,14 @@ final class TPMKeyring {
             // A salted HMAC session: the passcode is the HMAC key, never sent, and a capture can't be brute-forced.
             // Started with continueSession clear: the PolicySecret closes it, or the caller's scope flushes it.
             let auth = try context.startSession(.hmac, saltKey: srk)
-            let ticket = try context.policySecret(session, entity: pinIndex, authSession: auth, policyRef: policy.keyRef ?? [],
+            let ticket = try context.policySecret(session, entity: pinIndex, authSession: auth, policyRef: policyRef,
                                                   expiration: -window)
             issuedTicket = ticket.map { StoredTicket(branch: "passcode", ticket: $0, expires: now + Int64(window) * 1000, issued: now) }
-        case .ticket(let stored):
-            guard policy.acceptsTickets else { throw TPMError(command: "ticket for a key that takes none", code: .policyFail) }
+        case (.signed, .ticket(let stored)), (.secret, .ticket(let stored)):
             step = "PolicyTicket"
             try context.policyTicket(session, stored.ticket)
-        case .none:
+        default:
             throw TPMError(command: "authorization", code: .policyFail)
-        }
-        if policy.branches.count > 1 {
-            step = "PolicyOR"
-            try context.policyOR(session, policy.branchDigests)
         }
     }
 
