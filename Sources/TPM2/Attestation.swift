@@ -37,12 +37,10 @@ extension TPMContext {
 
     /// A new AK under the EK (authorized by the EK's policy); its blob loads only under that EK.
     public func createAttestationKey(endorsementKey ek: TPMHandle) throws(TPMError) -> SealedBlob {
-        let session = try endorsementSession()
-        var used = false
-        defer { if !used { flush(session) } }
-        let blob = try create(Self.attestationKeyTemplate(), sensitive: nil, parent: ek, session: session, command: "Create(AK)")
-        used = true  // continueSession clear: the TPM closed it.
-        return blob
+        try withTransient { () throws(TPMError) -> SealedBlob in
+            // continueSession clear: the Create closes the session; on an error the scope flushes it.
+            try create(Self.attestationKeyTemplate(), sensitive: nil, parent: ek, session: try endorsementSession(), command: "Create(AK)")
+        }
     }
 
     /// TPM2_ActivateCredential: the credential `credentialBlob` (TPM2B_ID_OBJECT) and `secret`
@@ -55,15 +53,14 @@ extension TPMContext {
         var blob = try Marshal.decode("TPM2B_ID_OBJECT", credentialBlob, as: TPM2B_ID_OBJECT(), Tss2_MU_TPM2B_ID_OBJECT_Unmarshal)
         var encrypted = try Marshal.decode("TPM2B_ENCRYPTED_SECRET", secret, as: TPM2B_ENCRYPTED_SECRET(),
                                            Tss2_MU_TPM2B_ENCRYPTED_SECRET_Unmarshal)
-        let session: TPMHandle? = if type.userWithAuth { nil } else { try endorsementSession() }
-        var used = false
-        defer { if !used, let session { flush(session) } }
         var certInfo: UnsafeMutablePointer<TPM2B_DIGEST>?
-        // The AK's role is ADMIN: with adminWithPolicy clear its (empty) authValue serves.
-        try call("ActivateCredential") {
-            Esys_ActivateCredential(esys, ak.tr, ek.tr, Self.password, session?.tr ?? Self.password, Self.none, &blob, &encrypted, &certInfo)
+        try withTransient { () throws(TPMError) in
+            let session = type.userWithAuth ? Self.password : try endorsementSession().tr
+            // The AK's role is ADMIN: with adminWithPolicy clear its (empty) authValue serves.
+            try call("ActivateCredential", sessions: [session]) {
+                Esys_ActivateCredential(esys, ak.tr, ek.tr, Self.password, session, Self.none, &blob, &encrypted, &certInfo)
+            }
         }
-        used = true
         guard let certInfo else { throw TPMError(command: "ActivateCredential", code: .failure) }
         defer { TPM2B.wipe(&certInfo.pointee); Esys_Free(certInfo) }
         return withUnsafeBytes(of: certInfo.pointee.buffer) { SecureBytes(copying: $0.prefix(Int(certInfo.pointee.size))) }

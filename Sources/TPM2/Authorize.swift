@@ -22,62 +22,64 @@ extension TPMContext {
     /// `policies` may be produced after the key's name is known, which is what breaks the cycle.
     public func approveOnce(parent: TPMHandle, policyRef: [UInt8],
                             policies: (_ keyName: [UInt8]) -> [[UInt8]]) throws(TPMError) -> Approval {
-        var inPublic = TPM2B_PUBLIC()
-        inPublic.publicArea.type = UInt16(TPM2_ALG_ECC)
-        inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA256)
-        inPublic.publicArea.objectAttributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT
-            | TPMA_OBJECT_SENSITIVEDATAORIGIN | TPMA_OBJECT_USERWITHAUTH | TPMA_OBJECT_NODA | TPMA_OBJECT_SIGN_ENCRYPT
-        inPublic.publicArea.parameters.eccDetail.symmetric.algorithm = UInt16(TPM2_ALG_NULL)
-        inPublic.publicArea.parameters.eccDetail.scheme.scheme = UInt16(TPM2_ALG_ECDSA)
-        inPublic.publicArea.parameters.eccDetail.scheme.details.ecdsa.hashAlg = UInt16(TPM2_ALG_SHA256)
-        inPublic.publicArea.parameters.eccDetail.curveID = UInt16(TPM2_ECC_NIST_P256)
-        inPublic.publicArea.parameters.eccDetail.kdf.scheme = UInt16(TPM2_ALG_NULL)
-        // The private blob is never stored: once this function returns, nobody can sign again.
-        let blob = try create(inPublic, sensitive: nil, parent: parent, session: nil, command: "Create(approval key)")
-        let handle = try load(blob, parent: parent)
-        defer { flush(handle) }
-        let keyName = try name(of: handle)
-        var signatures: [[UInt8]] = []
-        for policy in policies(keyName) {
-            var digest = TPM2B_DIGEST()
-            digest.size = TPM2B.set(&digest.buffer, sha256(policy, policyRef))
-            var scheme = TPMT_SIG_SCHEME()
-            scheme.scheme = UInt16(TPM2_ALG_ECDSA)
-            scheme.details.ecdsa.hashAlg = UInt16(TPM2_ALG_SHA256)
-            var validation = TPMT_TK_HASHCHECK()
-            validation.tag = UInt16(TPM2_ST_HASHCHECK)
-            validation.hierarchy = UInt32(TPM2_RH_NULL)
-            var signature: UnsafeMutablePointer<TPMT_SIGNATURE>?
-            try call("Sign(approval)") {
-                Esys_Sign(esys, handle.tr, Self.password, Self.none, Self.none, &digest, &scheme, &validation, &signature)
+        try withTransient { () throws(TPMError) -> Approval in
+            var inPublic = TPM2B_PUBLIC()
+            inPublic.publicArea.type = UInt16(TPM2_ALG_ECC)
+            inPublic.publicArea.nameAlg = UInt16(TPM2_ALG_SHA256)
+            inPublic.publicArea.objectAttributes = TPMA_OBJECT_FIXEDTPM | TPMA_OBJECT_FIXEDPARENT
+                | TPMA_OBJECT_SENSITIVEDATAORIGIN | TPMA_OBJECT_USERWITHAUTH | TPMA_OBJECT_NODA | TPMA_OBJECT_SIGN_ENCRYPT
+            inPublic.publicArea.parameters.eccDetail.symmetric.algorithm = UInt16(TPM2_ALG_NULL)
+            inPublic.publicArea.parameters.eccDetail.scheme.scheme = UInt16(TPM2_ALG_ECDSA)
+            inPublic.publicArea.parameters.eccDetail.scheme.details.ecdsa.hashAlg = UInt16(TPM2_ALG_SHA256)
+            inPublic.publicArea.parameters.eccDetail.curveID = UInt16(TPM2_ECC_NIST_P256)
+            inPublic.publicArea.parameters.eccDetail.kdf.scheme = UInt16(TPM2_ALG_NULL)
+            // The private blob is never stored: once this function returns, nobody can sign again.
+            let blob = try create(inPublic, sensitive: nil, parent: parent, session: nil, command: "Create(approval key)")
+            let handle = try load(blob, parent: parent)
+            let keyName = try name(of: handle)
+            var signatures: [[UInt8]] = []
+            for policy in policies(keyName) {
+                var digest = TPM2B_DIGEST()
+                digest.size = TPM2B.set(&digest.buffer, sha256(policy, policyRef))
+                var scheme = TPMT_SIG_SCHEME()
+                scheme.scheme = UInt16(TPM2_ALG_ECDSA)
+                scheme.details.ecdsa.hashAlg = UInt16(TPM2_ALG_SHA256)
+                var validation = TPMT_TK_HASHCHECK()
+                validation.tag = UInt16(TPM2_ST_HASHCHECK)
+                validation.hierarchy = UInt32(TPM2_RH_NULL)
+                var signature: UnsafeMutablePointer<TPMT_SIGNATURE>?
+                try call("Sign(approval)") {
+                    Esys_Sign(esys, handle.tr, Self.password, Self.none, Self.none, &digest, &scheme, &validation, &signature)
+                }
+                defer { Esys_Free(signature) }
+                guard let signature else { throw TPMError(command: "Sign(approval)", code: .size) }
+                signatures.append(try Marshal.encode("TPMT_SIGNATURE", signature.pointee, Tss2_MU_TPMT_SIGNATURE_Marshal))
             }
-            defer { Esys_Free(signature) }
-            guard let signature else { throw TPMError(command: "Sign(approval)", code: .size) }
-            signatures.append(try Marshal.encode("TPMT_SIGNATURE", signature.pointee, Tss2_MU_TPMT_SIGNATURE_Marshal))
+            return Approval(keyPublic: blob.publicArea, keyName: keyName, signatures: signatures)
         }
-        return Approval(keyPublic: blob.publicArea, keyName: keyName, signatures: signatures)
     }
 
     /// Runs PolicyAuthorize on `session` for an approved policy: LoadExternal, VerifySignature, flush.
     public func policyAuthorize(_ session: TPMHandle, approvedPolicy: [UInt8], policyRef: [UInt8],
                                 keyPublic: [UInt8], keyName: [UInt8], signature: [UInt8]) throws(TPMError) {
-        var pub = try Marshal.public(keyPublic)
-        var key: ESYS_TR = 0
-        try call("LoadExternal(approval key)") {
-            Esys_LoadExternal(esys, Self.none, Self.none, Self.none, nil, &pub, KC_ESYS_TR_RH_OWNER, &key)
+        try withTransient { () throws(TPMError) -> Void in
+            var pub = try Marshal.public(keyPublic)
+            var key: ESYS_TR = 0
+            try call("LoadExternal(approval key)") {
+                Esys_LoadExternal(esys, Self.none, Self.none, Self.none, nil, &pub, KC_ESYS_TR_RH_OWNER, &key)
+            }
+            _ = adopt(key)
+            var sig = try Marshal.decode("TPMT_SIGNATURE", signature, as: TPMT_SIGNATURE(), Tss2_MU_TPMT_SIGNATURE_Unmarshal)
+            var digest = TPM2B_DIGEST()
+            digest.size = TPM2B.set(&digest.buffer, sha256(approvedPolicy, policyRef))
+            var ticket: UnsafeMutablePointer<TPMT_TK_VERIFIED>?
+            try call("VerifySignature(approval)") {
+                Esys_VerifySignature(esys, key, Self.none, Self.none, Self.none, &digest, &sig, &ticket)
+            }
+            defer { Esys_Free(ticket) }
+            guard let ticket else { throw TPMError(command: "VerifySignature(approval)", code: .size) }
+            try policyAuthorize(session, approvedPolicy: approvedPolicy, policyRef: policyRef, keyName: keyName, verified: ticket)
         }
-        let handle = TPMHandle(tr: key, mustFlush: true)
-        defer { flush(handle) }
-        var sig = try Marshal.decode("TPMT_SIGNATURE", signature, as: TPMT_SIGNATURE(), Tss2_MU_TPMT_SIGNATURE_Unmarshal)
-        var digest = TPM2B_DIGEST()
-        digest.size = TPM2B.set(&digest.buffer, sha256(approvedPolicy, policyRef))
-        var ticket: UnsafeMutablePointer<TPMT_TK_VERIFIED>?
-        try call("VerifySignature(approval)") {
-            Esys_VerifySignature(esys, key, Self.none, Self.none, Self.none, &digest, &sig, &ticket)
-        }
-        defer { Esys_Free(ticket) }
-        guard let ticket else { throw TPMError(command: "VerifySignature(approval)", code: .size) }
-        try policyAuthorize(session, approvedPolicy: approvedPolicy, policyRef: policyRef, keyName: keyName, verified: ticket)
     }
 }
 

@@ -37,44 +37,43 @@ extension TPMContext {
             let took = ContinuousClock.now - began
             saltedSessionTime = min(saltedSessionTime ?? took, took)
         }
+        let handle = adopt(session, continues: continueSession)
         var flags: TPMA_SESSION = 0
         if continueSession { flags |= KC_SESSION_CONTINUE }
         if encryptResponse { flags |= KC_SESSION_ENCRYPT }
         if decryptCommand { flags |= KC_SESSION_DECRYPT }
         let mask = KC_SESSION_CONTINUE | KC_SESSION_ENCRYPT | KC_SESSION_DECRYPT
-        do {
-            try Self.local("TRSess_SetAttributes") { Esys_TRSess_SetAttributes(esys, session, flags, mask) }
-        } catch {
-            flush(TPMHandle(tr: session, mustFlush: true))
-            throw error
-        }
-        return TPMHandle(tr: session, mustFlush: true)
+        // On failure the session stays recorded: the caller's scope flushes it.
+        try Self.local("TRSess_SetAttributes") { Esys_TRSess_SetAttributes(esys, session, flags, mask) }
+        return handle
     }
 
-    /// Runs `body` with a session and flushes the session afterwards, whether `body` threw or not.
-    /// A session that a command already closed (continueSession clear) is flushed harmlessly.
+    /// Runs `body` with a session, in a scope of its own (`withTransient`): the session, and whatever
+    /// `body` made, is flushed afterwards, whether `body` threw or not.
     public func withSession<T>(_ kind: SessionKind, saltKey: TPMHandle?, encryptResponse: Bool = false,
                                decryptCommand: Bool = false,
                                _ body: (TPMHandle) throws(TPMError) -> T) throws(TPMError) -> T {
-        let session = try startSession(kind, saltKey: saltKey, encryptResponse: encryptResponse,
-                                       decryptCommand: decryptCommand, continueSession: true)
-        defer { flush(session) }
-        return try body(session)
+        try withTransient { () throws(TPMError) -> T in
+            let session = try startSession(kind, saltKey: saltKey, encryptResponse: encryptResponse,
+                                           decryptCommand: decryptCommand, continueSession: true)
+            return try body(session)
+        }
     }
 
     // MARK: The storage root key (TCG EK/SRK provisioning guidance: ECC P-256 SRK template)
 
     /// Creates the SRK in the owner hierarchy and makes it persistent at `persistentHandle`.
     public func provisionSRK(at persistentHandle: UInt32) throws(TPMError) -> TPMHandle {
-        let primary = try createPrimary(KC_ESYS_TR_RH_OWNER, label: "SRK")
-        defer { flush(primary) }
-        var persistent: ESYS_TR = 0
-        let owner = try ownerAuthorization()
-        try call("EvictControl(SRK)") {
-            Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, primary.tr, owner, Self.none, Self.none,
-                              persistentHandle, &persistent)
+        try withTransient { () throws(TPMError) -> TPMHandle in
+            let primary = try createPrimary(KC_ESYS_TR_RH_OWNER, label: "SRK")
+            var persistent: ESYS_TR = 0
+            let owner = try ownerAuthorization()
+            try call("EvictControl(SRK)") {
+                Esys_EvictControl(esys, KC_ESYS_TR_RH_OWNER, primary.tr, owner, Self.none, Self.none,
+                                  persistentHandle, &persistent)
+            }
+            return TPMHandle(tr: persistent, mustFlush: false)
         }
-        return TPMHandle(tr: persistent, mustFlush: false)
     }
 
     /// The ECC P-256 storage-parent parameters of the SRK and ECC EK templates (TCG EK profile):
@@ -107,7 +106,7 @@ extension TPMContext {
             Esys_CreatePrimary(esys, hierarchy, Self.password, Self.none, Self.none,
                                &inSensitive, &inPublic, &outsideInfo, &creationPCR, &primary, nil, nil, nil, nil)
         }
-        return TPMHandle(tr: primary, mustFlush: true)
+        return adopt(primary)
     }
 
     // MARK: Sealed data objects (Part 3, 12.1 Create, 12.2 Load, 12.7 Unseal)
@@ -175,7 +174,7 @@ extension TPMContext {
         var creationData: UnsafeMutablePointer<TPM2B_CREATION_DATA>?
         var creationHash: UnsafeMutablePointer<TPM2B_DIGEST>?
         var creationTicket: UnsafeMutablePointer<TPMT_TK_CREATION>?
-        try call(command) {
+        try call(command, sessions: session.map { [$0.tr] } ?? []) {
             Esys_Create(esys, parent.tr, session?.tr ?? Self.password, Self.none, Self.none, &inSensitive, &inPublic,
                         &outsideInfo, &creationPCR, &outPrivate, &outPublic, &creationData, &creationHash, &creationTicket)
         }
@@ -198,7 +197,7 @@ extension TPMContext {
         try call("Load") {
             Esys_Load(esys, parent.tr, Self.password, Self.none, Self.none, &inPrivate, &inPublic, &object)
         }
-        return TPMHandle(tr: object, mustFlush: true)
+        return adopt(object)
     }
 
     /// Unseals with `session` (a policy session, or an HMAC session for userWithAuth objects).
@@ -207,7 +206,7 @@ extension TPMContext {
     ///   (TPM 2.0 Part 1, 19.6: every session's HMAC, an encrypt-only one's included).
     public func unseal(_ object: TPMHandle, session: TPMHandle, encryptSession: TPMHandle? = nil) throws(TPMError) -> SecureBytes {
         var out: UnsafeMutablePointer<TPM2B_SENSITIVE_DATA>?
-        try call("Unseal") { Esys_Unseal(esys, object.tr, session.tr, encryptSession?.tr ?? Self.none, Self.none, &out) }
+        try call("Unseal", sessions: [session.tr]) { Esys_Unseal(esys, object.tr, session.tr, encryptSession?.tr ?? Self.none, Self.none, &out) }
         guard let out else { throw TPMError(command: "Unseal", code: .failure) }
         defer { TPM2B.wipe(&out.pointee); Esys_Free(out) }
         return withUnsafeBytes(of: out.pointee.buffer) { SecureBytes(copying: $0.prefix(Int(out.pointee.size))) }
@@ -254,7 +253,7 @@ extension TPMContext {
             nonce.size = TPM2B.set(&nonce.buffer, current)
         }
         try withUnsafePointer(to: &nonce) { noncePointer throws(TPMError) in
-            try call("PolicySecret") {
+            try call("PolicySecret", sessions: [authSession.tr]) {
                 Esys_PolicySecret(esys, entity.tr, session.tr, authSession.tr, Self.none, Self.none,
                                   expiration < 0 ? noncePointer : nil, nil, &ref, expiration, &timeout, &ticket)
             }

@@ -31,13 +31,12 @@ extension TPMContext {
     /// The value of a counter index whose authValue is set on `index` (`setAuth`), proven in an
     /// unsalted HMAC session the command closes: the authValue never crosses the bus. Two commands.
     public func readCounter(_ index: TPMHandle) throws(TPMError) -> UInt64 {
-        let session = try startSession(.hmac, saltKey: nil)
         var out: UnsafeMutablePointer<TPM2B_MAX_NV_BUFFER>?
-        do {
-            try call("NV_Read(counter)") { Esys_NV_Read(esys, index.tr, index.tr, session.tr, Self.none, Self.none, 8, 0, &out) }
-        } catch {
-            flush(session)
-            throw error
+        try withTransient { () throws(TPMError) in
+            let session = try startSession(.hmac, saltKey: nil)
+            try call("NV_Read(counter)", sessions: [session.tr]) {
+                Esys_NV_Read(esys, index.tr, index.tr, session.tr, Self.none, Self.none, 8, 0, &out)
+            }
         }
         defer { Esys_Free(out) }
         let bytes = TPM2B.bytes(out!.pointee.buffer, size: out!.pointee.size)
@@ -48,12 +47,11 @@ extension TPMContext {
     /// NV_Increment of a counter index whose authValue is set on `index`, in an unsalted HMAC session
     /// the command closes. Two commands.
     public func incrementCounter(_ index: TPMHandle) throws(TPMError) {
-        let session = try startSession(.hmac, saltKey: nil)
-        do {
-            try call("NV_Increment(counter)") { Esys_NV_Increment(esys, index.tr, index.tr, session.tr, Self.none, Self.none) }
-        } catch {
-            flush(session)
-            throw error
+        try withTransient { () throws(TPMError) in
+            let session = try startSession(.hmac, saltKey: nil)
+            try call("NV_Increment(counter)", sessions: [session.tr]) {
+                Esys_NV_Increment(esys, index.tr, index.tr, session.tr, Self.none, Self.none)
+            }
         }
     }
 }

@@ -343,7 +343,7 @@ extension TPMContext {
         var symmetric = TPMT_SYM_DEF_OBJECT()
         symmetric.algorithm = UInt16(TPM2_ALG_NULL)
         var outPrivate: UnsafeMutablePointer<TPM2B_PRIVATE>?
-        try call("Import") {
+        try call("Import", sessions: [authorization]) {
             Esys_Import(esys, parent.tr, authorization, Self.none, Self.none, &encryptionKey, &objectPublic, &dup, &seed,
                         &symmetric, &outPrivate)
         }

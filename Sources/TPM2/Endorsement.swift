@@ -54,9 +54,7 @@ extension TPMContext {
     /// the default template (the same key every time, since primary keys derive from the seed), then flushed.
     /// - Throws: the TPM's error, e.g. `AUTH_FAIL` when the endorsement hierarchy has an authorization.
     public func endorsementKeyPublic(_ type: EndorsementKeyType) throws(TPMError) -> [UInt8] {
-        let ek = try createEndorsementKey(type)
-        defer { flush(ek.handle) }
-        return ek.publicArea
+        try withTransient { () throws(TPMError) -> [UInt8] in try createEndorsementKey(type).publicArea }
     }
 
     /// Whether `publicArea` (marshalled TPM2B_PUBLIC) is the EK of `type`'s template: the same
@@ -124,11 +122,7 @@ extension TPMContext {
                                &inSensitive, &inPublic, &outsideInfo, &creationPCR, &primary, &outPublic, nil, nil, nil)
         }
         defer { Esys_Free(outPublic) }
-        let handle = TPMHandle(tr: primary, mustFlush: true)
-        do { return (handle, try Marshal.public(outPublic!.pointee)) } catch {
-            flush(handle)
-            throw error
-        }
+        return (adopt(primary), try Marshal.public(outPublic!.pointee))
     }
 
     /// The public area (marshalled TPM2B_PUBLIC) of a loaded or persistent object.

@@ -12,40 +12,32 @@ extension TPMContext {
     /// A policy session that satisfies the EK's policy, for one command.
     func endorsementSession() throws(TPMError) -> TPMHandle {
         let session = try startSession(.policy, saltKey: nil, continueSession: false)
-        do {
-            _ = try policySecret(session, entity: TPMHandle(tr: KC_ESYS_TR_RH_ENDORSEMENT, mustFlush: false),
-                                 authSession: TPMHandle(tr: Self.password, mustFlush: false))
-        } catch {
-            flush(session)
-            throw error
-        }
+        _ = try policySecret(session, entity: TPMHandle(tr: KC_ESYS_TR_RH_ENDORSEMENT, mustFlush: false),
+                             authSession: TPMHandle(tr: Self.password, mustFlush: false))
         return session
     }
 
     /// TPM2_Import under the EK (see `importDuplicate`), authorized by the EK's policy.
     public func importDuplicate(publicArea: [UInt8], duplicate: [UInt8], encryptedSeed: [UInt8],
                                 endorsementKey ek: TPMHandle) throws(TPMError) -> [UInt8] {
-        let session = try endorsementSession()
-        var used = false
-        defer { if !used { flush(session) } }
-        let out = try importDuplicate(publicArea: publicArea, duplicate: duplicate, encryptedSeed: encryptedSeed,
-                                      parent: ek, authorization: session.tr)
-        used = true  // continueSession clear: the TPM closed it.
-        return out
+        try withTransient { () throws(TPMError) -> [UInt8] in
+            // continueSession clear: the Import closes the session; on an error the scope flushes it.
+            try importDuplicate(publicArea: publicArea, duplicate: duplicate, encryptedSeed: encryptedSeed,
+                                parent: ek, authorization: try endorsementSession().tr)
+        }
     }
 
     /// TPM2_Load under the EK, authorized by the EK's policy.
     public func load(_ blob: SealedBlob, endorsementKey ek: TPMHandle) throws(TPMError) -> TPMHandle {
-        let session = try endorsementSession()
-        var used = false
-        defer { if !used { flush(session) } }
         var inPublic = try Marshal.public(blob.publicArea)
         var inPrivate = try Marshal.private(blob.privateArea)
         var object: ESYS_TR = 0
-        try call("Load(under EK)") {
+        // Not in a scope of its own: the object outlives this call (the caller's scope flushes it),
+        // and the session is closed by the Load (continueSession clear) or flushed with the object.
+        let session = try endorsementSession()
+        try call("Load(under EK)", sessions: [session.tr]) {
             Esys_Load(esys, ek.tr, session.tr, Self.none, Self.none, &inPrivate, &inPublic, &object)
         }
-        used = true
-        return TPMHandle(tr: object, mustFlush: true)
+        return adopt(object)
     }
 }

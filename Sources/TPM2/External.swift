@@ -36,22 +36,24 @@ extension TPMContext {
     /// hierarchy, VerifySignature, FlushContext): returns the marshalled TPMT_TK_VERIFIED, which stays
     /// valid on this TPM until it is cleared.
     public func verifySignature(keyPublic: [UInt8], digest: [UInt8], signature: [UInt8]) throws(TPMError) -> [UInt8] {
-        var pub = try Marshal.public(keyPublic)
-        var key: ESYS_TR = 0
-        try call("LoadExternal(boot-policy key)") {
-            Esys_LoadExternal(esys, Self.none, Self.none, Self.none, nil, &pub, KC_ESYS_TR_RH_OWNER, &key)
+        try withTransient { () throws(TPMError) -> [UInt8] in
+            var pub = try Marshal.public(keyPublic)
+            var key: ESYS_TR = 0
+            try call("LoadExternal(boot-policy key)") {
+                Esys_LoadExternal(esys, Self.none, Self.none, Self.none, nil, &pub, KC_ESYS_TR_RH_OWNER, &key)
+            }
+            _ = adopt(key)
+            var sig = try Marshal.decode("TPMT_SIGNATURE", signature, as: TPMT_SIGNATURE(), Tss2_MU_TPMT_SIGNATURE_Unmarshal)
+            var hash = TPM2B_DIGEST()
+            hash.size = TPM2B.set(&hash.buffer, digest)
+            var ticket: UnsafeMutablePointer<TPMT_TK_VERIFIED>?
+            try call("VerifySignature(boot policy)") {
+                Esys_VerifySignature(esys, key, Self.none, Self.none, Self.none, &hash, &sig, &ticket)
+            }
+            defer { Esys_Free(ticket) }
+            guard let ticket else { throw TPMError(command: "VerifySignature(boot policy)", code: .size) }
+            return try Marshal.encode("TPMT_TK_VERIFIED", ticket.pointee, Tss2_MU_TPMT_TK_VERIFIED_Marshal)
         }
-        defer { flush(TPMHandle(tr: key, mustFlush: true)) }
-        var sig = try Marshal.decode("TPMT_SIGNATURE", signature, as: TPMT_SIGNATURE(), Tss2_MU_TPMT_SIGNATURE_Unmarshal)
-        var hash = TPM2B_DIGEST()
-        hash.size = TPM2B.set(&hash.buffer, digest)
-        var ticket: UnsafeMutablePointer<TPMT_TK_VERIFIED>?
-        try call("VerifySignature(boot policy)") {
-            Esys_VerifySignature(esys, key, Self.none, Self.none, Self.none, &hash, &sig, &ticket)
-        }
-        defer { Esys_Free(ticket) }
-        guard let ticket else { throw TPMError(command: "VerifySignature(boot policy)", code: .size) }
-        return try Marshal.encode("TPMT_TK_VERIFIED", ticket.pointee, Tss2_MU_TPMT_TK_VERIFIED_Marshal)
     }
 
     /// PolicyAuthorize with a kept verification ticket (no key loaded, one command).

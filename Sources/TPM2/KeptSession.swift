@@ -11,6 +11,8 @@ extension TPMContext {
     public func keptSession(saltKey: TPMHandle) throws(TPMError) -> TPMHandle {
         if let kept { return kept }
         let session = try startSession(.hmac, saltKey: saltKey, encryptResponse: true, continueSession: true)
+        // The connection's, not the operation's: no scope flushes it (`dropKeptSession` and `deinit` do).
+        _ = handles.forget(session.tr)
         kept = session
         return session
     }
@@ -20,7 +22,7 @@ extension TPMContext {
 
     /// Flushes the kept session (the TPM's slot given back).
     public func dropKeptSession() {
-        flush(kept)
+        if let kept { flush([kept.tr]) }
         kept = nil
     }
 
@@ -68,6 +70,6 @@ extension TPMContext {
         var context = try Marshal.decode("TPMS_CONTEXT", saved.bytes, as: TPMS_CONTEXT(), Tss2_MU_TPMS_CONTEXT_Unmarshal)
         var object: ESYS_TR = 0
         try call("ContextLoad") { Esys_ContextLoad(esys, &context, &object) }
-        return TPMHandle(tr: object, mustFlush: true)
+        return adopt(object)
     }
 }

@@ -55,8 +55,13 @@ public enum PolicyStep: Sendable, Hashable {
     case commandCode(UInt32)
     case cpHash([UInt8])
     case authValue
-    /// Any one of the branches.
+    /// Any one of the branches, by their digests.
     case or([[UInt8]])
+    /// Any one of the branches, as steps (the access-control branch: PolicySigned or PolicySecret):
+    /// each branch extends the digest before this step; two or more are joined by PolicyOR of those
+    /// digests, one alone is its own steps. A session runs the branch its caller chooses (`run`'s
+    /// `branch`), then the PolicyOR.
+    indirect case anyOf([[PolicyStep]])
     /// PolicyAuthorizeNV (Part 3, 23.22): the steps before it must leave the digest the NV index at
     /// `index` (named `name`) holds; then the digest restarts from this step alone. `approving` are the
     /// steps a session runs first: they are not part of this step's digest (the index holds theirs).
@@ -85,11 +90,21 @@ public enum PolicyStep: Sendable, Hashable {
             return sha256(digest, CommandCode.policyAuthValue.bigEndianBytes)
         case .or(let branches):
             return sha256([UInt8](repeating: 0, count: 32), CommandCode.policyOR.bigEndianBytes, branches.flatMap { $0 })
+        case .anyOf(let branches):
+            let digests = PolicyStep.branchDigests(branches, after: digest)
+            return digests.count == 1 ? digests[0] : PolicyStep.or(digests).extend(digest)
         case .authorize(let keyName, let policyRef):
             return PolicyStep.authorizeDigest(keyName: keyName, policyRef: policyRef)
         case .authorizeNV(_, let name, _):
             return sha256([UInt8](repeating: 0, count: 32), CommandCode.policyAuthorizeNV.bigEndianBytes, name)
         }
+    }
+}
+
+extension PolicyStep {
+    /// The digest each branch of an `anyOf` ends with, from `digest` (the steps before it).
+    public static func branchDigests(_ branches: [[PolicyStep]], after digest: [UInt8]) -> [[UInt8]] {
+        branches.map { $0.reduce(digest) { $1.extend($0) } }
     }
 }
 

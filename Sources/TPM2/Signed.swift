@@ -16,7 +16,7 @@ extension TPMContext {
         let blob = try create(Self.keyedHash(attributes: attributes, policy: Sodium.randomBytes(32), hmac: true),
                               sensitive: hmacKey, parent: parent, session: session, command: "Create(reader key)")
         let object = try load(blob, parent: parent)
-        do { return (object, try self.name(of: object)) } catch { flush(object); throw error }
+        return (object, try self.name(of: object))
     }
 
     /// Makes a loaded object persistent at `handle` (owner authorization).

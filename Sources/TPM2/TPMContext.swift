@@ -51,6 +51,8 @@ public final class TPMContext {
     /// The shortest salted StartAuthSession on this connection: on a chip an ECDH of 33–100 ms, on
     /// swtpm about one (keychaind's `--tpm-session auto` decides by it).
     public internal(set) var saltedSessionTime: Duration?
+    /// The transient objects and sessions made on this connection and not yet flushed.
+    var handles = HandleManager()
 
     /// - Parameter timeout: how long one command may wait for the TPM's answer (see `AnswerDeadline`).
     public init(device: TPMDevice, timeout: Duration = .seconds(30)) throws(TPMError) {
@@ -82,10 +84,10 @@ public final class TPMContext {
         deadline.timeout = timeout
     }
 
-    /// Ends one operation: the owner's session is flushed and the ESAPI resources of persistent
-    /// handles closed.
+    /// Ends one operation: the owner's session (and anything made outside a scope) is flushed and the
+    /// ESAPI resources of persistent handles closed.
     public func endOperation() {
-        flush(ownerSession)
+        flush(handles.unscoped())
         ownerSession = nil
         ownerSaltKey = nil  // the SRK's resource is closed below; the next operation sets it again
         for tr in resources {
@@ -106,13 +108,14 @@ public final class TPMContext {
         guard let ownerSaltKey else { return Self.password }
         if let ownerSession { return ownerSession.tr }
         let session = try startSession(.hmac, saltKey: ownerSaltKey, continueSession: true)
+        keep(session)
         ownerSession = session
         return session.tr
     }
 
     deinit {
-        flush(ownerSession)
-        flush(kept)
+        flush(handles.all())
+        if let kept { flush([kept.tr]) }  // the kept session is in no scope (`keptSession`)
         var ctx: OpaquePointer? = esys
         Esys_Finalize(&ctx)
         Tss2_TctiLdr_Finalize(&tcti)
@@ -120,7 +123,9 @@ public final class TPMContext {
 
     /// The one call point: counts the command and turns a non-zero code into a `TPMError`.
     /// TPM "retry" warnings are retried a few times, as the spec asks of callers.
-    func call(_ command: String, _ body: () -> UInt32) throws(TPMError) {
+    /// - Parameter sessions: the sessions authorizing the command: those started with continueSession
+    ///   clear are closed by its success (the handle manager forgets them).
+    func call(_ command: String, sessions: [ESYS_TR] = [], _ body: () -> UInt32) throws(TPMError) {
         var attempt = 0
         while true {
             if let unanswered { throw unanswered }
@@ -137,7 +142,10 @@ public final class TPMContext {
                 unanswered = error
                 throw error
             }
-            if rc == .success { return }
+            if rc == .success {
+                if !sessions.isEmpty { handles.authorized(sessions) }
+                return
+            }
             if rc.isRetryable && attempt < 50 {
                 attempt += 1
                 usleep(useconds_t(min(100_000, 1_000 * attempt)))
@@ -147,14 +155,8 @@ public final class TPMContext {
         }
     }
 
-    /// Flushes a transient object or session; never throws, so it can run on every error path.
-    public func flush(_ handle: TPMHandle?) {
-        guard let handle, handle.mustFlush else { return }
-        do { try call("FlushContext") { Esys_FlushContext(esys, handle.tr) } } catch { failedFlushes += 1 }
-    }
-
     /// Flushes that failed on this connection: the TPM may still hold what they were for.
-    public private(set) var failedFlushes = 0
+    public internal(set) var failedFlushes = 0
 
     // MARK: Resources by TPM handle
 

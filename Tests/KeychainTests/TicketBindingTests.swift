@@ -45,11 +45,10 @@ struct TicketBindingTests {
         do {
             let epoch = try context.resource(forPersistent: DeviceLockLayout.epochIndex)
             let approval = try context.resource(forPersistent: BootApprovalLayout.index)
-            try context.run(stolen.policy.steps, on: session, nvIndex: { index in
+            // The key's own steps, the ticket in place of its access-control branch (then PolicyOR).
+            try context.run(stolen.policy.allSteps, on: session, nvIndex: { index in
                 index == DeviceLockLayout.stateIndex ? state : index == DeviceLockLayout.epochIndex ? epoch : approval
-            })
-            try context.policyTicket(session, ticket)
-            if stolen.policy.branches.count > 1 { try context.policyOR(session, stolen.policy.branchDigests) }
+            }, other: { _ throws(TPMError) in try context.policyTicket(session, ticket) })
             _ = try context.unseal(object, session: session)
             return nil
         } catch {

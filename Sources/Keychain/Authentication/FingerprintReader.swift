@@ -222,24 +222,25 @@ final class FingerprintReader {
         let directory = URL(fileURLWithPath: directory).standardizedFileURL.path
         for handle in Self.persistentHandles {
             if (try? context.resource(forPersistent: handle)) != nil { continue }  // taken (another reader)
-            var session: TPMHandle?
-            var object: TPMHandle?
-            defer { context.flush(object); context.flush(session) }
-            let name: [UInt8]
-            do throws(TPMError) {
-                session = try context.startSession(.hmac, saltKey: srk, decryptCommand: true, continueSession: true)
-                (object, name) = try context.loadVerificationKey(key, parent: srk, session: session!)
-            } catch {
-                throw keyring.diagnose(error, doing: "create the fingerprint reader's key")
-            }
-            try keys.record(.init(handle: handle, name: name, directory: directory))
-            do throws(TPMError) {
-                try context.persist(object!, at: handle)
-                let tr = try context.serialize(try context.resource(forPersistent: handle))
-                return State(hmacKey: key.withUnsafeBytes { Array($0) }, tpmHandle: handle, keyName: name, keyTR: tr,
-                             enrollmentSet: [])
-            } catch {
-                throw keyring.diagnose(error, doing: "make the fingerprint reader's key persistent")
+            // The session and the loaded key are flushed at the end of this scope.
+            return try context.withTransient { () throws(KeychainError) -> State in
+                let object: TPMHandle
+                let name: [UInt8]
+                do throws(TPMError) {
+                    let session = try context.startSession(.hmac, saltKey: srk, decryptCommand: true, continueSession: true)
+                    (object, name) = try context.loadVerificationKey(key, parent: srk, session: session)
+                } catch {
+                    throw keyring.diagnose(error, doing: "create the fingerprint reader's key")
+                }
+                try keys.record(.init(handle: handle, name: name, directory: directory))
+                do throws(TPMError) {
+                    try context.persist(object, at: handle)
+                    let tr = try context.serialize(try context.resource(forPersistent: handle))
+                    return State(hmacKey: key.withUnsafeBytes { Array($0) }, tpmHandle: handle, keyName: name, keyTR: tr,
+                                 enrollmentSet: [])
+                } catch {
+                    throw keyring.diagnose(error, doing: "make the fingerprint reader's key persistent")
+                }
             }
         }
         throw KeychainError(.hardwareUnavailable, "No free persistent handle for the fingerprint reader's key (0x81000010–0x8100001F)")

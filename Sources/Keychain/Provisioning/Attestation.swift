@@ -447,9 +447,9 @@ extension Engine {
             let context = keyring.context
             let blob: TPMContext.SealedBlob
             do throws(TPMError) {
-                let ek = try context.endorsementKey(.rsa2048)
-                defer { context.flush(ek) }
-                blob = try context.createAttestationKey(endorsementKey: ek)
+                blob = try context.withTransient { () throws(TPMError) -> TPMContext.SealedBlob in
+                    try context.createAttestationKey(endorsementKey: try context.endorsementKey(.rsa2048))
+                }
             } catch {
                 throw keyring.diagnose(error, doing: "make the attestation key under the RSA endorsement key")
             }
@@ -530,47 +530,46 @@ extension Engine {
                 .init(attest: Data(s.attest).base64EncodedString(), signature: Data(s.signature).base64EncodedString())
             }
             do throws(TPMError) {
-                let ek = try context.endorsementKey(.rsa2048)
-                var ekLoaded = true
-                defer { if ekLoaded { context.flush(ek) } }
-                let ak = try context.load(blob, endorsementKey: ek)
-                defer { context.flush(ak) }
-                let credential: SecureBytes
-                if ekType == .rsa2048 {
-                    credential = try context.activateCredential(ak: ak, endorsementKey: ek, credentialBlob: credentialBlob, secret: secret)
-                } else {
-                    // The AK is the RSA EK's child, but activation needs only both loaded in one TPM:
-                    // the RSA EK makes room (three slots) for the ECC EK the secret is sealed to.
+                return try context.withTransient { () throws(TPMError) -> AttestationAnswer in
+                    let ek = try context.endorsementKey(.rsa2048)
+                    let ak = try context.load(blob, endorsementKey: ek)
+                    let credential: SecureBytes
+                    if ekType == .rsa2048 {
+                        credential = try context.activateCredential(ak: ak, endorsementKey: ek, credentialBlob: credentialBlob, secret: secret)
+                    } else {
+                        // The AK is the RSA EK's child, but activation needs only both loaded in one TPM:
+                        // the RSA EK makes room (three slots) for the ECC EK the secret is sealed to.
+                        context.flush(ek)
+                        credential = try context.withTransient { () throws(TPMError) -> SecureBytes in
+                            try context.activateCredential(ak: ak, endorsementKey: try context.endorsementKey(ekType), type: ekType,
+                                                           credentialBlob: credentialBlob, secret: secret)
+                        }
+                    }
+                    let quote = try context.quote(ak: ak, selection: pcrs, nonce: nonce)
+                    let certification = try context.certify(keyring.srk, ak: ak, nonce: nonce)
+                    // Three object slots: the EK goes, so each wrapping key loads beside the AK.
                     context.flush(ek)
-                    ekLoaded = false
-                    let ecc = try context.endorsementKey(ekType)
-                    defer { context.flush(ecc) }
-                    credential = try context.activateCredential(ak: ak, endorsementKey: ecc, type: ekType,
-                                                                credentialBlob: credentialBlob, secret: secret)
+                    var certified: [AttestationAnswer.CertifiedKey] = []
+                    for (record, creation) in keys {
+                        let statement = try context.withTransient { () throws(TPMError) -> TPMContext.SignedAttestation in
+                            let object = try context.load(TPMContext.SealedBlob(publicArea: record.sealedPublic, privateArea: record.sealedPrivate),
+                                                          parent: keyring.srk)
+                            return try context.certifyCreation(object, ak: ak, creation: creation, nonce: nonce)
+                        }
+                        certified.append(.init(service: record.service, protection: record.protection, publicArea: Data(record.sealedPublic).base64EncodedString(),
+                                               policy: Data(record.policy).base64EncodedString(), creationData: Data(creation.data).base64EncodedString(),
+                                               creationCertification: signed(statement)))
+                    }
+                    let approval = approvalIndexMade
+                        ? try context.certifyNV(try keyring.bootApprovalIndex(), size: BootApprovalLayout.size, ak: ak, nonce: nonce) : nil
+                    let values = try context.readPCRs(pcrs)
+                    return AttestationAnswer(
+                        format: AttestationAnswer.formatName, version: 1, nonce: challenge.nonce,
+                        credential: credential.withUnsafeBytes { Data($0).base64EncodedString() },
+                        quote: signed(quote), pcrValues: Dictionary(uniqueKeysWithValues: zip(pcrs.indices.map(String.init), values.map { lowerHex($0) })),
+                        storageRootKeyCertification: signed(certification), wrappingKeys: certified,
+                        bootApprovalCertification: approval.map(signed))
                 }
-                let quote = try context.quote(ak: ak, selection: pcrs, nonce: nonce)
-                let certification = try context.certify(keyring.srk, ak: ak, nonce: nonce)
-                // Three object slots: the EK goes, so each wrapping key loads beside the AK.
-                if ekLoaded { context.flush(ek) }
-                ekLoaded = false
-                var certified: [AttestationAnswer.CertifiedKey] = []
-                for (record, creation) in keys {
-                    let object = try context.load(TPMContext.SealedBlob(publicArea: record.sealedPublic, privateArea: record.sealedPrivate), parent: keyring.srk)
-                    defer { context.flush(object) }
-                    let statement = try context.certifyCreation(object, ak: ak, creation: creation, nonce: nonce)
-                    certified.append(.init(service: record.service, protection: record.protection, publicArea: Data(record.sealedPublic).base64EncodedString(),
-                                           policy: Data(record.policy).base64EncodedString(), creationData: Data(creation.data).base64EncodedString(),
-                                           creationCertification: signed(statement)))
-                }
-                let approval = approvalIndexMade
-                    ? try context.certifyNV(try keyring.bootApprovalIndex(), size: BootApprovalLayout.size, ak: ak, nonce: nonce) : nil
-                let values = try context.readPCRs(pcrs)
-                return AttestationAnswer(
-                    format: AttestationAnswer.formatName, version: 1, nonce: challenge.nonce,
-                    credential: credential.withUnsafeBytes { Data($0).base64EncodedString() },
-                    quote: signed(quote), pcrValues: Dictionary(uniqueKeysWithValues: zip(pcrs.indices.map(String.init), values.map { lowerHex($0) })),
-                    storageRootKeyCertification: signed(certification), wrappingKeys: certified,
-                    bootApprovalCertification: approval.map(signed))
             } catch where error.command == "ActivateCredential" && !error.isConnectionFailure {
                 throw KeychainError(.authenticationFailed, "The TPM refused to activate the credential: the challenge was made for "
                                     + "another TPM's EK or another key, or was changed", underlying: .tpm(error))

@@ -352,66 +352,67 @@ extension Engine {
         let (publicArea, duplicate, seed, nonce, ciphertext) = try bundle.parts()
         let k: SecureBytes = try withKeyring { keyring throws(KeychainError) -> SecureBytes in
             let context = keyring.context
-            let stateName = keyring.stateName
-            // The parent: the EK (a transient primary, flushed on every path) or the SRK.
-            var ek: TPMHandle?
-            defer { context.flush(ek) }
-            let parentName: [UInt8]
-            do throws(TPMError) {
-                if bundle.parent == "ek-rsa2048" {
-                    ek = try context.endorsementKey(.rsa2048)
-                    parentName = try context.name(of: ek!)
-                } else {
-                    parentName = try context.name(of: keyring.srk)
+            return try context.withTransient { () throws(KeychainError) -> SecureBytes in
+                let stateName = keyring.stateName
+                // The parent: the EK (a transient primary, flushed with this scope) or the SRK.
+                var ek: TPMHandle?
+                let parentName: [UInt8]
+                do throws(TPMError) {
+                    if bundle.parent == "ek-rsa2048" {
+                        ek = try context.endorsementKey(.rsa2048)
+                        parentName = try context.name(of: ek!)
+                    } else {
+                        parentName = try context.name(of: keyring.srk)
+                    }
+                } catch { throw keyring.diagnose(error, doing: "make the endorsement key") }
+                guard lowerHex(parentName) == bundle.target else {
+                    throw KeychainError(.invalidArgument, "This bundle is sealed to another device's TPM (\(bundle.parent) \(bundle.target.prefix(16))…), "
+                                        + "not this one (\(lowerHex(parentName).prefix(16))…): seal it for this device's identity")
                 }
-            } catch { throw keyring.diagnose(error, doing: "make the endorsement key") }
-            guard lowerHex(parentName) == bundle.target else {
-                throw KeychainError(.invalidArgument, "This bundle is sealed to another device's TPM (\(bundle.parent) \(bundle.target.prefix(16))…), "
-                                    + "not this one (\(lowerHex(parentName).prefix(16))…): seal it for this device's identity")
-            }
-            var approvalName = BootApprovalLayout.name
-            if let pcrs = bundle.pcrs {
-                // The approval index is one per TPM and approves this keychain's selection: a bundle over other
-                // PCRs must not be the one that defines it (this keychain's own ThisDeviceOnly writes would fail).
-                let own = keyring.pcrSelection
-                guard PCRSelection(pcrs).indices == own else {
-                    throw KeychainError(.invalidArgument, "This bundle binds PCRs \(pcrs.map(String.init).joined(separator: ",")); this "
-                                        + "keychain binds PCRs \(own.map(String.init).joined(separator: ",")): seal it again from this "
-                                        + "device's identity (keychainctl identity)")
+                var approvalName = BootApprovalLayout.name
+                if let pcrs = bundle.pcrs {
+                    // The approval index is one per TPM and approves this keychain's selection: a bundle over other
+                    // PCRs must not be the one that defines it (this keychain's own ThisDeviceOnly writes would fail).
+                    let own = keyring.pcrSelection
+                    guard PCRSelection(pcrs).indices == own else {
+                        throw KeychainError(.invalidArgument, "This bundle binds PCRs \(pcrs.map(String.init).joined(separator: ",")); this "
+                                            + "keychain binds PCRs \(own.map(String.init).joined(separator: ",")): seal it again from this "
+                                            + "device's identity (keychainctl identity)")
+                    }
+                    // As for a ThisDeviceOnly write: the approval index exists and approves a state (today's if none).
+                    // A bundle's policy names the index (it was sealed offline), so a TPM without PolicyAuthorizeNV cannot open it.
+                    guard try keyring.implementsPolicyAuthorizeNV() else { throw keyring.approvalUnsupported("A ThisDeviceOnly bundle") }
+                    guard let name = try keyring.ensureBootApproval(selection: pcrs, initial: keyring.recordedBootState(pcrs)) else {
+                        throw KeychainError(.hardwareUnavailable, "A ThisDeviceOnly bundle needs the boot-state approval index, and "
+                                            + "this keychain cannot define it without the owner authorization (--owner-auth-file)")
+                    }
+                    approvalName = name
                 }
-                // As for a ThisDeviceOnly write: the approval index exists and approves a state (today's if none).
-                // A bundle's policy names the index (it was sealed offline), so a TPM without PolicyAuthorizeNV cannot open it.
-                guard try keyring.implementsPolicyAuthorizeNV() else { throw keyring.approvalUnsupported("A ThisDeviceOnly bundle") }
-                guard let name = try keyring.ensureBootApproval(selection: pcrs, initial: keyring.recordedBootState(pcrs)) else {
-                    throw KeychainError(.hardwareUnavailable, "A ThisDeviceOnly bundle needs the boot-state approval index, and "
-                                        + "this keychain cannot define it without the owner authorization (--owner-auth-file)")
+                let policy = ProvisioningBundle.policy(accessible: bundle.accessible, accessControl: bundle.accessControl, stateName: stateName,
+                                                       pcrs: bundle.pcrs, bootApprovalName: approvalName)
+                let privateArea: [UInt8]
+                do throws(TPMError) {
+                    if let ek {
+                        privateArea = try context.importDuplicate(publicArea: publicArea, duplicate: duplicate, encryptedSeed: seed, endorsementKey: ek)
+                    } else {
+                        privateArea = try context.importDuplicate(publicArea: publicArea, duplicate: duplicate, encryptedSeed: seed, parent: keyring.srk)
+                    }
+                } catch {
+                    throw KeychainError(.dataCorrupted, "The TPM refused this bundle: it was changed, or sealed to another TPM",
+                                        underlying: .tpm(error))
                 }
-                approvalName = name
-            }
-            let policy = ProvisioningBundle.policy(accessible: bundle.accessible, accessControl: bundle.accessControl, stateName: stateName,
-                                                   pcrs: bundle.pcrs, bootApprovalName: approvalName)
-            let privateArea: [UInt8]
-            do throws(TPMError) {
+                let blob = TPMContext.SealedBlob(publicArea: publicArea, privateArea: privateArea)
+                let authorization: TPMKeyring.Authorization = passcode.map { .passcode($0, window: 0) } ?? .none
+                var load: ((TPMContext) throws(TPMError) -> TPMHandle)?
                 if let ek {
-                    privateArea = try context.importDuplicate(publicArea: publicArea, duplicate: duplicate, encryptedSeed: seed, endorsementKey: ek)
-                } else {
-                    privateArea = try context.importDuplicate(publicArea: publicArea, duplicate: duplicate, encryptedSeed: seed, parent: keyring.srk)
+                    load = { (context: TPMContext) throws(TPMError) -> TPMHandle in try context.load(blob, endorsementKey: ek) }
                 }
-            } catch {
-                throw KeychainError(.dataCorrupted, "The TPM refused this bundle: it was changed, or sealed to another TPM",
-                                    underlying: .tpm(error))
-            }
-            let blob = TPMContext.SealedBlob(publicArea: publicArea, privateArea: privateArea)
-            let authorization: TPMKeyring.Authorization = passcode.map { .passcode($0, window: 0) } ?? .none
-            var load: ((TPMContext) throws(TPMError) -> TPMHandle)?
-            if let ek {
-                load = { (context: TPMContext) throws(TPMError) -> TPMHandle in try context.load(blob, endorsementKey: ek) }
-            }
-            do throws(KeychainError) {
-                return try keyring.unseal(blob, policy: policy, authorization: authorization, load: load)
-            } catch where error.code == .interactionNotAllowed {
-                guard try keyring.unlockIfNoPasscode() else { throw error }
-                return try keyring.unseal(blob, policy: policy, authorization: authorization, load: load)
+                do throws(KeychainError) {
+                    return try keyring.unseal(blob, policy: policy, authorization: authorization, load: load)
+                } catch where error.code == .interactionNotAllowed {
+                    guard try keyring.unlockIfNoPasscode() else { throw error }
+                    return try keyring.unseal(blob, policy: policy, authorization: authorization, load: load)
+                }
             }
         }
         do { return try Sodium.open(ciphertext, key: k, nonce: nonce, associatedData: bundle.associatedData(objectName: Duplication.name(ofPublic: publicArea))) } catch {

@@ -247,32 +247,29 @@ extension Engine {
             }
             let context = keyring.context
             do throws(TPMError) {
-                let object = try context.load(TPMContext.SealedBlob(publicArea: record.sealedPublic, privateArea: record.sealedPrivate), parent: keyring.srk)
-                defer { context.flush(object) }
-                // Three object slots: the key, the EK while it loads the AK, then the AK.
-                let ek = try context.endorsementKey(.rsa2048)
-                let ak: TPMHandle
-                do {
-                    defer { context.flush(ek) }
-                    ak = try context.load(akBlob, endorsementKey: ek)
+                return try context.withTransient { () throws(TPMError) -> KeyAttestation in
+                    let object = try context.load(TPMContext.SealedBlob(publicArea: record.sealedPublic, privateArea: record.sealedPrivate), parent: keyring.srk)
+                    // Three object slots: the key, the EK while it loads the AK, then the AK.
+                    let ek = try context.endorsementKey(.rsa2048)
+                    let ak = try context.load(akBlob, endorsementKey: ek)
+                    context.flush(ek)
+                    let certification = try context.certifyCreation(object, ak: ak, creation: creation, nonce: nonce)
+                    var approval: TPMContext.SignedAttestation?
+                    if policy.pcrs != nil, policy.bootApprovalName != nil {
+                        approval = try context.certifyNV(try keyring.bootApprovalIndex(), size: BootApprovalLayout.size, ak: ak, nonce: nonce)
+                    }
+                    func signed(_ s: TPMContext.SignedAttestation) -> AttestationAnswer.Signed {
+                        .init(attest: Data(s.attest).base64EncodedString(), signature: Data(s.signature).base64EncodedString())
+                    }
+                    return KeyAttestation(
+                        format: KeyAttestation.formatName, version: 1,
+                        claim: .init(service: service, accessible: protection.accessible, accessControl: protection.accessControl,
+                                     authValidity: protection.accessControl.takesWindow ? protection.authValidity : nil),
+                        attestationKeyName: akName, nonce: Data(nonce).base64EncodedString(),
+                        publicArea: Data(record.sealedPublic).base64EncodedString(), policy: Data(record.policy).base64EncodedString(),
+                        creationData: Data(creation.data).base64EncodedString(), creationCertification: signed(certification),
+                        bootApprovalCertification: approval.map(signed))
                 }
-                defer { context.flush(ak) }
-                let certification = try context.certifyCreation(object, ak: ak, creation: creation, nonce: nonce)
-                var approval: TPMContext.SignedAttestation?
-                if policy.pcrs != nil, policy.bootApprovalName != nil {
-                    approval = try context.certifyNV(try keyring.bootApprovalIndex(), size: BootApprovalLayout.size, ak: ak, nonce: nonce)
-                }
-                func signed(_ s: TPMContext.SignedAttestation) -> AttestationAnswer.Signed {
-                    .init(attest: Data(s.attest).base64EncodedString(), signature: Data(s.signature).base64EncodedString())
-                }
-                return KeyAttestation(
-                    format: KeyAttestation.formatName, version: 1,
-                    claim: .init(service: service, accessible: protection.accessible, accessControl: protection.accessControl,
-                                 authValidity: protection.accessControl.takesWindow ? protection.authValidity : nil),
-                    attestationKeyName: akName, nonce: Data(nonce).base64EncodedString(),
-                    publicArea: Data(record.sealedPublic).base64EncodedString(), policy: Data(record.policy).base64EncodedString(),
-                    creationData: Data(creation.data).base64EncodedString(), creationCertification: signed(certification),
-                    bootApprovalCertification: approval.map(signed))
             } catch {
                 throw keyring.diagnose(error, doing: "attest the key of '\(service)' (\(tag))")
             }

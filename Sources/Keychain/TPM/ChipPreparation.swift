@@ -50,13 +50,15 @@ extension Engine {
             let context = keyring.context
             context.outsideCrashPoints = true
             defer { context.outsideCrashPoints = false }
-            guard let object = try? context.load(blob, parent: keyring.srk) else { return false }
-            defer { context.flush(object) }
-            do throws(TPMError) {
-                savedContexts[blob] = try context.saveContext(object)
-                return true
-            } catch {
-                throw KeychainError(.hardwareUnavailable, "The TPM refused to save a wrapping key's context", underlying: .tpm(error))
+            // The object is flushed when the scope ends.
+            return try context.withTransient { () throws(KeychainError) -> Bool in
+                guard let object = try? context.load(blob, parent: keyring.srk) else { return false }
+                do throws(TPMError) {
+                    savedContexts[blob] = try context.saveContext(object)
+                    return true
+                } catch {
+                    throw KeychainError(.hardwareUnavailable, "The TPM refused to save a wrapping key's context", underlying: .tpm(error))
+                }
             }
         }
     }

@@ -254,26 +254,28 @@ extension EmbeddedTPM {
     /// yet (a crash in between) is applied now. Sets them on `context`.
     /// - Returns: the owner authorization (nil when the TPM's was set by someone else and there is no file).
     static func takeOwnership(_ context: TPMContext, storeDirectory: String) throws(KeychainError) -> SecureBytes? {
-        var saltKey: TPMHandle?
-        defer { context.flush(saltKey) }
         var owner: SecureBytes?
         do {
-            let flags = try context.permanentFlags()
-            for hierarchy in TPMHierarchy.allCases {
-                let file = authorizationFile(storeDirectory, hierarchy)
-                let isSet = hierarchy == .owner ? flags.ownerAuthSet : flags.lockoutAuthSet
-                var value = try SecretFile.read(file)
-                if !isSet {
-                    if saltKey == nil { saltKey = try context.ephemeralSaltKey() }
-                    if value == nil {
-                        value = SecureBytes(random: 32)
-                        try SecretFile.create(file, AuthorizationText.encode(value!))
+            try context.withTransient { () throws -> Void in
+                // The salt key, made when a hierarchy needs it, is flushed at the end of this scope.
+                var saltKey: TPMHandle?
+                let flags = try context.permanentFlags()
+                for hierarchy in TPMHierarchy.allCases {
+                    let file = authorizationFile(storeDirectory, hierarchy)
+                    let isSet = hierarchy == .owner ? flags.ownerAuthSet : flags.lockoutAuthSet
+                    var value = try SecretFile.read(file)
+                    if !isSet {
+                        if saltKey == nil { saltKey = try context.ephemeralSaltKey() }
+                        if value == nil {
+                            value = SecureBytes(random: 32)
+                            try SecretFile.create(file, AuthorizationText.encode(value!))
+                        }
+                        try context.changeHierarchyAuth(hierarchy.handle, to: value!, saltKey: saltKey!)
+                    } else if let value {
+                        try context.setAuth(hierarchy.handle, value)
                     }
-                    try context.changeHierarchyAuth(hierarchy.handle, to: value!, saltKey: saltKey!)
-                } else if let value {
-                    try context.setAuth(hierarchy.handle, value)
+                    if hierarchy == .owner { owner = value }
                 }
-                if hierarchy == .owner { owner = value }
             }
         } catch let error as KeychainError {
             throw error

@@ -85,8 +85,13 @@ struct SealPolicy: Codable, Equatable {
         }
     }
 
-    /// The digest of each branch (the common steps, then the branch's own), for PolicyOR.
-    var branchDigests: [[UInt8]] { branches.map { PolicyDigest.compute(steps + [step(for: $0)]) } }
+    /// The access-control branch as one step: PolicySigned, PolicySecret, or PolicyOR of both.
+    var accessControl: PolicyStep? {
+        branches.isEmpty ? nil : .anyOf(branches.map { [step(for: $0)] })
+    }
+
+    /// Every step a session runs, in order, and the digest's whole definition: `steps`, then `accessControl`.
+    var allSteps: [PolicyStep] { steps + (accessControl.map { [$0] } ?? []) }
 
     /// The assertions every reader of the key makes first, in order: PCRs, passcode epoch, lock state.
     var steps: [PolicyStep] {
@@ -120,11 +125,8 @@ struct SealPolicy: Codable, Equatable {
 
     /// Empty when there is nothing to assert: such keys use their (empty) authValue instead.
     var digest: [UInt8] {
-        switch branches.count {
-        case 0: steps.isEmpty ? [] : PolicyDigest.compute(steps)
-        case 1: branchDigests[0]
-        default: PolicyDigest.compute([.or(branchDigests)])
-        }
+        let steps = allSteps
+        return steps.isEmpty ? [] : PolicyDigest.compute(steps)
     }
 
     func encoded() -> [UInt8] { Array((try? JSONEncoder().encode(self)) ?? Data()) }

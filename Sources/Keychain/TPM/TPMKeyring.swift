@@ -419,83 +419,103 @@ final class TPMKeyring {
     /// session: the Unseal did not run, and nothing was answered.
     private func unsealOnce(_ blob: TPMContext.SealedBlob, policy: SealPolicy, authorization: Authorization,
                             load: ((TPMContext) throws(TPMError) -> TPMHandle)?, kept: Bool) throws(KeychainError) -> SecureBytes? {
-        let steps = policy.steps
-        var session: TPMHandle?
-        var object: TPMHandle?
-        var sessionClosed = false
-        defer {
-            context.flush(object)
-            if !sessionClosed { context.flush(session) }
-        }
         var step = "StartAuthSession"
         do {
-            session = try context.startSession(policy.digest.isEmpty ? .hmac : .policy, saltKey: kept ? nil : srk,
-                                               encryptResponse: !kept)
-            step = "Load"
-            if let load {
-                object = try load(context)
-            } else if let saved = savedContexts[TPMContext.SealedBlob(publicArea: blob.publicArea, privateArea: blob.privateArea)] {
-                step = "ContextLoad"
+            // The session and the object are flushed at the end of this scope, but a session the Unseal
+            // closed (continueSession clear); the kept session is the connection's, in no scope.
+            return try context.withTransient { () throws(TPMError) -> SecureBytes? in
+                let session = try context.startSession(policy.digest.isEmpty ? .hmac : .policy, saltKey: kept ? nil : srk,
+                                                       encryptResponse: !kept)
+                step = "Load"
+                let object = try loadForUnseal(blob, load: load, step: &step)
+                try context.run(policy.allSteps, on: session, nvIndex: { index throws(TPMError) in
+                    switch index {
+                    case DeviceLockLayout.epochIndex: epochNV
+                    case DeviceLockLayout.stateIndex: stateNV
+                    default: try bootApprovalIndex()
+                    }
+                }, willRun: { policyStep in
+                    switch policyStep {
+                    case .authorize, .signed, .secret: return  // named by their runners, once they reach the TPM
+                    case .or: step = "PolicyOR"
+                    case .pcr: step = "PolicyPCR"
+                    case .authorizeNV: step = "PolicyAuthorizeNV"
+                    case .nv(let index, _, _, _, _): step = index == DeviceLockLayout.epochIndex ? "PolicyNV(epoch)" : "PolicyNV(state)"
+                    default: step = "policy"
+                    }
+                }, branch: { _ throws(TPMError) in
+                    try branch(proving: authorization, policy: policy)
+                }, other: { policyStep throws(TPMError) in
+                    if case .authorize(let keyName, _) = policyStep {
+                        try runVendorSteps(session, policy: policy, keyName: keyName, step: &step)
+                    } else {
+                        try prove(policyStep, on: session, policy: policy, authorization: authorization, step: &step)
+                    }
+                })
+                var encryptSession: TPMHandle?
+                if kept {
+                    step = "StartAuthSession"
+                    encryptSession = try context.keptSession(saltKey: srk)
+                }
+                // A ticket of another key (or an ended window) passes PolicyTicket but leaves another digest.
+                if case .ticket = authorization { step = "Unseal(ticket)" } else { step = "Unseal" }
                 do {
-                    object = try context.loadContext(saved)
-                } catch where !error.timedOut && !error.isConnectionFailure {
-                    // Saved before a TPM reset: refused by the TPM's integrity check. The blob loads as always.
-                    refusedContext = true
-                    savedContexts = [:]  // saved before the same reset: a retry in this operation loads
-                    step = "Load"
-                    object = try context.load(blob, parent: srk)
+                    return try context.unseal(object, session: session, encryptSession: encryptSession)
+                } catch where kept && TPMContext.refusedKeptSession(error) {
+                    return nil
                 }
-            } else {
-                object = try context.load(blob, parent: srk)
-            }
-            try context.run(steps, on: session!, nvIndex: { index throws(TPMError) in
-                switch index {
-                case DeviceLockLayout.epochIndex: epochNV
-                case DeviceLockLayout.stateIndex: stateNV
-                default: try bootApprovalIndex()
-                }
-            }, willRun: { policyStep in
-                if case .authorize = policyStep { return }
-                switch policyStep {
-                case .pcr: step = "PolicyPCR"
-                case .authorizeNV: step = "PolicyAuthorizeNV"
-                case .nv(let index, _, _, _, _): step = index == DeviceLockLayout.epochIndex ? "PolicyNV(epoch)" : "PolicyNV(state)"
-                default: step = "policy"
-                }
-            }, other: { policyStep throws(TPMError) in
-                guard case .authorize(let keyName, _) = policyStep else { return }
-                try runVendorSteps(session!, policy: policy, keyName: keyName, step: &step)
-            })
-            if !policy.branches.isEmpty {
-                try authorize(session!, policy: policy, authorization: authorization, step: &step)
-            }
-            var encryptSession: TPMHandle?
-            if kept {
-                step = "StartAuthSession"
-                encryptSession = try context.keptSession(saltKey: srk)
-            }
-            // A ticket of another key (or an ended window) passes PolicyTicket but leaves another digest.
-            if case .ticket = authorization { step = "Unseal(ticket)" } else { step = "Unseal" }
-            do {
-                let secret = try context.unseal(object!, session: session!, encryptSession: encryptSession)
-                sessionClosed = true  // continueSession was clear: the TPM closed it.
-                return secret
-            } catch where kept && TPMContext.refusedKeptSession(error) {
-                return nil
             }
         } catch {
             throw mapUnsealError(error, step: step, policy: policy)
         }
     }
 
-    /// The access-control branch: PolicySigned by the reader or PolicySecret with the passcode,
-    /// then PolicyOR when the key has both branches.
-    private func authorize(_ session: TPMHandle, policy: SealPolicy, authorization: Authorization,
-                           step: inout String) throws(TPMError) {
+    /// The sealed object loaded for an Unseal: by `load` (another parent), from its context saved at
+    /// keychaind's start (ContextLoad, on a chip), or from its blob under the SRK.
+    private func loadForUnseal(_ blob: TPMContext.SealedBlob, load: ((TPMContext) throws(TPMError) -> TPMHandle)?,
+                               step: inout String) throws(TPMError) -> TPMHandle {
+        if let load { return try load(context) }
+        guard let saved = savedContexts[TPMContext.SealedBlob(publicArea: blob.publicArea, privateArea: blob.privateArea)] else {
+            return try context.load(blob, parent: srk)
+        }
+        step = "ContextLoad"
+        do {
+            return try context.loadContext(saved)
+        } catch where !error.timedOut && !error.isConnectionFailure {
+            // Saved before a TPM reset: refused by the TPM's integrity check. The blob loads as always.
+            refusedContext = true
+            savedContexts = [:]  // saved before the same reset: a retry in this operation loads
+            step = "Load"
+            return try context.load(blob, parent: srk)
+        }
+    }
+
+    /// Which branch of the access-control step `authorization` proves (a ticket stands in for the
+    /// branch it was made for); the policy's branches are the step's, in order.
+    private func branch(proving authorization: Authorization, policy: SealPolicy) throws(TPMError) -> Int {
         issuedTicket = nil
-        let now = Int64(Date().timeIntervalSince1970 * 1000)
         switch authorization {
-        case .finger(let reader, let window):
+        case .finger:
+            guard let i = policy.branches.firstIndex(of: .biometry) else { throw TPMError(command: "reader signature", code: .policyFail) }
+            return i
+        case .passcode:
+            guard let i = policy.branches.firstIndex(of: .passcode) else { throw TPMError(command: "passcode branch", code: .policyFail) }
+            return i
+        case .ticket(let stored):
+            guard policy.acceptsTickets else { throw TPMError(command: "ticket for a key that takes none", code: .policyFail) }
+            return policy.branches.firstIndex(of: stored.branch == "passcode" ? .passcode : .biometry) ?? 0
+        case .none:
+            throw TPMError(command: "authorization", code: .policyFail)
+        }
+    }
+
+    /// Runs the chosen branch's step with what `authorization` holds: the reader's signature
+    /// (PolicySigned), the passcode (PolicySecret), or a ticket standing in for either (PolicyTicket).
+    private func prove(_ proof: PolicyStep, on session: TPMHandle, policy: SealPolicy, authorization: Authorization,
+                       step: inout String) throws(TPMError) {
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        switch (proof, authorization) {
+        case (.signed(_, let policyRef), .finger(let reader, let window)):
             let window = policy.acceptsTickets ? window : 0
             guard let binding = policy.biometry, let keyTR = reader.state?.keyTR,
                   let hmac = reader.sign(nonceTPM: try context.nonceTPM(session), for: binding, keyRef: policy.keyRef,
@@ -505,33 +525,25 @@ final class TPMKeyring {
             step = "PolicySigned"
             let readerKey = try context.deserialize(keyTR)
             let ticket = try context.policySigned(session, authObject: readerKey, nonceTPM: try context.nonceTPM(session),
-                                                  policyRef: policy.signedRef, hmac: hmac, expiration: -window)
+                                                  policyRef: policyRef, hmac: hmac, expiration: -window)
             issuedTicket = ticket.map { StoredTicket(branch: "biometry", ticket: $0, expires: now + Int64(window) * 1000, issued: now) }
-        case .passcode(let pin, let window):
-            guard policy.passcode == true else { throw TPMError(command: "passcode branch", code: .policyFail) }
+        case (.secret(_, _, let policyRef), .passcode(let pin, let window)):
             let window = policy.acceptsTickets ? window : 0
             step = "PolicySecret"
             let pinIndex = try pinResource()
             try context.setAuth(pinIndex, pin)
             defer { try? context.setAuth(pinIndex, nil) }
             // A salted HMAC session: the passcode is the HMAC key, never sent, and a capture can't be brute-forced.
+            // Started with continueSession clear: the PolicySecret closes it, or the caller's scope flushes it.
             let auth = try context.startSession(.hmac, saltKey: srk)
-            var consumed = false
-            defer { if !consumed { context.flush(auth) } }
-            let ticket = try context.policySecret(session, entity: pinIndex, authSession: auth, policyRef: policy.keyRef ?? [],
+            let ticket = try context.policySecret(session, entity: pinIndex, authSession: auth, policyRef: policyRef,
                                                   expiration: -window)
-            consumed = true
             issuedTicket = ticket.map { StoredTicket(branch: "passcode", ticket: $0, expires: now + Int64(window) * 1000, issued: now) }
-        case .ticket(let stored):
-            guard policy.acceptsTickets else { throw TPMError(command: "ticket for a key that takes none", code: .policyFail) }
+        case (.signed, .ticket(let stored)), (.secret, .ticket(let stored)):
             step = "PolicyTicket"
             try context.policyTicket(session, stored.ticket)
-        case .none:
+        default:
             throw TPMError(command: "authorization", code: .policyFail)
-        }
-        if policy.branches.count > 1 {
-            step = "PolicyOR"
-            try context.policyOR(session, policy.branchDigests)
         }
     }
 
