@@ -113,7 +113,8 @@ let package = Package(
         .executableTarget(name: "keychain-multicall", dependencies: ["KeychainctlFront", "KeychainctlFull", "Keychaind", "KeychainDaemon",
                                                                         "SecretServiceCommand"],
                           path: "Sources/Executables/keychain-multicall"),
-        .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport", "BiometricsVault"]),
+        .executableTarget(name: "keychain-bench", dependencies: ["Keychain", "TPM2", "KeychainTestSupport", "BiometricsVault",
+                                                                "KeychainClient", "KeychainWire"]),
         // The parsers at each trust boundary as libFuzzer targets: a real one only as scripts/fuzz.sh builds it
         // (-DFUZZING -sanitize=fuzzer,address); the default build makes a stub that says so.
         .executableTarget(name: "keychain-fuzz", dependencies: ["Keychain", "KeychainDaemon", "Keychaind", "KeychainWire", "PKCS11", "SecretService",

@@ -1,6 +1,8 @@
 import Foundation
 import Keychain
+import KeychainClient
 import KeychainTestSupport
+import KeychainWire
 
 /// `--warm-reads N`: N warm in-process `getItem` calls of one item (`afterFirstUnlock`, its key
 /// opened by one read first) on a private swtpm, one caller, and nothing else. Made for
@@ -37,4 +39,30 @@ func warmReadBench(reads: Int, throughDaemon: Bool = false, cold: Bool = false) 
     let commands = await device.takeTPMCommandCount()
     return "\(cold ? "cold" : "warm") getItem\(throughDaemon ? " through keychaind" : ""), one caller: \(reads) reads in \(String(format: "%.3f", seconds)) s, "
         + "\(Int(Double(reads) / seconds)) reads/s, \(commands) TPM commands"
+}
+
+/// `--client-warm-reads N`: N warm `getItem` calls of the same item through keychaind from Swift's small
+/// client (`KeychainClient`: the wire alone, blocking, a connection per call), beside the bindings'
+/// (scripts/bench-bindings.py). The item is written by the library first; one caller.
+func clientWarmReadBench(reads: Int) async throws -> String {
+    let tpm = try SoftwareTPM()
+    defer { tpm.stop() }
+    let daemon = try KeychainDaemon(tpm: tpm)
+    defer {
+        kill(daemon.processIdentifier, SIGTERM)
+        _ = daemon.waitForExit()
+    }
+    let secret = "a secret of 32 bytes, more or less"
+    try await createKeychain(.init(service: "warm"), configuration: daemon.configuration()).setItem("k0", secret)
+    let client = try KeychainClient(options: WireStorageOptions(service: "warm"), socket: daemon.socket)
+    let expected = Array(secret.utf8)
+    let started = ContinuousClock.now
+    for _ in 0..<reads {
+        guard var value = try client.getItem("k0"), value == expected else { throw BenchFailure("getItem returned another value") }
+        value.wipe()
+    }
+    let took = ContinuousClock.now - started
+    let seconds = Double(took.components.seconds) + Double(took.components.attoseconds) / 1e18
+    return "warm getItem through keychaind from KeychainClient, one caller: \(reads) reads in \(String(format: "%.3f", seconds)) s, "
+        + "\(Int(Double(reads) / seconds)) reads/s"
 }

@@ -45,6 +45,10 @@ if CommandLine.arguments.count == 3, ["--warm-reads", "--daemon-warm-reads", "--
     }
 }
 
+if CommandLine.arguments.count == 3, CommandLine.arguments[1] == "--client-warm-reads", let reads = Int(CommandLine.arguments[2]), reads > 0 {
+    await report { try await clientWarmReadBench(reads: reads) }
+}
+
 if (4...5).contains(CommandLine.arguments.count), CommandLine.arguments[1] == "--daemon-concurrent-reads",
    let clients = Int(CommandLine.arguments[2]), let reads = Int(CommandLine.arguments[3]), clients > 0, reads > 0,
    CommandLine.arguments.count == 4 || CommandLine.arguments[4] == "--own-threads" {

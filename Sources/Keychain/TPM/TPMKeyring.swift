@@ -420,7 +420,7 @@ final class TPMKeyring {
     private func unsealOnce(_ blob: TPMContext.SealedBlob, policy: SealPolicy, authorization: Authorization,
                             load: ((TPMContext) throws(TPMError) -> TPMHandle)?, kept: Bool) throws(KeychainError) -> SecureBytes? {
         var step = "StartAuthSession"
-        do {
+        do throws(TPMError) {
             // The session and the object are flushed at the end of this scope, but a session the Unseal
             // closed (continueSession clear); the kept session is the connection's, in no scope.
             return try context.withTransient { () throws(TPMError) -> SecureBytes? in
@@ -459,7 +459,7 @@ final class TPMKeyring {
                 }
                 // A ticket of another key (or an ended window) passes PolicyTicket but leaves another digest.
                 if case .ticket = authorization { step = "Unseal(ticket)" } else { step = "Unseal" }
-                do {
+                do throws(TPMError) {
                     return try context.unseal(object, session: session, encryptSession: encryptSession)
                 } catch where kept && TPMContext.refusedKeptSession(error) {
                     return nil
