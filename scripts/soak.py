@@ -24,8 +24,11 @@ Checks, each a failure (exit 1) when it does not hold:
 - nothing acknowledged is lost: at the end each client reads every item and credential it wrote, and each
   holds its last acknowledged value (or that of a later write that was killed or failed, which may have
   landed); every read during the run too;
-- every call answered or failed within its deadline: the TPM deadline (30 s) plus --grace (default 10 s) for
-  the client's start on a loaded machine, a prompt's answer time excluded (answered at once here);
+- every call answered or failed within its deadline: the TPM deadline (30 s) for each of keychaind's requests it
+  makes, plus --grace (default 10 s) for the client's start on a loaded machine, a prompt's answer time excluded
+  (answered at once here). `keychainctl rm` is two requests (has, then remove), and so is a read that prompts: the
+  front's request ends when keychaind asks its question, and keychainctl-full reads again and answers it
+  (docs/security.md: each request has its own deadline);
 - no unexpected failure: outside the stall (and a deadline after it) every call succeeds but the cancelled
   prompts (USER_CANCELED) and killed calls; during it, only HARDWARE_UNAVAILABLE;
 - flat after warm-up: the second quarter's and the last quarter's medians of RSS (at most +10% and +8 MiB),
@@ -53,7 +56,12 @@ import termios
 import threading
 import time
 
+sys.dont_write_bytecode = True  # proc_status: no __pycache__ left in the tree
+from proc_status import proc_status
+
 TPM_DEADLINE = 30.0
+# keychaind requests per operation, where more than one: each has its own deadline.
+REQUESTS = {"rm": 2, "prompted get (answered)": 2, "prompted get (cancelled)": 2, "prompted get (abandoned)": 2}
 PASSCODE = "482916"
 UIDS = [0, 65534, 1701, 1702, 1703]
 CLIENTS = 16
@@ -309,12 +317,9 @@ class Client:
 # ---------------------------------------------------------------------------------------------------------
 
 def sample(pid):
-    fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            fields[key] = value.strip()
-    return {"t": now(), "rss": int(fields["VmRSS"].split()[0]), "fds": len(os.listdir(f"/proc/{pid}/fd")),
+    fields = proc_status(pid)
+    return {"t": now(), "rss": int(fields["VmRSS"].split()[0]), "anon": int(fields["RssAnon"].split()[0]),
+            "file": int(fields["RssFile"].split()[0]), "fds": len(os.listdir(f"/proc/{pid}/fd")),
             "threads": int(fields["Threads"])}
 
 
@@ -475,10 +480,11 @@ def report(args, start, warmup, samples, records, rest_before, rest_after, stall
             unexpected.setdefault((r["op"], r["outcome"]), []).append(r)
     for (op, outcome), rs in sorted(unexpected.items()):
         failures.append(f"{len(rs)} × {op}: {outcome} (first at {rs[0]['start'] - start:.0f} s, uid {rs[0]['uid']})")
-    slow = [r for r in calls if r["duration"] > limit]
+    limit_of = lambda r: TPM_DEADLINE * REQUESTS.get(r["op"], 1) + args.grace
+    slow = [r for r in calls if r["duration"] > limit_of(r)]
     for r in slow[:10]:
         failures.append(f"{r['op']} (uid {r['uid']}) made at {r['start'] - start:.1f} s took {r['duration']:.1f} s, "
-                        f"over {limit:.0f} s: {r['outcome']}")
+                        f"over {limit_of(r):.0f} s: {r['outcome']}")
 
     elapsed = now() - start
     print(f"\n## Soak: {args.minutes:g} min of load, {CLIENTS} clients of uids {', '.join(map(str, UIDS))}; "
@@ -500,7 +506,8 @@ def report(args, start, warmup, samples, records, rest_before, rest_after, stall
         print(f"\nThe stall: swtpm stopped at {stall[0] - start:.0f} s for {stall[1] - stall[0]:.0f} s; {len(inside)} calls "
               f"overlapped it (or its deadline after it), the longest {max((r['duration'] for r in inside), default=0):.1f} s.")
     print(f"Longest call: {max((r['duration'] for r in calls), default=0):.1f} s; over the {TPM_DEADLINE:.0f} s deadline: "
-          f"{sum(1 for r in calls if r['duration'] > TPM_DEADLINE)}; over {limit:.0f} s (deadline + grace): {len(slow)}.")
+          f"{sum(1 for r in calls if r['duration'] > TPM_DEADLINE)}; over their requests' deadlines + {args.grace:.0f} s grace: "
+          f"{len(slow)}; one-request calls over {limit:.0f} s: {sum(1 for r in slow if r['op'] not in REQUESTS)}.")
 
     # The samples: flat after warm-up.
     loaded = [s for s in samples if s["t"] - start >= warmup]
@@ -511,7 +518,8 @@ def report(args, start, warmup, samples, records, rest_before, rest_after, stall
         print("\n| keychaind | at rest before | first sample | after warm-up "
               f"({warmup:.0f} s) | 2nd quarter (median) | last quarter (median) | max | at rest after |")
         print("|---|--:|--:|--:|--:|--:|--:|--:|")
-        for key, unit, scale in (("rss", "MiB", 1024), ("fds", "", 1), ("threads", "", 1)):
+        for key, unit, scale in (("rss", "MiB", 1024), ("anon", "MiB", 1024), ("file", "MiB", 1024), ("fds", "", 1),
+                                 ("threads", "", 1)):
             fmt = (lambda v: f"{v / scale:.1f} {unit}") if scale != 1 else (lambda v: f"{v:.0f}")
             print(f"| {key} | {fmt(rest_before[key])} | {fmt(samples[0][key])} | {fmt(loaded[0][key])} | {fmt(med(early, key))} "
                   f"| {fmt(med(late, key))} | {fmt(max(s[key] for s in samples))} | {fmt(rest_after[key]) if rest_after else '-'} |")
