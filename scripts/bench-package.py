@@ -20,6 +20,9 @@ import sys
 import tempfile
 import time
 
+sys.dont_write_bytecode = True  # proc_status: no __pycache__ left in the tree
+from proc_status import proc_status
+
 
 def unpack(deb, into):
     subprocess.run(["dpkg-deb", "-x", deb, into], check=True)
@@ -58,11 +61,7 @@ class Side:
         return elapsed
 
     def memory(self):
-        fields = {}
-        with open(f"/proc/{self.daemon.pid}/status") as status:
-            for line in status:
-                key, _, value = line.partition(":")
-                fields[key] = value.strip()
+        fields = proc_status(self.daemon.pid)
         return fields["VmRSS"], fields["VmHWM"]
 
     def stop(self):

@@ -64,7 +64,12 @@ package final class Condition: @unchecked Sendable {
 
     package init() {
         pthread_mutex_init(mutex, nil)
-        pthread_cond_init(variable, nil)
+        // Timed waits count on the monotonic clock: a change of the wall clock neither ends nor stretches them.
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(variable, &attributes)
+        pthread_condattr_destroy(&attributes)
     }
 
     deinit {
@@ -79,4 +84,17 @@ package final class Condition: @unchecked Sendable {
     /// Unlocks, sleeps until signaled, locks again; the caller checks its state again (wake-ups may be spurious).
     package func wait() { pthread_cond_wait(variable, mutex) }
     package func signal() { pthread_cond_signal(variable) }
+    package func broadcast() { pthread_cond_broadcast(variable) }
+    /// As `wait`, but for no longer than until `deadline`; false once it has passed.
+    package func wait(until deadline: ContinuousClock.Instant) -> Bool {
+        let left = deadline - ContinuousClock.now
+        guard left > .zero else { return false }
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        let nanoseconds = Int64(now.tv_nsec) + left.components.attoseconds / 1_000_000_000
+        var until = timespec(tv_sec: now.tv_sec + Int(left.components.seconds) + Int(nanoseconds / 1_000_000_000),
+                             tv_nsec: Int(nanoseconds % 1_000_000_000))
+        pthread_cond_timedwait(variable, mutex, &until)
+        return ContinuousClock.now < deadline
+    }
 }

@@ -184,13 +184,21 @@ package final class DaemonServer: Sendable {
         // The call's TPM deadline counts from when it was made (docs/security.md): its wait for its
         // uid's turn and for the engine is part of it, a person's answer to its prompt is not.
         var madeAt = ContinuousClock.now
+        let timeout = configuration.tpmTimeout
         let mailbox = Mailbox()
-        fairShare.enter(peer.uid)
-        defer { fairShare.leave(peer.uid) }
+        var holdingTurn = fairShare.enter(peer.uid, until: madeAt + timeout)
+        defer { fairShare.leave(peer.uid, holdingTurn: holdingTurn) }
+        guard holdingTurn else { return Self.overdue(timeout: timeout).wireMessage }
         /// Runs `start` and the engine's jobs on this thread until this call has its own work back.
         func drive(_ start: () -> Void) { service.executor.drive(start, madeAt: madeAt, until: mailbox.hasEvent) }
         drive {
             Task(executorPreference: service.executor) { [self] in
+                // A call that waited its whole deadline for the engine (behind another call's TPM command
+                // that the TPM has not answered) ends here, even one that would need no TPM command.
+                guard service.executor.waitedSinceEnqueued() < timeout else {
+                    mailbox.post(.done(Self.overdue(timeout: timeout).wireMessage))
+                    return
+                }
                 mailbox.post(.done(await handle(request, peer: peer, connection: connection, mailbox: mailbox)))
             }
         }
@@ -199,25 +207,42 @@ package final class DaemonServer: Sendable {
             switch mailbox.next() {
             case .prompt(var prompt, let continuation):
                 defer { prompt.wipe() }
-                guard !broken else { drive { continuation.resume(returning: nil) }; continue }
-                do {
-                    // A person answers: the uid's other calls go in meanwhile.
-                    let answer = try fairShare.pause(peer.uid) { () throws(WireError) in
-                        let asked = ContinuousClock.now
-                        defer { madeAt += ContinuousClock.now - asked }
-                        try WireSocket.send(reader.fd, prompt)
-                        return try reader.receive(idle: limits.promptTimeout, stall: limits.stallTimeout)
-                    }
-                    guard answer.kind == WireKind.answer else { throw WireError(.malformed, "expected an answer") }
-                    drive { continuation.resume(returning: answer) }
-                } catch {
-                    broken = true
-                    drive { continuation.resume(returning: nil) }
+                guard !broken, holdingTurn else { drive { continuation.resume(returning: nil) }; continue }
+                // A person answers: the uid's other calls go in meanwhile.
+                let (asked, back) = fairShare.pause(peer.uid, until: { madeAt + timeout }) { () throws(WireError) in
+                    let asked = ContinuousClock.now
+                    defer { madeAt += ContinuousClock.now - asked }
+                    try WireSocket.send(reader.fd, prompt)
+                    return try reader.receive(idle: limits.promptTimeout, stall: limits.stallTimeout)
                 }
-            case .done(let reply):
-                return broken ? nil : reply
+                holdingTurn = back
+                guard case .success(var answer) = asked, answer.kind == WireKind.answer else {
+                    broken = true  // the connection broke, or it sent no answer: its stream may be out of step
+                    drive { continuation.resume(returning: nil) }
+                    continue
+                }
+                guard back else {
+                    // No turn back before the deadline: the call ends as interrupted, and its reply says why.
+                    answer.wipe()
+                    drive { continuation.resume(returning: nil) }
+                    continue
+                }
+                drive { continuation.resume(returning: answer) }
+            case .done(var reply):
+                if broken { reply.wipe(); return nil }
+                guard holdingTurn else {
+                    reply.wipe()
+                    return Self.overdue(timeout: timeout).wireMessage
+                }
+                return reply
             }
         }
+    }
+
+    /// A call that waited its whole deadline for earlier calls (its uid's turn, the engine): they wait for the TPM.
+    static func overdue(timeout: Duration) -> KeychainError {
+        KeychainError(.hardwareUnavailable, "Earlier calls held the keychain service for this call's whole deadline (\(timeout)), "
+                      + "waiting for the TPM: check that it is running and not stopped")
     }
 
     func handle(_ request: WireMessage, peer: Peer, connection: Connection, mailbox: Mailbox) async -> WireMessage {
