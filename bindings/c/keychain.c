@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <pwd.h>
@@ -14,10 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <termios.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -1032,12 +1035,8 @@ static void write_printable(int fd, const char *text) {
     }
 }
 
-/* The default prompter: the passcode read with echo off into a buffer wiped once sent; without a terminal,
- * unavailable (the read fails with INTERACTION_NOT_ALLOWED), as the Swift library answers. */
-static void terminal_prompter(const kc_prompt_request *r, kc_answer *a) {
-    char why[256];
-    int fd = open_terminal(why, sizeof why);
-    if (fd < 0) return kc_answer_unavailable(a, why);
+/* The terminal's prompt: the passcode read with echo off into a buffer wiped once sent; `fd` is the terminal. */
+static void terminal_prompter(int fd, const kc_prompt_request *r, kc_answer *a) {
     bool passcode = false;
     for (const char *const *m = r->methods; m && *m; m++) passcode = passcode || strcmp(*m, "passcode") == 0;
     write_printable(fd, "\n");
@@ -1089,12 +1088,224 @@ static void terminal_prompter(const kc_prompt_request *r, kc_answer *a) {
     explicit_bzero(line, sizeof line);
 }
 
-static bool terminal_reachable(void) {
-    char why[256];
-    int fd = open_terminal(why, sizeof why);
-    if (fd < 0) return false;
+
+/* ---------------------------------------------------------------------------------------------------------
+ * systemd's password agents (https://systemd.io/PASSWORD_AGENTS/), as AskPasswordAuthenticator.swift asks. */
+
+enum { AGENT_TIMEOUT_SECONDS = 90 };  /* PromptTimeout.default: systemd-ask-password's own */
+enum { LINE_TEXT, LINE_CANCEL, LINE_INTERRUPTED, LINE_UNAVAILABLE };
+
+static bool is_directory(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* The agents' directory (AskPasswordAuthenticator.systemDirectory): root's /run/systemd/ask-password on a system
+ * booted with systemd, else $XDG_RUNTIME_DIR/systemd/ask-password when it exists; false when neither. */
+static bool agents_directory(char *out, size_t size) {
+    if (geteuid() == 0 && is_directory("/run/systemd/system") && is_directory("/run/systemd/ask-password")) {
+        snprintf(out, size, "/run/systemd/ask-password");
+        return true;
+    }
+    const char *runtime = getenv("XDG_RUNTIME_DIR");
+    if (!runtime || runtime[0] != '/') return false;
+    int n = snprintf(out, size, "%s/systemd/ask-password", runtime);
+    return n > 0 && (size_t)n < size && is_directory(out);
+}
+
+static bool agents_reachable(const char *directory, char *why, size_t size) {
+    if (access(directory, W_OK | X_OK) == 0) return true;
+    snprintf(why, size, "password agents: cannot write to %.300s (%s)", directory, strerror(errno));
+    return false;
+}
+
+/* `text` with control characters as spaces (the file's one-line fields), appended to `b`. */
+static void one_line(buffer *b, const char *text) {
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        uint8_t c = *p < 0x20 || *p == 0x7F ? ' ' : *p;
+        append(b, &c, 1);
+    }
+}
+
+static uint64_t monotonic_microseconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u;
+}
+
+/* One answer on `fd`, received only from root or this user (SCM_CREDENTIALS) straight into `line` (`size` bytes):
+ * `+` and the line (the first of NUL-separated ones), or `-`; -1 for none or a sender not allowed. */
+static int agent_receive(int fd, uint8_t *line, size_t size, size_t *length) {
+    uint8_t datagram[4097];
+    union { struct cmsghdr align; uint8_t bytes[CMSG_SPACE(sizeof(struct ucred))]; } control;
+    struct iovec vector = {.iov_base = datagram, .iov_len = sizeof datagram};
+    struct msghdr header = {.msg_iov = &vector, .msg_iovlen = 1, .msg_control = control.bytes,
+                            .msg_controllen = sizeof control.bytes};
+    ssize_t got = recvmsg(fd, &header, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    int kind = -1;
+    struct cmsghdr *c = got > 0 ? CMSG_FIRSTHDR(&header) : NULL;
+    if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS &&
+        c->cmsg_len == CMSG_LEN(sizeof(struct ucred))) {
+        struct ucred sender;
+        memcpy(&sender, CMSG_DATA(c), sizeof sender);
+        if (sender.uid == 0 || sender.uid == geteuid()) {
+            if (datagram[0] == '+') {
+                const uint8_t *end = memchr(datagram + 1, 0, (size_t)got - 1);
+                size_t n = (end ? (size_t)(end - datagram) : (size_t)got) - 1;
+                if (n <= size) memcpy(line, datagram + 1, n), *length = n, kind = LINE_TEXT;
+            } else if (datagram[0] == '-') kind = LINE_CANCEL;
+        }
+    }
+    explicit_bzero(datagram, sizeof datagram);
+    return kind;
+}
+
+/* One question to the agents: an ask.* file naming a datagram socket, the answer read into `line`; the file and the
+ * socket removed when the question ends (answered, timed out, failed). */
+static int agent_ask(const char *directory, const char *question, const char *id, bool echo, uint8_t *line, size_t size,
+                     size_t *length, char *why, size_t why_size) {
+    uint8_t random[8];
+    if (getrandom(random, sizeof random, 0) != (ssize_t)sizeof random) {
+        snprintf(why, why_size, "password agents: no random name (%s)", strerror(errno));
+        return LINE_UNAVAILABLE;
+    }
+    char name[17];
+    for (int i = 0; i < 8; i++) snprintf(name + 2 * i, 3, "%02x", random[i]);
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    char ask_path[PATH_MAX], temporary[PATH_MAX];
+    int n = snprintf(address.sun_path, sizeof address.sun_path, "%s/sck.%s", directory, name);
+    if (n < 0 || (size_t)n >= sizeof address.sun_path) {
+        snprintf(why, why_size, "password agents: the socket path in %.300s is too long", directory);
+        return LINE_UNAVAILABLE;
+    }
+    snprintf(ask_path, sizeof ask_path, "%s/ask.%s", directory, name);
+    snprintf(temporary, sizeof temporary, "%s/.tmp.%s", directory, name);
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(why, why_size, "password agents: no socket (%s)", strerror(errno));
+        return LINE_UNAVAILABLE;
+    }
+    if (bind(fd, (struct sockaddr *)&address, sizeof address) != 0) {
+        snprintf(why, why_size, "password agents: cannot bind %.300s (%s)", address.sun_path, strerror(errno));
+        close(fd);
+        return LINE_UNAVAILABLE;
+    }
+    int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, sizeof on);
+    /* NotAfter= is CLOCK_MONOTONIC in microseconds, as the agents compare it. */
+    uint64_t deadline = monotonic_microseconds() + (uint64_t)AGENT_TIMEOUT_SECONDS * 1000000u;
+    buffer file = {0};
+    char *head = format("[Ask]\nPID=%d\nSocket=%s\nAcceptCached=0\nEcho=%d\nNotAfter=%llu\nId=", (int)getpid(),
+                        address.sun_path, echo ? 1 : 0, (unsigned long long)deadline);
+    if (head) append(&file, head, strlen(head));
+    free(head);
+    one_line(&file, id);
+    append(&file, "\nMessage=", 9);
+    one_line(&file, question);
+    append(&file, "\n", 1);
+    /* Written beside, then renamed: agents watch IN_MOVED_TO and never read half a file. */
+    int kind = LINE_UNAVAILABLE;
+    int out = file.failed ? -1 : open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    bool written = out >= 0 && write(out, file.bytes, file.length) == (ssize_t)file.length;
+    if (out >= 0) close(out);
+    buffer_free(&file);
+    if (!written || rename(temporary, ask_path) != 0) {
+        snprintf(why, why_size, "password agents: cannot write %.300s (%s)", ask_path, strerror(errno));
+        unlink(temporary);
+        unlink(address.sun_path);
+        close(fd);
+        return LINE_UNAVAILABLE;
+    }
+    for (;;) {
+        uint64_t now = monotonic_microseconds();
+        if (now >= deadline) { kind = LINE_INTERRUPTED; break; }
+        struct pollfd ready = {.fd = fd, .events = POLLIN};
+        int polled = poll(&ready, 1, (int)((deadline - now + 999) / 1000));
+        if (polled < 0 && errno == EINTR) continue;
+        if (polled < 0 || (polled > 0 && !(ready.revents & POLLIN))) { kind = LINE_INTERRUPTED; break; }
+        if (polled == 0) continue;
+        kind = agent_receive(fd, line, size, length);
+        if (kind >= 0) break;  /* else a datagram from someone else: keep waiting */
+    }
+    unlink(ask_path);
+    unlink(address.sun_path);
     close(fd);
-    return true;
+    return kind;
+}
+
+/* The request's questions through the agents, as Swift's LinePrompter asks them: a finger first (empty: the passcode
+ * instead, when it is allowed), then the passcode; an empty answer is a cancel. */
+static void agents_prompter(const char *directory, const kc_prompt_request *r, kc_answer *a) {
+    bool finger = false, passcode = false;
+    for (const char *const *m = r->methods; m && *m; m++) {
+        finger = finger || strcmp(*m, "fingerprint") == 0;
+        passcode = passcode || strcmp(*m, "passcode") == 0;
+    }
+    const char *cancel = r->prompt.cancel ? r->prompt.cancel : "Cancel";
+    char *title = r->prompt.title ? format("%s", r->prompt.title)
+                  : r->key && *r->key ? format("Authenticate to read '%s'", r->key) : format("Authenticate");
+    char *failure = r->previous_failure ? format(" — %s, try again", r->previous_failure) : format("%s", "");
+    char *id = r->service && *r->service ? format("keychain:%s/%s", r->service, r->key ? r->key : "") : format("keychain");
+    char *details = format("%s%s%s%s%s", r->prompt.subtitle ? " — " : "", r->prompt.subtitle ? r->prompt.subtitle : "",
+                           r->prompt.description ? " — " : "", r->prompt.description ? r->prompt.description : "",
+                           failure ? failure : "");
+    uint8_t line[4096];
+    size_t length = 0;
+    char why[512];
+    int kind = LINE_CANCEL;
+    if (!title || !failure || !id || !details) {
+        kc_answer_unavailable(a, "password agents: out of memory");
+        goto done;
+    }
+    if (finger) {
+        char *question = format("%s%s — Finger to touch the reader (empty: %s)", title, details,
+                               passcode ? "use the passcode" : cancel);
+        kind = question ? agent_ask(directory, question, id, true, line, sizeof line - 1, &length, why, sizeof why)
+                       : LINE_INTERRUPTED;
+        free(question);
+        if (kind == LINE_TEXT && length > 0) {
+            line[length] = 0;
+            kc_answer_finger(a, (const char *)line);
+            goto done;
+        }
+        if (kind != LINE_TEXT || !passcode) goto answer;
+    }
+    if (!passcode) goto answer;
+    char *question = format("%s%s — Passcode (empty: %s)", title, details, cancel);
+    kind = question ? agent_ask(directory, question, id, false, line, sizeof line, &length, why, sizeof why)
+                   : LINE_INTERRUPTED;
+    free(question);
+    if (kind == LINE_TEXT && length > 0) {
+        kc_answer_passcode(a, line, length);
+        goto done;
+    }
+answer:
+    if (kind == LINE_INTERRUPTED) kc_answer_interrupted(a);
+    else if (kind == LINE_UNAVAILABLE) kc_answer_unavailable(a, why);
+    else kc_answer_cancel(a);
+done:
+    explicit_bzero(line, sizeof line);
+    free(title), free(failure), free(id), free(details);
+}
+
+/* The default prompter (SystemAuthenticator's order): the terminal in the foreground, else the password agents; when
+ * neither reaches anyone, unavailable naming why each could not (the read fails with INTERACTION_NOT_ALLOWED). */
+static void system_prompter(const kc_prompt_request *r, kc_answer *a) {
+    char terminal_why[256], agents_why[512] = "", directory[PATH_MAX];
+    int fd = open_terminal(terminal_why, sizeof terminal_why);
+    if (fd >= 0) return terminal_prompter(fd, r, a);
+    if (agents_directory(directory, sizeof directory) && agents_reachable(directory, agents_why, sizeof agents_why))
+        return agents_prompter(directory, r, a);
+    char *why = format("%s%s%s", terminal_why, *agents_why ? "; " : "", agents_why);
+    kc_answer_unavailable(a, why ? why : terminal_why);
+    free(why);
+}
+
+static bool system_reachable(void) {
+    char why[512], directory[PATH_MAX];
+    int fd = open_terminal(why, sizeof why);
+    if (fd >= 0) return close(fd), true;
+    return agents_directory(directory, sizeof directory) && agents_reachable(directory, why, sizeof why);
 }
 
 /* keychaind's question decoded (WirePromptQuestion), its strings owned here. */
@@ -1237,7 +1448,7 @@ static kc_code run(const char *explicit_socket, buffer *request, const kc_storag
         kc_answer a = {.kind = A_CANCEL};
         if (!storage || storage->prompting == KC_PROMPT_NONE) a.kind = A_INTERRUPTED;
         else if (storage->prompting == KC_PROMPT_CALLBACK) storage->prompter(storage->prompter_context, &q.request, &a);
-        else terminal_prompter(&q.request, &a);
+        else system_prompter(&q.request, &a);
         question_free(&q);
         answer_frame(&a, &answer);
         answer_reset(&a);
@@ -1596,9 +1807,9 @@ static kc_code read_check(const message *m, void *result, kc_error **error) {
     return KC_OK;
 }
 
-/* `noPrompt` when the device can give `value` but the terminal reaches no one (the Swift library's rule). */
+/* `noPrompt` when the device can give `value` but neither the terminal nor the password agents reach anyone (the Swift library's rule). */
 static void reach(kc_prompting prompting, kc_access_control value, kc_access_control_check *check) {
-    if (check->available && value != KC_ACCESS_CONTROL_NONE && prompting == KC_PROMPT_TERMINAL && !terminal_reachable()) {
+    if (check->available && value != KC_ACCESS_CONTROL_NONE && prompting == KC_PROMPT_TERMINAL && !system_reachable()) {
         check->available = 0;
         snprintf(check->reason, sizeof check->reason, "noPrompt");
     }

@@ -14,8 +14,8 @@
  *   of its own (a mutex guards the list of idle ones), so calls run side by side. A forked child
  *   starts with no kept connection.
  * - A read behind an access control makes keychaind ask the program: the storage's prompter callback,
- *   or by default the controlling terminal (/dev/tty, the passcode read with echo off); without a
- *   terminal the read fails with KC_INTERACTION_NOT_ALLOWED.
+ *   or by default the controlling terminal (/dev/tty, the passcode read with echo off), else systemd's password
+ *   agents (ask-password); with neither the read fails with KC_INTERACTION_NOT_ALLOWED.
  */
 #ifndef KEYCHAIN_H
 #define KEYCHAIN_H
@@ -125,7 +125,7 @@ KC_API void kc_answer_unavailable(kc_answer *answer, const char *reason);
 
 /* How a storage's reads are prompted. */
 typedef enum kc_prompting {
-    KC_PROMPT_TERMINAL = 0, /* the controlling terminal (the default) */
+    KC_PROMPT_TERMINAL = 0, /* the controlling terminal, else the password agents (the default) */
     KC_PROMPT_CALLBACK,     /* kc_options.prompter */
     KC_PROMPT_NONE          /* no prompt: a guarded read is INTERACTION_NOT_ALLOWED */
 } kc_prompting;

@@ -7,8 +7,10 @@ bindings/python's tests start them (binaries from KEYCHAIN_BIN, default .build/d
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -148,6 +150,84 @@ def test_a_program_outside_the_checkout_built_with_pkg_config_reads_its_secret_a
                           input=b"r-123")
     assert done.returncode == 1
     assert done.stderr.decode().startswith("getItem: INTERACTION_NOT_ALLOWED: ")
+
+
+# `systemd-tty-ask-password-agent --query` on a pty of its own (script), in a mount namespace where the agents'
+# directory ($1) is /run/systemd/ask-password (the agent reads only that one), as Swift's AskPasswordPromptTests runs it.
+AGENT = ["/usr/bin/unshare", "-m", "--propagation", "private", "/bin/sh", "-c",
+         "mount --bind \"$1\" /run/systemd/ask-password && exec /usr/bin/script -qec "
+         "'/usr/bin/systemd-tty-ask-password-agent --query' /dev/null", "sh"]
+
+
+def asked(agents, seen):
+    """A question (an ask.* file) in `agents` not in `seen`, waited for as long as the machine's load needs."""
+    for _ in range(1200):
+        for name in sorted(os.listdir(agents)):
+            if name.startswith("ask.") and name not in seen:
+                seen.add(name)
+                return (agents / name).read_text()
+        time.sleep(0.1)
+    raise AssertionError(f"no question reached the agents' directory {agents} in two minutes")
+
+
+def send_as(uid, path, datagram):
+    """`datagram` to the socket at `path` from a child that has become `uid` (the kernel adds its credentials)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+                sender.connect(path)
+                os.setgid(uid)
+                os.setuid(uid)
+                sender.send(datagram)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    return os.waitpid(pid, 0)[1]
+
+
+def test_without_a_terminal_the_default_prompter_asks_systemds_password_agents(build, daemon, tmp_path):
+    """No terminal (a new session), XDG_RUNTIME_DIR/systemd/ask-password there: the read's question goes to the password
+    agents, a real agent answers (another user's answer, sent first, is not taken). The passcode opens the item, an empty answer is USER_CANCELED (as in Swift), the
+    passcode is never in the question's file, and the file and its socket are gone once the question ends."""
+    for tool in ("/usr/bin/systemd-tty-ask-password-agent", "/usr/bin/script", "/usr/bin/unshare"):
+        if not os.path.exists(tool):
+            pytest.skip(f"{tool} is not installed")
+    if os.geteuid() != 0 or not os.path.isdir("/run/systemd/ask-password"):
+        pytest.skip("the agent's directory is bind-mounted over /run/systemd/ask-password: root and that folder needed")
+    agents = tmp_path / "runtime" / "systemd" / "ask-password"
+    agents.mkdir(parents=True, mode=0o755)
+    env = {"PATH": "/usr/bin:/bin", "KEYCHAIN_SOCKET": daemon.socket, "XDG_RUNTIME_DIR": str(tmp_path / "runtime")}
+    value = tmp_path / "value"
+    value.write_bytes(b"r-123")
+    seen = set()
+    for typed, outcome in ((PASSCODE + "\n", 0), ("\n", 1)):
+        with open(value, "rb") as stdin:
+            reader = subprocess.Popen([str(build / "example")], env=env, stdin=stdin, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            question = asked(agents, seen)
+            assert f"PID={reader.pid}\n" in question and "Echo=0\n" in question, question
+            assert re.search(rf"^Socket={re.escape(str(agents))}/sck\.[0-9a-f]{{16}}$", question, re.M), question
+            assert re.search(r"^NotAfter=[0-9]+$", question, re.M), question
+            assert "Id=keychain:org.example.vault/refreshToken\n" in question, question
+            assert "Message=Unlock the example's refresh token — Passcode (empty: Leave it locked)\n" in question, question
+            # Another user's cancel, sent first: not from root or this uid, so it is not the answer.
+            socket_path = re.search(r"^Socket=(.*)$", question, re.M).group(1)
+            assert send_as(65534, socket_path, b"-") == 0
+            agent = subprocess.run(AGENT + [str(agents)], input=typed.encode(), capture_output=True, timeout=300)
+            assert agent.returncode == 0, agent.stderr.decode()
+            out, err = reader.communicate(timeout=300)
+        finally:
+            reader.kill()
+            reader.wait()
+        assert reader.returncode == outcome, err.decode()
+        if outcome == 0:
+            assert out.decode() == "r-123\nwhenUnlockedThisDeviceOnly passcode softwareTPM\n"
+        else:
+            assert err.decode().startswith("getItem: USER_CANCELED: "), err.decode()
+        assert PASSCODE not in question
+        assert os.listdir(agents) == [], "the question's file or socket stayed"
 
 
 def test_the_debian_packages_hold_the_library_and_its_development_files(tmp_path):
