@@ -196,6 +196,12 @@ func concurrentReads(_ configuration: KeychainConfiguration, clients: Int, reads
 /// on a private swtpm, `CLIENTS` clients of this process × `READS` reads each), for `perf stat` and
 /// `strace -c` of that part alone.
 func concurrentReadBench(clients: Int, readsPerClient: Int, ownThreads: Bool = false) async throws -> String {
+    try await withBenchDaemon { daemon in try await concurrentReads(through: daemon, clients: clients, readsPerClient: readsPerClient,
+                                                                  ownThreads: ownThreads) }
+}
+
+/// Runs `body` with keychaind on a private swtpm of its own, both stopped on every path.
+func withBenchDaemon<T>(_ body: (KeychainDaemon) async throws -> T) async throws -> T {
     let tpm = try SoftwareTPM()
     defer { tpm.stop() }
     let daemon = try KeychainDaemon(tpm: tpm)
@@ -203,6 +209,10 @@ func concurrentReadBench(clients: Int, readsPerClient: Int, ownThreads: Bool = f
         kill(daemon.processIdentifier, SIGTERM)
         _ = daemon.waitForExit()
     }
+    return try await body(daemon)
+}
+
+private func concurrentReads(through daemon: KeychainDaemon, clients: Int, readsPerClient: Int, ownThreads: Bool) async throws -> String {
     let (configuration, device, secret) = try await storeBenchSecret(through: daemon)
     _ = await device.takeTPMCommandCount()
     let (samples, errors, rate) = await concurrentReads(configuration, clients: clients, readsPerClient: readsPerClient, secret: secret,

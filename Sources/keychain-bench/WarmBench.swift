@@ -45,13 +45,10 @@ func warmReadBench(reads: Int, throughDaemon: Bool = false, cold: Bool = false) 
 /// client (`KeychainClient`: the wire alone, blocking, a connection per call), beside the bindings'
 /// (scripts/bench-bindings.py). The item is written by the library first; one caller.
 func clientWarmReadBench(reads: Int) async throws -> String {
-    let tpm = try SoftwareTPM()
-    defer { tpm.stop() }
-    let daemon = try KeychainDaemon(tpm: tpm)
-    defer {
-        kill(daemon.processIdentifier, SIGTERM)
-        _ = daemon.waitForExit()
-    }
+    try await withBenchDaemon { daemon in try await clientWarmReads(through: daemon, reads: reads) }
+}
+
+private func clientWarmReads(through daemon: KeychainDaemon, reads: Int) async throws -> String {
     let secret = "a secret of 32 bytes, more or less"
     try await createKeychain(.init(service: "warm"), configuration: daemon.configuration()).setItem("k0", secret)
     let client = try KeychainClient(options: WireStorageOptions(service: "warm"), socket: daemon.socket)
