@@ -134,7 +134,8 @@ struct CredentialsSocketTests {
                                         credentialsSocket: true)
         #expect(try run(Self.keychainctl, ["credential", "set", "db.service", "password"], input: Array("s3cret".utf8),
                         environment: daemon.environment).status == 0)
-        let (filler, hold) = try DaemonResourceTests().fillTasks(of: DaemonResourceTests.daemonUser, to: 65)
+        let (filler, hold, refill) = try DaemonResourceTests().fillTasksKept(of: DaemonResourceTests.daemonUser, to: 65)
+        try refill()  // after the `credential set`'s connection thread has ended
 
         // 80 connections that never read: when does keychaind close each?
         let burst = try python("""

@@ -16,10 +16,11 @@ struct DaemonResourceTests {
 
     /// Tasks of `uid` (threads, system-wide: what RLIMIT_NPROC counts) brought to at least `count`
     /// by a process of that uid (python3's threads; its own limit is the test's), held until the
-    /// returned pipe's write end is closed.
-    func fillTasks(of uid: uid_t, to count: Int) throws -> (Process, Pipe) {
+    /// returned pipe's write end is closed; and a call that fills the uid's tasks up to `count` again once they settled: the tasks that
+    /// keychaind's connection threads gave back when they ended (the filler's count is of one moment).
+    func fillTasksKept(of uid: uid_t, to count: Int) throws -> (Process, Pipe, refill: () throws -> Void) {
         let script = """
-            import os, sys, threading
+            import os, sys, threading, time
             def tasks():
                 total = 0
                 for pid in filter(str.isdigit, os.listdir('/proc')):
@@ -29,10 +30,19 @@ struct DaemonResourceTests {
                 return total
             threading.stack_size(65536)
             held = threading.Event()
-            while tasks() < int(sys.argv[2]):
-                threading.Thread(target=held.wait, daemon=True).start()
-            print(tasks(), flush=True)
-            sys.stdin.read()
+            def fill():
+                while tasks() < int(sys.argv[2]):
+                    threading.Thread(target=held.wait, daemon=True).start()
+                print(tasks(), flush=True)
+            fill()
+            # Each line asks again, once the uid's count has settled (a connection thread of keychaind that ended
+            # since gave its task back, and the limit would let the next connection's thread start).
+            for _ in sys.stdin:
+                seen, since = tasks(), time.monotonic()
+                while time.monotonic() - since < 0.3:
+                    time.sleep(0.05)
+                    if tasks() != seen: seen, since = tasks(), time.monotonic()
+                fill()
             """
         let hold = Pipe(), out = Pipe()
         let python = Process()
@@ -50,7 +60,13 @@ struct DaemonResourceTests {
         }
         let line = String(decoding: said, as: UTF8.self)
         #expect(Int(line.trimmingCharacters(in: .whitespacesAndNewlines)).map { $0 >= count } == true, "tasks of \(uid): \(line)")
-        return (python, hold)
+        let refill = { () throws in
+            try hold.fileHandleForWriting.write(contentsOf: Data("fill\n".utf8))
+            let again = try read(out.fileHandleForReading, until: "uid \(uid)'s \(count) tasks again") { $0.contains(UInt8(ascii: "\n")) }
+            let line = String(decoding: again, as: UTF8.self)
+            #expect(Int(line.trimmingCharacters(in: .whitespacesAndNewlines)).map { $0 >= count } == true, "tasks of \(uid): \(line)")
+        }
+        return (python, hold, refill)
     }
 
     /// Before, a connection whose thread could not start (Thread.start fails unnoticed) was counted,
@@ -65,7 +81,8 @@ struct DaemonResourceTests {
         #expect(try run(Self.keychainctl, ["set", "svc", "k"], input: Array("v".utf8), environment: daemon.environment).status == 0)
         // Another process of the daemon's user takes every task its limit leaves (64, one over: the
         // kernel refuses a new one once the count is above the limit).
-        let (filler, hold) = try fillTasks(of: Self.daemonUser, to: 65)
+        let (filler, hold, refill) = try fillTasksKept(of: Self.daemonUser, to: 65)
+        try refill()  // after the `set`'s connection thread has ended
 
         // A burst of 8 connections (4 slots, 1 per uid), each with a request (status) sent at once.
         let script = rawWireClient + """
@@ -104,6 +121,9 @@ struct DaemonResourceTests {
                 "no connection was told why: \(lines)")
         // keychainctl, front and full tool, say so too, at once.
         for tool in ["keychainctl", "keychainctl-full"] {
+            // The burst's served connections (if a task was free) have ended and given their tasks back:
+            // take them again, so the limit is where the test says it is (a CI run under load failed so).
+            try refill()
             let begun = Date()
             let refused = try run(buildDirectory.appendingPathComponent(tool).path, ["get", "svc", "k"], environment: daemon.environment)
             #expect(refused.status == 3 && refused.stderr.contains("HARDWARE_UNAVAILABLE") && refused.stderr.contains("cannot start a thread"),
