@@ -5,11 +5,13 @@ The library and the programs are built into a temporary folder (`make O=…`); k
 bindings/python's tests start them (binaries from KEYCHAIN_BIN, default .build/debug, which scripts/test.sh builds).
 """
 import os
+import pathlib
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -159,9 +161,11 @@ AGENT = ["/usr/bin/unshare", "-m", "--propagation", "private", "/bin/sh", "-c",
          "'/usr/bin/systemd-tty-ask-password-agent --query' /dev/null", "sh"]
 
 
-def asked(agents, seen):
+def asked(agents, seen, reader):
     """A question (an ask.* file) in `agents` not in `seen`, waited for as long as the machine's load needs."""
     for _ in range(1200):
+        if reader.poll() is not None:
+            raise AssertionError(f"the reader ended ({reader.returncode}) before asking: {reader.stderr.read().decode()}")
         for name in sorted(os.listdir(agents)):
             if name.startswith("ask.") and name not in seen:
                 seen.add(name)
@@ -195,9 +199,19 @@ def test_without_a_terminal_the_default_prompter_asks_systemds_password_agents(b
             pytest.skip(f"{tool} is not installed")
     if os.geteuid() != 0 or not os.path.isdir("/run/systemd/ask-password"):
         pytest.skip("the agent's directory is bind-mounted over /run/systemd/ask-password: root and that folder needed")
-    agents = tmp_path / "runtime" / "systemd" / "ask-password"
+    # A short folder of its own: the question's socket path must fit a sockaddr_un (108 bytes), which pytest's
+    # tmp_path under CI's base folder does not leave room for (a CI run failed so: no question was ever written).
+    runtime = pathlib.Path(tempfile.mkdtemp(prefix="kc-rt-", dir="/tmp"))
+    agents = runtime / "systemd" / "ask-password"
     agents.mkdir(parents=True, mode=0o755)
-    env = {"PATH": "/usr/bin:/bin", "KEYCHAIN_SOCKET": daemon.socket, "XDG_RUNTIME_DIR": str(tmp_path / "runtime")}
+    try:
+        ask_the_agents(build, daemon, tmp_path, runtime, agents)
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def ask_the_agents(build, daemon, tmp_path, runtime, agents):
+    env = {"PATH": "/usr/bin:/bin", "KEYCHAIN_SOCKET": daemon.socket, "XDG_RUNTIME_DIR": str(runtime)}
     value = tmp_path / "value"
     value.write_bytes(b"r-123")
     seen = set()
@@ -206,7 +220,7 @@ def test_without_a_terminal_the_default_prompter_asks_systemds_password_agents(b
             reader = subprocess.Popen([str(build / "example")], env=env, stdin=stdin, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, start_new_session=True)
         try:
-            question = asked(agents, seen)
+            question = asked(agents, seen, reader)
             assert f"PID={reader.pid}\n" in question and "Echo=0\n" in question, question
             assert re.search(rf"^Socket={re.escape(str(agents))}/sck\.[0-9a-f]{{16}}$", question, re.M), question
             assert re.search(r"^NotAfter=[0-9]+$", question, re.M), question
