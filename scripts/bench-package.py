@@ -11,6 +11,12 @@ alternated run by run so that the machine's load falls on both alike:
   `keychain-secret-service --help`): N/4 runs each;
 and keychaind's resident memory (VmRSS, VmHWM) after 1,000 such reads. Prints a Markdown table:
 docs/performance.md, "The package's size and start-up", has its figures.
+
+    scripts/bench-package.py BEFORE.deb AFTER.deb --instructions
+
+counts instructions instead (valgrind's callgrind: the same figure on a loaded machine): keychaind's per served
+`keychainctl get` (the difference of two dumps 200 reads apart, after 20 reads of warm-up) and one whole
+`keychainctl get` process (the front: its start, the call, its exit).
 """
 import os
 import shutil
@@ -44,8 +50,8 @@ class Side:
         self.env = {"PATH": os.environ["PATH"], "KEYCHAIN_SOCKET": self.socket, "HOME": self.root}
         self.daemon = None
 
-    def start(self):
-        self.daemon = subprocess.Popen([self.bin("keychaind"), "--socket", self.socket, "--store", self.store, "--reader", "none"],
+    def start(self, wrapper=()):
+        self.daemon = subprocess.Popen([*wrapper, self.bin("keychaind"), "--socket", self.socket, "--store", self.store, "--reader", "none"],
                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self.env)
         line = self.daemon.stdout.readline().decode()
         if "ready" not in line:
@@ -82,10 +88,21 @@ def main():
         i = args.index("--runs")
         runs = int(args[i + 1])
         del args[i:i + 2]
+    instructions = "--instructions" in args
+    if instructions:
+        args.remove("--instructions")
     if len(args) != 2:
         raise SystemExit(__doc__)
     work = tempfile.mkdtemp(prefix="keychain-bench-package-")
     sides = [Side("before", args[0], work), Side("after", args[1], work)]
+    if instructions:
+        try:
+            count_instructions(sides, work)
+        finally:
+            for side in sides:
+                side.stop()
+            shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         for side in sides:
             side.start()
@@ -118,6 +135,43 @@ def main():
         for side in sides:
             side.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def callgrind_total(path):
+    """The instructions (Ir) of a callgrind output file's totals line."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith("totals:") or line.startswith("summary:"):
+                return int(line.split()[1])
+    raise SystemExit(f"no totals in {path}")
+
+
+def count_instructions(sides, work):
+    reads = 200
+    rows = {}
+    for side in sides:
+        out = os.path.join(work, f"{side.name}.callgrind")
+        side.start(wrapper=("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"))
+        get = [side.bin("keychainctl"), "get", "bench", "k"]
+        for _ in range(20):
+            side.run(get)
+        dumps = []
+        for _ in range(2):
+            subprocess.run(["callgrind_control", "--dump", str(side.daemon.pid)], check=True, capture_output=True)
+            dumps.append(sorted(p for p in os.listdir(work) if p.startswith(f"{side.name}.callgrind.{side.daemon.pid}."))[-1])
+            for _ in range(reads):
+                side.run(get)
+        # Each dump holds what ran since the one before it: the second holds the reads between the two.
+        served = callgrind_total(os.path.join(work, dumps[1])) / reads
+        front = os.path.join(work, f"{side.name}.front")
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={front}", *get], env=side.env, check=True,
+                       capture_output=True)
+        rows[side.name] = (served, callgrind_total(front))
+        side.stop()
+    print(f"| instructions (callgrind) | before: {sides[0].deb} | after: {sides[1].deb} |")
+    print("|---|--:|--:|")
+    print(f"| keychaind, per `keychainctl get` served ({reads} reads) | {rows['before'][0]:,.0f} | {rows['after'][0]:,.0f} |")
+    print(f"| one `keychainctl get` process (the front) | {rows['before'][1]:,} | {rows['after'][1]:,} |")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,13 @@ for exe in "$tree"/usr/lib/keychain-linux/* debian/keychain-linux-bench/usr/lib/
   fi
 done
 
+# CTSSCrypto's one OpenSSL context per process works only while tpm2-tss finds OSSL_LIB_CTX_new and _free in the
+# executable: with --no-export-dynamic (debian/rules) they stay in its dynamic symbol table because libcrypto refers to them.
+for exe in "$tree"/usr/lib/keychain-linux/keychain-multicall debian/keychain-linux-bench/usr/lib/keychain-linux/keychain-bench; do
+  exported=$(nm -D --defined-only "$exe" | awk '{print $3}' | grep -cxE 'OSSL_LIB_CTX_(new|free)' || true)
+  [ "$exported" = 2 ] || { echo "package-deb: $exe does not export OSSL_LIB_CTX_new and _free: tpm2-tss would make an OpenSSL context per hash" >&2; exit 1; }
+done
+
 mkdir -p "$out"
 for n in "${names[@]}"; do [ -f "$parent/$n" ] && mv "$parent/$n" "$out/"; done
 echo "$out/keychain-linux_${version}_${arch}.deb"
