@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainTestThreads
+import Synchronization
 
 /// tpm2-abrmd in front of a `SoftwareTPM`, as the kernel's `/dev/tpmrm0` stands in front of a device's
 /// TPM: it serves many clients at once, swaps their objects and sessions in and out of the TPM's slots
@@ -38,8 +39,7 @@ public final class ResourceManager: @unchecked Sendable {  // its children are s
         ["DBUS_SESSION_BUS_ADDRESS": busAddress, "TPM2TOOLS_TCTI": tcti,
          "KEYCHAIN_TCTI": tcti, "KEYCHAIN_STORE": tpm.directory + "/store", "KEYCHAIN_READER": "none"]
     }
-    private let lock = NSLock()
-    private var children: [Swtpm.Child] = []
+    private let children = Mutex<[Swtpm.Child]>([])
 
     /// Starts the bus and tpm2-abrmd, and returns once a client's command reaches the TPM through it.
     /// - Parameters:
@@ -71,7 +71,7 @@ public final class ResourceManager: @unchecked Sendable {  // its children are s
 
     /// Kills tpm2-abrmd, then its bus. Clients see their TPM connection fail.
     public func stop() {
-        lock.withLock {
+        children.withLock { children in
             for child in children.reversed() { child.stop() }
             children.removeAll()
         }
@@ -90,6 +90,6 @@ public final class ResourceManager: @unchecked Sendable {  // its children are s
         }
         let child: Swtpm.Child
         do { child = try Swtpm.Child(pid: pid) } catch { throw SoftwareTPMError("\(error)") }
-        lock.withLock { children.append(child) }
+        children.withLock { $0.append(child) }
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import Keychain
+import Synchronization
 import TPM2
 
 /// A private software TPM for one test or suite: swtpm on Unix sockets in a 0700 folder
@@ -19,10 +20,12 @@ public final class SoftwareTPM: @unchecked Sendable {
     /// `$TMPDIR/keychain-swtpm-<UUID>`: the sockets, `state/` (the TPM's), `store/`, `reader/`, `owner`.
     public let directory: String
     private let swtpm: Swtpm
-    private var child: Swtpm.Child?
-    private let lock = NSLock()
-    /// The profile's proxy in front of swtpm; nil for plain swtpm.
-    private var proxy: ChipProxy?
+    /// The swtpm process while it runs, and the profile's proxy in front of it (nil for plain swtpm).
+    private struct Running {
+        var child: Swtpm.Child?
+        var proxy: ChipProxy?
+    }
+    private let running = Mutex(Running())
     /// The profile this TPM behaves as; nil for swtpm as it is.
     public let profile: TPMProfile?
 
@@ -30,13 +33,13 @@ public final class SoftwareTPM: @unchecked Sendable {
     public var tcti: String { device.tctiConfiguration }
     public let device: TPMDevice
     /// The command codes the profile's proxy was sent, in order; empty without a profile.
-    public var commandsSeen: [UInt32] { lock.withLock { proxy?.commandsSeen ?? [] } }
+    public var commandsSeen: [UInt32] { running.withLock { $0.proxy?.commandsSeen ?? [] } }
     /// The commands swtpm answered behind the profile's proxy, with their answers' codes; empty without a profile.
-    public var exchangesSeen: [TPMExchange] { lock.withLock { proxy?.exchangesSeen ?? [] } }
+    public var exchangesSeen: [TPMExchange] { running.withLock { $0.proxy?.exchangesSeen ?? [] } }
     /// The socket swtpm itself listens on: the `tcti`'s, or `directory/chip/tpm` behind a profile's proxy.
     public var swtpmSocket: String { swtpm.socket }
     /// The swtpm process (to stop it with SIGSTOP, say); 0 when it is not running.
-    public var processIdentifier: pid_t { lock.withLock { child?.pid ?? 0 } }
+    public var processIdentifier: pid_t { running.withLock { $0.child?.pid ?? 0 } }
 
     /// - Parameter profile: the chip to behave as; by default the one `KEYCHAIN_TEST_TPM_PROFILE` names
     ///   (`fast`, `typical`, `slow`, `old`: scripts/tpm-profiles.sh runs suites on each), else plain swtpm.
@@ -53,7 +56,10 @@ public final class SoftwareTPM: @unchecked Sendable {
         let front = try Swtpm(directory: directory)
         device = front.device
         swtpm = profile == nil ? front : try Swtpm(directory: directory + "/chip")
-        if let profile { proxy = try ChipProxy(profile: profile, socket: front.socket, upstream: swtpm.socket) }
+        if let profile {
+            let proxy = try ChipProxy(profile: profile, socket: front.socket, upstream: swtpm.socket)
+            running.withLock { $0.proxy = proxy }
+        }
         try start()
         // Low DA limits, so a test that fails authorizations never waits minutes (our own objects are noDA).
         let context = try TPMContext(device: device)
@@ -68,7 +74,7 @@ public final class SoftwareTPM: @unchecked Sendable {
     /// The TPM cannot be started again after it.
     public func remove() {
         stop()
-        lock.withLock { proxy?.stop() }
+        running.withLock { $0.proxy?.stop() }
         TPMTurn.removeLocks(of: device)
         try? FileManager.default.removeItem(atPath: directory)
     }
@@ -130,14 +136,15 @@ public final class SoftwareTPM: @unchecked Sendable {
     }
 
     public func stop() {
-        lock.withLock {
-            child?.stop()
-            child = nil
+        running.withLock { running in
+            running.child?.stop()
+            running.child = nil
         }
     }
 
     private func start() throws {
-        try lock.withLock { child = try swtpm.start(state: directory + "/state") }
+        let (swtpm, state) = (swtpm, directory + "/state")
+        try running.withLock { $0.child = try swtpm.start(state: state) }
     }
 
     // MARK: Folders of dead runs

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 // Swift Testing is in the toolchain's shared libraries only, not its static ones: a release build of
 // every target with `--static-swift-stdlib` (scripts/package-deb.sh, docs/daemon.md) compiles this
 // target without the trait, and only test bundles, which never link statically, use it.
@@ -51,18 +52,20 @@ public struct OffThePool: TestTrait, SuiteTrait, TestScoping {
 }
 
 /// At most `count` holders at once; the others wait in order, suspended (holding no thread).
-final class Turns: @unchecked Sendable {
-    private let lock = NSLock()
-    private var free: Int
-    private var waiting: [CheckedContinuation<Void, Never>] = []
+final class Turns: Sendable {
+    private struct State {
+        var free: Int
+        var waiting: [CheckedContinuation<Void, Never>] = []
+    }
+    private let state: Mutex<State>
 
-    init(_ count: Int) { free = count }
+    init(_ count: Int) { state = Mutex(State(free: count)) }
 
     func take() async {
         await withCheckedContinuation { continuation in
-            let now = lock.withLock { () -> Bool in
-                if free > 0 { free -= 1; return true }
-                waiting.append(continuation)
+            let now = state.withLock { state -> Bool in
+                if state.free > 0 { state.free -= 1; return true }
+                state.waiting.append(continuation)
                 return false
             }
             if now { continuation.resume() }
@@ -70,9 +73,9 @@ final class Turns: @unchecked Sendable {
     }
 
     func give() {
-        let next = lock.withLock { () -> CheckedContinuation<Void, Never>? in
-            if waiting.isEmpty { free += 1; return nil }
-            return waiting.removeFirst()
+        let next = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            if state.waiting.isEmpty { state.free += 1; return nil }
+            return state.waiting.removeFirst()
         }
         next?.resume()
     }

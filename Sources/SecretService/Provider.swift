@@ -338,30 +338,17 @@ public final class SecretServiceProvider: @unchecked Sendable {
         }
     }
 
-    /// Waits, on this (the bus's) thread, for keychain work; the work runs on the keychain's engine.
+    /// Waits, on this (the bus's) thread, for keychain work; the work runs on the keychain's engine
+    /// (through `waitFor`, the one sync-over-async bridge).
     static func blocking<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws(DBusError) -> T {
-        let box = ResultBox<T>()
-        let done = DispatchSemaphore(value: 0)
-        Task.detached {
-            do {
-                box.result = .success(try await body())
-            } catch {
-                box.result = .failure((error as? KeychainError) ?? KeychainError(.internal, "\(error)"))
+        do throws(KeychainError) {
+            return try waitFor { () async throws(KeychainError) -> T in
+                do { return try await body() } catch { throw (error as? KeychainError) ?? KeychainError(.internal, "\(error)") }
             }
-            done.signal()
-        }
-        done.wait()
-        switch box.result {
-        case .success(let value)?: return value
-        case .failure(let error)?: throw dbusError(error)
-        case nil: throw .failed("The keychain call ended without a result")
+        } catch {
+            throw dbusError(error)
         }
     }
-}
-
-/// The result of work awaited by `blocking`; written once before the semaphore is signalled.
-private final class ResultBox<T>: @unchecked Sendable {
-    var result: Result<T, KeychainError>?
 }
 
 /// The keychain's prompt texts (`Prompt` inside the provider is the Secret Service's object).

@@ -19,28 +19,11 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     // 1. The whole `keychainctl get` process through the daemon, the full tool's for comparison, and
     // start-up alone: the front with no daemon to answer (its connect fails at once), `--help` (the
     // front runs the full tool), /bin/true.
-    let shell = Subprocess(directory: scratch, extraEnvironment: daemon.environment)
-    let noDaemon = Subprocess(directory: scratch, extraEnvironment: ["KEYCHAIN_SOCKET": scratch + "/nothing.sock"])
-    var get = Samples(capacity: runs), fullGet = Samples(capacity: runs), help = Samples(capacity: runs)
-    var frontStart = Samples(capacity: runs), fullHelp = Samples(capacity: runs), trueProcess = Samples(capacity: runs)
-    _ = await device.takeTPMCommandCount()
-    for run in 0...runs {
-        let result = try shell.check([keychainctl, "get", "bench", "k0"])
-        guard result.output == Array(secret.utf8) else { throw BenchFailure("keychainctl get returned another value") }
-        let whole = try shell.check([full, "get", "bench", "k0"])
-        guard whole.output == Array(secret.utf8) else { throw BenchFailure("keychainctl-full get returned another value") }
-        let start = try shell.check([keychainctl, "--help"])
-        let fullStart = try shell.check([full, "--help"])
-        let refused = try noDaemon.run([keychainctl, "get", "bench", "k0"])
-        guard refused.status == 3 else { throw BenchFailure("keychainctl get without a daemon: exit \(refused.status), not 3") }
-        let floor = try shell.check(["/bin/true"])
-        if run > 0 {
-            get.record(result.nanoseconds); fullGet.record(whole.nanoseconds)
-            help.record(start.nanoseconds); fullHelp.record(fullStart.nanoseconds)
-            frontStart.record(refused.nanoseconds); trueProcess.record(floor.nanoseconds)
-        }
-    }
-    get.tpmCommands = await device.takeTPMCommandCount()
+    var processes = try await processRuns(runs: runs, scratch: scratch, environment: daemon.environment, secret: secret,
+                                          keychainctl: keychainctl, full: full, device: device)
+    processes.get.tpmCommands = await device.takeTPMCommandCount()
+    let (get, fullGet, help) = (processes.get, processes.fullGet, processes.help)
+    let (frontStart, fullHelp, trueProcess) = (processes.frontStart, processes.fullHelp, processes.trueProcess)
 
     // 2. tpm2-tools on the same TPM: a secret sealed to PCR 7 under the same SRK, read as a shell
     // user would (load, policy session, PolicyPCR, unseal, flush: five processes).
@@ -58,30 +41,7 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     // tpm2-tools' cheapest read of the same kind of secret under the same SRK, alternated (a TPM
     // connection and salted session per operation).
     let loadAndUnseal = try TPM2ToolsRead(tpm: tpm, secret: secret, directory: scratch + "/tpm2-load-unseal")
-    func coldReads(_ configuration: KeychainConfiguration) async throws -> (reads: Samples, tools: Samples) {
-        var coldRead = Samples(capacity: runs), loadUnseal = Samples(capacity: runs)
-        let device = KeychainDevice(configuration: configuration)
-        let cold = try createKeychain(.init(service: "bench.cold"), configuration: configuration)
-        try await cold.setItem("k0", secret)
-        await device.dropCaches()
-        guard try await cold.getItem("k0") == secret else { throw BenchFailure("the daemon's cold read returned another value") }
-        _ = await device.takeTPMCommandCount()
-        for run in 0...runs {
-            await device.dropCaches()
-            let start = monotonicNanoseconds()
-            let value = try await cold.getItem("k0")
-            let took = monotonicNanoseconds() - start
-            guard value == secret else { throw BenchFailure("the daemon's cold read returned another value") }
-            let tools = try loadAndUnseal?.read()
-            if run > 0 {
-                coldRead.record(took)
-                tools.map { loadUnseal.record($0) }
-            }
-        }
-        coldRead.tpmCommands = await device.takeTPMCommandCount()
-        return (coldRead, loadUnseal)
-    }
-    let (coldRead, loadUnseal) = try await coldReads(configuration)
+    let (coldRead, loadUnseal) = try await coldReads(configuration, runs: runs, secret: secret, loadAndUnseal: loadAndUnseal)
 
     // 5. In-process warm getItem, one caller, in this run too (its own swtpm and store).
     let inProcess = try await warmReadBench(reads: runs * 5_000)
@@ -116,6 +76,64 @@ func daemonBench(runs: Int, clients: Int, readsPerClient: Int) async throws -> S
     report += "\(clients) clients × \(readsPerClient) reads: \(Format.rate(aggregate)) reads/s aggregate, "
         + "\(errors) errors, \(concurrent.tpmCommands) TPM commands in all.\n"
     return report
+}
+
+/// The process runs of `daemonBench`'s part 1 (the first run not kept).
+private struct ProcessSamples {
+    var get, fullGet, help, frontStart, fullHelp, trueProcess: Samples
+}
+
+private func processRuns(runs: Int, scratch: String, environment: [String: String], secret: String, keychainctl: String,
+                         full: String, device: KeychainDevice) async throws -> ProcessSamples {
+    let shell = Subprocess(directory: scratch, extraEnvironment: environment)
+    let noDaemon = Subprocess(directory: scratch, extraEnvironment: ["KEYCHAIN_SOCKET": scratch + "/nothing.sock"])
+    var get = Samples(capacity: runs), fullGet = Samples(capacity: runs), help = Samples(capacity: runs)
+    var frontStart = Samples(capacity: runs), fullHelp = Samples(capacity: runs), trueProcess = Samples(capacity: runs)
+    _ = await device.takeTPMCommandCount()
+    for run in 0...runs {
+        let result = try shell.check([keychainctl, "get", "bench", "k0"])
+        guard result.output == Array(secret.utf8) else { throw BenchFailure("keychainctl get returned another value") }
+        let whole = try shell.check([full, "get", "bench", "k0"])
+        guard whole.output == Array(secret.utf8) else { throw BenchFailure("keychainctl-full get returned another value") }
+        let start = try shell.check([keychainctl, "--help"])
+        let fullStart = try shell.check([full, "--help"])
+        let refused = try noDaemon.run([keychainctl, "get", "bench", "k0"])
+        guard refused.status == 3 else { throw BenchFailure("keychainctl get without a daemon: exit \(refused.status), not 3") }
+        let floor = try shell.check(["/bin/true"])
+        if run > 0 {
+            get.record(result.nanoseconds); fullGet.record(whole.nanoseconds)
+            help.record(start.nanoseconds); fullHelp.record(fullStart.nanoseconds)
+            frontStart.record(refused.nanoseconds); trueProcess.record(floor.nanoseconds)
+        }
+    }
+    return ProcessSamples(get: get, fullGet: fullGet, help: help, frontStart: frontStart, fullHelp: fullHelp,
+                          trueProcess: trueProcess)
+}
+
+/// Cold reads through keychaind (`daemonBench`'s part 4), alternated with tpm2-tools' `loadAndUnseal`.
+private func coldReads(_ configuration: KeychainConfiguration, runs: Int, secret: String,
+                       loadAndUnseal: TPM2ToolsRead?) async throws -> (reads: Samples, tools: Samples) {
+    var coldRead = Samples(capacity: runs), loadUnseal = Samples(capacity: runs)
+    let device = KeychainDevice(configuration: configuration)
+    let cold = try createKeychain(.init(service: "bench.cold"), configuration: configuration)
+    try await cold.setItem("k0", secret)
+    await device.dropCaches()
+    guard try await cold.getItem("k0") == secret else { throw BenchFailure("the daemon's cold read returned another value") }
+    _ = await device.takeTPMCommandCount()
+    for run in 0...runs {
+        await device.dropCaches()
+        let start = monotonicNanoseconds()
+        let value = try await cold.getItem("k0")
+        let took = monotonicNanoseconds() - start
+        guard value == secret else { throw BenchFailure("the daemon's cold read returned another value") }
+        let tools = try loadAndUnseal?.read()
+        if run > 0 {
+            coldRead.record(took)
+            tools.map { loadUnseal.record($0) }
+        }
+    }
+    coldRead.tpmCommands = await device.takeTPMCommandCount()
+    return (coldRead, loadUnseal)
 }
 
 /// `tpm2_create` with a PCR 7 policy under the persistent SRK, then `runs` reads (the first not kept).

@@ -89,6 +89,11 @@ private struct ProfileRun {
     }
 
     func measure() async throws -> [ProfileRow] {
+        try setUpRows() + bootRows() + provisioningRows() + daemonRows()
+    }
+
+    /// `init`, `passcode set`, `reader enroll` and the writes.
+    private func setUpRows() throws -> [ProfileRow] {
         let scratch = shell.directory
         var initRow = ProfileRow("`init` (provision the TPM and the store, take ownership)")
         try direct(["init", "--owner-auth-out", scratch + "/owner.auth", "--lockout-auth-out", scratch + "/lockout.auth"], into: &initRow)
@@ -109,6 +114,10 @@ private struct ProfileRun {
         }
         for _ in 0..<runs { try direct(["set", Self.service(.afterFirstUnlock, nil), "k"], input: Array(secret.utf8), into: &write) }
 
+        return [initRow, passcodeRow, enrollRow, firstWrite, write]
+    }
+
+    private func bootRows() throws -> [ProfileRow] {
         // After boot: a TPM reset, `unlock`, then the first read of each level in a process of its own.
         var unlock = ProfileRow("`unlock` after boot")
         var reads = Self.reads.map { level, control in
@@ -123,6 +132,11 @@ private struct ProfileRun {
             }
         }
 
+        return [unlock] + reads
+    }
+
+    private func provisioningRows() throws -> [ProfileRow] {
+        let scratch = shell.directory
         // Attestation and provisioning (seal-for needs no TPM; import is on this device).
         var attestRespond = ProfileRow("`attest respond` (ActivateCredential)")
         var sealFor = ProfileRow("`seal-for` (no TPM)")
@@ -144,6 +158,11 @@ private struct ProfileRun {
             try direct(["import", scratch + "/bundle.json"], into: &importRow)
         }
 
+        return [attestRespond, sealFor, importRow]
+    }
+
+    private func daemonRows() throws -> [ProfileRow] {
+        let scratch = shell.directory
         // keychaind: its start after a TPM reset (the device unlocked first, directly), then the first
         // read of an afterFirstUnlock item through it, against tpm2-tools' `tpm2_load && tpm2_unseal`.
         var daemonStart = ProfileRow("keychaind's start, after boot (spawn to ready)")
@@ -180,8 +199,7 @@ private struct ProfileRun {
                 bare.record(took, commands: after - before)
             }
         }
-        return [initRow, passcodeRow, enrollRow, firstWrite, write, unlock] + reads
-            + [attestRespond, sealFor, importRow, daemonStart, daemonPrepared, daemonRead, bare]
+        return [daemonStart, daemonPrepared, daemonRead, bare]
     }
 
     /// keychaind's log line once its contexts are saved (`DaemonServer.saveWrappingKeyContexts`).

@@ -29,36 +29,42 @@ func fail(_ message: String, code: Int32 = 1) -> Never {
     exit(code)
 }
 
-/// keychain-secret-service's entry point: the arguments, the bus name, then serving until SIGTERM or SIGINT.
-@MainActor public func secretServiceMain() -> Never {
-var arguments = CommandLine.arguments.dropFirst()
-var store: String?
-var tcti: String?
-var socket: String?
-var replace = false
-var importing = false
-var prompter: String?
-while let argument = arguments.popFirst() {
-    func value() -> String {
-        guard let next = arguments.popFirst(), !next.hasPrefix("--") else { fail("\(argument) needs a value\n\(usage)", code: 2) }
-        return next
-    }
-    switch argument {
-    case "--store": store = value()
-    case "--tcti": tcti = value()
-    case "--socket": socket = value()
-    case "--replace": replace = true
-    case "--import": importing = true
-    case "--prompter": prompter = value()
-    case "--help", "-h":
-        print(usage, terminator: "")
-        exit(0)
-    default: fail("unknown argument '\(argument)'\n\(usage)", code: 2)
-    }
+/// What the command line asks for.
+private struct Options {
+    var store: String?
+    var tcti: String?
+    var socket: String?
+    var replace = false
+    var importing = false
+    var prompter: String?
 }
-if socket != nil, store != nil || tcti != nil { fail("--socket and --store/--tcti are two different keychains: give one\n\(usage)", code: 2) }
-if tcti != nil, store == nil { fail("--tcti goes with --store\n\(usage)", code: 2) }
-if importing, replace { fail("--import copies from the provider that owns the name and exits: run it before --replace\n\(usage)", code: 2) }
+
+private func parseOptions() -> Options {
+    var arguments = CommandLine.arguments.dropFirst()
+    var options = Options()
+    while let argument = arguments.popFirst() {
+        func value() -> String {
+            guard let next = arguments.popFirst(), !next.hasPrefix("--") else { fail("\(argument) needs a value\n\(usage)", code: 2) }
+            return next
+        }
+        switch argument {
+        case "--store": options.store = value()
+        case "--tcti": options.tcti = value()
+        case "--socket": options.socket = value()
+        case "--replace": options.replace = true
+        case "--import": options.importing = true
+        case "--prompter": options.prompter = value()
+        case "--help", "-h":
+            print(usage, terminator: "")
+            exit(0)
+        default: fail("unknown argument '\(argument)'\n\(usage)", code: 2)
+        }
+    }
+    if options.socket != nil, options.store != nil || options.tcti != nil { fail("--socket and --store/--tcti are two different keychains: give one\n\(usage)", code: 2) }
+    if options.tcti != nil, options.store == nil { fail("--tcti goes with --store\n\(usage)", code: 2) }
+    if options.importing, options.replace { fail("--import copies from the provider that owns the name and exits: run it before --replace\n\(usage)", code: 2) }
+    return options
+}
 
 /// Scripted answers, each after its delay (a person taking their time, for tests).
 final class PacedAuthenticator: Authenticator {
@@ -106,36 +112,29 @@ func scriptedAnswers(_ spec: String) -> PacedAuthenticator {
     }
     return PacedAuthenticator(answers: ScriptedAuthenticator(answers), delays: delays)
 }
-let authenticator = prompter.map(scriptedAnswers)
 
-var configuration: KeychainConfiguration
-let where_: String
-if let socket {
-    configuration = .daemon(socket: socket)
-    where_ = "keychaind at \(socket)"
-} else if let store {
-    configuration = KeychainConfiguration(storeDirectory: store, tpm: tcti.map { .tcti($0) } ?? .embedded,
-                                          authenticator: SystemAuthenticator())
-    where_ = "store \(configuration.storeDirectory)"
-} else {
-    configuration = .default
-    where_ = configuration.daemonSocket.map { "keychaind at \($0)" } ?? "store \(configuration.storeDirectory)"
+/// The keychain the options name, and how to say where it is.
+private func keychainConfiguration(_ options: Options) -> (KeychainConfiguration, String) {
+    let authenticator = options.prompter.map(scriptedAnswers)
+    var configuration: KeychainConfiguration
+    let where_: String
+    if let socket = options.socket {
+        configuration = .daemon(socket: socket)
+        where_ = "keychaind at \(socket)"
+    } else if let store = options.store {
+        configuration = KeychainConfiguration(storeDirectory: store, tpm: options.tcti.map { .tcti($0) } ?? .embedded,
+                                              authenticator: SystemAuthenticator())
+        where_ = "store \(configuration.storeDirectory)"
+    } else {
+        configuration = .default
+        where_ = configuration.daemonSocket.map { "keychaind at \($0)" } ?? "store \(configuration.storeDirectory)"
+    }
+    if let authenticator { configuration.authenticator = authenticator }
+    return (configuration, where_)
 }
-if let authenticator { configuration.authenticator = authenticator }
 
-signal(SIGPIPE, SIG_IGN)
-let bus: Bus
-let provider: SecretServiceProvider
-do throws(DBusError) {
-    bus = try Bus()
-    provider = try SecretServiceProvider(configuration: configuration)
-} catch {
-    fail(error.message)
-}
-provider.emit = { bus.emit($0) }
-provider.post = { bus.post($0) }
-
-if importing {
+/// `--import`: every item of the provider that owns the name, copied into this keychain; then exit.
+@MainActor private func importAndExit(_ provider: SecretServiceProvider, from bus: Bus, where where_: String) -> Never {
     var refusal: String?
     do throws(DBusError) {
         let report = try provider.importItems(from: bus)
@@ -153,40 +152,65 @@ if importing {
     exit(0)
 }
 
-do throws(DBusError) {
-    switch try bus.request(name: SecretServiceProvider.busName, replace: replace) {
-    case .owned: break
-    case .ownedBy(let owner) where replace:
-        // D-Bus replaces an owner only if it asked for the name with ALLOW_REPLACEMENT (we do; gnome-keyring does not).
-        fail("\(SecretServiceProvider.busName) is owned by \(owner), which does not allow another provider to replace it: "
-             + "stop it first (gnome-keyring: `keychainctl secret-service enable`, then log out and in)", code: 3)
-    case .ownedBy(let owner):
-        fail("\(SecretServiceProvider.busName) is owned by \(owner); stop it or pass --replace", code: 3)
+/// Takes org.freedesktop.secrets (from its owner with `replace`), or exits saying who holds it.
+@MainActor private func claimName(_ bus: Bus, replace: Bool, where where_: String) {
+    do throws(DBusError) {
+        switch try bus.request(name: SecretServiceProvider.busName, replace: replace) {
+        case .owned: break
+        case .ownedBy(let owner) where replace:
+            // D-Bus replaces an owner only if it asked for the name with ALLOW_REPLACEMENT (we do; gnome-keyring does not).
+            fail("\(SecretServiceProvider.busName) is owned by \(owner), which does not allow another provider to replace it: "
+                 + "stop it first (gnome-keyring: `keychainctl secret-service enable`, then log out and in)", code: 3)
+        case .ownedBy(let owner):
+            fail("\(SecretServiceProvider.busName) is owned by \(owner); stop it or pass --replace", code: 3)
+        }
+    } catch {
+        fail(error.message)
     }
-} catch {
-    fail(error.message)
-}
-writeAll(1, "keychain-secret-service: owns \(SecretServiceProvider.busName) (\(where_))\n")
-
-// SIGTERM and SIGINT end the loop, so the store is closed (its WAL checkpointed) on the way out.
-var stops: [DispatchSourceSignal] = []
-for number in [SIGTERM, SIGINT] {
-    signal(number, SIG_IGN)
-    let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-    // Sendable, so not the main actor's: the handler runs on a global queue while the main thread serves the bus
-    // (a main-actor closure there failed its isolation check and the provider died of SIGILL at SIGTERM).
-    source.setEventHandler { @Sendable [bus] in bus.stop() }
-    source.resume()
-    stops.append(source)
+    writeAll(1, "keychain-secret-service: owns \(SecretServiceProvider.busName) (\(where_))\n")
 }
 
-var lostName = false
-do throws(DBusError) {
-    try bus.serve(handler: { provider.handle($0) }, vanished: { provider.clientVanished($0) }, lost: { lostName = true })
-} catch {
-    fail(error.message)
+/// Serves the bus until SIGTERM or SIGINT (or another provider takes the name); then exit.
+@MainActor private func serve(_ bus: Bus, _ provider: SecretServiceProvider) -> Never {
+    // SIGTERM and SIGINT end the loop, so the store is closed (its WAL checkpointed) on the way out.
+    var stops: [DispatchSourceSignal] = []
+    for number in [SIGTERM, SIGINT] {
+        signal(number, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+        // Sendable, so not the main actor's: the handler runs on a global queue while the main thread serves the bus
+        // (a main-actor closure there failed its isolation check and the provider died of SIGILL at SIGTERM).
+        source.setEventHandler { @Sendable [bus] in bus.stop() }
+        source.resume()
+        stops.append(source)
+    }
+
+    var lostName = false
+    do throws(DBusError) {
+        try bus.serve(handler: { provider.handle($0) }, vanished: { provider.clientVanished($0) }, lost: { lostName = true })
+    } catch {
+        fail(error.message)
+    }
+    waitFor { await KeychainDevice.closeStores() }
+    if lostName { writeAll(2, "keychain-secret-service: another provider took \(SecretServiceProvider.busName)\n") }
+    exit(0)
 }
-waitFor { await KeychainDevice.closeStores() }
-if lostName { writeAll(2, "keychain-secret-service: another provider took \(SecretServiceProvider.busName)\n") }
-exit(0)
+
+/// keychain-secret-service's entry point: the arguments, the bus name, then serving until SIGTERM or SIGINT.
+@MainActor public func secretServiceMain() -> Never {
+    let options = parseOptions()
+    let (configuration, where_) = keychainConfiguration(options)
+    signal(SIGPIPE, SIG_IGN)
+    let bus: Bus
+    let provider: SecretServiceProvider
+    do throws(DBusError) {
+        bus = try Bus()
+        provider = try SecretServiceProvider(configuration: configuration)
+    } catch {
+        fail(error.message)
+    }
+    provider.emit = { bus.emit($0) }
+    provider.post = { bus.post($0) }
+    if options.importing { importAndExit(provider, from: bus, where: where_) }
+    claimName(bus, replace: options.replace, where: where_)
+    serve(bus, provider)
 }

@@ -36,43 +36,13 @@ extension Commands {
             } ?? .rsa2048
             document(try await administration.attestationRequest(endorsementKey: type).json())
         case "challenge":
-            let request = try AttestationRequest(json: try readFile(try operands(1, "REQUEST --state FILE [--ledger DIR]")[0],
-                                                                    limit: AttestationRequest.maxLength, what: "the request"))
-            let statePath = try stateFlag()
-            let made = try AttestationServer.challenge(for: request)
-            // Open in the ledger before the state exists: a state whose challenge is not open never verifies.
-            try ledger().open(made.state)
-            // The state is the challenge's secret: made new (never over another), readable by the server only.
-            let fd = open(statePath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-            guard fd >= 0 else { throw KeychainError(.storageError, "Cannot create \(statePath) (it may exist already)", underlying: .errno(errno)) }
-            let state = made.state.json()
-            let written = state.withUnsafeBytes { write(fd, $0.baseAddress!, $0.count) }
-            let synced = fsync(fd) == 0
-            close(fd)
-            guard written == state.count, synced else {
-                unlink(statePath)
-                throw KeychainError(.storageError, "Cannot write \(statePath)", underlying: .errno(errno))
-            }
-            document(made.challenge.json())
+            try attestChallenge(try operands(1, "REQUEST --state FILE [--ledger DIR]")[0])
         case "respond":
             let challenge = try AttestationChallenge(json: try readFile(try operands(1, "CHALLENGE")[0],
                                                                         limit: AttestationChallenge.maxLength, what: "the challenge"))
             document(try await administration.answer(challenge).json())
         case "verify":
-            let answer = try AttestationAnswer(json: try readFile(try operands(1, "ANSWER --state FILE [--ledger DIR] [--ek-ca CA.pem] [--expect-boot-state VERIFIED]")[0],
-                                                                  limit: AttestationAnswer.maxLength, what: "the answer"))
-            let statePath = try stateFlag()
-            let state = try AttestationState(json: try readFile(statePath, limit: AttestationState.maxLength, what: "the challenge's state"))
-            let ekCA = try inv.flags["--ek-ca"].map { (path: String) throws(KeychainError) in [UInt8](try readFile(path, limit: 1 << 20, what: "the EK CA file")) }
-            let expected = try inv.flags["--expect-boot-state"].map { (path: String) throws(KeychainError) in
-                try VerifiedIdentity(json: try readFile(path, limit: VerifiedIdentity.maxLength, what: "the expected boot state (a verified identity)")).bootState
-            }
-            let verified = try AttestationServer.verify(answer, state: state, ekCA: ekCA, expectedBootState: expected)
-            // One answer per challenge: spent in the ledger (a kept copy of the state cannot open it
-            // again), and the state goes once it served.
-            try ledger().spend(state)
-            unlink(statePath)
-            document(verified.json())
+            try attestVerify(try operands(1, "ANSWER --state FILE [--ledger DIR] [--ek-ca CA.pem] [--expect-boot-state VERIFIED]")[0])
         case "key":
             let service = try operands(1, "SERVICE --nonce HEX [--accessible A] [--access-control C] [--auth-validity N]")[0]
             let accessible = try inv.flags["--accessible"].map { (t: String) throws(KeychainError) in try Accessible(parsing: t) } ?? .afterFirstUnlock
@@ -100,6 +70,44 @@ extension Commands {
             throw UsageError(message: "attest takes init, request, challenge REQUEST, respond CHALLENGE, verify ANSWER, key SERVICE or verify-key ATTESTATION")
         }
         return .ok
+    }
+
+    /// `attest challenge REQUEST --state FILE`: the challenge on stdout, its state kept in FILE and opened in the ledger.
+    private func attestChallenge(_ requestPath: String) throws {
+        let request = try AttestationRequest(json: try readFile(requestPath, limit: AttestationRequest.maxLength, what: "the request"))
+        let statePath = try stateFlag()
+        let made = try AttestationServer.challenge(for: request)
+        // Open in the ledger before the state exists: a state whose challenge is not open never verifies.
+        try ledger().open(made.state)
+        // The state is the challenge's secret: made new (never over another), readable by the server only.
+        let fd = open(statePath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw KeychainError(.storageError, "Cannot create \(statePath) (it may exist already)", underlying: .errno(errno)) }
+        let state = made.state.json()
+        let written = state.withUnsafeBytes { write(fd, $0.baseAddress!, $0.count) }
+        let synced = fsync(fd) == 0
+        close(fd)
+        guard written == state.count, synced else {
+            unlink(statePath)
+            throw KeychainError(.storageError, "Cannot write \(statePath)", underlying: .errno(errno))
+        }
+        document(made.challenge.json())
+    }
+
+    /// `attest verify ANSWER --state FILE`: the verified identity on stdout, the challenge spent.
+    private func attestVerify(_ answerPath: String) throws {
+        let answer = try AttestationAnswer(json: try readFile(answerPath, limit: AttestationAnswer.maxLength, what: "the answer"))
+        let statePath = try stateFlag()
+        let state = try AttestationState(json: try readFile(statePath, limit: AttestationState.maxLength, what: "the challenge's state"))
+        let ekCA = try inv.flags["--ek-ca"].map { (path: String) throws(KeychainError) in [UInt8](try readFile(path, limit: 1 << 20, what: "the EK CA file")) }
+        let expected = try inv.flags["--expect-boot-state"].map { (path: String) throws(KeychainError) in
+            try VerifiedIdentity(json: try readFile(path, limit: VerifiedIdentity.maxLength, what: "the expected boot state (a verified identity)")).bootState
+        }
+        let verified = try AttestationServer.verify(answer, state: state, ekCA: ekCA, expectedBootState: expected)
+        // One answer per challenge: spent in the ledger (a kept copy of the state cannot open it
+        // again), and the state goes once it served.
+        try ledger().spend(state)
+        unlink(statePath)
+        document(verified.json())
     }
 
     /// `--nonce HEX`: the caller's, 1 to 32 bytes.

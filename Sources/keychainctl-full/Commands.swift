@@ -42,41 +42,12 @@ struct Commands {
     }
 
     func run() async throws -> Exit {
+        if let command = inv.command.first, Self.itemCommands.contains(command) { return try await itemCommand(command) }
         switch inv.command.first {
         case "init":
-            let ownership = Ownership(ownerAuthorizationFile: inv.flags["--owner-auth-out"],
-                                      lockoutAuthorizationFile: inv.flags["--lockout-auth-out"],
-                                      allowEmpty: inv.switches.contains("--allow-empty-owner-auth"))
-            // Through keychaind the service's own provisioning took ownership (it holds the files).
-            var status = configuration.daemonSocket != nil ? try await device.initialize()
-                : try await administration.initialize(takingOwnership: ownership)
-            if let key = inv.flags["--boot-policy-key"] {
-                // Vendor-signed boot states (docs/boot-state.md): after provisioning, before any item.
-                guard let pem = FileManager.default.contents(atPath: key) else {
-                    throw KeychainError.invalidArgument("Cannot read the boot-policy key \(key)")
-                }
-                try await administration.useBootPolicyKey(publicKeyPEM: Array(pem))
-                status = try await device.status()
-            }
-            output(status) {
-                "initialized: \($0.tpm) (\($0.securityLevel.rawValue)), passcode \($0.passcodeSet ? "set" : "not set")\n"
-                    + authorizationLines($0)
-            }
+            try await initialize()
         case "status":
-            struct Status: Encodable { let device: DeviceStatus; let token: TokenStatus?; let bootState: BootStateStatus? }
-            let status = Status(device: try await device.status(), token: try await device.tokenStatus(),
-                                bootState: try? await administration.bootState())
-            output(status) {
-                var text = "tpm: \($0.device.tpm)\nsecurity level: \($0.device.securityLevel.rawValue)\n"
-                    + "passcode: \($0.device.passcodeSet ? "set" : "not set")\nlock: \($0.device.lockState.rawValue)\n"
-                    + authorizationLines($0.device)
-                if let boot = $0.bootState { text += "\n" + bootStateLine(boot) }
-                if let t = $0.token {
-                    text += "\ntoken: " + escaped("\(t.label) (\(t.manufacturer), \(t.model), serial \(t.serial))")
-                    text += "\ntoken PIN: locked \(t.userPinLocked), final try \(t.userPinFinalTry), count low \(t.userPinCountLow)"
-                }
-                return text
-            }
+            try await status()
         case "doctor":
             let findings = await Doctor(configuration: configuration).findings()
             output(findings) {
@@ -113,6 +84,82 @@ struct Commands {
             }
             EmbeddedTPM.reboot(storeDirectory: configuration.storeDirectory)
             done("rebooted the embedded software TPM")
+        case "reader":
+            return try await reader()
+        case "biometry-types":
+            let types = device.biometryTypes()
+            if inv.json { printJSON(types.map(\.rawValue)) } else { types.forEach { print($0.rawValue) } }
+        case "identity":
+            return try await identity()
+        case "seal-for":
+            return try await sealFor()
+        case "attest":
+            return try await attest()
+        case "import":
+            return try await importBundle()
+        case "backup":
+            return try await backup()
+        case "restore":
+            return try await restore()
+        case "demo":
+            return try await Demo().run()
+        case "credential":
+            return try await credential()
+        case "secret-service":
+            return try secretService()
+        case nil:
+            throw UsageError(message: "no command given")
+        case let other?:
+            throw UsageError(message: "unknown command '\(other)'")
+        }
+        return .ok
+    }
+
+    /// `init`: provisioning (ownership taken here, or by keychaind's service), then a vendor's boot-policy key if given.
+    private func initialize() async throws {
+        let ownership = Ownership(ownerAuthorizationFile: inv.flags["--owner-auth-out"],
+                                  lockoutAuthorizationFile: inv.flags["--lockout-auth-out"],
+                                  allowEmpty: inv.switches.contains("--allow-empty-owner-auth"))
+        // Through keychaind the service's own provisioning took ownership (it holds the files).
+        var status = configuration.daemonSocket != nil ? try await device.initialize()
+            : try await administration.initialize(takingOwnership: ownership)
+        if let key = inv.flags["--boot-policy-key"] {
+            // Vendor-signed boot states (docs/boot-state.md): after provisioning, before any item.
+            guard let pem = FileManager.default.contents(atPath: key) else {
+                throw KeychainError.invalidArgument("Cannot read the boot-policy key \(key)")
+            }
+            try await administration.useBootPolicyKey(publicKeyPEM: Array(pem))
+            status = try await device.status()
+        }
+        output(status) {
+            "initialized: \($0.tpm) (\($0.securityLevel.rawValue)), passcode \($0.passcodeSet ? "set" : "not set")\n"
+                + authorizationLines($0)
+        }
+    }
+
+    /// `status`: the device, the token and the boot state.
+    private func status() async throws {
+        struct Status: Encodable { let device: DeviceStatus; let token: TokenStatus?; let bootState: BootStateStatus? }
+        let status = Status(device: try await device.status(), token: try await device.tokenStatus(),
+                            bootState: try? await administration.bootState())
+        output(status) {
+            var text = "tpm: \($0.device.tpm)\nsecurity level: \($0.device.securityLevel.rawValue)\n"
+                + "passcode: \($0.device.passcodeSet ? "set" : "not set")\nlock: \($0.device.lockState.rawValue)\n"
+                + authorizationLines($0.device)
+            if let boot = $0.bootState { text += "\n" + bootStateLine(boot) }
+            if let t = $0.token {
+                text += "\ntoken: " + escaped("\(t.label) (\(t.manufacturer), \(t.model), serial \(t.serial))")
+                text += "\ntoken PIN: locked \(t.userPinLocked), final try \(t.userPinFinalTry), count low \(t.userPinCountLow)"
+            }
+            return text
+        }
+    }
+
+    /// The commands on one storage's items (and `can-use`, a question of its backend).
+    static let itemCommands: Set<String> = ["set", "get", "has", "rm", "ls", "info", "clear", "can-use"]
+
+    private func itemCommand(_ command: String) async throws -> Exit {
+        switch command {
         case "set":
             let args = try arguments(2, "SERVICE KEY")
             var call = SetItemOptions()
@@ -171,33 +218,8 @@ struct Commands {
                 ? try await device.canUseAccessControl(value)
                 : try await (try storage("keychainctl")).canUseAccessControl(value)
             output(check) { "available: \($0.available)" + ($0.reason.map { "\nreason: \($0.rawValue)" } ?? "") }
-        case "reader":
-            return try await reader()
-        case "biometry-types":
-            let types = device.biometryTypes()
-            if inv.json { printJSON(types.map(\.rawValue)) } else { types.forEach { print($0.rawValue) } }
-        case "identity":
-            return try await identity()
-        case "seal-for":
-            return try await sealFor()
-        case "attest":
-            return try await attest()
-        case "import":
-            return try await importBundle()
-        case "backup":
-            return try await backup()
-        case "restore":
-            return try await restore()
-        case "demo":
-            return try await Demo().run()
-        case "credential":
-            return try await credential()
-        case "secret-service":
-            return try secretService()
-        case nil:
-            throw UsageError(message: "no command given")
-        case let other?:
-            throw UsageError(message: "unknown command '\(other)'")
+        default:
+            throw UsageError(message: "unknown command '\(command)'")
         }
         return .ok
     }

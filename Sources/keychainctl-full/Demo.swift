@@ -45,6 +45,16 @@ struct Demo {
         say("an embedded software TPM (swtpm: the same TPM commands, no hardware protection)")
         say("and a simulated fingerprint reader (\(directory).reader).\n")
 
+        try await signInSteps(device, flow, pin)
+        try await launchSteps(device, flow, user)
+        try await lockSteps(device, flow, user, pin)
+        say("\nThe user was asked \(user.requests.count) times; every prompt was a read of the refresh token.")
+        say("Done. The store, the reader and the software TPM of this demo were removed.")
+        return .ok
+    }
+
+    /// Provisioning, the passcode, a finger, and the first sign-in with fingerprint sign-in on.
+    private func signInSteps(_ device: KeychainDevice, _ flow: SignInFlow, _ pin: SecureBytes) async throws {
         try await step("Provision the TPM: SRK at 0x81000001, the device-lock NV indices", device) {
             let status = try await device.initialize()
             return "TPM \(status.tpm), security level \(status.securityLevel.rawValue)"
@@ -68,6 +78,10 @@ struct Demo {
             return "access token in the default storage (service '\(flow.session.service)', afterFirstUnlock); "
                 + "refresh token in auth.vault (whenUnlockedThisDeviceOnly, biometryCurrentSet): \(on)"
         }
+    }
+
+    /// The app launched again: a finger, a cancelled prompt, wrong fingers.
+    private func launchSteps(_ device: KeychainDevice, _ flow: SignInFlow, _ user: ScriptedAuthenticator) async throws {
         try await step("Restart the app: 'Continue as …' from the label, hasItem first (no prompt)", device) {
             await device.dropCaches()
             return "Continue as \(try await flow.continueAs() ?? "?"); vault has a refresh token: \(try await flow.vault.hasItem("refreshToken"))"
@@ -89,6 +103,11 @@ struct Demo {
             let right = try await flow.restoreSession { _ in true }
             return "wrong finger: \(describe(wrong))\n    right finger: \(describe(right))"
         }
+    }
+
+    /// The device locked, unlocked, rebooted; a new finger; sign-out.
+    private func lockSteps(_ device: KeychainDevice, _ flow: SignInFlow, _ user: ScriptedAuthenticator,
+                           _ pin: SecureBytes) async throws {
         try await step("Lock the device: the vault is whenUnlocked; the session token afterFirstUnlock", device) {
             try await device.lock()
             user.push(.finger("right-thumb"))
@@ -120,9 +139,6 @@ struct Demo {
             try await flow.signOut()
             return "session has accessToken: \(try await flow.session.hasItem("accessToken")); vault keys: \(try await flow.vault.getAllKeys())"
         }
-        say("\nThe user was asked \(user.requests.count) times; every prompt was a read of the refresh token.")
-        say("Done. The store, the reader and the software TPM of this demo were removed.")
-        return .ok
     }
 
     private func say(_ text: String) { print(text); fflush(nil) }

@@ -1,6 +1,7 @@
 import Glibc
 import FoundationEssentials
 import Keychain
+import KeychainBasics
 import KeychainCLIText
 
 /// `identity [--out FILE]`: the device's identity document, for a fleet server to enroll.
@@ -104,11 +105,14 @@ extension Commands {
         defer { close(fd) }
         var data = Data()
         var chunk = [UInt8](repeating: 0, count: 1 << 16)
-        while data.count <= limit {  // up to limit + 1 bytes: more says the file is too large
-            let n = read(fd, &chunk, min(chunk.count, limit + 1 - data.count))
-            if n > 0 { data.append(contentsOf: chunk[..<n]) } else if n < 0 && errno == EINTR { continue } else {
-                if n < 0 { data = Data() }  // a failed read gives nothing, as FileHandle's did
-                break
+        reading: while data.count <= limit {  // up to limit + 1 bytes: more says the file is too large
+            let wanted = min(chunk.count, limit + 1 - data.count)
+            switch valueOrErrno({ chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, wanted) } }) {
+            case .success(let n) where n > 0: data.append(contentsOf: chunk[..<n])
+            case .success: break reading
+            case .failure:
+                data = Data()  // a failed read gives nothing, as FileHandle's did
+                break reading
             }
         }
         guard data.count <= limit else { throw KeychainError.invalidArgument("\(path) is larger than \(what) can be") }

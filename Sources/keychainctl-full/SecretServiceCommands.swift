@@ -129,9 +129,10 @@ struct SecretServiceSwitch {
         guard fd >= 0 else { throw KeychainError(.storageError, "Cannot write \(temporary)", underlying: .errno(errno)) }
         let bytes = Array(contents.utf8)
         var offset = 0
-        while offset < bytes.count {
-            let n = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) }
-            if n > 0 { offset += n } else if errno != EINTR { break }
+        while offset < bytes.count,
+              case .success(let n) = valueOrErrno({ bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) } }),
+              n > 0 {
+            offset += n
         }
         let failure = offset < bytes.count || fsync(fd) != 0 ? errno : 0
         close(fd)

@@ -56,7 +56,6 @@ struct HandleLeakTests {
             #expect(await code { try await bound.getItem("k") } == .deviceStateChanged)
             await cost("boot state changed")
         }
-        print("TPM commands of each failed read:", costs.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" })
         // The commands of each path, as before the handle manager (a leak shows as more: the engine
         // finds the TPM full, flushes what it finds and tries again). The first boot-state read also
         // reads the approved state it then keeps.

@@ -284,27 +284,9 @@ public enum AttestationServer {
                               expectedBootState: VerifiedIdentity.BootState? = nil) throws(KeychainError) -> VerifiedIdentity {
         let request = state.request
         let (ek, ak, srk) = try check(request)
-        func refuse(_ why: String) -> KeychainError { KeychainError(.authenticationFailed, "The answer does not verify: \(why)") }
-        guard answer.nonce == state.nonce else { throw refuse("it answers another challenge (another nonce: replayed or stale)") }
-        let nonce = try decoded(state.nonce, "state's nonce", count: 32)
-        let expected = try decoded(state.credential, "state's credential", count: 32)
-        let given = try decoded(answer.credential, "answer's credential")
-        guard given.count == expected.count, zip(given, expected).reduce(0, { $0 | ($1.0 ^ $1.1) }) == 0 else {
-            throw refuse("the credential is not the one made for this EK and AK (activated in another TPM, or for another key)")
-        }
-        var certified = false
-        if let ekCA {
-            let type = TPMContext.EndorsementKeyType(rawValue: request.endorsementKey.type) ?? .rsa2048
-            guard let certificate = request.endorsementKey.certificate.flatMap({ Data(base64Encoded: $0) }) else {
-                throw refuse("the request carries no certificate of the \(type.description) to check against the CA: the TPM's maker "
-                             + "certified none (a TPM may hold another EK's: ask for a request with --endorsement-key "
-                             + "naming the certified one); verify without --ek-ca to enrol its EK as uncertified")
-            }
-            do { try EndorsementCertificate.verify(der: [UInt8](certificate), caPEM: ekCA, endorsementPublic: ek) } catch {
-                throw refuse(error.description)
-            }
-            certified = true
-        }
+        let refuse = refusal
+        let nonce = try checkCredential(answer, state: state)
+        let certified = try checkEndorsementCertificate(request, ek: ek, ekCA: ekCA)
         let signedQuote = try signed(answer.quote, "quote")
         let signedCertification = try signed(answer.storageRootKeyCertification, "SRK certification")
         let quote: Attestation.Quote, certification: Attestation.Certification
@@ -315,24 +297,7 @@ public enum AttestationServer {
             throw refuse(error.description)
         }
         guard quote.nonce == nonce, certification.nonce == nonce else { throw refuse("a signed statement is over another nonce") }
-        guard quote.pcrs == request.pcrs else { throw refuse("the quote covers PCRs \(quote.pcrs), the request \(request.pcrs)") }
-        guard Set(answer.pcrValues.keys) == Set(request.pcrs.map(String.init)) else { throw refuse("the PCR values are not those of the quoted PCRs") }
-        var values: [UInt8] = []
-        for pcr in request.pcrs {
-            let value = hexBytes(answer.pcrValues[String(pcr)] ?? "")
-            guard value.count == 32 else { throw KeychainError(.dataCorrupted, "PCR \(pcr)'s value is not 32 bytes of hex") }
-            values += value
-        }
-        guard sha256(values) == quote.pcrDigest else { throw refuse("the PCR values are not the ones the TPM quoted") }
-        if let expected = expectedBootState {
-            guard expected.pcrs == quote.pcrs else { throw refuse("the quote covers PCRs \(quote.pcrs), the expected boot state \(expected.pcrs)") }
-            let changed = quote.pcrs.filter { answer.pcrValues[String($0)] != expected.values[String($0)] }
-            guard changed.isEmpty else {
-                throw refuse("the TPM is in another boot state: " + changed.map {
-                    "PCR \($0) is \(answer.pcrValues[String($0)] ?? "") (expected \(expected.values[String($0)] ?? "none"))"
-                }.joined(separator: "; "))
-            }
-        }
+        try checkBootState(quote, answer: answer, request: request, expected: expectedBootState)
         guard certification.name == hexBytes(request.storageRootKey.name) else { throw refuse("the certified key is not the request's SRK") }
         let fixed: Bool
         do { fixed = try Attestation.isFixedToItsTPM(srk) } catch { throw refuse(error.description) }
@@ -356,9 +321,72 @@ public enum AttestationServer {
                     : "the approval index does not approve the quoted boot state (PCRs \(list)): ThisDeviceOnly items do not open "
                         + "until it is approved (keychainctl boot-state approve)")
         }
-        // Each key as `attest verify-key` checks one: the AK's signature over this nonce, the TPM made
-        // it under the SRK just certified, fixedTPM and fixedParent for a ThisDeviceOnly tag, and what
-        // its policy enforces against the protection its tag claims.
+        identity.wrappingKeys = try wrappingKeyReports(keys, answer: answer, state: state, identity: identity, nonce: nonce)
+        return identity
+    }
+
+    private static func refusal(_ why: String) -> KeychainError {
+        KeychainError(.authenticationFailed, "The answer does not verify: \(why)")
+    }
+
+    /// The answer is to this challenge, with the credential made for this EK and AK: the challenge's nonce.
+    private static func checkCredential(_ answer: AttestationAnswer, state: AttestationState) throws(KeychainError) -> [UInt8] {
+        guard answer.nonce == state.nonce else { throw refusal("it answers another challenge (another nonce: replayed or stale)") }
+        let nonce = try decoded(state.nonce, "state's nonce", count: 32)
+        let expected = try decoded(state.credential, "state's credential", count: 32)
+        let given = try decoded(answer.credential, "answer's credential")
+        guard given.count == expected.count, zip(given, expected).reduce(0, { $0 | ($1.0 ^ $1.1) }) == 0 else {
+            throw refusal("the credential is not the one made for this EK and AK (activated in another TPM, or for another key)")
+        }
+        return nonce
+    }
+
+    /// Whether the EK's certificate chains to `ekCA` (false when no CA is given).
+    private static func checkEndorsementCertificate(_ request: AttestationRequest, ek: [UInt8],
+                                                    ekCA: [UInt8]?) throws(KeychainError) -> Bool {
+        guard let ekCA else { return false }
+        let type = TPMContext.EndorsementKeyType(rawValue: request.endorsementKey.type) ?? .rsa2048
+        guard let certificate = request.endorsementKey.certificate.flatMap({ Data(base64Encoded: $0) }) else {
+            throw refusal("the request carries no certificate of the \(type.description) to check against the CA: the TPM's maker "
+                          + "certified none (a TPM may hold another EK's: ask for a request with --endorsement-key "
+                          + "naming the certified one); verify without --ek-ca to enrol its EK as uncertified")
+        }
+        do { try EndorsementCertificate.verify(der: [UInt8](certificate), caPEM: ekCA, endorsementPublic: ek) } catch {
+            throw refusal(error.description)
+        }
+        return true
+    }
+
+    /// The answer's PCR values are the quoted ones, and those of `expected` when one is given.
+    private static func checkBootState(_ quote: Attestation.Quote, answer: AttestationAnswer, request: AttestationRequest,
+                                       expected: VerifiedIdentity.BootState?) throws(KeychainError) {
+        let refuse = refusal
+        guard quote.pcrs == request.pcrs else { throw refuse("the quote covers PCRs \(quote.pcrs), the request \(request.pcrs)") }
+        guard Set(answer.pcrValues.keys) == Set(request.pcrs.map(String.init)) else { throw refuse("the PCR values are not those of the quoted PCRs") }
+        var values: [UInt8] = []
+        for pcr in request.pcrs {
+            let value = hexBytes(answer.pcrValues[String(pcr)] ?? "")
+            guard value.count == 32 else { throw KeychainError(.dataCorrupted, "PCR \(pcr)'s value is not 32 bytes of hex") }
+            values += value
+        }
+        guard sha256(values) == quote.pcrDigest else { throw refuse("the PCR values are not the ones the TPM quoted") }
+        if let expected {
+            guard expected.pcrs == quote.pcrs else { throw refuse("the quote covers PCRs \(quote.pcrs), the expected boot state \(expected.pcrs)") }
+            let changed = quote.pcrs.filter { answer.pcrValues[String($0)] != expected.values[String($0)] }
+            guard changed.isEmpty else {
+                throw refuse("the TPM is in another boot state: " + changed.map {
+                    "PCR \($0) is \(answer.pcrValues[String($0)] ?? "") (expected \(expected.values[String($0)] ?? "none"))"
+                }.joined(separator: "; "))
+            }
+        }
+    }
+
+    /// Each key as `attest verify-key` checks one: the AK's signature over this nonce, the TPM made
+    /// it under the SRK just certified, fixedTPM and fixedParent for a ThisDeviceOnly tag, and what
+    /// its policy enforces against the protection its tag claims.
+    private static func wrappingKeyReports(_ keys: [AttestationAnswer.CertifiedKey], answer: AttestationAnswer,
+                                           state: AttestationState, identity: VerifiedIdentity,
+                                           nonce: [UInt8]) throws(KeychainError) -> [KeyAttestationReport] {
         var reports: [KeyAttestationReport] = []
         for key in keys {
             let what = "the wrapping key of '\(key.service)' (\(key.protection))"
@@ -369,15 +397,14 @@ public enum AttestationServer {
                 format: KeyAttestation.formatName, version: 1,
                 claim: .init(service: key.service, accessible: protection.accessible, accessControl: protection.accessControl,
                              authValidity: protection.accessControl.takesWindow ? ItemProtection.storedWindow(ofTag: key.protection) : nil),
-                attestationKeyName: request.attestationKey.name, nonce: state.nonce, publicArea: key.publicArea, policy: key.policy,
+                attestationKeyName: state.request.attestationKey.name, nonce: state.nonce, publicArea: key.publicArea, policy: key.policy,
                 creationData: key.creationData, creationCertification: key.creationCertification,
                 bootApprovalCertification: answer.bootApprovalCertification)
             do { reports.append(try verifyKey(attestation, identity: identity, nonce: nonce)) } catch where error.code == .authenticationFailed {
-                throw refuse(what + ": " + error.message.replacing("The key attestation does not verify: ", with: ""))
+                throw refusal(what + ": " + error.message.replacing("The key attestation does not verify: ", with: ""))
             }
         }
-        identity.wrappingKeys = reports
-        return identity
+        return reports
     }
 
     /// Whether the approval index, as the AK certified it over `nonce`, approves `bootState`
@@ -406,176 +433,4 @@ public enum AttestationServer {
 /// Bytes of a hex string; empty for one that is not hex.
 func hexBytes(_ text: String) -> [UInt8] {
     Hex.decode(text.utf8) ?? []
-}
-
-// MARK: The device
-
-extension KeychainAdministration {
-    /// Makes the attestation key (`attest init`), or returns the one the store keeps.
-    public func makeAttestationKey() async throws(KeychainError) -> (name: String, created: Bool) {
-        try await engine.makeAttestationKey()
-    }
-
-    /// The request a provisioning server challenges (`attest request`).
-    /// - Parameter endorsementKey: the EK the server is to make the credential for (its certificate
-    ///   goes in the request): the RSA EK the AK is a child of, or one of the TPM's ECC EKs.
-    public func attestationRequest(endorsementKey: EndorsementKeyType = .rsa2048) async throws(KeychainError) -> AttestationRequest {
-        try await engine.attestationRequest(endorsementKey: endorsementKey)
-    }
-
-    /// The answer to a server's challenge (`attest respond`).
-    public func answer(_ challenge: AttestationChallenge) async throws(KeychainError) -> AttestationAnswer {
-        try await engine.answer(challenge)
-    }
-}
-
-extension Engine {
-    /// The AK blob in the store: its TPM2B_PUBLIC (self-sized) then its TPM2B_PRIVATE.
-    static func attestationKey(_ keyring: TPMKeyring) throws(KeychainError) -> TPMContext.SealedBlob? {
-        let stored: [UInt8]?
-        do { stored = try keyring.store.meta(StoreMeta.attestationKey) } catch { throw KeychainError(store: error) }
-        guard let stored else { return nil }
-        guard stored.count > 2, case let publicCount = 2 + (Int(stored[0]) << 8 | Int(stored[1])), stored.count > publicCount else {
-            throw KeychainError(.dataCorrupted, "The store's attestation key is malformed")
-        }
-        return .init(publicArea: Array(stored[..<publicCount]), privateArea: Array(stored[publicCount...]))
-    }
-
-    func makeAttestationKey() throws(KeychainError) -> (name: String, created: Bool) {
-        try withKeyring { keyring throws(KeychainError) -> (name: String, created: Bool) in
-            if let blob = try Self.attestationKey(keyring) { return (DeviceIdentity.name(ofPublic: blob.publicArea) ?? "", false) }
-            let context = keyring.context
-            let blob: TPMContext.SealedBlob
-            do throws(TPMError) {
-                blob = try context.withTransient { () throws(TPMError) -> TPMContext.SealedBlob in
-                    try context.createAttestationKey(endorsementKey: try context.endorsementKey(.rsa2048))
-                }
-            } catch {
-                throw keyring.diagnose(error, doing: "make the attestation key under the RSA endorsement key")
-            }
-            do { try keyring.store.write { tx in try tx.setMeta(StoreMeta.attestationKey, blob.publicArea + blob.privateArea) } } catch let error as StoreError {
-                throw KeychainError(store: error)
-            } catch {
-                throw KeychainError(.internal, "\(error)")
-            }
-            return (DeviceIdentity.name(ofPublic: blob.publicArea) ?? "", true)
-        }
-    }
-
-    /// The store's wrapping keys the TPM holds and made with a creation ticket (sealed since key
-    /// attestation), sorted by service then protection: the ones an answer certifies.
-    static func certifiableWrappingKeys(_ keyring: TPMKeyring) throws(KeychainError) -> [(WrappingKeyRecord, TPMContext.Creation)] {
-        let records: [WrappingKeyRecord]
-        do { records = try keyring.store.wrappingKeys(whereProtectionHasPrefix: "") } catch { throw KeychainError(store: error) }
-        return records.compactMap { record in
-            guard record.backend == .tpm, !record.sealedPublic.isEmpty, let creation = SealPolicy.decode(record.policy, withCreation: true)?.creation else { return nil }
-            return (record, creation)
-        }
-    }
-
-    static func noAttestationKey() -> KeychainError {
-        KeychainError(.invalidArgument, "This device has no attestation key: make one with keychainctl attest init (where the store is, as its user)")
-    }
-
-    func attestationRequest(endorsementKey type: TPMContext.EndorsementKeyType) throws(KeychainError) -> AttestationRequest {
-        try configuration.checkPCRSelection()
-        return try withKeyring { keyring throws(KeychainError) -> AttestationRequest in
-            guard let blob = try Self.attestationKey(keyring), let akName = DeviceIdentity.name(ofPublic: blob.publicArea) else {
-                throw Self.noAttestationKey()
-            }
-            let context = keyring.context
-            do throws(TPMError) {
-                let ekArea = try context.endorsementKeyPublic(type)
-                let certificate = try context.readWholeNV(type.certificateIndex)
-                let srkArea = try context.publicArea(of: keyring.srk)
-                return AttestationRequest(
-                    format: AttestationRequest.formatName, version: 1,
-                    endorsementKey: .init(type: type.rawValue, publicArea: Data(ekArea).base64EncodedString(),
-                                          name: DeviceIdentity.name(ofPublic: ekArea) ?? "",
-                                          certificate: certificate.map { Data($0).base64EncodedString() },
-                                          certificateIndex: hexHandle(type.certificateIndex)),
-                    attestationKey: .init(publicArea: Data(blob.publicArea).base64EncodedString(), name: akName),
-                    storageRootKey: .init(handle: hexHandle(TPMKeyring.srkHandle), publicArea: Data(srkArea).base64EncodedString(),
-                                          name: lowerHex(try context.name(of: keyring.srk))),
-                    pcrs: keyring.pcrSelection, nvIndices: try keyring.nvIndexNames())
-            } catch {
-                throw keyring.diagnose(error, doing: "read the attestation request")
-            }
-        }
-    }
-
-    func answer(_ challenge: AttestationChallenge) throws(KeychainError) -> AttestationAnswer {
-        try configuration.checkPCRSelection()
-        let credentialBlob = try decoded(challenge.credentialBlob, "challenge's credential blob")
-        let secret = try decoded(challenge.secret, "challenge's secret")
-        let nonce = try decoded(challenge.nonce, "challenge's nonce")
-        guard (1...32).contains(nonce.count) else { throw KeychainError(.dataCorrupted, "The challenge's nonce is not 1 to 32 bytes") }
-        guard let ekType = TPMContext.EndorsementKeyType(rawValue: challenge.endorsementKey ?? TPMContext.EndorsementKeyType.rsa2048.rawValue) else {
-            throw KeychainError(.unsupported, "The challenge is for an EK of type '\(challenge.endorsementKey ?? "")': this keychain "
-                                + "activates credentials with rsa2048, eccP256 and eccP384")
-        }
-        return try withKeyring { keyring throws(KeychainError) -> AttestationAnswer in
-            guard let blob = try Self.attestationKey(keyring), let akName = DeviceIdentity.name(ofPublic: blob.publicArea) else {
-                throw Self.noAttestationKey()
-            }
-            guard challenge.attestationKeyName == akName else {
-                throw KeychainError(.invalidArgument, "The challenge is for the attestation key \(challenge.attestationKeyName.prefix(16))…, "
-                                    + "not this device's (\(akName.prefix(16))…): it was made for another device's request")
-            }
-            let keys = try Self.certifiableWrappingKeys(keyring)
-            let approvalIndexMade = (try? keyring.store.meta(StoreMeta.bootApprovalTR)) != nil
-            let context = keyring.context
-            let pcrs = PCRSelection(keyring.pcrSelection)
-            func signed(_ s: TPMContext.SignedAttestation) -> AttestationAnswer.Signed {
-                .init(attest: Data(s.attest).base64EncodedString(), signature: Data(s.signature).base64EncodedString())
-            }
-            do throws(TPMError) {
-                return try context.withTransient { () throws(TPMError) -> AttestationAnswer in
-                    let ek = try context.endorsementKey(.rsa2048)
-                    let ak = try context.load(blob, endorsementKey: ek)
-                    let credential: SecureBytes
-                    if ekType == .rsa2048 {
-                        credential = try context.activateCredential(ak: ak, endorsementKey: ek, credentialBlob: credentialBlob, secret: secret)
-                    } else {
-                        // The AK is the RSA EK's child, but activation needs only both loaded in one TPM:
-                        // the RSA EK makes room (three slots) for the ECC EK the secret is sealed to.
-                        context.flush(ek)
-                        credential = try context.withTransient { () throws(TPMError) -> SecureBytes in
-                            try context.activateCredential(ak: ak, endorsementKey: try context.endorsementKey(ekType), type: ekType,
-                                                           credentialBlob: credentialBlob, secret: secret)
-                        }
-                    }
-                    let quote = try context.quote(ak: ak, selection: pcrs, nonce: nonce)
-                    let certification = try context.certify(keyring.srk, ak: ak, nonce: nonce)
-                    // Three object slots: the EK goes, so each wrapping key loads beside the AK.
-                    context.flush(ek)
-                    var certified: [AttestationAnswer.CertifiedKey] = []
-                    for (record, creation) in keys {
-                        let statement = try context.withTransient { () throws(TPMError) -> TPMContext.SignedAttestation in
-                            let object = try context.load(TPMContext.SealedBlob(publicArea: record.sealedPublic, privateArea: record.sealedPrivate),
-                                                          parent: keyring.srk)
-                            return try context.certifyCreation(object, ak: ak, creation: creation, nonce: nonce)
-                        }
-                        certified.append(.init(service: record.service, protection: record.protection, publicArea: Data(record.sealedPublic).base64EncodedString(),
-                                               policy: Data(record.policy).base64EncodedString(), creationData: Data(creation.data).base64EncodedString(),
-                                               creationCertification: signed(statement)))
-                    }
-                    let approval = approvalIndexMade
-                        ? try context.certifyNV(try keyring.bootApprovalIndex(), size: BootApprovalLayout.size, ak: ak, nonce: nonce) : nil
-                    let values = try context.readPCRs(pcrs)
-                    return AttestationAnswer(
-                        format: AttestationAnswer.formatName, version: 1, nonce: challenge.nonce,
-                        credential: credential.withUnsafeBytes { Data($0).base64EncodedString() },
-                        quote: signed(quote), pcrValues: Dictionary(uniqueKeysWithValues: zip(pcrs.indices.map(String.init), values.map { lowerHex($0) })),
-                        storageRootKeyCertification: signed(certification), wrappingKeys: certified,
-                        bootApprovalCertification: approval.map(signed))
-                }
-            } catch where error.command == "ActivateCredential" && !error.isConnectionFailure {
-                throw KeychainError(.authenticationFailed, "The TPM refused to activate the credential: the challenge was made for "
-                                    + "another TPM's EK or another key, or was changed", underlying: .tpm(error))
-            } catch {
-                throw keyring.diagnose(error, doing: "answer the attestation challenge")
-            }
-        }
-    }
 }

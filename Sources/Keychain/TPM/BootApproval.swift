@@ -150,18 +150,12 @@ extension TPMKeyring {
 
     /// Refuses a `ThisDeviceOnly` seal in a state nobody approved (it would be sealed to nothing that opens).
     func checkApprovedBootState(selection: [Int]) throws(KeychainError) {
-        do {
+        try diagnosing("read the approved boot state") {
             let current = try BootState.read(context, selection)
             let approved = try approvedBootPolicy()
             if approved != BootApprovalLayout.approvedPolicy(current) {
                 throw unapprovedBootState(current: current, reading: false)
             }
-        } catch let error as KeychainError {
-            throw error
-        } catch let error as TPMError {
-            throw diagnose(error, doing: "read the approved boot state")
-        } catch {
-            throw KeychainError(.internal, "\(error)")
         }
     }
 

@@ -135,8 +135,11 @@ enum SecretFile {
         contents.withUnsafeBytes { raw in
             var offset = 0
             while ok && offset < raw.count {
-                let n = write(fd, raw.baseAddress! + offset, raw.count - offset)
-                if n > 0 { offset += n } else if n < 0 && errno == EINTR { continue } else { ok = false }
+                if case .success(let n) = valueOrErrno({ write(fd, raw.baseAddress! + offset, raw.count - offset) }), n > 0 {
+                    offset += n
+                } else {
+                    ok = false
+                }
             }
         }
         ok = ok && fsync(fd) == 0

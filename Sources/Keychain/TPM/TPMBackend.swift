@@ -160,55 +160,13 @@ extension Engine {
                                 context: ReadContext) async throws(KeychainError) -> SecureBytes {
         // iOS never asks for an item the lock state cannot open: fail before any prompt or ticket.
         try refuseWhileLocked(policy.availability)
-        // A key of an epoch before this store's last passcode removal is dead in the TPM (its PolicyNV
-        // fails): say so before a prompt the user may have no way to answer (the fingers went too).
-        if let epoch = policy.passcodeEpoch, let removed = try? store().meta(StoreMeta.passcodeRemovedEpoch),
-           let removedEpoch = UInt64(bigEndianBytes: removed), epoch < removedEpoch {
-            throw KeychainError(.keyInvalidated, "The device passcode was removed since item '\(record.key)' was written, which "
-                                + "ends every item behind an access control (and the enrolled fingers); the item was removed")
-        }
-        var methods: [AuthenticationMethod] = []
-        var reader: FingerprintReader?
-        var readerProblem: KeychainError?
-        if let binding = policy.biometry {
-            switch try readerVerdict(for: binding, directory: context.readerDirectory) {
-            case .usable(let present):
-                reader = present
-                if try lockState(of: present, account: context.caller?.readerAccount) != .permanentLockout || policy.passcode != true {
-                    methods.append(.fingerprint)
-                }
-            case .enrollmentChanged:
-                // Before any prompt, as the seed says for CurrentSet; Engine.get removes the item.
-                throw KeychainError(.keyInvalidated,
-                                    "The enrolled fingers changed since item '\(record.key)' was written; the item was removed")
-            case .unavailable(let why):
-                readerProblem = why.code == .biometryNotAvailable
-                    ? KeychainError(.biometryNotAvailable, "Item '\(record.key)' needs the fingerprint reader it was written with, "
-                                    + "and \(why.message); the item is kept") : why
-            }
-        } else {
-            // Only to end a reader lockout after the passcode: a broken reader does not stop a passcode read.
-            reader = context.readerDirectory.flatMap { try? FingerprintReader(directory: $0) }
-        }
-        if policy.passcode == true { methods.append(.passcode) }
-        guard !methods.isEmpty else {
-            throw readerProblem ?? KeychainError(.biometryNotAvailable, "Item '\(record.key)' has no way to be opened here")
-        }
+        try refuseAfterPasscodeRemoval(policy, record: record)
+        let (methods, reader) = try methodsAndReader(policy, record: record, context: context)
         // authValidity across processes: a TPM ticket from an earlier read of this key, which opens no other.
         let window = Int32(clamping: policy.acceptsTickets ? window : 0)
         let ticketName = StoreMeta.ticket(service: record.service, protection: record.protection)
-        // A ticket made for a longer window than this read's is used only within this read's window.
-        if window > 0, let saved = try? store().meta(ticketName),
-           let stored = try? JSONDecoder().decode(TPMKeyring.StoredTicket.self, from: Data(saved)),
-           stored.expires > Self.now(), (stored.issued ?? stored.expires) + Int64(window) * 1000 > Self.now(),
-           methods.contains(stored.branch == "biometry" ? .fingerprint : .passcode) {
-            do throws(KeychainError) {
-                return try withKeyring { keyring throws(KeychainError) in
-                    try keyring.unseal(blob, policy: policy, authorization: .ticket(stored))
-                }
-            } catch where error.code == .authenticationFailed {
-                _ = try? store().write { try $0.deleteMeta(ticketName) }  // the window ended: ask again
-            }
+        if let secret = try unsealWithTicket(blob, policy: policy, name: ticketName, window: window, methods: methods) {
+            return secret
         }
         guard let authenticator = context.authenticator else {
             throw KeychainError(.interactionNotAllowed,
@@ -251,6 +209,69 @@ extension Engine {
                 }
             }
         }
+    }
+
+    /// A key of an epoch before this store's last passcode removal is dead in the TPM (its PolicyNV
+    /// fails): said before a prompt the user may have no way to answer (the fingers went too).
+    private func refuseAfterPasscodeRemoval(_ policy: SealPolicy, record: ItemRecord) throws(KeychainError) {
+        if let epoch = policy.passcodeEpoch, let removed = try? store().meta(StoreMeta.passcodeRemovedEpoch),
+           let removedEpoch = UInt64(bigEndianBytes: removed), epoch < removedEpoch {
+            throw KeychainError(.keyInvalidated, "The device passcode was removed since item '\(record.key)' was written, which "
+                                + "ends every item behind an access control (and the enrolled fingers); the item was removed")
+        }
+    }
+
+    /// The ways the user may open the item here, and the fingerprint reader (also to end its lockout after a passcode).
+    private func methodsAndReader(_ policy: SealPolicy, record: ItemRecord,
+                                  context: ReadContext) throws(KeychainError) -> ([AuthenticationMethod], FingerprintReader?) {
+        var methods: [AuthenticationMethod] = []
+        var reader: FingerprintReader?
+        var readerProblem: KeychainError?
+        if let binding = policy.biometry {
+            switch try readerVerdict(for: binding, directory: context.readerDirectory) {
+            case .usable(let present):
+                reader = present
+                if try lockState(of: present, account: context.caller?.readerAccount) != .permanentLockout || policy.passcode != true {
+                    methods.append(.fingerprint)
+                }
+            case .enrollmentChanged:
+                // Before any prompt, as the seed says for CurrentSet; Engine.get removes the item.
+                throw KeychainError(.keyInvalidated,
+                                    "The enrolled fingers changed since item '\(record.key)' was written; the item was removed")
+            case .unavailable(let why):
+                readerProblem = why.code == .biometryNotAvailable
+                    ? KeychainError(.biometryNotAvailable, "Item '\(record.key)' needs the fingerprint reader it was written with, "
+                                    + "and \(why.message); the item is kept") : why
+            }
+        } else {
+            // Only to end a reader lockout after the passcode: a broken reader does not stop a passcode read.
+            reader = context.readerDirectory.flatMap { try? FingerprintReader(directory: $0) }
+        }
+        if policy.passcode == true { methods.append(.passcode) }
+        guard !methods.isEmpty else {
+            throw readerProblem ?? KeychainError(.biometryNotAvailable, "Item '\(record.key)' has no way to be opened here")
+        }
+        return (methods, reader)
+    }
+
+    /// The read through a TPM ticket of an earlier read of this key, within this read's window; nil when there is
+    /// none (or it ended: then it is deleted, and the user is asked).
+    private func unsealWithTicket(_ blob: TPMContext.SealedBlob, policy: SealPolicy, name ticketName: String, window: Int32,
+                                  methods: [AuthenticationMethod]) throws(KeychainError) -> SecureBytes? {
+        // A ticket made for a longer window than this read's is used only within this read's window.
+        if window > 0, let saved = try? store().meta(ticketName),
+           let stored = try? JSONDecoder().decode(TPMKeyring.StoredTicket.self, from: Data(saved)),
+           stored.expires > Self.now(), (stored.issued ?? stored.expires) + Int64(window) * 1000 > Self.now(),
+           methods.contains(stored.branch == "biometry" ? .fingerprint : .passcode) {
+            do throws(KeychainError) {
+                return try withKeyring { keyring throws(KeychainError) in
+                    try keyring.unseal(blob, policy: policy, authorization: .ticket(stored))
+                }
+            } catch where error.code == .authenticationFailed {
+                _ = try? store().write { try $0.deleteMeta(ticketName) }  // the window ended: ask again
+            }
+        }
+        return nil
     }
 
     /// One NV_Read of the state index before a prompt: a locked device (or one not unlocked since the

@@ -195,7 +195,7 @@ extension TPMKeyring {
 
     /// Refuses a vendor-mode seal unless a signed policy for this state is installed and not revoked.
     func checkVendorBootState(selection: [Int]) throws(KeychainError) {
-        do {
+        try diagnosing("check the signed boot state") {
             let current = try BootState.read(context, selection)
             guard let installed = installedBootPolicies().first(where: { $0.policy.state == current }) else {
                 throw vendorStateError("no boot policy signed for the current values of PCR "
@@ -205,12 +205,6 @@ extension TPMKeyring {
             guard bits & (UInt64(1) << UInt64(installed.policy.generation)) == 0 else {
                 throw vendorStateError("the boot policy for this state (generation \(installed.policy.generation)) was revoked", reading: false)
             }
-        } catch let error as KeychainError {
-            throw error
-        } catch let error as TPMError {
-            throw diagnose(error, doing: "check the signed boot state")
-        } catch {
-            throw KeychainError(.internal, "\(error)")
         }
     }
 
