@@ -75,12 +75,18 @@ let package = Package(
         .target(name: "DBus", dependencies: ["CSystemd", "COpenSSL", "SecureMemory", "KeychainBasics"]),
         // The keychain's values: the options, KeychainError; no TPM, SQLite, token, D-Bus or daemon.
         .target(name: "KeychainCore", dependencies: ["KeychainBasics", "KeychainWire"]),
-        .target(name: "Keychain", dependencies: ["KeychainCore", "TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn", "COpenSSL",
+        // The engine: the Engine actor, the TPM and token backends, backup, provisioning, the local service, quotas and
+        // budgets, the store's meta and the item envelope. Names no daemon code: keychaind's service depends on it.
+        .target(name: "KeychainEngine", dependencies: ["KeychainCore", "TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn",
+                                                       "COpenSSL", "KeychainWire", "KeychainCLIText", "KeychainBasics"]),
+        // The public API on the engine: Keychain, KeychainDevice, the administration API, the prompters, and the
+        // client of keychaind the library uses when the configuration names its socket.
+        .target(name: "Keychain", dependencies: ["KeychainEngine", "KeychainCore", "SecureMemory", "CSpawn",
                                                  "KeychainWire", "KeychainCLIText", "DBus", "KeychainBasics"]),
 
         // keychaind's service over the engine: the socket server, the request handler, access groups, the limits
         // on connections and each uid's turn, the log, and the systemd credentials socket. keychaind alone links it.
-        .target(name: "KeychainDaemon", dependencies: ["Keychain", "KeychainWire", "SecureMemory", "TPM2", "KeychainCLIText", "KeychainBasics", "CSystemd"]),
+        .target(name: "KeychainDaemon", dependencies: ["KeychainEngine", "Keychain", "KeychainWire", "SecureMemory", "TPM2", "KeychainCLIText", "KeychainBasics", "CSystemd"]),
 
         .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2", "KeychainTestThreads"]),
         // C: the token tests' PKCS#11 module (see its product); p11-kit's pkcs11.h only, no C library of its own.
@@ -117,7 +123,7 @@ let package = Package(
                                                                 "KeychainClient", "KeychainWire"]),
         // The parsers at each trust boundary as libFuzzer targets: a real one only as scripts/fuzz.sh builds it
         // (-DFUZZING -sanitize=fuzzer,address); the default build makes a stub that says so.
-        .executableTarget(name: "keychain-fuzz", dependencies: ["Keychain", "KeychainDaemon", "Keychaind", "KeychainWire", "PKCS11", "SecretService",
+        .executableTarget(name: "keychain-fuzz", dependencies: ["Keychain", "KeychainEngine", "KeychainDaemon", "Keychaind", "KeychainWire", "PKCS11", "SecretService",
                                                                 "SecureMemory", "KeychainCLIText", "DBus", "CSystemd"]),
         // The seed's BiometricsVault example as a command, one vault call per argument (the vault's kill tests run it).
         .executableTarget(name: "vault-example", dependencies: ["BiometricsVault", "Keychain", "KeychainCLIText"]),
@@ -135,7 +141,7 @@ let package = Package(
         // libsecret through python3-gi) on a private dbus-daemon.
         .testTarget(name: "SecretServiceTests", dependencies: ["SecretService", "Keychain", "SecureMemory", "KeychainTestSupport",
                                                           "KeychainTestThreads"]),
-        .testTarget(name: "KeychainTests", dependencies: ["Keychain", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport", "KeychainWire",
+        .testTarget(name: "KeychainTests", dependencies: ["Keychain", "KeychainEngine", "TPM2", "KeychainStore", "SecureMemory", "KeychainTestSupport", "KeychainWire",
                                                      "KeychainClient", "KeychainTestThreads", "CTSSCrypto", "COpenSSL", "KeychainCLIText", "Keychaind",
                                                      "KeychainDaemon"]),
     ],
