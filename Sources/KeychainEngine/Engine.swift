@@ -11,9 +11,9 @@ import TPM2
 /// The one owner of a store and its TPM connection in this process; every `Keychain` value on the
 /// same store directory shares it. It runs on its own serial queue, so the blocking SQLite and TPM
 /// calls never block Swift's shared pool, and TPM commands are serialised.
-actor Engine {
+package actor Engine {
     nonisolated let executor: SerialThreadExecutor
-    nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
+    package nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
 
     let configuration: KeychainConfiguration
     /// The quota of each namespace of a server's scopes (a uid's, an access group's, a manager's
@@ -106,7 +106,7 @@ actor Engine {
     /// The engines of the default storage (`keychain`, made at each use): they live for the process.
     private static let kept = Mutex<[ObjectIdentifier: Engine]>([:])
 
-    static func keepForProcess(_ engine: Engine) {
+    package static func keepForProcess(_ engine: Engine) {
         kept.withLock { $0[ObjectIdentifier(engine)] = engine }
     }
 
@@ -174,7 +174,7 @@ actor Engine {
     }
 
     /// Closes the store of every engine of this process.
-    static func closeAll() async {
+    package static func closeAll() async {
         for engine in engines.withLock({ $0.values.compactMap(\.engine) }) { await engine.close() }
     }
 
@@ -261,7 +261,7 @@ actor Engine {
         }
     }
 
-    static let maxValueLength = 16 << 20
+    package static let maxValueLength = 16 << 20
 
     func writer(for wrappingPublic: [UInt8]) throws(KeychainError) -> (publicKey: [UInt8], shared: SecureBytes) {
         if let writer = writers[wrappingPublic] { return writer }

@@ -90,7 +90,7 @@ package struct StorageRef: Sendable {
     /// The service's name in the store (`ItemScope.storeName`).
     package let storeName: String
     /// The options as keychaind's requests carry them, encoded once (empty when no daemon is asked).
-    let wireOptions: [UInt8]
+    package let wireOptions: [UInt8]
 
     /// - Parameter defaultService: the service when the options name none (the application identifier).
     /// - Throws: `INVALID_ARGUMENT` with the seed's message for options that break a rule, or for no
@@ -199,14 +199,14 @@ package enum WarmRead: Sendable {
 /// The store's engine in this process, as a `KeychainService`: the calls of one configuration
 /// (its reader, token and authenticator; the engine is shared by every configuration of the store).
 package struct LocalService: KeychainService {
-    let engine: Engine
+    package let engine: Engine
     let configuration: KeychainConfiguration
     /// Why this configuration cannot use the store's engine; thrown by every call that can throw.
-    let refusal: KeychainError?
+    package let refusal: KeychainError?
     /// Whose call this is (`serving`): its own reader failures and passcode budget; nil in-process.
     var caller: Caller?
 
-    init(configuration: KeychainConfiguration) {
+    package init(configuration: KeychainConfiguration) {
         let shared = Engine.shared(for: configuration)
         (engine, refusal, self.configuration) = (shared.engine, shared.refusal, configuration)
     }

@@ -112,13 +112,13 @@ public struct FailingAuthenticator: Authenticator {
 }
 
 /// What one answer did: it opened (the value), or it failed, with the reason the next question shows.
-enum PromptOutcome<Value> {
+package enum PromptOutcome<Value> {
     case opened(Value)
     case failed(String)
 }
 
 /// An answer that is one: a finger or a passcode.
-enum GivenAnswer {
+package enum GivenAnswer {
     case finger(String)
     case passcode(SecureBytes)
 }
@@ -130,7 +130,7 @@ extension Authenticator {
     /// - Parameters:
     ///   - beforeAsking: runs before each question; throwing ends the loop without asking.
     ///   - attempt: tries one answer.
-    func ask<Value>(isolation: isolated (any Actor)? = #isolation,
+    package func ask<Value>(isolation: isolated (any Actor)? = #isolation,
                     prompt: Prompt, methods: [AuthenticationMethod], service: String, key: String, unnamedFailure: String,
                     beforeAsking: () throws(KeychainError) -> Void = {},
                     _ attempt: (GivenAnswer) async throws(KeychainError) -> PromptOutcome<Value>) async throws(KeychainError) -> Value {

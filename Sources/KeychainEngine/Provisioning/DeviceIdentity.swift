@@ -117,14 +117,6 @@ extension DeviceIdentity {
 
 func hexHandle(_ value: UInt32) -> String { "0x" + lowerHex(value, digits: 8) }
 
-extension KeychainDevice {
-    /// This device's identity document (provisions the TPM and the store first, as `initialize` does).
-    /// Through keychaind: root and the access group `admin` only.
-    public func identity() async throws(KeychainError) -> DeviceIdentity {
-        try await backing.identity()
-    }
-}
-
 extension Engine {
     func identity() throws(KeychainError) -> DeviceIdentity {
         try configuration.checkPCRSelection()

@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainEngine
 import Glibc
 import FoundationEssentials
 import KeychainCLIText

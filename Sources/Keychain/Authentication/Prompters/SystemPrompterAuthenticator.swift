@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainEngine
 internal import DBus
 import FoundationEssentials
 import Dispatch

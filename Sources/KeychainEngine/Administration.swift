@@ -11,11 +11,8 @@ public struct KeychainAdministration: Sendable {
     let engine: Engine
     let configuration: KeychainConfiguration
 
-    /// The store of `configuration`, opened in this process.
-    /// - Throws: `UNSUPPORTED` for a configuration that reaches the store through keychaind (its store
-    ///   is the service's: run where it is, as the service's user); the configuration's refusal of the
-    ///   store's engine (another setting than the engine's in this process) as a storage would.
-    public init(configuration: KeychainConfiguration = .default) throws(KeychainError) {
+    /// `init(configuration:)` (the facade's: its default is `KeychainConfiguration.default`).
+    package init(opening configuration: KeychainConfiguration) throws(KeychainError) {
         guard configuration.daemonSocket == nil else {
             throw KeychainError(.unsupported, "The keychain service does not serve this call: run it where the store is, as "
                                 + "the service's user (keychainctl --direct --store <the service's store> …)")
