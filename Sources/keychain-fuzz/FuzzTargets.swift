@@ -11,6 +11,7 @@ import FoundationEssentials
 import Glibc
 import KeychainCLIText
 @testable import Keychain
+@testable import KeychainEngine
 @testable import Keychaind
 @testable import KeychainDaemon
 import KeychainWire

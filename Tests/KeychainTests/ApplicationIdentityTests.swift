@@ -1,5 +1,6 @@
 import Foundation
 @testable import Keychain
+@testable import KeychainEngine
 import Testing
 
 /// The seed's default service is the application's identifier (issue 21, item 5): what Linux has,

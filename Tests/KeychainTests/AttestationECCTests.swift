@@ -1,5 +1,6 @@
 import Foundation
 @testable import Keychain
+@testable import KeychainEngine
 import KeychainTestSupport
 import SecureMemory
 import Testing

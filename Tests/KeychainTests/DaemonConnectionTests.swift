@@ -4,6 +4,7 @@ import KeychainTestThreads
 import KeychainWire
 import Testing
 @testable import Keychain
+@testable import KeychainEngine
 @testable import KeychainDaemon
 
 /// Many calls on one keychaind connection: the daemon keeps the decoding of a connection's last

@@ -1,4 +1,5 @@
 @testable import Keychain
+@testable import KeychainEngine
 @testable import KeychainDaemon
 import KeychainCLIText
 import Testing

@@ -1,4 +1,5 @@
 @testable import Keychain
+@testable import KeychainEngine
 import Testing
 import TPM2
 

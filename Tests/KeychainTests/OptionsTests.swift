@@ -2,6 +2,7 @@ import Foundation
 import KeychainTestThreads
 import Testing
 @testable import Keychain
+@testable import KeychainEngine
 import KeychainTestSupport
 
 /// The message of the KeychainError `body` throws, or nil when it throws nothing (or something else).

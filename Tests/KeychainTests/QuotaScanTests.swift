@@ -1,5 +1,6 @@
 import Foundation
 @testable import Keychain
+@testable import KeychainEngine
 @testable import KeychainDaemon
 import KeychainStore
 import KeychainTestSupport

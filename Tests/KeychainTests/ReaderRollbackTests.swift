@@ -1,5 +1,6 @@
 import Foundation
 @testable import Keychain
+@testable import KeychainEngine
 import KeychainStore
 import KeychainTestSupport
 import Testing

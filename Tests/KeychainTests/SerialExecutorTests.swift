@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import Testing
 @testable import Keychain
+@testable import KeychainEngine
 
 /// The engine's executor, driven by other threads (keychaind's connection threads): still serial.
 @Suite("SerialThreadExecutor")

@@ -1,4 +1,5 @@
 @testable import Keychain
+@testable import KeychainEngine
 import Testing
 
 /// The meta names are on disk: existing stores keep working only while each stays byte-identical.

@@ -6,6 +6,7 @@ import SecureMemory
 import Synchronization
 import Testing
 @testable import Keychain
+@testable import KeychainEngine
 @testable import KeychainDaemon
 
 /// keychaind's bytes pinned: each operation's request as the library's client sends it, its reply as

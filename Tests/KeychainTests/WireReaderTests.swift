@@ -3,6 +3,7 @@ import KeychainWire
 import Synchronization
 import Testing
 @testable import Keychain
+@testable import KeychainEngine
 @testable import KeychainDaemon
 
 /// Frames on one connection (`WireReader`): taken whole in one `recv` when they arrived together,

@@ -4,6 +4,7 @@ import KeychainTestThreads
 import KeychainWire
 import Testing
 @testable import Keychain
+@testable import KeychainEngine
 
 /// keychaind's wire format: round trips, and a decoder that refuses without crashing.
 @Suite("keychaind protocol", .offThePool)
