@@ -7,7 +7,11 @@ Finds, under Sources/:
   (from its declaration's line to its closing brace's);
 - a D-Bus argument forced open (`a[0].string!`, `arguments[1]!`) in Sources/SecretService: one is read through
   `Arguments`, which names the argument in an `InvalidArgs`, never with `!`;
-- any `DaemonCaller` in code (the caller is the core's `Caller`).
+- any `DaemonCaller` in code (the caller is the core's `Caller`);
+- an `extension Engine` outside Sources/KeychainEngine (the engine is one target), and in the core or the engine
+  (Sources/KeychainCore, Sources/KeychainEngine) an import of the facade, the daemon or D-Bus (`Keychain`,
+  `KeychainDaemon`, `Keychaind`, `DBus`) or a name of the daemon's code or its client (`DaemonClient`,
+  `DaemonServer`, `DaemonRequestHandler`).
 Prints one line a finding (path:line: what) and exits 1 when there is any, 0 when there is none.
 Braces, `!` and names inside string literals and comments do not count.
 
@@ -189,6 +193,23 @@ def daemon_callers(code):
     return [code.count("\n", 0, m.start()) + 1 for m in re.finditer(r"\bDaemonCaller\b", code)]
 
 
+ENGINE_EXTENSION = re.compile(r"\bextension\s+Engine\b")
+UPWARD_IMPORT = re.compile(r"^[ \t]*(?:@\w+[ \t]+)*(?:(?:internal|package|public|private|fileprivate)[ \t]+)?import[ \t]+"
+                           r"(Keychain|KeychainDaemon|Keychaind|DBus)\b", re.MULTILINE)
+DAEMON_NAME = re.compile(r"\b(DaemonClient|DaemonServer|DaemonRequestHandler)\b")
+
+
+def engine_extensions(code):
+    return [code.count("\n", 0, m.start()) + 1 for m in ENGINE_EXTENSION.finditer(code)]
+
+
+def upward_references(code):
+    """(line, name) of each import of a module above the engine, and each name of the daemon's code, in blanked `code`."""
+    found = [(code.count("\n", 0, m.start()) + 1, "import " + m.group(1)) for m in UPWARD_IMPORT.finditer(code)]
+    found += [(code.count("\n", 0, m.start()) + 1, m.group(1)) for m in DAEMON_NAME.finditer(code)]
+    return sorted(found)
+
+
 def check_file(path, relative, source):
     """The findings in one Swift file, as (path:line, what) lines."""
     findings = []
@@ -203,6 +224,13 @@ def check_file(path, relative, source):
             findings.append(f"{relative}:{line}: D-Bus argument forced open with ! (read it with Arguments, which names it in InvalidArgs)")
     for line in daemon_callers(code):
         findings.append(f"{relative}:{line}: DaemonCaller (the core's Caller is passed per call)")
+    slashed = relative.replace(os.sep, "/")
+    if slashed.startswith("Sources/") and not slashed.startswith("Sources/KeychainEngine/"):
+        for line in engine_extensions(code):
+            findings.append(f"{relative}:{line}: extension Engine outside Sources/KeychainEngine (the engine is one target)")
+    if slashed.startswith(("Sources/KeychainCore/", "Sources/KeychainEngine/")):
+        for line, name in upward_references(code):
+            findings.append(f"{relative}:{line}: {name} in the core or the engine (they name no facade, daemon or D-Bus)")
     return findings
 
 
@@ -232,7 +260,8 @@ def main(argv):
     if findings:
         print(f"check-shape: {len(findings)} finding(s)", file=sys.stderr)
         return 1
-    print("check-shape: no file over 600 lines, no function over 80, no D-Bus argument forced open, no DaemonCaller")
+    print("check-shape: no file over 600 lines, no function over 80, no D-Bus argument forced open, no DaemonCaller, "
+          "no extension Engine outside the engine, nothing above the engine named in it or the core")
     return 0
 
 

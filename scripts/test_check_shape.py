@@ -87,6 +87,13 @@ class OtherFindingTests(unittest.TestCase):
         code = shape.blank("// DaemonCaller was here\nlet c: DaemonCaller\n")
         self.assertEqual(shape.daemon_callers(code), [2])
 
+    def test_engine_extensions_and_upward_references_in_code_only(self):
+        code = shape.blank('// extension Engine {}\nextension Engine {}\nlet s = "extension Engine"\n')
+        self.assertEqual(shape.engine_extensions(code), [2])
+        code = shape.blank("import KeychainCore\n@testable import Keychain\ninternal import DBus\n"
+                           "import KeychainStore\n/// `DaemonClient` in a comment\nlet c: DaemonClient\n")
+        self.assertEqual(shape.upward_references(code), [(2, "import Keychain"), (3, "import DBus"), (6, "DaemonClient")])
+
 
 class TreeTests(unittest.TestCase):
     def write(self, root, relative, text):
@@ -111,6 +118,17 @@ class TreeTests(unittest.TestCase):
             self.assertIn("func long of 92 lines", findings[1])
             self.assertIn("forced open", findings[2])
             self.assertEqual(shape.main(["check-shape", root]), 1)
+
+    def test_an_engine_extension_outside_the_engine_and_a_facade_import_in_it_fail(self):
+        with tempfile.TemporaryDirectory() as root:
+            self.write(root, "Sources/KeychainEngine/E.swift", "extension Engine {}\n")
+            self.write(root, "Sources/Keychain/F.swift", "import KeychainEngine\nextension Engine {}\n")
+            self.write(root, "Sources/KeychainEngine/G.swift", "import Keychain\n")
+            self.write(root, "Sources/KeychainDaemon/D.swift", "import Keychain\nlet c: DaemonClient? = nil\n")
+            findings = shape.check_tree(root)
+            self.assertEqual(len(findings), 2, findings)
+            self.assertIn(os.path.join("Sources", "Keychain", "F.swift") + ":2: extension Engine outside", findings[0])
+            self.assertIn(os.path.join("Sources", "KeychainEngine", "G.swift") + ":1: import Keychain in the core", findings[1])
 
 
 if __name__ == "__main__":
