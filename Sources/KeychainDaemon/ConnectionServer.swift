@@ -23,10 +23,13 @@ package final class ConnectionServer: Sendable {
         /// Tells a connection that nothing will serve it (`reason`), without waiting on its client; the
         /// server closes `fd` after.
         package var refuse: @Sendable (_ fd: Int32, _ reason: KeychainError) -> Void
+        /// Whether the door's calls depend on the caller's application (`CallerIdentity`): the keychain
+        /// socket's do; the credentials socket's caller is a service manager, named by its address.
+        package var tellsApplications: Bool
 
-        package init(name: String, serve: @escaping @Sendable (Int32, Peer) -> Void,
+        package init(name: String, tellsApplications: Bool, serve: @escaping @Sendable (Int32, Peer) -> Void,
                      refuse: @escaping @Sendable (Int32, KeychainError) -> Void) {
-            (self.name, self.serve, self.refuse) = (name, serve, refuse)
+            (self.name, self.tellsApplications, self.serve, self.refuse) = (name, tellsApplications, serve, refuse)
         }
     }
 
@@ -60,7 +63,9 @@ package final class ConnectionServer: Sendable {
             _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
             guard var peer = Peer(socket: fd) else { close(fd); continue }
             do throws(KeychainError) {
-                peer.application = try CallerIdentity.ofPeer(socket: fd, uid: peer.uid, pid: peer.pid).application
+                if door.tellsApplications {
+                    peer.application = try CallerIdentity.ofPeer(socket: fd, uid: peer.uid, pid: peer.pid).application
+                }
             } catch {
                 // Never served as its uid's unconfined caller instead (docs/security.md).
                 refuse(fd, peer, error, door: door)

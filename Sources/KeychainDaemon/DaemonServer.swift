@@ -134,7 +134,7 @@ package final class DaemonServer: Sendable {
 
     /// Accepts connections on `listener` forever: the keychain API's door of `connections`.
     package func serve(listener: Int32) -> Never {
-        connections.serve(listener: listener, door: .init(name: "keychain socket", serve: { [self] fd, peer in
+        connections.serve(listener: listener, door: .init(name: "keychain socket", tellsApplications: true, serve: { [self] fd, peer in
             serve(connection: fd, peer: peer)
         }, refuse: { fd, reason in
             // Said on the connection: closed without a word, the client could only guess (a crash?). The
