@@ -30,7 +30,7 @@ package enum ConfinedApplication: Sendable, Hashable {
         }
     }
 
-    /// The kind and name as a store prefix and a group file write them: `unit:NAME.service`, `flatpak:ID`.
+    /// The kind and name as a store prefix writes them: `unit:NAME.service`, `flatpak:ID`.
     package var storeWords: String {
         switch self {
         case .unit(let name): "unit:\(name)"

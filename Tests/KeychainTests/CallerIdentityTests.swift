@@ -69,9 +69,10 @@ struct CallerIdentityTests {
         #expect(CallerIdentity.pid(fdinfo: "pos:\t0\n") == nil)
     }
 
-    /// This test process is nobody's confined application here (no unit, no sandbox) or a unit when
-    /// the test runner runs as one: either way it is told without being refused.
-    @Test func aLivePeerIsToldApartAndAnExitedOneIsRefused() throws {
+    /// This test process, the peer of its own socketpair, is told through its pidfd as its cgroup
+    /// says (no unit here, or the runner's unit under systemd), without a refusal. An exited peer's
+    /// refusal needs real processes: `PerApplicationDaemonTests`.
+    @Test func aLivePeerIsToldAsItsCgroupSays() throws {
         var fds: [Int32] = [0, 0]
         #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
         defer { close(fds[0]); close(fds[1]) }
