@@ -82,6 +82,38 @@ struct PerApplicationDaemonTests {
         #expect(try ctl(daemon, ["get", "bank", "token"]).out == "the shell's", "the shell keeps its uid's items")
     }
 
+    /// A client we did not write (python3 in unit a, as uid 1600) stores with its default service,
+    /// having resolved it as `forged` (what `KEYCHAIN_APP_ID` would give): the item is under a's
+    /// unit name, from the kernel, in a's own items.
+    @Test func aUnitsDefaultServiceIsItsUnitNameNotWhatItsClientSays() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm)
+        let a = try UnitCgroup("kc-test-a")
+        var options = KeychainOptions(service: "forged").wire
+        options.serviceIsDefault = true
+        var request = WireMessage(kind: WireOp.setItem.rawValue)
+        request.add(WireTag.options, options.encoded())
+        request.add(WireTag.key, "token")
+        request.add(WireTag.value, Array("by default".utf8))
+        let frame = request.framed().map { String(format: "%02x", $0) }.joined()
+        let script = """
+            import socket, sys
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(sys.argv[1])
+            s.sendall(bytes.fromhex(sys.argv[2]))
+            s.settimeout(30)
+            sys.stdout.write(s.recv(65536).hex())
+            """
+        let sent = try run("/bin/sh", ["-c", "echo $$ > \"$0\" && exec \"$@\"", a.path + "/cgroup.procs", "/usr/bin/setpriv",
+                                       "--reuid=\(Self.uid)", "--regid=\(Self.uid)", "--clear-groups", "/usr/bin/python3", "-c", script,
+                                       daemon.socket, frame])
+        #expect(sent.status == 0, "\(sent.stderr)")
+        let unitName = String(a.name.dropLast(".service".count))
+        #expect(try ctl(daemon, ["get", unitName, "token"], in: a).out == "by default")
+        #expect(try ctl(daemon, ["get", "forged", "token"], in: a).out.isEmpty)
+        #expect(try ctl(daemon, ["get", unitName, "token"]).out.isEmpty, "not the uid's")
+    }
+
     @Test func aUnitInASharedGroupReadsItsItemsAndOneNotInItCannot() throws {
         let tpm = try SoftwareTPM()
         let daemon = try KeychainDaemon(tpm: tpm)
