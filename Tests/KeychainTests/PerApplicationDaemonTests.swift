@@ -114,6 +114,19 @@ struct PerApplicationDaemonTests {
         #expect(try ctl(daemon, ["get", unitName, "token"]).out.isEmpty, "not the uid's")
     }
 
+    /// An application's items count toward its uid's quota: sandboxes with new app ids (which a
+    /// user can make at will) gain no room.
+    @Test func anApplicationsItemsCountTowardItsUidsQuota() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm, arguments: ["--quota-items", "2"])
+        let a = try UnitCgroup("kc-test-a")
+        #expect(try ctl(daemon, ["set", "bank", "one"], input: "1").status == 0)
+        #expect(try ctl(daemon, ["set", "bank", "two"], in: a, input: "2").status == 0)
+        let refused = try ctl(daemon, ["set", "bank", "three"], in: a, input: "3")
+        #expect(refused.status != 0 && refused.err.contains("QUOTA_EXCEEDED") && refused.err.contains("uid \(Self.uid)"), "\(refused)")
+        #expect(try sandboxed(daemon, "org.example.New", ["set", "bank", "three"], input: "3").status != 0)
+    }
+
     @Test func aUnitInASharedGroupReadsItsItemsAndOneNotInItCannot() throws {
         let tpm = try SoftwareTPM()
         let daemon = try KeychainDaemon(tpm: tpm)
