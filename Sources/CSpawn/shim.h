@@ -10,4 +10,6 @@
 extern int posix_spawn_file_actions_addclosefrom_np(posix_spawn_file_actions_t *actions, int from);
 extern int pipe2(int pipefd[2], int flags);
 extern int pthread_setname_np(pthread_t thread, const char *name);
+// pidfd_open: glibc 2.36 (<sys/pidfd.h>); the variadic syscall() is not callable from Swift.
+extern int pidfd_open(pid_t pid, unsigned int flags);
 #endif

@@ -16,11 +16,14 @@ public enum ItemNames {
     public static let maxKeyBytes = 1024
     public static let maxLabelBytes = 4096
 
-    /// keychaind's namespaces before a caller's service in the store: `uid:N/` and `group:NAME/`;
+    /// keychaind's namespaces before a caller's service in the store: `uid:N/`, `app:N:KIND:NAME/` and `group:NAME/`;
     /// `credential:system/` and `credential:uid:N/` before a unit's name (systemd credentials).
     public static let uidNamespacePrefix = "uid:"
     public static let groupNamespacePrefix = "group:"
     public static let credentialsNamespacePrefix = "credential:"
+    /// A confined application's items: `app:N:unit:NAME.service/`, `app:N:flatpak:ID/` (at most 255
+    /// bytes of name, so the namespace is at most 300 characters).
+    public static let applicationNamespacePrefix = "app:"
 
     public static func serviceProblem(_ service: String) -> String? {
         let length = service.utf16.count
@@ -64,6 +67,10 @@ public enum ItemNames {
         }
         if units.starts(with: uid), let end = units[uid.count...].firstIndex(of: slash), end > uid.count,
            units[uid.count..<end].allSatisfy({ (0x30...0x39).contains($0) }) {
+            return serviceProblem(String(decoding: units[(end + 1)...], as: UTF16.self))
+        }
+        let application = Array(applicationNamespacePrefix.utf16)
+        if units.starts(with: application), let end = units[application.count...].firstIndex(of: slash), end <= 300 {
             return serviceProblem(String(decoding: units[(end + 1)...], as: UTF16.self))
         }
         if units.starts(with: group) {

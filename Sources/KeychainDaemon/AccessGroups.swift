@@ -11,10 +11,15 @@ package struct Peer: Sendable, Hashable {
     package var gid: UInt32
     /// The supplementary groups at connect time.
     package var groups: [UInt32]
+    /// The application the kernel sets it apart as, taken at accept (`CallerIdentity.ofPeer`); nil
+    /// for its uid's unconfined caller.
+    package var application: ConfinedApplication?
 
-    package init(pid: Int32, uid: UInt32, gid: UInt32, groups: [UInt32]) {
-        self.pid = pid; self.uid = uid; self.gid = gid; self.groups = groups
+    package init(pid: Int32, uid: UInt32, gid: UInt32, groups: [UInt32], application: ConfinedApplication? = nil) {
+        self.pid = pid; self.uid = uid; self.gid = gid; self.groups = groups; self.application = application
     }
+
+    package var identity: CallerIdentity { CallerIdentity(uid: uid, application: application) }
 
     /// The credentials of a connected Unix socket's peer, or nil when the kernel gives none.
     package init?(socket fd: Int32) {
@@ -45,9 +50,12 @@ package struct AccessGroups: Sendable {
 
     package init(directory: String?) { self.directory = directory }
 
-    /// Root, or a member of `admin`.
+    /// Root, or a member of `admin` by its uid or gids (whatever application it is: device-wide
+    /// changes are a Unix user's to make).
     package func isAdmin(_ peer: Peer) -> Bool {
-        peer.uid == 0 || (try? isMember(peer, of: Self.adminGroup)) == true
+        var user = peer
+        user.application = nil
+        return peer.uid == 0 || (try? isMember(user, of: Self.adminGroup)) == true
     }
 
     /// `INVALID_ARGUMENT` for a name no group file can have.
@@ -61,15 +69,24 @@ package struct AccessGroups: Sendable {
         }
     }
 
+    /// Whether `peer` reads and writes the group's items: a confined application when the group names
+    /// it (`unit NAME.service`, `app APP.ID`), whatever its uid; an unconfined caller by its uid or gids.
     package func isMember(_ peer: Peer, of name: String) throws(KeychainError) -> Bool {
         try Self.check(name: name)
         guard let directory, let members = Self.members(path: "\(directory)/\(name).conf") else { return false }
+        if let application = peer.application { return members.applications.contains(application) }
         return members.uids.contains(peer.uid) || members.gids.contains(peer.gid)
             || peer.groups.contains { members.gids.contains($0) }
     }
 
-    /// The group's uids and gids, or nil when the file is absent, untrusted or unreadable (logged).
-    static func members(path: String) -> (uids: Set<UInt32>, gids: Set<UInt32>)? {
+    /// Who a group file lists.
+    struct Members {
+        var uids = Set<UInt32>(), gids = Set<UInt32>()
+        var applications = Set<ConfinedApplication>()
+    }
+
+    /// The group's members, or nil when the file is absent, untrusted or unreadable (logged).
+    static func members(path: String) -> Members? {
         let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else {
             if errno != ENOENT { log("keychaind: ignoring \(path): cannot open it (errno \(errno))") }
@@ -91,12 +108,21 @@ package struct AccessGroups: Sendable {
             log("keychaind: ignoring \(path): unreadable or not UTF-8")
             return nil
         }
-        var uids = Set<UInt32>(), gids = Set<UInt32>()
+        var members = Members()
         for (number, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
             let line = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
             let words = line.split(whereSeparator: { $0 == " " || $0 == "\t" })
             if words.isEmpty { continue }
             let keyword = words.count == 2 ? String(words[0]) : "", value = words.count == 2 ? String(words[1]) : ""
+            if keyword == "unit" || keyword == "app" {
+                guard let application = ConfinedApplication(storeWords: "\(keyword == "unit" ? "unit" : "flatpak"):\(value)") else {
+                    log("keychaind: ignoring \(path): line \(number + 1) names no valid "
+                        + (keyword == "unit" ? "system unit ('unit NAME.service')" : "Flatpak app id ('app org.example.App')"))
+                    return nil
+                }
+                members.applications.insert(application)
+                continue
+            }
             let id: UInt32? = switch keyword {
             case "uid", "gid": UInt32(value)
             case "user": names.withLock { _ in getpwnam(value)?.pointee.pw_uid }
@@ -105,12 +131,13 @@ package struct AccessGroups: Sendable {
             }
             guard let id else {
                 // A group that says more than it can be read as is not used at all.
-                log("keychaind: ignoring \(path): line \(number + 1) is not 'uid N', 'gid N', 'user NAME' or 'group NAME' (of a known name)")
+                log("keychaind: ignoring \(path): line \(number + 1) is not 'uid N', 'gid N', 'user NAME', 'group NAME' (of a known "
+                    + "name), 'unit NAME.service' or 'app APP.ID'")
                 return nil
             }
-            if keyword == "uid" || keyword == "user" { uids.insert(id) } else { gids.insert(id) }
+            if keyword == "uid" || keyword == "user" { members.uids.insert(id) } else { members.gids.insert(id) }
         }
-        return (uids, gids)
+        return members
     }
 
     /// getpwnam and getgrnam return static storage: one connection thread at a time.

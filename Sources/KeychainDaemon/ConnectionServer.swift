@@ -4,10 +4,11 @@ import Synchronization
 
 /// Every socket keychaind listens on (its doors: the keychain API's, systemd credentials') is served by
 /// this one accept loop, so that a new door cannot be born without what the first one learned: the
-/// peer's credentials taken at accept, one slot per connection counted per uid and in all across every
-/// door (`Limits.refusal`: the slots are descriptors and threads, which every door spends alike), a
-/// thread whose failed start is seen, a write deadline on every connection, and a log that one uid
-/// cannot flood (`DaemonLog.say(_:uid:)`).
+/// peer's credentials and application taken at accept (`CallerIdentity.ofPeer`, once per connection;
+/// a peer that exited before it could be told apart is refused), one slot per connection counted per
+/// uid and in all across every door (`Limits.refusal`: the slots are descriptors and threads, which
+/// every door spends alike), a thread whose failed start is seen, a write deadline on every
+/// connection, and a log that one uid cannot flood (`DaemonLog.say(_:uid:)`).
 ///
 /// - Important: a door's `refuse` runs on the accept loop and must not wait on its client; what a
 ///   door writes in its own time (`serve`) is bounded by the socket's deadlines and holds the slot
@@ -22,10 +23,13 @@ package final class ConnectionServer: Sendable {
         /// Tells a connection that nothing will serve it (`reason`), without waiting on its client; the
         /// server closes `fd` after.
         package var refuse: @Sendable (_ fd: Int32, _ reason: KeychainError) -> Void
+        /// Whether the door's calls depend on the caller's application (`CallerIdentity`): the keychain
+        /// socket's do; the credentials socket's caller is a service manager, named by its address.
+        package var tellsApplications: Bool
 
-        package init(name: String, serve: @escaping @Sendable (Int32, Peer) -> Void,
+        package init(name: String, tellsApplications: Bool, serve: @escaping @Sendable (Int32, Peer) -> Void,
                      refuse: @escaping @Sendable (Int32, KeychainError) -> Void) {
-            (self.name, self.serve, self.refuse) = (name, serve, refuse)
+            (self.name, self.tellsApplications, self.serve, self.refuse) = (name, tellsApplications, serve, refuse)
         }
     }
 
@@ -57,7 +61,16 @@ package final class ConnectionServer: Sendable {
             }
             // Keychaind starts no programs, but the embedded TPM's swtpm must not inherit a client.
             _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-            guard let peer = Peer(socket: fd) else { close(fd); continue }
+            guard var peer = Peer(socket: fd) else { close(fd); continue }
+            do throws(KeychainError) {
+                if door.tellsApplications {
+                    peer.application = try CallerIdentity.ofPeer(socket: fd, uid: peer.uid, pid: peer.pid).application
+                }
+            } catch {
+                // Never served as its uid's unconfined caller instead (docs/security.md).
+                refuse(fd, peer, error, door: door)
+                continue
+            }
             let uid = peer.uid
             let full = open.withLock { count -> KeychainError? in
                 if let refusal = limits.refusal(open: count.total, openOfUser: count.byUser[uid, default: 0], uid: uid) { return refusal }
@@ -72,7 +85,7 @@ package final class ConnectionServer: Sendable {
             // A write deadline on every connection: a client that stops reading holds its slot this long at most.
             var sendTimeout = timeval(tv_sec: limits.stallTimeout, tv_usec: 0)
             _ = setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &sendTimeout, socklen_t(MemoryLayout<timeval>.size))
-            let started = DetachedThread.start(stackSize: DaemonServer.connectionStackSize) { [self] in
+            let started = DetachedThread.start(stackSize: DaemonServer.connectionStackSize) { [self, peer] in
                 door.serve(fd, peer)
                 close(fd)
                 release(uid)

@@ -40,7 +40,7 @@ extension UInt8 {
 /// - Parameter relay: keychain-journal-relay's socket, when keychaind was given one: each refusal of a
 ///   request's unit is also told to the unit's own journal.
 package func credentialsDoor(service: any KeychainService, stallTimeout: Int, relay: JournalRelayClient?) -> ConnectionServer.Door {
-    .init(name: "credentials socket", serve: { fd, peer in
+    .init(name: "credentials socket", tellsApplications: false, serve: { fd, peer in
         answerCredential(fd, peer: peer, service: service, stallTimeout: stallTimeout, relay: relay)
     }, refuse: { fd, _ in
         // On the accept loop, non-blocking: what the socket takes now (the server logs the reason).

@@ -3,8 +3,16 @@ import FoundationEssentials
 import KeychainWire
 import SecureMemory
 
+/// A storage call's options as a request carries them: whether its service is the client's default
+/// (`WireStorageOptions.serviceIsDefault`), which a confined application's own id replaces.
+package struct RequestOptions: Sendable {
+    package var options: KeychainOptions
+    package var serviceIsDefault: Bool
+}
+
 /// keychaind's requests as calls of the keychain API: each wire operation is one `KeychainService`
-/// call in the caller's scope (`uid N`, or an access group it is a member of), with the options
+/// call in the caller's scope (`uid N`, its confined application's, or an access group it is a
+/// member of), with the options
 /// checked once, here, where they enter. Errors go back as the service threw them.
 ///
 /// No sockets here: `DaemonServer` reads the frames and does the prompts' I/O, and any other
@@ -22,7 +30,7 @@ package struct DaemonRequestHandler: Sendable {
     ///   - options: decodes the request's storage options (keychaind keeps a connection's last decoding).
     ///   - authenticator: the caller's authenticator for a read that carries `attempts` (the client has one).
     package func respond(to request: WireMessage, from peer: Peer,
-                         options: ([UInt8]?) throws(KeychainError) -> KeychainOptions?,
+                         options: ([UInt8]?) throws(KeychainError) -> RequestOptions?,
                          authenticator: (_ attemptsPerRead: Int) -> any Authenticator) async -> WireMessage {
         do throws(KeychainError) {
             guard let op = WireOp(rawValue: request.kind), !Self.unknownForTests.contains(request.kind) else {
@@ -41,13 +49,12 @@ package struct DaemonRequestHandler: Sendable {
             // The caller's failures (reader, passcode) count against its own budgets.
             let caller = DaemonRequestHandler(service: service.serving(Caller(uid: peer.uid, isAdmin: { [groups] in groups.isAdmin(peer) })),
                                               groups: groups)
-            if op == .importBundle { return try await caller.importCall(request, in: .user(peer.uid)) }
+            if op == .importBundle { return try await caller.importCall(request, in: try scope(of: KeychainOptions(), for: peer)) }
             guard op.isStorageCall else { return try await caller.deviceCall(op, request) }
             let fields = try wire { () throws(WireError) in try WireStorage(from: request) }
-            guard let options = try options(fields.options), let service = options.service else {
+            guard let options = try options(fields.options), let storage = try storage(options, for: peer) else {
                 throw KeychainError(.invalidArgument, "The keychain service got a storage call without its options")
             }
-            let storage = try StorageRef(scope: try scope(of: options, for: peer), options: options, defaultService: service)
             return try await caller.storageCall(op, request, in: storage, authenticator: authenticator)
         } catch {
             return error.wireMessage
@@ -67,12 +74,13 @@ package struct DaemonRequestHandler: Sendable {
     /// no TPM, prompt or write), made on the caller's thread; nil for every other request, and for any
     /// read that needs more (or fails): `respond` answers those, its checks and errors included.
     package func respondAtOnce(to request: WireMessage, from peer: Peer,
-                               options: ([UInt8]?) throws(KeychainError) -> KeychainOptions?) -> WireMessage? {
+                               options: ([UInt8]?) throws(KeychainError) -> RequestOptions?) -> WireMessage? {
         guard request.kind == WireOp.getItem.rawValue else { return nil }
         do throws(KeychainError) {
             let fields = try wire { () throws(WireError) in try WireStorage(from: request) }
-            guard let options = try options(fields.options), let service = options.service, let key = fields.key else { return nil }
-            let storage = try StorageRef(scope: try scope(of: options, for: peer), options: options, defaultService: service)
+            guard let options = try options(fields.options), let key = fields.key, let storage = try storage(options, for: peer) else {
+                return nil
+            }
             guard let read = self.service.warmItem(key, in: storage) else { return nil }
             if case .value(let value) = read { return WireCall.getItem.reply(WireBytes(value.wireBytes)) }
             return WireCall.getItem.reply(WireBytes(nil))
@@ -81,18 +89,38 @@ package struct DaemonRequestHandler: Sendable {
         }
     }
 
-    /// The caller's own items, or its access group's when it names one it is a member of; a service
-    /// manager's systemd credentials for root and the `admin` group (`SystemdCredentials.accessGroup`),
-    /// and a user's own manager's for that user.
+    /// The storage a request's options name for `peer`; nil when they name no service. A confined
+    /// application's default service is its own id, the kernel's (`CallerIdentity`), never the one
+    /// its client sent (`KEYCHAIN_APP_ID`); an unconfined caller's is the one its client sent.
+    package func storage(_ request: RequestOptions, for peer: Peer) throws(KeychainError) -> StorageRef? {
+        var options = request.options
+        if request.serviceIsDefault, let application = peer.application { options.service = application.defaultService }
+        guard let service = options.service else { return nil }
+        return try StorageRef(scope: try scope(of: options, for: peer), options: options, defaultService: service)
+    }
+
+    /// The caller's own items (its confined application's, when it is one), or its access group's
+    /// when it names one it is a member of; a service manager's systemd credentials for root and the
+    /// `admin` group (`SystemdCredentials.accessGroup`), and a user's own manager's for that user.
     package func scope(of options: KeychainOptions, for peer: Peer) throws(KeychainError) -> ItemScope {
-        guard let group = options.accessGroup else { return .user(peer.uid) }
+        guard let group = options.accessGroup else {
+            guard let application = peer.application else { return .user(peer.uid) }
+            return .application(peer.uid, application)
+        }
         if let manager = SystemdCredentials.manager(accessGroup: group) {
             guard manager == .user(peer.uid) || groups.isAdmin(peer) else { throw SystemdCredentials.refusal(peer, for: manager) }
             return .credentials(manager)
         }
         guard try groups.isMember(peer, of: group) else {
-            throw KeychainError(.accessDenied, "uid \(peer.uid) is not a member of the access group '\(group)' (or there is no such "
-                                + "group): ask the administrator to add it to groups.d/\(group).conf")
+            let who = peer.application.map { "\($0.words) (uid \(peer.uid))" } ?? "uid \(peer.uid)"
+            let line = peer.application.map { application -> String in
+                switch application {
+                case .unit(let name): " as 'unit \(name)'"
+                case .flatpak(let id): " as 'app \(id)'"
+                }
+            } ?? ""
+            throw KeychainError(.accessDenied, "\(who) is not a member of the access group '\(group)' (or there is no such "
+                                + "group): ask the administrator to add it to groups.d/\(group).conf\(line)")
         }
         return .group(group)
     }

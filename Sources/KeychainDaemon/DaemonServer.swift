@@ -134,7 +134,7 @@ package final class DaemonServer: Sendable {
 
     /// Accepts connections on `listener` forever: the keychain API's door of `connections`.
     package func serve(listener: Int32) -> Never {
-        connections.serve(listener: listener, door: .init(name: "keychain socket", serve: { [self] fd, peer in
+        connections.serve(listener: listener, door: .init(name: "keychain socket", tellsApplications: true, serve: { [self] fd, peer in
             serve(connection: fd, peer: peer)
         }, refuse: { fd, reason in
             // Said on the connection: closed without a word, the client could only guess (a crash?). The
@@ -257,14 +257,19 @@ final class Connection: @unchecked Sendable {
     /// The options of the last storage call and their decoding: a client sends the same bytes with
     /// every call of a storage. Only the decoding is kept; every check (validation, namespace, access
     /// group, lock state) runs for each request.
-    private var lastOptions: (bytes: [UInt8], options: KeychainOptions)?
+    private var lastOptions: (bytes: [UInt8], options: RequestOptions)?
 
-    func options(_ bytes: [UInt8]?) throws(KeychainError) -> KeychainOptions? {
+    func options(_ bytes: [UInt8]?) throws(KeychainError) -> RequestOptions? {
         guard let bytes else { return nil }
         if let lastOptions, lastOptions.bytes == bytes { return lastOptions.options }
-        let options: KeychainOptions?
-        do { options = try KeychainOptions(wire: WireStorageOptions(decoding: bytes)) } catch { throw KeychainError(wire: error) }
-        lastOptions = options.map { (bytes, $0) }
+        let options: RequestOptions
+        do {
+            let fields = try WireStorageOptions(decoding: bytes)
+            options = RequestOptions(options: try KeychainOptions(wire: fields), serviceIsDefault: fields.serviceIsDefault == true)
+        } catch {
+            throw KeychainError(wire: error)
+        }
+        lastOptions = (bytes, options)
         return options
     }
 }

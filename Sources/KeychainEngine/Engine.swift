@@ -224,7 +224,7 @@ package actor Engine {
             let scope = quota == nil ? nil : quotaScope(of: service)
             let usage = try scope.map { scope in
                 if let measured, try store.dataVersion() == measured.dataVersion { return measured.usage }
-                return try tx.usage(servicePrefix: scope.storePrefix)
+                return try tx.usage(servicePrefixes: scope.quotaPrefixes)
             }
             // Another process may have made this service's key meanwhile: theirs wins, ours is dropped.
             var current = try tx.wrappingKey(service: service, protection: tag)

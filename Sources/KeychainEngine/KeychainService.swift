@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainBasics
 import KeychainWire
 
 /// Whose items a storage reaches: the part of an item's name that a caller never spells.
@@ -18,6 +19,9 @@ package enum ItemScope: Hashable, Sendable {
     /// keychaind: the values it hands a service manager's units (`LoadCredential=`), the unit as the
     /// service; an administrator stores them, the manager reads them (docs/credentials.md).
     case credentials(SystemdCredentials.Manager)
+    /// keychaind: a confined application's own items (a system unit, a Flatpak app: the kernel's word,
+    /// `CallerIdentity`), apart from its uid's unconfined items and its other applications'.
+    case application(UInt32, ConfinedApplication)
 
     /// The store's name of `service` in this scope.
     /// - Throws: `INVALID_ARGUMENT` for a service of this process that names one of keychaind's scopes.
@@ -29,20 +33,24 @@ package enum ItemScope: Hashable, Sendable {
                                                     + "and a service never chooses whose items it holds: name it without that prefix")
             }
             return service
-        case .user, .group, .credentials: return storePrefix + service
+        case .user, .group, .credentials, .application: return storePrefix + service
         }
     }
 
-    /// What begins the store names of this scope's items (`uid:N/`, `group:NAME/`; nothing for the
-    /// process's own): the range the quota measures.
+    /// What begins the store names of this scope's items (`uid:N/`, `group:NAME/`, `app:N:unit:NAME/`,
+    /// `app:N:flatpak:ID/`; nothing for the process's own): what `allServices` lists. An application's
+    /// prefix starts `app:`, which no other scope's does and a service of this process cannot (`storeName`).
     var storePrefix: String {
         switch self {
         case .process: ""
         case .user(let uid): "uid:\(uid)/"
         case .group(let name): "group:\(name)/"
         case .credentials(let manager): SystemdCredentials.namespace(of: manager)
+        case .application(let uid, let application): "\(Self.applicationPrefix)\(uid):\(application.storeWords)/"
         }
     }
+
+    static let applicationPrefix = ItemNames.applicationNamespacePrefix
 
     /// A store name's scope and service, when it has one of keychaind's scopes (nil: this process's).
     package static func parse(_ storeName: String) -> (ItemScope, String)? {
@@ -62,7 +70,19 @@ package enum ItemScope: Hashable, Sendable {
             return (.group(String(decoding: name, as: UTF8.self)), String(decoding: rest.dropFirst(), as: UTF8.self))
         }
         if let (manager, unit) = SystemdCredentials.parse(storeName) { return (.credentials(manager), unit) }
+        if storeName.hasPrefix(applicationPrefix) { return parseApplication(bytes.dropFirst(applicationPrefix.utf8.count)) }
         return nil
+    }
+
+    /// `N:KIND:NAME/service` after `app:`.
+    private static func parseApplication(_ bytes: Substring.UTF8View) -> (ItemScope, String)? {
+        let digits = bytes.prefix { $0 >= 0x30 && $0 <= 0x39 }
+        let rest = bytes.dropFirst(digits.count)
+        guard !digits.isEmpty, rest.first == UInt8(ascii: ":"), let uid = UInt32(String(decoding: digits, as: UTF8.self)),
+              let slash = rest.firstIndex(of: UInt8(ascii: "/")),
+              let application = ConfinedApplication(storeWords: Substring(rest[rest.index(after: rest.startIndex)..<slash]))
+        else { return nil }
+        return (.application(uid, application), String(decoding: rest[rest.index(after: slash)...], as: UTF8.self))
     }
 
     /// A store name as messages and prompts show it: the caller's service, never the scope before it.
@@ -74,6 +94,7 @@ package enum ItemScope: Hashable, Sendable {
         case .user(let uid): "uid \(uid)'s items"
         case .group(let name): "the items of the access group '\(name)'"
         case .credentials(let manager): "the systemd credentials of the \(manager)"
+        case .application(let uid, let application): "the items of \(application.words) of uid \(uid)"
         }
     }
 
@@ -104,7 +125,9 @@ package struct StorageRef: Sendable {
         storeName = try scope.storeName(service)
         var resolved = self.options
         resolved.service = service
-        wireOptions = forWire ? resolved.wire.encoded() : []
+        var wire = resolved.wire
+        if options.service == nil { wire.serviceIsDefault = true }
+        wireOptions = forWire ? wire.encoded() : []
     }
 }
 

@@ -21,9 +21,13 @@ package struct UserLimits: Sendable, Equatable {
 }
 
 /// The scope whose quota a stored service counts against: a uid's items or an access group's
-/// through keychaind; nil for a service of the in-process library, which has no quota.
+/// through keychaind; nil for a service of the in-process library, which has no quota. A confined
+/// application's items count against its uid's quota: a user who can make sandboxes with any app
+/// id (bwrap) gains no room by it.
 func quotaScope(of service: String) -> ItemScope? {
-    ItemScope.parse(service)?.0
+    guard let scope = ItemScope.parse(service)?.0 else { return nil }
+    if case .application(let uid, _) = scope { return .user(uid) }
+    return scope
 }
 
 extension ItemScope {
@@ -34,7 +38,15 @@ extension ItemScope {
         case .user(let uid): "uid \(uid)"
         case .group(let name): "The access group '\(name)'"
         case .credentials(let manager): "The \(manager)'s systemd credentials"
+        case .application(let uid, let application): "\(application.words.prefix(1).uppercased())\(application.words.dropFirst()) of uid \(uid)"
         }
+    }
+
+    /// The ranges of store names the quota measures: a uid's own items and its applications'
+    /// (`app:N:`), one scope's prefix for the others.
+    var quotaPrefixes: [String] {
+        if case .user(let uid) = self { return [storePrefix, "\(Self.applicationPrefix)\(uid):"] }
+        return [storePrefix]
     }
 
     /// How the holder gives space back, for the quota's message.
@@ -98,7 +110,7 @@ extension Engine {
         guard quota != nil, let scope = quotaScope(of: service) else { return nil }
         // The version first: a commit between it and the scan makes the transaction measure again.
         let (version, usage, existing) = try read {
-            (try store.dataVersion(), try store.usage(servicePrefix: scope.storePrefix), try store.item(service: service, key: key))
+            (try store.dataVersion(), try store.usage(servicePrefixes: scope.quotaPrefixes), try store.item(service: service, key: key))
         }
         try checkQuota(service: service, key: key, usage: usage, existing: existing,
                        newItemBytes: Self.itemBytes(service: service, key: key, label: label ?? existing?.label, valueCount: value.count),

@@ -277,14 +277,24 @@ extension Connection {
 
     // MARK: Usage
 
-    /// The items and the bytes stored under services that start with `prefix` (keychaind's per-uid
-    /// or per-group part, ending in "/"): each item's service, key, label and sealed fields, and the
+    /// The items and the bytes stored under services that start with any of `prefixes` (keychaind's
+    /// per-uid, per-application or per-group parts), one scan as `StoreUsage.scans` counts: each item's service, key, label and sealed fields, and the
     /// services' wrapping keys. A range scan of the primary keys: `prefix` ≤ service < `prefix`
     /// with its last byte one higher (text compares as bytes).
-    func usage(servicePrefix prefix: String) throws(StoreError) -> StoreUsage {
+    func usage(servicePrefixes prefixes: [String]) throws(StoreError) -> StoreUsage {
         #if DEBUG
         StoreUsage.scans.add(1, ordering: .relaxed)
         #endif
+        var total = StoreUsage(items: 0, bytes: 0)
+        for prefix in prefixes {
+            let usage = try usage(servicePrefix: prefix)
+            total.items += usage.items
+            total.bytes += usage.bytes
+        }
+        return total
+    }
+
+    private func usage(servicePrefix prefix: String) throws(StoreError) -> StoreUsage {
         var upper = Array(prefix.utf8)
         guard let last = upper.popLast(), last < 0x7F else {
             throw StoreError(kind: .sqlite, path: path, message: "a usage prefix must end in an ASCII character, got '\(prefix)'")

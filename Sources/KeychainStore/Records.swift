@@ -79,7 +79,7 @@ public struct ItemRecord: Sendable, Equatable, Hashable {
     }
 }
 
-/// What a namespace holds in the store (`Store.usage(servicePrefix:)`): its items, and the bytes of
+/// What a namespace holds in the store (`Store.usage(servicePrefixes:)`): its items, and the bytes of
 /// their stored fields and of its wrapping keys (SQLite's own page overhead not counted).
 public struct StoreUsage: Sendable, Equatable {
     public var items: Int

@@ -246,9 +246,10 @@ public final class Store: @unchecked Sendable {
         try read { c throws(StoreError) in try c.wrappingKeys(protectionPrefix: prefix) }
     }
 
-    /// What the services that start with `prefix` hold (`Transaction.usage` inside a write).
-    public func usage(servicePrefix prefix: String) throws(StoreError) -> StoreUsage {
-        try read { c throws(StoreError) in try c.usage(servicePrefix: prefix) }
+    /// What the services that start with any of `prefixes` hold (one namespace's disjoint ranges;
+    /// `Transaction.usage` inside a write).
+    public func usage(servicePrefixes prefixes: [String]) throws(StoreError) -> StoreUsage {
+        try read { c throws(StoreError) in try c.usage(servicePrefixes: prefixes) }
     }
 
     /// The schema version in the file (for tests and diagnostics).

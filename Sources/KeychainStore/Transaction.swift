@@ -64,9 +64,9 @@ public final class Transaction {
         try open().wrappingKeys(protectionPrefix: prefix)
     }
 
-    /// What the services that start with `prefix` hold, this transaction's changes included.
-    public func usage(servicePrefix prefix: String) throws(StoreError) -> StoreUsage {
-        try open().usage(servicePrefix: prefix)
+    /// What the services that start with any of `prefixes` hold, this transaction's changes included.
+    public func usage(servicePrefixes prefixes: [String]) throws(StoreError) -> StoreUsage {
+        try open().usage(servicePrefixes: prefixes)
     }
 
     // MARK: Writes

@@ -213,10 +213,13 @@ public struct WireStorageOptions: Sendable, Equatable {
     public var prompt: WirePrompt?
     /// Android's `keyStorage`.
     public var keyStorage: String?
+    /// true: `service` is the client's default (its application identifier), not one its caller
+    /// named; keychaind gives a confined application its own id instead (`CallerIdentity`).
+    public var serviceIsDefault: Bool?
 
     enum Tag {
         static let service: UInt8 = 1, accessible: UInt8 = 2, accessControl: UInt8 = 3, authValidity: UInt8 = 4,
-                   synchronizable: UInt8 = 5, accessGroup: UInt8 = 6, prompt: UInt8 = 7, keyStorage: UInt8 = 8
+                   synchronizable: UInt8 = 5, accessGroup: UInt8 = 6, prompt: UInt8 = 7, keyStorage: UInt8 = 8, serviceIsDefault: UInt8 = 9
     }
 
     public init(service: String?, accessible: String? = nil, accessControl: String? = nil, authValidity: Int? = nil,
@@ -234,6 +237,7 @@ public struct WireStorageOptions: Sendable, Equatable {
         message.add(Tag.accessGroup, accessGroup)
         message.add(Tag.prompt, prompt?.encoded())
         message.add(Tag.keyStorage, keyStorage)
+        message.add(Tag.serviceIsDefault, serviceIsDefault)
     }
 
     public init(from message: WireMessage) throws(WireError) {
@@ -245,6 +249,7 @@ public struct WireStorageOptions: Sendable, Equatable {
         accessGroup = try message.string(Tag.accessGroup)
         prompt = try message.bytes(Tag.prompt).map { bytes throws(WireError) in try WirePrompt(decoding: bytes) }
         keyStorage = try message.string(Tag.keyStorage)
+        serviceIsDefault = try message.bool(Tag.serviceIsDefault)
     }
 }
 

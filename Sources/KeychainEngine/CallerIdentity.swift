@@ -1,0 +1,169 @@
+import KeychainCore
+
+/// Who calls a door of the keychain, as the kernel vouches for it (never as the caller says): its
+/// uid and, when the kernel sets it apart from the uid's other programs, its application. Taken once
+/// per connection (`CallerIdentity.ofPeer`: keychaind's socket; later the Secret Service, from the
+/// sender's pid on the bus). docs/security.md, "Per-application items".
+package struct CallerIdentity: Sendable, Hashable {
+    package var uid: UInt32
+    /// nil: the uid's unconfined caller (a shell, a user unit, anything the user runs by hand).
+    package var application: ConfinedApplication?
+
+    package init(uid: UInt32, application: ConfinedApplication?) {
+        (self.uid, self.application) = (uid, application)
+    }
+}
+
+/// An application the kernel sets apart from its uid's other programs.
+package enum ConfinedApplication: Sendable, Hashable {
+    /// A system service: its cgroup is `(/X.slice)*/NAME.service`, where only root moves processes.
+    case unit(String)
+    /// A Flatpak app: `[Application] name=` of the `/.flatpak-info` in the peer's own root.
+    case flatpak(String)
+
+    /// Its default service (the seed's "application id"): a unit's name without `.service`, as
+    /// `ApplicationIdentity` names it in-process; a Flatpak app's id.
+    package var defaultService: String {
+        switch self {
+        case .unit(let name): String(name.dropLast(".service".count))
+        case .flatpak(let id): id
+        }
+    }
+
+    /// The kind and name as a store prefix writes them: `unit:NAME.service`, `flatpak:ID`.
+    package var storeWords: String {
+        switch self {
+        case .unit(let name): "unit:\(name)"
+        case .flatpak(let id): "flatpak:\(id)"
+        }
+    }
+
+    /// The application a store prefix's `KIND:NAME` names, nil when either is not valid.
+    package init?(storeWords: Substring) {
+        if storeWords.hasPrefix("unit:") {
+            let name = String(storeWords.dropFirst("unit:".count))
+            guard CallerIdentity.isSystemUnitName(name) else { return nil }
+            self = .unit(name)
+        } else if storeWords.hasPrefix("flatpak:") {
+            let id = String(storeWords.dropFirst("flatpak:".count))
+            guard CallerIdentity.isFlatpakAppID(id) else { return nil }
+            self = .flatpak(id)
+        } else {
+            return nil
+        }
+    }
+
+    /// For messages: "the system unit 'a.service'", "the Flatpak app 'org.example.A'".
+    package var words: String {
+        switch self {
+        case .unit(let name): "the system unit '\(name)'"
+        case .flatpak(let id): "the Flatpak app '\(id)'"
+        }
+    }
+}
+
+// MARK: What /proc says, read as pure functions
+
+extension CallerIdentity {
+    /// The system unit of a `/proc/PID/cgroup`: the systemd hierarchy's path (cgroup v1's
+    /// `name=systemd` line when there is one, else the unified `0::` line) must be
+    /// `(/X.slice)*/NAME.service[/...]`; the unit is the first `.service` component (a unit with
+    /// `Delegate=` may make sub-cgroups of any name below itself). Nothing under `user.slice` or a
+    /// `user@N.service` counts: a user manager's units are its user's to move.
+    package static func systemUnit(cgroup: String) -> String? {
+        var unified: Substring?, named: Substring?
+        for line in cgroup.split(separator: "\n") {
+            let fields = line.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false)
+            guard fields.count == 3 else { continue }
+            if fields[1] == "name=systemd" {
+                named = fields[2]
+            } else if fields[0] == "0" && fields[1].isEmpty {
+                unified = fields[2]
+            }
+        }
+        guard let path = named ?? unified, path.first == "/" else { return nil }
+        for component in path.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
+            if component == "user.slice" { return nil }
+            if component.hasSuffix(".slice") && component.count > ".slice".count { continue }
+            guard component.hasSuffix(".service"), !component.hasPrefix("user@"), isSystemUnitName(String(component)) else { return nil }
+            return String(component)
+        }
+        return nil
+    }
+
+    /// A service unit's name as systemd allows it: at most 255 bytes of letters, digits, `:-_.\@`,
+    /// ending in `.service` with a name before it.
+    package static func isSystemUnitName(_ name: String) -> Bool {
+        let bytes = name.utf8
+        guard bytes.count <= 255, name.hasSuffix(".service"), bytes.count > ".service".count else { return false }
+        return bytes.allSatisfy { byte in
+            isLetterOrDigit(byte) || byte == UInt8(ascii: ":") || byte == UInt8(ascii: "-") || byte == UInt8(ascii: "_")
+                || byte == UInt8(ascii: ".") || byte == UInt8(ascii: "\\") || byte == UInt8(ascii: "@")
+        }
+    }
+
+    /// The app id of a `.flatpak-info` (a key file): `name=` of `[Application]`, or of `[Runtime]`
+    /// when the file has that group (a sandbox run with `--runtime`), as xdg-desktop-portal reads it.
+    /// nil when the name is missing, given twice, or not a valid app id (`isFlatpakAppID`): a file
+    /// that is there but names nothing valid never makes its reader unconfined.
+    package static func flatpakApplication(info: String) -> String? {
+        var group: Substring = ""
+        var names: [Substring: [Substring]] = [:]
+        for raw in info.split(separator: "\n", omittingEmptySubsequences: true) {
+            let line = raw.drop { $0 == " " || $0 == "\t" }
+            if line.isEmpty || line.first == "#" { continue }
+            if line.first == "[" {
+                guard let end = line.firstIndex(of: "]") else { return nil }
+                group = line[line.index(after: line.startIndex)..<end]
+                continue
+            }
+            guard let equals = line.firstIndex(of: "=") else { continue }
+            let key = line[..<equals].reversed().drop { $0 == " " || $0 == "\t" }
+            guard String(key.reversed()) == "name", group == "Application" || group == "Runtime" else { continue }
+            names[group, default: []].append(line[line.index(after: equals)...].drop { $0 == " " || $0 == "\t" })
+        }
+        guard let values = names["Runtime"] ?? names["Application"], values.count == 1 else { return nil }
+        let id = String(values[0])
+        return isFlatpakAppID(id) ? id : nil
+    }
+
+    /// Flatpak's rule for an app id: at most 255 bytes, at least three elements separated by '.',
+    /// each starting with a letter or '_' and made of letters, digits and '_' (the last may hold '-').
+    package static func isFlatpakAppID(_ id: String) -> Bool {
+        let elements = id.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
+        guard id.utf8.count <= 255, elements.count >= 3 else { return false }
+        for (index, element) in elements.enumerated() {
+            let dash = index == elements.count - 1
+            guard let first = element.first, isLetter(first) || first == UInt8(ascii: "_") || (dash && first == UInt8(ascii: "-")),
+                  element.allSatisfy({ isLetterOrDigit($0) || $0 == UInt8(ascii: "_") || (dash && $0 == UInt8(ascii: "-")) })
+            else { return false }
+        }
+        return true
+    }
+
+    /// The pid a pidfd names, from `/proc/self/fdinfo/FD`'s `Pid:` line: nil when there is none;
+    /// the kernel writes -1 once the process is gone (and 0 when it is in no pid namespace of ours).
+    package static func pid(fdinfo: String) -> Int32? {
+        for line in fdinfo.split(separator: "\n") where line.hasPrefix("Pid:") {
+            return Int32(line.dropFirst("Pid:".count).trimmingCharacters(in: " \t"))
+        }
+        return nil
+    }
+
+    private static func isLetter(_ byte: UInt8) -> Bool {
+        (byte >= 0x41 && byte <= 0x5a) || (byte >= 0x61 && byte <= 0x7a)
+    }
+
+    private static func isLetterOrDigit(_ byte: UInt8) -> Bool {
+        isLetter(byte) || (byte >= 0x30 && byte <= 0x39)
+    }
+}
+
+extension Substring {
+    fileprivate func trimmingCharacters(in set: String) -> Substring {
+        var text = self
+        while let first = text.first, set.contains(first) { text = text.dropFirst() }
+        while let last = text.last, set.contains(last) { text = text.dropLast() }
+        return text
+    }
+}

@@ -1,0 +1,113 @@
+import KeychainCore
+import Glibc
+internal import CSpawn
+
+extension CallerIdentity {
+    /// The application of a connected Unix socket's peer (`uid` and `pid` from `SO_PEERCRED`), taken
+    /// race-free: the peer as a pidfd (`SO_PEERPIDFD`, Linux 6.5; else `pidfd_open(pid)`), its pid
+    /// from the pidfd, `/proc/PID/cgroup` and `/proc/PID/root/.flatpak-info` read, and then the pidfd
+    /// checked to still name a living process of that pid: what was read was that process's.
+    ///
+    /// - Throws: `ACCESS_DENIED` when the peer exited (or its pid was reused) before the check, or
+    ///   when what tells its application cannot be read: never the uid's unconfined caller instead,
+    ///   or a sandboxed app that connects and exits, leaving the socket to a child, would escape.
+    package static func ofPeer(socket fd: Int32, uid: UInt32, pid: Int32) throws(KeychainError) -> CallerIdentity {
+        let pidfd = try peerPidfd(socket: fd, pid: pid)
+        defer { close(pidfd) }
+        guard let peerPid = pidOf(pidfd: pidfd), peerPid > 0 else { throw gone(pid) }
+        let cgroup = try procText("/proc/\(peerPid)/cgroup", pid: peerPid)
+        let flatpak = try flatpakInfo(pid: peerPid)
+        // After the reads: a pid that still names the pidfd's process was that process's all along.
+        guard pidOf(pidfd: pidfd) == peerPid else { throw gone(peerPid) }
+        if let flatpak {
+            guard let id = flatpakApplication(info: flatpak) else {
+                throw KeychainError(.accessDenied, "The /.flatpak-info of pid \(peerPid) names no valid Flatpak app id "
+                                    + "([Application] name=): keychaind serves a sandbox only as its app")
+            }
+            return CallerIdentity(uid: uid, application: .flatpak(id))
+        }
+        return CallerIdentity(uid: uid, application: systemUnit(cgroup: cgroup).map(ConfinedApplication.unit))
+    }
+
+    /// `SO_PEERPIDFD`, or where the kernel lacks it (before 6.5) `pidfd_open` of the credentials' pid:
+    /// that pid may name another process already (docs/security.md says what that leaves).
+    private static func peerPidfd(socket fd: Int32, pid: Int32) throws(KeychainError) -> Int32 {
+        var pidfd: Int32 = -1
+        var length = socklen_t(MemoryLayout<Int32>.size)
+        let soPeerPidfd: Int32 = 77
+        if getsockopt(fd, SOL_SOCKET, soPeerPidfd, &pidfd, &length) == 0, pidfd >= 0 { return pidfd }
+        let code = errno
+        guard code == ENOPROTOOPT || code == EINVAL else {
+            throw KeychainError(code == ESRCH ? .accessDenied : .internal,
+                                code == ESRCH ? gone(pid).message : "keychaind cannot take its peer's pidfd (SO_PEERPIDFD: errno \(code))",
+                                underlying: .errno(code))
+        }
+        let opened = pidfd_open(pid, 0)
+        guard opened >= 0 else {
+            let code = errno
+            if code == ESRCH { throw gone(pid) }
+            throw KeychainError(.internal, "keychaind cannot open its peer's pidfd (pidfd_open: errno \(code))", underlying: .errno(code))
+        }
+        return opened
+    }
+
+    /// The pid `pidfd` names now: -1 once it exited.
+    private static func pidOf(pidfd: Int32) -> Int32? {
+        guard let text = try? procText("/proc/self/fdinfo/\(pidfd)", pid: getpid()) else { return nil }
+        return pid(fdinfo: text)
+    }
+
+    private static func gone(_ pid: Int32) -> KeychainError {
+        KeychainError(.accessDenied, "The process that connected (pid \(pid)) exited before keychaind could tell which application "
+                      + "it is; a socket handed on by a process that exits is not served: connect from the process that calls")
+    }
+
+    /// A small file of `/proc` as text (at most 64 KiB).
+    private static func procText(_ path: String, pid: Int32) throws(KeychainError) -> String {
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY)
+        guard fd >= 0 else { throw unreadable(path, pid: pid, errno) }
+        defer { close(fd) }
+        return try readAll(fd, path: path, pid: pid)
+    }
+
+    /// The peer's `/.flatpak-info`, read through its own root (`/proc/PID/root`), as xdg-desktop-portal
+    /// does: nil when that root has none; a root that cannot be opened, or a `.flatpak-info` that is
+    /// not a regular file (a symlink included) or cannot be read, refuses the peer.
+    private static func flatpakInfo(pid: Int32) throws(KeychainError) -> String? {
+        let rootPath = "/proc/\(pid)/root"
+        let root = open(rootPath, O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)
+        guard root >= 0 else { throw unreadable(rootPath, pid: pid, errno) }
+        defer { close(root) }
+        let fd = openat(root, ".flatpak-info", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)
+        guard fd >= 0 else {
+            if errno == ENOENT { return nil }
+            throw unreadable(rootPath + "/.flatpak-info", pid: pid, errno)
+        }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
+            throw KeychainError(.accessDenied, "The /.flatpak-info of pid \(pid) is not a regular file: keychaind does not serve it")
+        }
+        return try readAll(fd, path: rootPath + "/.flatpak-info", pid: pid)
+    }
+
+    private static func readAll(_ fd: Int32, path: String, pid: Int32) throws(KeychainError) -> String {
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while bytes.count <= 65536 {
+            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if count < 0 && errno == EINTR { continue }
+            guard count >= 0 else { throw unreadable(path, pid: pid, errno) }
+            if count == 0 { return String(decoding: bytes, as: UTF8.self) }
+            bytes += chunk.prefix(count)
+        }
+        throw KeychainError(.accessDenied, "\(path) is larger than 64 KiB: keychaind does not serve pid \(pid)")
+    }
+
+    private static func unreadable(_ path: String, pid: Int32, _ code: Int32) -> KeychainError {
+        if code == ENOENT || code == ESRCH { return gone(pid) }
+        return KeychainError(.accessDenied, "keychaind cannot read \(path) (errno \(code)), which tells which application pid \(pid) "
+                             + "is; it refuses rather than serve it as its uid's unconfined caller. keychaind must see its clients' "
+                             + "processes (ProtectProc=default) and may need CAP_SYS_PTRACE (docs/daemon.md)", underlying: .errno(code))
+    }
+}
