@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 @testable import Keychain
+@testable import KeychainEngine
 import KeychainBasics
 @testable import KeychainDaemon
 import KeychainTestThreads

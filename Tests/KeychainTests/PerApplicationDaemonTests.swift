@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 @testable import Keychain
+@testable import KeychainEngine
 import KeychainTestSupport
 import KeychainTestThreads
 @testable import KeychainWire
