@@ -22,6 +22,7 @@ packages=(
   gcc make valgrind                                      # bindings/c: libkeychain and its test programs (plain make and cc; pkg-config above), memcheck
   python3-pytest python3-venv python3-setuptools python3-wheel python3-mypy git  # bindings/python: its pytest suite, a venv outside the checkout (pip install, offline), its type hints (mypy --strict), git's credential helper
   nodejs node-typescript                                 # the Node package (bindings/node): node --test, tsc's checks of index.d.ts and the seed's examples
+  bubblewrap                                             # PerApplicationDaemonTests: sandboxes with a /.flatpak-info, as Flatpak makes them (bwrap)
 )
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

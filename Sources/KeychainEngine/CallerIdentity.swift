@@ -71,6 +71,44 @@ extension CallerIdentity {
     /// `Delegate=` may make sub-cgroups of any name below itself). Nothing under `user.slice` or a
     /// `user@N.service` counts: a user manager's units are its user's to move.
     package static func systemUnit(cgroup: String) -> String? {
+        guard let path = systemdPath(cgroup: cgroup) else { return nil }
+        for component in path.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
+            if component == "user.slice" { return nil }
+            if component.hasSuffix(".slice") && component.count > ".slice".count { continue }
+            guard component.hasSuffix(".service"), !component.hasPrefix("user@"), isSystemUnitName(String(component)) else { return nil }
+            return String(component)
+        }
+        return nil
+    }
+
+    /// The app id of the scope `flatpak run` puts an app in (`app-flatpak-ID-N.scope`, N its pid) on
+    /// the systemd hierarchy's path of a `/proc/PID/cgroup`; nil when there is none, or its id is not
+    /// valid (`isFlatpakAppID`).
+    package static func flatpakScope(cgroup: String) -> String? {
+        guard let path = systemdPath(cgroup: cgroup) else { return nil }
+        for component in path.split(separator: "/") where component.hasPrefix("app-flatpak-") && component.hasSuffix(".scope") {
+            let middle = component.dropFirst("app-flatpak-".count).dropLast(".scope".count)
+            guard let dash = middle.lastIndex(of: "-") else { continue }
+            let digits = middle[middle.index(after: dash)...]
+            guard !digits.isEmpty, digits.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else { continue }
+            let id = String(middle[..<dash])
+            if isFlatpakAppID(id) { return id }
+        }
+        return nil
+    }
+
+    /// Whether a `/proc/PID/mountinfo` has a mount at `/.flatpak-info` (its fifth field, the mount
+    /// point, which the kernel writes with spaces and backslashes escaped).
+    package static func mountsFlatpakInfo(mountinfo: String) -> Bool {
+        mountinfo.split(separator: "\n").contains { line in
+            let fields = line.split(separator: " ", maxSplits: 5, omittingEmptySubsequences: false)
+            return fields.count > 4 && fields[4] == "/.flatpak-info"
+        }
+    }
+
+    /// The systemd hierarchy's path in a `/proc/PID/cgroup`: cgroup v1's `name=systemd` line when
+    /// there is one, else the unified `0::` line.
+    private static func systemdPath(cgroup: String) -> Substring? {
         var unified: Substring?, named: Substring?
         for line in cgroup.split(separator: "\n") {
             let fields = line.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false)
@@ -82,13 +120,7 @@ extension CallerIdentity {
             }
         }
         guard let path = named ?? unified, path.first == "/" else { return nil }
-        for component in path.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
-            if component == "user.slice" { return nil }
-            if component.hasSuffix(".slice") && component.count > ".slice".count { continue }
-            guard component.hasSuffix(".service"), !component.hasPrefix("user@"), isSystemUnitName(String(component)) else { return nil }
-            return String(component)
-        }
-        return nil
+        return path
     }
 
     /// A service unit's name as systemd allows it: at most 255 bytes of letters, digits, `:-_.\@`,

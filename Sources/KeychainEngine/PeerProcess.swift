@@ -16,16 +16,10 @@ extension CallerIdentity {
         defer { close(pidfd) }
         guard let peerPid = pidOf(pidfd: pidfd), peerPid > 0 else { throw gone(pid) }
         let cgroup = try procText("/proc/\(peerPid)/cgroup", pid: peerPid)
-        let flatpak = try flatpakInfo(pid: peerPid)
+        let flatpak = try flatpakApplication(pid: peerPid, cgroup: cgroup)
         // After the reads: a pid that still names the pidfd's process was that process's all along.
         guard pidOf(pidfd: pidfd) == peerPid else { throw gone(peerPid) }
-        if let flatpak {
-            guard let id = flatpakApplication(info: flatpak) else {
-                throw KeychainError(.accessDenied, "The /.flatpak-info of pid \(peerPid) names no valid Flatpak app id "
-                                    + "([Application] name=): keychaind serves a sandbox only as its app")
-            }
-            return CallerIdentity(uid: uid, application: .flatpak(id))
-        }
+        if let flatpak { return CallerIdentity(uid: uid, application: .flatpak(flatpak)) }
         return CallerIdentity(uid: uid, application: systemUnit(cgroup: cgroup).map(ConfinedApplication.unit))
     }
 
@@ -70,14 +64,42 @@ extension CallerIdentity {
         return try readAll(fd, path: path, pid: pid)
     }
 
-    /// The peer's `/.flatpak-info`, read through its own root (`/proc/PID/root`), as xdg-desktop-portal
-    /// does: nil when that root has none; a root that cannot be opened, or a `.flatpak-info` that is
-    /// not a regular file (a symlink included) or cannot be read, refuses the peer.
-    private static func flatpakInfo(pid: Int32) throws(KeychainError) -> String? {
+    /// The peer's Flatpak app id; nil when it is no Flatpak sandbox.
+    ///
+    /// Where keychaind may open the peer's own root (`/proc/PID/root`: as root, or the peer is its own
+    /// uid), the `/.flatpak-info` there, as xdg-desktop-portal reads it. keychaind's own user may not
+    /// (the kernel lets only a ptracer into another user's root, and the shipped unit has no
+    /// capability): then what every user may read tells it. Flatpak binds the file at `/.flatpak-info`,
+    /// so a sandbox shows that mount in `/proc/PID/mountinfo`, and `flatpak run` puts the app in a scope
+    /// named after it (`app-flatpak-ID-N.scope`) that the sandbox cannot leave. A peer with the mount
+    /// and no such scope is refused: never its uid's unconfined caller.
+    private static func flatpakApplication(pid: Int32, cgroup: String) throws(KeychainError) -> String? {
         let rootPath = "/proc/\(pid)/root"
         let root = open(rootPath, O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)
-        guard root >= 0 else { throw unreadable(rootPath, pid: pid, errno) }
+        guard root >= 0 else {
+            let code = errno
+            guard code == EACCES || code == EPERM else { throw unreadable(rootPath, pid: pid, code) }
+            guard mountsFlatpakInfo(mountinfo: try procText("/proc/\(pid)/mountinfo", pid: pid)) else { return nil }
+            guard let id = flatpakScope(cgroup: cgroup) else {
+                throw KeychainError(.accessDenied, "pid \(pid) runs in a Flatpak sandbox (a /.flatpak-info is mounted in its root) "
+                                    + "whose app keychaind cannot tell: its root is closed to keychaind's user and its cgroup names "
+                                    + "no app-flatpak-ID-N.scope (flatpak run makes one); keychaind serves a sandbox only as its app")
+            }
+            return id
+        }
         defer { close(root) }
+        guard let info = try flatpakInfo(root: root, pid: pid) else { return nil }
+        guard let id = flatpakApplication(info: info) else {
+            throw KeychainError(.accessDenied, "The /.flatpak-info of pid \(pid) names no valid Flatpak app id "
+                                + "([Application] name=): keychaind serves a sandbox only as its app")
+        }
+        return id
+    }
+
+    /// The `/.flatpak-info` in the peer's root `root`: nil when there is none; one that is not a
+    /// regular file (a symlink included) or cannot be read refuses the peer.
+    private static func flatpakInfo(root: Int32, pid: Int32) throws(KeychainError) -> String? {
+        let rootPath = "/proc/\(pid)/root"
         let fd = openat(root, ".flatpak-info", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY)
         guard fd >= 0 else {
             if errno == ENOENT { return nil }

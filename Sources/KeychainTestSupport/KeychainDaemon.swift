@@ -126,11 +126,8 @@ public final class KeychainDaemon: @unchecked Sendable {
             // LISTEN_PID is the daemon's own pid: the shell sets it to its pid, then becomes keychaind.
             let script = "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\""
             var argv = ["/bin/sh", "-c", script, executable] + arguments
-            // As keychaind.service runs it: CAP_SYS_PTRACE alone, to read its clients' /proc/PID/root (issue 41).
-            if let user {
-                argv = ["/usr/bin/setpriv", "--reuid=\(user)", "--regid=\(user)", "--clear-groups", "--inh-caps=+sys_ptrace",
-                        "--ambient-caps=+sys_ptrace"] + argv
-            }
+            // As keychaind.service runs it: its own user, no capability.
+            if let user { argv = ["/usr/bin/setpriv", "--reuid=\(user)", "--regid=\(user)", "--clear-groups"] + argv }
             if !processLimits.isEmpty { argv = ["/usr/bin/prlimit"] + processLimits + ["--"] + argv }
             let path = argv[0]
             guard let child = Processes.spawn(path, argv, environment: env,

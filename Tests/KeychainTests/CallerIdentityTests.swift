@@ -41,6 +41,29 @@ struct CallerIdentityTests {
         #expect(CallerIdentity.systemUnit(cgroup: "0::/" + String(repeating: "a", count: 248) + ".service") == nil)
     }
 
+    /// What keychaind's own user may read of another user's process: a Flatpak sandbox's mount of its
+    /// `/.flatpak-info` (this line is bwrap's `--ro-bind-data`, read from another uid), and the app's scope.
+    @Test func aSandboxIsToldByItsMountTableAndItsAppByItsFlatpakScope() {
+        let sandbox = """
+            68 67 0:40 / / rw,nosuid,nodev,relatime - tmpfs tmpfs rw,uid=65534,gid=65534
+            79 68 0:40 /bindfile2TSCba//deleted /.flatpak-info ro,nosuid,nodev,relatime - tmpfs tmpfs rw,uid=65534,gid=65534
+            """
+        #expect(CallerIdentity.mountsFlatpakInfo(mountinfo: sandbox))
+        #expect(!CallerIdentity.mountsFlatpakInfo(mountinfo: "22 27 0:21 / /proc rw,relatime - proc proc rw\n"))
+        #expect(!CallerIdentity.mountsFlatpakInfo(mountinfo: "79 68 0:40 /.flatpak-info /srv/.flatpak-info ro - tmpfs tmpfs rw\n"),
+                "the file's source path is not where it is mounted")
+        #expect(!CallerIdentity.mountsFlatpakInfo(mountinfo: "79 68 0:40 / /.flatpak-info\\040x ro - tmpfs tmpfs rw\n"))
+
+        let scope = "1:name=systemd:/user.slice/user-1600.slice/user@1600.service/app.slice/app-flatpak-org.example.A-4242.scope\n"
+        #expect(CallerIdentity.flatpakScope(cgroup: scope) == "org.example.A")
+        #expect(CallerIdentity.flatpakScope(cgroup: "0::/user.slice/user-1600.slice/user@1600.service/app.slice/app-flatpak-org.gnome.Foo-bar-7.scope")
+                == "org.gnome.Foo-bar")
+        #expect(CallerIdentity.flatpakScope(cgroup: "0::/user.slice/app-flatpak-org.example.A.scope") == nil, "no pid after the id")
+        #expect(CallerIdentity.flatpakScope(cgroup: "0::/user.slice/app-flatpak-org.example.A-12x.scope") == nil)
+        #expect(CallerIdentity.flatpakScope(cgroup: "0::/user.slice/app-flatpak-example-12.scope") == nil, "not a valid app id")
+        #expect(CallerIdentity.flatpakScope(cgroup: "0::/user.slice/app-gnome-org.example.A-12.scope") == nil, "not flatpak's")
+    }
+
     @Test func aFlatpakInfoNamesOneValidAppID() {
         let cases: [(String, String?)] = [
             ("[Application]\nname=org.example.A\nruntime=runtime/x\n\n[Instance]\ninstance-id=1\n", "org.example.A"),

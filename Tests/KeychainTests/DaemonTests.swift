@@ -503,8 +503,8 @@ struct SystemdUnitTests {
     @Test func theServiceRunsHardenedAsItsOwnUserInTheTSSGroup() throws {
         let service = try String(contentsOf: Self.units.appendingPathComponent("keychaind.service"), encoding: .utf8)
         for line in ["User=keychaind", "SupplementaryGroups=tss", "ProtectSystem=strict", "PrivateNetwork=yes", "DevicePolicy=closed",
-                     "DeviceAllow=/dev/tpmrm0 rw", "NoNewPrivileges=yes", "StateDirectory=keychain", "CapabilityBoundingSet=CAP_SYS_PTRACE",
-                     "RestrictAddressFamilies=AF_UNIX", "InaccessiblePaths=/sys", "ProtectProc=invisible", "ProcSubset=pid"] {
+                     "DeviceAllow=/dev/tpmrm0 rw", "NoNewPrivileges=yes", "StateDirectory=keychain", "CapabilityBoundingSet=", "AmbientCapabilities=",
+                     "RestrictAddressFamilies=AF_UNIX", "InaccessiblePaths=/sys", "ProtectProc=default", "ProcSubset=pid"] {
             #expect(service.split(separator: "\n").contains(Substring(line)), "keychaind.service lacks \(line)")
         }
         let socket = try String(contentsOf: Self.units.appendingPathComponent("keychaind.socket"), encoding: .utf8)

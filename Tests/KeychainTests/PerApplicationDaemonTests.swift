@@ -33,6 +33,22 @@ struct PerApplicationDaemonTests {
         deinit { rmdir(path) }
     }
 
+    /// The scope `flatpak run` puts an app in, under uid 1600's manager
+    /// (`user.slice/user-1600.slice/user@1600.service/app.slice/app-flatpak-ID-N.scope`), removed at the end.
+    final class FlatpakScope {
+        let path: String
+
+        init(_ appID: String) throws {
+            let v1 = "/sys/fs/cgroup/systemd"
+            let root = FileManager.default.fileExists(atPath: v1 + "/cgroup.procs") ? v1 : "/sys/fs/cgroup"
+            let uid = PerApplicationDaemonTests.uid
+            path = "\(root)/user.slice/user-\(uid).slice/user@\(uid).service/app.slice/app-flatpak-\(appID)-\(UInt16.random(in: 2...UInt16.max)).scope"
+            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        }
+
+        deinit { rmdir(path) }
+    }
+
     let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
 
     /// keychainctl as uid 1600, in `unit`'s cgroup (moved there before it runs) or not.
@@ -47,7 +63,8 @@ struct PerApplicationDaemonTests {
 
     /// keychainctl as uid 1600 in a bwrap sandbox whose `/.flatpak-info` names `appID`, as Flatpak
     /// makes one (a fresh root; the host's /usr, the build, the daemon's folder in /tmp bound in).
-    func sandboxed(_ daemon: KeychainDaemon, _ appID: String, _ args: [String], input: String = "") throws -> (status: Int32, out: String) {
+    func sandboxed(_ daemon: KeychainDaemon, _ appID: String, _ args: [String], input: String = "",
+                   in scope: FlatpakScope? = nil) throws -> (status: Int32, out: String, err: String) {
         let info = "\(daemon.directory)/\(appID).flatpak-info"
         try "[Application]\nname=\(appID)\n\n[Instance]\ninstance-id=1\n".write(toFile: info, atomically: true, encoding: .utf8)
         let build = buildDirectory.path
@@ -55,9 +72,11 @@ struct PerApplicationDaemonTests {
                        "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--ro-bind", "/etc", "/etc",
                        "--ro-bind-try", "/opt", "/opt", "--ro-bind", build, build, "--bind", "/tmp", "/tmp",
                        "--proc", "/proc", "--dev", "/dev", "--ro-bind", info, "/.flatpak-info"]
-        let argv = sandbox + ["/usr/bin/setpriv", "--reuid=\(Self.uid)", "--regid=\(Self.uid)", "--clear-groups", keychainctl] + args
-        let result = try run("/usr/bin/bwrap", argv, input: Array(input.utf8), environment: daemon.environment)
-        return (result.status, String(decoding: result.stdout, as: UTF8.self))
+        var argv = ["/usr/bin/bwrap"] + sandbox + ["/usr/bin/setpriv", "--reuid=\(Self.uid)", "--regid=\(Self.uid)", "--clear-groups",
+                                                     keychainctl] + args
+        if let scope { argv = ["/bin/sh", "-c", "echo $$ > \"$0\" && exec \"$@\"", scope.path + "/cgroup.procs"] + argv }
+        let result = try run(argv[0], Array(argv.dropFirst()), input: Array(input.utf8), environment: daemon.environment)
+        return (result.status, String(decoding: result.stdout, as: UTF8.self), result.stderr)
     }
 
     @Test func aUnitsItemsAreNotFoundListedOrOverwrittenByAnotherUnitOrItsUsersShell() throws {
@@ -158,6 +177,34 @@ struct PerApplicationDaemonTests {
         #expect(try sandboxed(daemon, "org.example.B", ["get", "bank", "token"]).out == "B's")
         #expect(try ctl(daemon, ["get", "bank", "token"]).out.isEmpty, "the user's shell sees neither")
         #expect(try ctl(daemon, ["get", "org.example.A", "token"], environment: ["KEYCHAIN_APP_ID": "org.example.A"]).out.isEmpty)
+    }
+
+    /// keychaind as the shipped unit runs it: its own user, no capability, so the kernel keeps it out
+    /// of its clients' roots (`/proc/PID/root`). What every user may read still tells their
+    /// applications: a unit by its cgroup; a Flatpak sandbox by the `/.flatpak-info` mounted in its
+    /// mount table and its app by the scope `flatpak run` makes; a sandbox without that scope is
+    /// refused, not served as its uid's unconfined caller. The uid's shell is served as before.
+    @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/bwrap"), "bwrap is not installed (apt install bubblewrap)"))
+    func keychaindWithoutCapabilitiesTellsUnitsAndFlatpakAppsAndRefusesAnUnnamedSandbox() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm, user: DaemonResourceTests.daemonUser)
+        #expect(try ctl(daemon, ["set", "bank", "token"], input: "the shell's").status == 0)
+        #expect(try ctl(daemon, ["get", "bank", "token"]).out == "the shell's", "the uid's shell is served")
+
+        let a = try UnitCgroup("kc-test-a")
+        #expect(try ctl(daemon, ["set", "bank", "token"], in: a, input: "a's own").status == 0)
+        #expect(try ctl(daemon, ["get", "bank", "token"], in: a).out == "a's own")
+        #expect(try ctl(daemon, ["get", "bank", "token"]).out == "the shell's", "the unit's item is its own")
+
+        let scopeA = try FlatpakScope("org.example.A"), otherA = try FlatpakScope("org.example.A")
+        let stored = try sandboxed(daemon, "org.example.A", ["set", "bank", "token"], input: "A's", in: scopeA)
+        #expect(stored.status == 0, "\(stored)")
+        #expect(try sandboxed(daemon, "org.example.A", ["get", "bank", "token"], in: otherA).out == "A's", "A's next run finds A's item")
+        #expect(try ctl(daemon, ["get", "bank", "token"]).out == "the shell's", "the shell does not see A's item")
+
+        let unnamed = try sandboxed(daemon, "org.example.A", ["get", "bank", "token"])
+        #expect(unnamed.status != 0 && unnamed.out.isEmpty, "a sandbox keychaind cannot name is not served: \(unnamed)")
+        #expect(unnamed.err.contains("ACCESS_DENIED") && unnamed.err.contains("app-flatpak-ID-N.scope"), "\(unnamed.err)")
     }
 
     /// A process in unit a connects and exits at once (reaped), leaving the socket to its child;
