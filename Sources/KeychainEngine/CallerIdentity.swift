@@ -81,9 +81,9 @@ extension CallerIdentity {
         return nil
     }
 
-    /// The app id of the scope `flatpak run` puts an app in (`app-flatpak-ID-N.scope`, N its pid) on
-    /// the systemd hierarchy's path of a `/proc/PID/cgroup`; nil when there is none, or its id is not
-    /// valid (`isFlatpakAppID`).
+    /// The app id of the scope `flatpak run` puts an app in (`app-flatpak-ID-N.scope`, N its pid, the
+    /// id escaped as systemd escapes unit names: `-` is `\x2d`) on the systemd hierarchy's path of a
+    /// `/proc/PID/cgroup`; nil when there is none, or its id is not valid (`isFlatpakAppID`).
     package static func flatpakScope(cgroup: String) -> String? {
         guard let path = systemdPath(cgroup: cgroup) else { return nil }
         for component in path.split(separator: "/") where component.hasPrefix("app-flatpak-") && component.hasSuffix(".scope") {
@@ -91,10 +91,22 @@ extension CallerIdentity {
             guard let dash = middle.lastIndex(of: "-") else { continue }
             let digits = middle[middle.index(after: dash)...]
             guard !digits.isEmpty, digits.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else { continue }
-            let id = String(middle[..<dash])
-            if isFlatpakAppID(id) { return id }
+            if let id = unitNameUnescaped(middle[..<dash]), isFlatpakAppID(id) { return id }
         }
         return nil
+    }
+
+    /// A unit name's part with systemd's `\xHH` escapes undone; nil for a malformed escape.
+    private static func unitNameUnescaped(_ text: Substring) -> String? {
+        var bytes: [UInt8] = [], rest = text.utf8[...]
+        while let byte = rest.popFirst() {
+            guard byte == UInt8(ascii: "\\") else { bytes.append(byte); continue }
+            guard rest.popFirst() == UInt8(ascii: "x"), rest.count >= 2,
+                  let value = UInt8(String(decoding: rest.prefix(2), as: UTF8.self), radix: 16) else { return nil }
+            bytes.append(value)
+            rest = rest.dropFirst(2)
+        }
+        return String(decoding: bytes, as: UTF8.self)
     }
 
     /// Whether a `/proc/PID/mountinfo` has a mount at `/.flatpak-info` (its fifth field, the mount

@@ -56,8 +56,9 @@ struct CallerIdentityTests {
 
         let scope = "1:name=systemd:/user.slice/user-1600.slice/user@1600.service/app.slice/app-flatpak-org.example.A-4242.scope\n"
         #expect(CallerIdentity.flatpakScope(cgroup: scope) == "org.example.A")
-        #expect(CallerIdentity.flatpakScope(cgroup: "0::/user.slice/user-1600.slice/user@1600.service/app.slice/app-flatpak-org.gnome.Foo-bar-7.scope")
-                == "org.gnome.Foo-bar")
+        #expect(CallerIdentity.flatpakScope(cgroup: #"0::/user.slice/user-1600.slice/user@1600.service/app.slice/app-flatpak-org.gnome.Foo\x2dbar-7.scope"#)
+                == "org.gnome.Foo-bar", "flatpak escapes the id as a unit name: '-' is \\x2d")
+        #expect(CallerIdentity.flatpakScope(cgroup: #"0::/user.slice/app-flatpak-org.gnome.Foo\x2-7.scope"#) == nil, "a malformed escape")
         #expect(CallerIdentity.flatpakScope(cgroup: "0::/user.slice/app-flatpak-org.example.A.scope") == nil, "no pid after the id")
         #expect(CallerIdentity.flatpakScope(cgroup: "0::/user.slice/app-flatpak-org.example.A-12x.scope") == nil)
         #expect(CallerIdentity.flatpakScope(cgroup: "0::/user.slice/app-flatpak-example-12.scope") == nil, "not a valid app id")
