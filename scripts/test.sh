@@ -43,10 +43,12 @@ if (($# == 0)); then timeout 1800 scripts/sanitize.sh thread --slice; fi
 # (5 minutes in all on the shared 2-core machine); `FILTER='TPM2Tests|KeychainTests' scripts/tpm-profiles.sh` runs every suite on them.
 if (($# == 0)); then timeout 1200 scripts/tpm-profiles.sh "fast typical old"
 else echo "test.sh: a filter was given: the suites on TPM profiles (scripts/tpm-profiles.sh) were not run"; fi
-# The soak (scripts/soak.py, issue 38 item 13; docs/performance.md, "Soak") is not run here yet: its 2-minute slice
-# passes at load 10-30 but, at load 40-54, a one-request call made during the TPM stall still ended 3-5 s after its
-# deadline + 10 s grace (not yet diagnosed), and a check that can fail by chance would fail landings. Run it by hand:
-# python3 scripts/soak.py --short (2 minutes) or with no option (30 minutes).
+# The soak's bounded slice (scripts/soak.py --short, issue 38 item 13; docs/performance.md, "Soak"): keychaind of this
+# debug build on its own swtpm under 2 minutes of 16 clients of five uids and a 45 s TPM stall: nothing acknowledged
+# lost, each call ended within its deadline from when keychaind read it + 5 s, descriptors and threads back at rest
+# (about 2.5 minutes). The 30-minute run is by hand: python3 scripts/soak.py. The whole run only.
+if (($# == 0)); then timeout 600 python3 scripts/soak.py --short
+else echo "test.sh: a filter was given: the soak's slice (scripts/soak.py --short) was not run"; fi
 # The package under a booted systemd, built once (dpkg-buildpackage) and installed as devices get it, on two cached
 # Debian 12 roots: bookworm's main alone (the point release, no security updates) and one with bookworm-updates and
 # bookworm-security, whatever this machine's own apt state. The whole run only.
