@@ -163,6 +163,7 @@ package final class DaemonServer: Sendable {
             }
             #if DEBUG
             RequestLog.record(request.kind)
+            RequestLog.recordTime(of: peer.pid)
             #endif
             let reply = respond(to: request, from: peer, connection: connection, on: reader)
             request.wipe()
@@ -337,6 +338,18 @@ private enum RequestLog {
         guard fd >= 0 else { return }
         let line = Array(((WireOp(rawValue: kind).map { "\($0)" } ?? "\(kind)") + "\n").utf8)
         _ = line.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }  // One write: lines of concurrent connections never mix.
+    }
+
+    /// With `KEYCHAIN_TEST_REQUEST_TIMES=FILE`: when each request was read, as `<peer pid> <CLOCK_MONOTONIC seconds>`,
+    /// a line a request, so the soak (scripts/soak.py) counts a call's deadline from when keychaind could first read it.
+    static let timesFD: Int32 = getenv("KEYCHAIN_TEST_REQUEST_TIMES").map { open($0, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600) } ?? -1
+
+    static func recordTime(of pid: Int32) {
+        guard timesFD >= 0 else { return }
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        let line = Array("\(pid) \(now.tv_sec).\(String(now.tv_nsec / 1_000_000 + 1000).dropFirst())\n".utf8)
+        _ = line.withUnsafeBytes { write(timesFD, $0.baseAddress, $0.count) }
     }
 }
 #endif
