@@ -21,6 +21,10 @@ package struct Peer: Sendable, Hashable {
 
     package var identity: CallerIdentity { CallerIdentity(uid: uid, application: application) }
 
+    /// A Flatpak app: its user's unconfined domain (the user's own manager's credentials, `admin`) is
+    /// not its own.
+    package var isSandboxed: Bool { if case .flatpak = application { true } else { false } }
+
     /// The credentials of a connected Unix socket's peer, or nil when the kernel gives none.
     package init?(socket fd: Int32) {
         guard let credentials = WireSocket.peerCredentials(fd) else { return nil }
@@ -50,9 +54,11 @@ package struct AccessGroups: Sendable {
 
     package init(directory: String?) { self.directory = directory }
 
-    /// Root, or a member of `admin` by its uid or gids (whatever application it is: device-wide
-    /// changes are a Unix user's to make).
+    /// Root, or a member of `admin` by its uid or gids: device-wide changes are a Unix user's to make,
+    /// and a system unit is root's configuration. Never a Flatpak app: an administrator's sandbox is
+    /// not the administrator.
     package func isAdmin(_ peer: Peer) -> Bool {
+        guard !peer.isSandboxed else { return false }
         var user = peer
         user.application = nil
         return peer.uid == 0 || (try? isMember(user, of: Self.adminGroup)) == true

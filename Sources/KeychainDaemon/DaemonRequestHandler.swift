@@ -108,7 +108,10 @@ package struct DaemonRequestHandler: Sendable {
             return .application(peer.uid, application)
         }
         if let manager = SystemdCredentials.manager(accessGroup: group) {
-            guard manager == .user(peer.uid) || groups.isAdmin(peer) else { throw SystemdCredentials.refusal(peer, for: manager) }
+            // A user's own manager's credentials are its unconfined programs' (a sandboxed app's are its items).
+            guard (manager == .user(peer.uid) && !peer.isSandboxed) || groups.isAdmin(peer) else {
+                throw SystemdCredentials.refusal(peer, for: manager)
+            }
             return .credentials(manager)
         }
         guard try groups.isMember(peer, of: group) else {

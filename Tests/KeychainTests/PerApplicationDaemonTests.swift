@@ -50,6 +50,8 @@ struct PerApplicationDaemonTests {
     }
 
     let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
+    /// The full tool, run by itself: in the sandbox keychainctl's front may not run it from the bound build folder.
+    let keychainctlFull = buildDirectory.appendingPathComponent("keychainctl-full").path
 
     /// keychainctl as uid 1600, in `unit`'s cgroup (moved there before it runs) or not.
     func ctl(_ daemon: KeychainDaemon, _ args: [String], in unit: UnitCgroup? = nil, input: String = "",
@@ -64,7 +66,7 @@ struct PerApplicationDaemonTests {
     /// keychainctl as uid 1600 in a bwrap sandbox whose `/.flatpak-info` names `appID`, as Flatpak
     /// makes one (a fresh root; the host's /usr, the build, the daemon's folder in /tmp bound in).
     func sandboxed(_ daemon: KeychainDaemon, _ appID: String, _ args: [String], input: String = "",
-                   in scope: FlatpakScope? = nil) throws -> (status: Int32, out: String, err: String) {
+                   in scope: FlatpakScope? = nil, tool: String? = nil) throws -> (status: Int32, out: String, err: String) {
         let info = "\(daemon.directory)/\(appID).flatpak-info"
         try "[Application]\nname=\(appID)\n\n[Instance]\ninstance-id=1\n".write(toFile: info, atomically: true, encoding: .utf8)
         let build = buildDirectory.path
@@ -73,7 +75,7 @@ struct PerApplicationDaemonTests {
                        "--ro-bind-try", "/opt", "/opt", "--ro-bind", build, build, "--bind", "/tmp", "/tmp",
                        "--proc", "/proc", "--dev", "/dev", "--ro-bind", info, "/.flatpak-info"]
         var argv = ["/usr/bin/bwrap"] + sandbox + ["/usr/bin/setpriv", "--reuid=\(Self.uid)", "--regid=\(Self.uid)", "--clear-groups",
-                                                     keychainctl] + args
+                                                     tool ?? keychainctl] + args
         if let scope { argv = ["/bin/sh", "-c", "echo $$ > \"$0\" && exec \"$@\"", scope.path + "/cgroup.procs"] + argv }
         let result = try run(argv[0], Array(argv.dropFirst()), input: Array(input.utf8), environment: daemon.environment)
         return (result.status, String(decoding: result.stdout, as: UTF8.self), result.stderr)
@@ -205,6 +207,28 @@ struct PerApplicationDaemonTests {
         let unnamed = try sandboxed(daemon, "org.example.A", ["get", "bank", "token"])
         #expect(unnamed.status != 0 && unnamed.out.isEmpty, "a sandbox keychaind cannot name is not served: \(unnamed)")
         #expect(unnamed.err.contains("ACCESS_DENIED") && unnamed.err.contains("app-flatpak-ID-N.scope"), "\(unnamed.err)")
+    }
+
+    /// A sandbox of an administrator's is not the administrator, nor its user's manager: uid 1600, in
+    /// `admin`, sets a system unit's credential and its own manager's from its shell; its Flatpak
+    /// app can do neither (nor read them), and gets `ACCESS_DENIED`.
+    @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/bwrap"), "bwrap is not installed (apt install bubblewrap)"))
+    func aSandboxedAppIsNeitherItsUsersAdminNorItsUsersManager() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm)
+        try daemon.setGroup("admin", ["uid \(Self.uid)"])
+        #expect(try ctl(daemon, ["credential", "set", "db.service", "password"], input: "system's").status == 0, "admin sets a system unit's")
+        #expect(try ctl(daemon, ["credential", "set", "--user", "app.service", "token"], input: "user's").status == 0, "its own manager's")
+        for args in [["credential", "set", "db.service", "password"], ["credential", "set", "--user", "app.service", "token"]] {
+            let refused = try sandboxed(daemon, "org.example.A", args, input: "forged", tool: keychainctlFull)
+            #expect(refused.status != 0 && refused.err.contains("ACCESS_DENIED"), "\(args): \(refused.err)")
+        }
+        for args in [["credential", "get", "db.service", "password"], ["credential", "get", "--user", "app.service", "token"]] {
+            let refused = try sandboxed(daemon, "org.example.A", args, tool: keychainctlFull)
+            #expect(refused.status != 0 && refused.out.isEmpty && refused.err.contains("ACCESS_DENIED"), "\(args): \(refused)")
+        }
+        #expect(try ctl(daemon, ["credential", "get", "db.service", "password"]).out == "system's", "nothing was overwritten")
+        #expect(try ctl(daemon, ["credential", "get", "--user", "app.service", "token"]).out == "user's")
     }
 
     /// A process in unit a connects and exits at once (reaped), leaving the socket to its child;
