@@ -20,6 +20,7 @@ counts instructions instead (valgrind's callgrind: the same figure on a loaded m
 """
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -52,7 +53,8 @@ class Side:
 
     def start(self, wrapper=()):
         self.daemon = subprocess.Popen([*wrapper, self.bin("keychaind"), "--socket", self.socket, "--store", self.store, "--reader", "none"],
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self.env)
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self.env,
+                                       start_new_session=True)  # its embedded swtpm in its group: stop() ends both
         line = self.daemon.stdout.readline().decode()
         if "ready" not in line:
             raise SystemExit(f"{self.name}: keychaind did not start: {line!r}")
@@ -72,8 +74,19 @@ class Side:
 
     def stop(self):
         if self.daemon:
-            self.daemon.kill()
-            self.daemon.wait()
+            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(self.daemon.pid, sig)
+                    self.daemon.wait(timeout=wait)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            # The embedded TPM's swtpm runs in a session of its own and outlives keychaind (as a device's TPM
+            # outlives the service): this store's is stopped here.
+            subprocess.run(["pkill", "-f", f"path={self.store}/swtpm/"], check=False)
+            self.daemon = None
 
 
 def summary(samples):
