@@ -590,6 +590,8 @@ KC_API kc_code kc_storage_new(const kc_options *options, kc_storage **out, kc_er
     field_text(b, 6, o.access_group);
     field_prompt(b, 7, o.prompt);
     field_text(b, 8, key_storage_names[o.key_storage ? o.key_storage : KC_KEY_STORAGE_TEE]);
+    /* No service named: keychaind gives a confined caller (a unit, a Flatpak app) its application id instead. */
+    if (!o.service) field_bool(b, 9, true);
     if (b->failed) return kc_storage_free(s), out_of_memory(error);
     *out = s;
     return KC_OK;

@@ -70,7 +70,7 @@ class Keychain {
   /** One request of this storage: its options (service resolved), then the call's fields. */
   async #call(op, key, build) {
     const service = this.#resolved();
-    this.#wireOptions ??= encodeStorageOptions({ ...this.#options, service });
+    this.#wireOptions ??= encodeStorageOptions({ ...this.#options, service, serviceIsDefault: this.#options.service == null ? true : undefined });
     const request = new MessageBuilder(op).bytes(Tag.options, this.#wireOptions).string(Tag.key, key);
     build?.(request);
     return call(resolveSocket(), request, prompt.answer);

@@ -1,6 +1,6 @@
 /* The library's requests and prompt answers, sent to a recording socket (test_c.py's Recorder, which refuses each
  * with INTERNAL "recorded"): test_c.py compares the frames with the bytes WireGoldenTests.swift pins.
- * Usage: golden SOCKET requests | golden SOCKET answers */
+ * Usage: golden SOCKET requests | golden SOCKET answers | golden SOCKET default */
 #include "keychain.h"
 
 #include <stdio.h>
@@ -77,10 +77,25 @@ static void answers(void) {
     }
 }
 
+/* A storage that names no service (the application identifier from KEYCHAIN_APP_ID), then one that does: a hasItem each. */
+static void default_service(void) {
+    const char *services[] = {NULL, "mail"};
+    for (int i = 0; i < 2; i++) {
+        kc_options o = {.service = services[i], .prompting = KC_PROMPT_NONE, .socket = socket_path};
+        kc_storage *s = NULL;
+        kc_error *e = NULL;
+        if (kc_storage_new(&o, &s, &e)) return report("storage", kc_error_code(e), e);
+        int found;
+        CALL(services[i] ? "named" : "default", kc_has_item(s, "token", &found, &e));
+        kc_storage_free(s);
+    }
+}
+
 int main(int argc, char **argv) {
-    if (argc != 3) return fprintf(stderr, "usage: golden SOCKET requests|answers\n"), 2;
+    if (argc != 3) return fprintf(stderr, "usage: golden SOCKET requests|answers|default\n"), 2;
     socket_path = argv[1];
     if (!strcmp(argv[2], "requests")) requests();
+    else if (!strcmp(argv[2], "default")) default_service();
     else answers();
     return 0;
 }

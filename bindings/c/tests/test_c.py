@@ -105,6 +105,17 @@ def test_each_request_is_the_bytes_the_protocol_pinned(build, recorder):
     assert frames == list(GOLDEN.values())
 
 
+def test_a_storage_naming_no_service_says_so_so_keychaind_gives_a_confined_caller_its_app_id(build, recorder):
+    from keychain._wire import Message
+    done = subprocess.run([str(build / "golden"), recorder.socket, "default"], env={"PATH": "/usr/bin:/bin", "KEYCHAIN_APP_ID": "org.example.App"},
+                          capture_output=True, timeout=300, start_new_session=True, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().splitlines() == ["default INTERNAL recorded", "named INTERNAL recorded"]
+    options = [Message.decode(Message.decode(bytes.fromhex(frame)).bytes(1)) for frame in recorder.take()]
+    assert [o.string(1) for o in options] == ["org.example.App", "mail"]
+    assert [o.bool(9) for o in options] == [True, None], "serviceIsDefault only where no service was named"
+
+
 def test_each_prompt_answer_is_the_bytes_the_protocol_pinned(build, recorder):
     done = run([str(build / "golden"), recorder.socket, "answers"])
     assert done.returncode == 0, done.stderr.decode()

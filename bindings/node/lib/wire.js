@@ -30,6 +30,7 @@ const Tag = Object.freeze({
 /** The tags of a nested storage options message (`WireStorageOptions.Tag`) and of prompt texts (`WirePrompt.Tag`). */
 const OptionsTag = Object.freeze({
   service: 1, accessible: 2, accessControl: 3, authValidity: 4, synchronizable: 5, accessGroup: 6, prompt: 7, keyStorage: 8,
+  serviceIsDefault: 9,
 });
 const PromptTag = Object.freeze({ title: 1, subtitle: 2, description: 3, cancel: 4 });
 
@@ -182,7 +183,8 @@ function decodePrompt(bytes) {
   return texts;
 }
 
-/** A storage's options, every field, as the Swift library sends them (`KeychainOptions.wire`). */
+/** A storage's options, every field, as the Swift library sends them (`KeychainOptions.wire`); `serviceIsDefault`
+ * when the caller named no service (keychaind gives a confined caller its application id). */
 function encodeStorageOptions(o) {
   return new MessageBuilder(Kind.fields)
     .string(OptionsTag.service, o.service)
@@ -193,6 +195,7 @@ function encodeStorageOptions(o) {
     .string(OptionsTag.accessGroup, o.accessGroup)
     .bytes(OptionsTag.prompt, encodePrompt(o.prompt))
     .string(OptionsTag.keyStorage, o.android.keyStorage)
+    .bool(OptionsTag.serviceIsDefault, o.serviceIsDefault)
     .encode();
 }
 

@@ -128,3 +128,19 @@ function framedCopy(hex, framed) {
   body.copy(frame, 4);
   return frame;
 }
+
+test('a storage naming no service says so, so that keychaind gives a confined caller its application id', async (t) => {
+  const recording = await recorder(refusal);
+  t.after(() => recording.close());
+  process.env.KEYCHAIN_SOCKET = recording.socket;
+  process.env.KEYCHAIN_APP_ID = 'org.example.App';
+  t.after(() => { delete process.env.KEYCHAIN_APP_ID; });
+  keychain.setPromptHandler(null);
+  t.after(() => keychain.setPromptHandler(undefined));
+  for (const storage of [keychain.createKeychain({}), keychain.createKeychain({ service: 'mail' })]) {
+    await assert.rejects(storage.hasItem('token'), { code: 'INTERNAL', message: 'recorded' });
+  }
+  const options = recording.take().map((frame) => Message.decode(Message.decode(Buffer.from(frame, 'hex')).bytes(Tag.options)));
+  assert.deepEqual(options.map((o) => o.string(1)), ['org.example.App', 'mail']);
+  assert.deepEqual(options.map((o) => o.bool(9)), [true, undefined], 'serviceIsDefault only where no service was named');
+});

@@ -168,3 +168,15 @@ def test_a_passcode_answer_is_wiped_once_sent(recorder):
         storage.get_item("token")
     assert recorder.take()[1] == GOLDEN_ANSWERS["passcode"]
     assert passcode.secret == bytearray(4)
+
+
+def test_a_storage_naming_no_service_says_so_so_keychaind_gives_a_confined_caller_its_app_id(recorder, monkeypatch):
+    from keychain._wire import Message
+    monkeypatch.setenv("KEYCHAIN_APP_ID", "org.example.App")
+    for storage in (keychain.create_keychain(prompter=None, socket=recorder.socket),
+                    keychain.create_keychain(service="mail", prompter=None, socket=recorder.socket)):
+        with pytest.raises(KeychainError):
+            storage.has_item("token")
+    options = [Message.decode(Message.decode(bytes.fromhex(frame)).bytes(1)) for frame in recorder.take()]
+    assert [o.string(1) for o in options] == ["org.example.App", "mail"]
+    assert [o.bool(9) for o in options] == [True, None], "serviceIsDefault only where no service was named"

@@ -72,6 +72,7 @@ class _Storage:
         self.prompt = o.check_prompt(prompt)
         self.key_storage = o.check_android(android)
         o.check_protection(self.accessible, self.access_control, self.auth_validity, self.synchronizable)
+        service_is_default = service is None
         if service is None:
             service = application_identifier()
             if service is None:
@@ -88,7 +89,7 @@ class _Storage:
         self.explicit_socket = socket
         self.options = bytes(w.storage_options(service, self.accessible.value, self.access_control.value,
                                                self.auth_validity, self.synchronizable, access_group, self.prompt,
-                                               self.key_storage.value))
+                                               self.key_storage.value, service_is_default))
 
     @property
     def socket(self) -> str:

@@ -152,11 +152,13 @@ def prompt_fields(prompt: Any) -> Optional[bytearray]:
 
 
 def storage_options(service: str, accessible: str, access_control: str, auth_validity: int, synchronizable: bool,
-                    access_group: Optional[str], prompt: Any, key_storage: str) -> bytearray:
-    """The storage's options as requests carry them (WireStorageOptions): every field, as the library sends."""
+                    access_group: Optional[str], prompt: Any, key_storage: str, service_is_default: bool = False) -> bytearray:
+    """The storage's options as requests carry them (WireStorageOptions): every field, as the library sends.
+    `service_is_default`: the caller named no service (keychaind gives a confined caller its application id)."""
     return encode(FIELDS, [(1, text(service)), (2, text(accessible)), (3, text(access_control)),
                            (4, uint(auth_validity)), (5, boolean(synchronizable)), (6, text(access_group)),
-                           (7, prompt_fields(prompt)), (8, text(key_storage))])
+                           (7, prompt_fields(prompt)), (8, text(key_storage)),
+                           (9, boolean(True) if service_is_default else None)])
 
 
 CAUSE_KINDS = {0: "tpm", 1: "sqlite", 2: "errno", 3: "pkcs11", 4: "other"}
