@@ -11,7 +11,7 @@ import Synchronization
 /// into `DBusCall` and answered by the handler on that thread; work finished elsewhere (a prompt's
 /// answer) comes back through `post`, which wakes the loop.
 public final class Bus: @unchecked Sendable {
-    private let bus: OpaquePointer
+    let bus: OpaquePointer
     private let wake: Int32
     private let posted = Mutex<[@Sendable () -> Void]>([])
     private var handler: ((DBusCall) -> DBusAnswer)?
@@ -263,6 +263,7 @@ public final class Bus: @unchecked Sendable {
         var message: OpaquePointer?
         guard sd_bus_message_new_signal(bus, &message, signal.path, signal.interface, signal.member) >= 0, let message else { return }
         defer { sd_bus_message_unref(message) }
+        if let destination = signal.destination, sd_bus_message_set_destination(message, destination) < 0 { return }
         for argument in signal.arguments where Self.append(message, argument) < 0 { return }
         _ = sd_bus_send(bus, message, nil)
     }

@@ -149,11 +149,14 @@ public struct DBusSignal: Sendable {
     public var interface: String
     public var member: String
     public var arguments: [DBusValue]
+    /// The one connection it goes to (a unique name); nil: every connection that listens.
+    public var destination: String?
 
-    public init(path: String, interface: String, member: String, arguments: [DBusValue]) {
+    public init(path: String, interface: String, member: String, arguments: [DBusValue], destination: String? = nil) {
         self.path = path
         self.interface = interface
         self.member = member
         self.arguments = arguments
+        self.destination = destination
     }
 }

@@ -109,15 +109,6 @@ extension CallerIdentity {
         return String(decoding: bytes, as: UTF8.self)
     }
 
-    /// Whether a `/proc/PID/mountinfo` has a mount at `/.flatpak-info` (its fifth field, the mount
-    /// point, which the kernel writes with spaces and backslashes escaped).
-    package static func mountsFlatpakInfo(mountinfo: String) -> Bool {
-        mountinfo.split(separator: "\n").contains { line in
-            let fields = line.split(separator: " ", maxSplits: 5, omittingEmptySubsequences: false)
-            return fields.count > 4 && fields[4] == "/.flatpak-info"
-        }
-    }
-
     /// The systemd hierarchy's path in a `/proc/PID/cgroup`: cgroup v1's `name=systemd` line when
     /// there is one, else the unified `0::` line.
     private static func systemdPath(cgroup: String) -> Substring? {
@@ -200,6 +191,69 @@ extension CallerIdentity {
 
     private static func isLetterOrDigit(_ byte: UInt8) -> Bool {
         isLetter(byte) || (byte >= 0x30 && byte <= 0x39)
+    }
+}
+
+/// A `/proc/PID/mountinfo` read line by line, bounded, for a mount at `/.flatpak-info` (a line's fifth
+/// field, the mount point, which the kernel writes with spaces and backslashes escaped): of each line
+/// only its first `maxLineBytes` are kept, at most `maxLines` lines (the kernel's default
+/// `fs.mount-max`), so a sandbox with a large mount table is read, not refused, in bounded memory.
+package struct MountTable {
+    package static let maxLineBytes = 32 << 10
+    package static let maxLines = 100_000
+
+    /// Why a table is refused: its mount point cannot be told within the bounds.
+    package struct Refusal: Error {
+        package var reason: String
+    }
+
+    private var line: [UInt8] = []
+    private var truncated = false
+    private var lines = 0
+
+    package init() {}
+
+    /// Whether the whole table `text` mounts `/.flatpak-info`.
+    package static func mountsFlatpakInfo(_ text: String) throws(Refusal) -> Bool {
+        var table = MountTable()
+        if try table.scan(ArraySlice(text.utf8)) { return true }
+        return try table.finish()
+    }
+
+    /// Takes the table's next bytes; true once a line mounts `/.flatpak-info`.
+    package mutating func scan(_ bytes: ArraySlice<UInt8>) throws(Refusal) -> Bool {
+        var rest = bytes
+        while !rest.isEmpty {
+            let end = rest.firstIndex(of: UInt8(ascii: "\n"))
+            let piece = rest[..<(end ?? rest.endIndex)]
+            let room = Self.maxLineBytes - line.count
+            if piece.count > room { truncated = true }
+            line += piece.prefix(room)
+            guard let end else { return false }
+            if try lineEnded() { return true }
+            rest = rest[(end + 1)...]
+        }
+        return false
+    }
+
+    /// The table's end: whether its last line, one without a newline, mounts `/.flatpak-info`.
+    package mutating func finish() throws(Refusal) -> Bool {
+        line.isEmpty && !truncated ? false : try lineEnded()
+    }
+
+    private mutating func lineEnded() throws(Refusal) -> Bool {
+        defer {
+            line.removeAll(keepingCapacity: true)
+            truncated = false
+        }
+        lines += 1
+        guard lines <= Self.maxLines else { throw Refusal(reason: "has more than \(Self.maxLines) mounts") }
+        let fields = line.split(separator: UInt8(ascii: " "), maxSplits: 5, omittingEmptySubsequences: false)
+        // A line cut short must have its fifth field whole (a space after it) within what was kept.
+        guard fields.count > 5 || !truncated else {
+            throw Refusal(reason: "has a line longer than \(Self.maxLineBytes) bytes before its mount point ends")
+        }
+        return fields.count > 4 && fields[4].elementsEqual("/.flatpak-info".utf8)
     }
 }
 

@@ -14,6 +14,28 @@ extension CallerIdentity {
     package static func ofPeer(socket fd: Int32, uid: UInt32, pid: Int32) throws(KeychainError) -> CallerIdentity {
         let pidfd = try peerPidfd(socket: fd, pid: pid)
         defer { close(pidfd) }
+        return try of(pidfd: pidfd, uid: uid, pid: pid)
+    }
+
+    /// The application of a process the bus vouches for (a D-Bus sender: `GetConnectionCredentials`'
+    /// uid, pid and, where the bus gives one, pidfd), read as `ofPeer` reads a socket's peer. Without a
+    /// pidfd, `pidfd_open(pid)`: a pid reused before that names the new process (docs/security.md).
+    /// - Throws: `ACCESS_DENIED` as `ofPeer`: the process is gone, or its application cannot be read.
+    package static func ofProcess(uid: UInt32, pid: Int32, pidfd given: Int32?) throws(KeychainError) -> CallerIdentity {
+        if let given { return try of(pidfd: given, uid: uid, pid: pid) }
+        let opened = pidfd_open(pid, 0)
+        guard opened >= 0 else {
+            let code = errno
+            if code == ESRCH { throw gone(pid) }
+            throw KeychainError(.internal, "Cannot open pid \(pid)'s pidfd (pidfd_open: errno \(code))", underlying: .errno(code))
+        }
+        defer { close(opened) }
+        return try of(pidfd: opened, uid: uid, pid: pid)
+    }
+
+    /// The application of the process `pidfd` names: its pid from the pidfd, its `/proc` files read,
+    /// then the pidfd checked to still name a living process of that pid (what was read was its own).
+    private static func of(pidfd: Int32, uid: UInt32, pid: Int32) throws(KeychainError) -> CallerIdentity {
         guard let peerPid = pidOf(pidfd: pidfd), peerPid > 0 else { throw gone(pid) }
         let cgroup = try procText("/proc/\(peerPid)/cgroup", pid: peerPid)
         let flatpak = try flatpakApplication(pid: peerPid, cgroup: cgroup)
@@ -79,7 +101,7 @@ extension CallerIdentity {
         guard root >= 0 else {
             let code = errno
             guard code == EACCES || code == EPERM else { throw unreadable(rootPath, pid: pid, code) }
-            guard mountsFlatpakInfo(mountinfo: try procText("/proc/\(pid)/mountinfo", pid: pid)) else { return nil }
+            guard try mountsFlatpakInfo(path: "/proc/\(pid)/mountinfo", pid: pid) else { return nil }
             guard let id = flatpakScope(cgroup: cgroup) else {
                 throw KeychainError(.accessDenied, "pid \(pid) runs in a Flatpak sandbox (a /.flatpak-info is mounted in its root) "
                                     + "whose app keychaind cannot tell: its root is closed to keychaind's user and its cgroup names "
@@ -111,6 +133,28 @@ extension CallerIdentity {
             throw KeychainError(.accessDenied, "The /.flatpak-info of pid \(pid) is not a regular file: keychaind does not serve it")
         }
         return try readAll(fd, path: rootPath + "/.flatpak-info", pid: pid)
+    }
+
+    /// Whether the mount table at `path` mounts `/.flatpak-info`, read line by line (never whole: a
+    /// sandbox may have thousands of mounts).
+    package static func mountsFlatpakInfo(path: String, pid: Int32) throws(KeychainError) -> Bool {
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY)
+        guard fd >= 0 else { throw unreadable(path, pid: pid, errno) }
+        defer { close(fd) }
+        var table = MountTable()
+        var chunk = [UInt8](repeating: 0, count: 16384)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if count < 0 && errno == EINTR { continue }
+            guard count >= 0 else { throw unreadable(path, pid: pid, errno) }
+            do throws(MountTable.Refusal) {
+                if count == 0 { return try table.finish() }
+                if try table.scan(chunk[..<count]) { return true }
+            } catch {
+                throw KeychainError(.accessDenied, "\(path) \(error.reason): keychaind cannot tell whether pid \(pid) is sandboxed, "
+                                    + "and does not serve it")
+            }
+        }
     }
 
     private static func readAll(_ fd: Int32, path: String, pid: Int32) throws(KeychainError) -> String {

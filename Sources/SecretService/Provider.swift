@@ -23,10 +23,13 @@ public final class SecretServiceProvider: @unchecked Sendable {
     /// libsecret's `SECRET_COLLECTION_SESSION`: the alias of the in-memory `session` collection, kept
     /// out of the registry (it names nothing stored, and nothing of it outlives the provider).
     static let sessionAlias = "session"
-    /// The provider's own records (the collections, their aliases, the attribute key) live under this service.
-    static let metaService = "org.freedesktop.secrets"
-    /// A collection's items live under `org.freedesktop.secrets/<name>`.
-    static func service(of name: String) -> String { metaService + "/" + name }
+    /// The host's records (its collections, their aliases, the attribute key) live under this service;
+    /// an application's under `org.freedesktop.secrets@KIND:NAME` (`ApplicationProviders`).
+    public static let metaService = "org.freedesktop.secrets"
+    /// The service of this provider's records: `metaService`, or an application's.
+    let namespace: String
+    /// A collection's items live under `NAMESPACE/<name>`.
+    func service(of name: String) -> String { namespace + "/" + name }
 
     /// `CreateCollection`'s provider-specific properties: the collection's keychain protection.
     public static let accessibleProperty = "org.freedesktop.Secret.Collection.KeychainAccessible"
@@ -84,11 +87,13 @@ public final class SecretServiceProvider: @unchecked Sendable {
         var authValidity: Int
     }
 
-    /// Opens (and the first time makes) the provider's records in the keychain of `configuration`.
-    public init(configuration: KeychainConfiguration) throws(DBusError) {
+    /// Opens (and the first time makes) the provider's records in the keychain of `configuration`,
+    /// under `namespace` (the host's: `metaService`).
+    public init(configuration: KeychainConfiguration, namespace: String = metaService) throws(DBusError) {
         self.configuration = configuration
+        self.namespace = namespace
         meta = try Self.keychainCall { () throws(KeychainError) in
-            try createKeychain(.init(service: Self.metaService), configuration: configuration)
+            try createKeychain(.init(service: namespace), configuration: configuration)
         }
         let meta = meta
         let key: SecureBytes = try Self.blocking {
@@ -122,7 +127,7 @@ public final class SecretServiceProvider: @unchecked Sendable {
 
     /// Reads a collection's index: each item's keyed hashes and dates, no value (no TPM).
     func load(_ record: CollectionRecord) throws(DBusError) {
-        let options = KeychainOptions(service: Self.service(of: record.name), accessible: record.accessible,
+        let options = KeychainOptions(service: service(of: record.name), accessible: record.accessible,
                                       accessControl: record.accessControl, authValidity: record.authValidity,
                                       prompt: Self.prompt(record))
         let configuration = configuration

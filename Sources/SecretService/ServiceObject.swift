@@ -136,7 +136,7 @@ extension SecretServiceProvider {
         let (label, options) = try Self.collectionOptions(properties)
         let name = newCollectionName(label)
         var validated = options
-        validated.service = Self.service(of: name)
+        validated.service = service(of: name)
         do throws(KeychainError) {
             _ = try validated.validated()
         } catch {

@@ -171,7 +171,7 @@ private func keychainConfiguration(_ options: Options) -> (KeychainConfiguration
 }
 
 /// Serves the bus until SIGTERM or SIGINT (or another provider takes the name); then exit.
-@MainActor private func serve(_ bus: Bus, _ provider: SecretServiceProvider) -> Never {
+@MainActor private func serve(_ bus: Bus, _ providers: ApplicationProviders) -> Never {
     // SIGTERM and SIGINT end the loop, so the store is closed (its WAL checkpointed) on the way out.
     var stops: [DispatchSourceSignal] = []
     for number in [SIGTERM, SIGINT] {
@@ -186,7 +186,7 @@ private func keychainConfiguration(_ options: Options) -> (KeychainConfiguration
 
     var lostName = false
     do throws(DBusError) {
-        try bus.serve(handler: { provider.handle($0) }, vanished: { provider.clientVanished($0) }, lost: { lostName = true })
+        try bus.serve(handler: { providers.handle($0) }, vanished: { providers.clientVanished($0) }, lost: { lostName = true })
     } catch {
         fail(error.message)
     }
@@ -201,16 +201,15 @@ private func keychainConfiguration(_ options: Options) -> (KeychainConfiguration
     let (configuration, where_) = keychainConfiguration(options)
     signal(SIGPIPE, SIG_IGN)
     let bus: Bus
-    let provider: SecretServiceProvider
+    let providers: ApplicationProviders
     do throws(DBusError) {
         bus = try Bus()
-        provider = try SecretServiceProvider(configuration: configuration)
+        providers = try ApplicationProviders(configuration: configuration, bus: bus)
     } catch {
         fail(error.message)
     }
-    provider.emit = { bus.emit($0) }
-    provider.post = { bus.post($0) }
-    if options.importing { importAndExit(provider, from: bus, where: where_) }
+    providers.post = { bus.post($0) }
+    if options.importing { importAndExit(providers.host, from: bus, where: where_) }
     claimName(bus, replace: options.replace, where: where_)
-    serve(bus, provider)
+    serve(bus, providers)
 }

@@ -41,18 +41,43 @@ struct CallerIdentityTests {
         #expect(CallerIdentity.systemUnit(cgroup: "0::/" + String(repeating: "a", count: 248) + ".service") == nil)
     }
 
+    /// A mount table is read line by line from its file, not refused past 64 KiB as before: 6,000
+    /// mounts (about 600 KiB) before the sandbox's `/.flatpak-info`, a line of 200 KiB of options after
+    /// its mount point; refused only where the mount point cannot be told (a line longer than
+    /// `MountTable.maxLineBytes` before it ends, more than `maxLines` lines).
+    @Test func aLargeMountTableIsReadLineByLineAndBoundedPerLineAndInCount() throws {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("mountinfo-\(UUID().uuidString)").path
+        defer { unlink(file) }
+        func mounts(_ text: String) throws(KeychainError) -> Bool {
+            _ = FileManager.default.createFile(atPath: file, contents: Data(text.utf8))
+            return try CallerIdentity.mountsFlatpakInfo(path: file, pid: 1)
+        }
+        let many = (0..<6000).map { "\(100 + $0) 68 0:40 / /run/host/mount-number-\($0)-of-a-large-table rw,nosuid - tmpfs tmpfs rw\n" }.joined()
+        #expect(many.utf8.count > 500_000)
+        let info = "79 68 0:40 /bindfile//deleted /.flatpak-info ro - tmpfs tmpfs rw\n"
+        #expect(try mounts(many + info), "the sandbox's mount after 6,000 others is found")
+        #expect(try !mounts(many), "no such mount in a large table: not a sandbox, and not refused")
+        let longOptions = "80 68 0:40 / /srv ro - tmpfs tmpfs " + String(repeating: "o", count: 200_000) + "\n"
+        #expect(try mounts(longOptions + info), "a line long past its mount point is cut, the next line read")
+        #expect(try mounts(String(info.dropLast())), "a last line without a newline")
+        let longRoot = "81 68 0:40 /" + String(repeating: "r", count: MountTable.maxLineBytes) + " /.flatpak-info ro - tmpfs tmpfs rw\n"
+        #expect(throws: KeychainError.self, "a mount point past the line bound cannot be told: refused") { try mounts(longRoot) }
+        let tooMany = String(repeating: "22 27 0:21 / /proc rw - proc proc rw\n", count: MountTable.maxLines + 1)
+        #expect(throws: KeychainError.self, "more lines than the kernel's default fs.mount-max: refused") { try mounts(tooMany) }
+    }
+
     /// What keychaind's own user may read of another user's process: a Flatpak sandbox's mount of its
     /// `/.flatpak-info` (this line is bwrap's `--ro-bind-data`, read from another uid), and the app's scope.
-    @Test func aSandboxIsToldByItsMountTableAndItsAppByItsFlatpakScope() {
+    @Test func aSandboxIsToldByItsMountTableAndItsAppByItsFlatpakScope() throws {
         let sandbox = """
             68 67 0:40 / / rw,nosuid,nodev,relatime - tmpfs tmpfs rw,uid=65534,gid=65534
             79 68 0:40 /bindfile2TSCba//deleted /.flatpak-info ro,nosuid,nodev,relatime - tmpfs tmpfs rw,uid=65534,gid=65534
             """
-        #expect(CallerIdentity.mountsFlatpakInfo(mountinfo: sandbox))
-        #expect(!CallerIdentity.mountsFlatpakInfo(mountinfo: "22 27 0:21 / /proc rw,relatime - proc proc rw\n"))
-        #expect(!CallerIdentity.mountsFlatpakInfo(mountinfo: "79 68 0:40 /.flatpak-info /srv/.flatpak-info ro - tmpfs tmpfs rw\n"),
+        #expect(try MountTable.mountsFlatpakInfo(sandbox))
+        #expect(try !MountTable.mountsFlatpakInfo("22 27 0:21 / /proc rw,relatime - proc proc rw\n"))
+        #expect(try !MountTable.mountsFlatpakInfo("79 68 0:40 /.flatpak-info /srv/.flatpak-info ro - tmpfs tmpfs rw\n"),
                 "the file's source path is not where it is mounted")
-        #expect(!CallerIdentity.mountsFlatpakInfo(mountinfo: "79 68 0:40 / /.flatpak-info\\040x ro - tmpfs tmpfs rw\n"))
+        #expect(try !MountTable.mountsFlatpakInfo("79 68 0:40 / /.flatpak-info\\040x ro - tmpfs tmpfs rw\n"))
 
         let scope = "1:name=systemd:/user.slice/user-1600.slice/user@1600.service/app.slice/app-flatpak-org.example.A-4242.scope\n"
         #expect(CallerIdentity.flatpakScope(cgroup: scope) == "org.example.A")
