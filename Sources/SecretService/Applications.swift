@@ -22,8 +22,6 @@ public final class ApplicationProviders: @unchecked Sendable {
     private var confined: [ConfinedApplication: SecretServiceProvider] = [:]
     /// Each unique name's identity, from its first call until it leaves the bus.
     private var identities: [String: CallerIdentity] = [:]
-    /// How many identities were read from the bus and `/proc` (one per unique name that called).
-    public private(set) var lookUps = 0
     /// Runs work on the bus thread later.
     public var post: (@escaping @Sendable () -> Void) -> Void = { $0() } {
         didSet { for provider in [host] + confined.values { provider.post = post } }
@@ -80,7 +78,6 @@ public final class ApplicationProviders: @unchecked Sendable {
     private func identity(of sender: String) throws(DBusError) -> CallerIdentity {
         if let known = identities[sender] { return known }
         guard sender.hasPrefix(":") else { throw .accessDenied("A call with no unique sender name is not served") }
-        lookUps += 1
         let credentials: Bus.ConnectionCredentials
         do throws(DBusError) {
             credentials = try bus.credentials(of: sender)

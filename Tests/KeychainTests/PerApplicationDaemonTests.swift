@@ -16,23 +16,6 @@ import Testing
 struct PerApplicationDaemonTests {
     static let uid: UInt32 = 1600
 
-    /// A system unit's cgroup, as systemd makes one (`system.slice/NAME.service`), removed at the end.
-    final class UnitCgroup {
-        let name: String
-        let path: String
-
-        init(_ prefix: String) throws {
-            name = "\(prefix)-\(UInt32.random(in: 0...UInt32.max)).service"
-            // cgroup v1's name=systemd hierarchy where there is one (this machine), else the unified one.
-            let v1 = "/sys/fs/cgroup/systemd"
-            let root = FileManager.default.fileExists(atPath: v1 + "/cgroup.procs") ? v1 : "/sys/fs/cgroup"
-            path = "\(root)/system.slice/\(name)"
-            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-        }
-
-        deinit { rmdir(path) }
-    }
-
     /// The scope `flatpak run` puts an app in, under uid 1600's manager
     /// (`user.slice/user-1600.slice/user@1600.service/app.slice/app-flatpak-ID-N.scope`), removed at the end.
     final class FlatpakScope {

@@ -13,22 +13,6 @@ import Testing
        .enabled(if: geteuid() == 0, "bwrap sandboxes with a /.flatpak-info and system units' cgroups are made as root"),
        .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/bwrap"), "bwrap is not installed (apt install bubblewrap)"))
 struct PerApplicationSecretServiceTests {
-    /// A system unit's cgroup, as systemd makes one (`system.slice/NAME.service`), removed at the end.
-    final class UnitCgroup {
-        let name: String
-        let path: String
-
-        init() throws {
-            name = "kc-ss-test-\(UInt32.random(in: 0...UInt32.max)).service"
-            let v1 = "/sys/fs/cgroup/systemd"
-            let root = FileManager.default.fileExists(atPath: v1 + "/cgroup.procs") ? v1 : "/sys/fs/cgroup"
-            path = "\(root)/system.slice/\(name)"
-            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-        }
-
-        deinit { rmdir(path) }
-    }
-
     init() throws {
         try PrivateBus.require(PrivateBus.secretTool, "libsecret-tools")
         try PrivateBus.requirePython(module: "secretstorage", package: "python3-secretstorage")
@@ -95,7 +79,7 @@ struct PerApplicationSecretServiceTests {
         let b = try sandboxed(bus, "org.example.B", PrivateBus.python3, ["-c", Self.libsecretScript, "shared", "B"])
         #expect(b.status == 0, "\(b.err)\n\(bus.log)")
         #expect(b.out == "['B']\nB's secret\n", "B (libsecret) finds its own item only")
-        let unit = try UnitCgroup()
+        let unit = try UnitCgroup("kc-ss-test")
         #expect(try inUnit(bus, unit, tool, ["store", "--label=unit", "kind", "shared", "who", "unit"], input: Array("unit's secret".utf8)).status == 0)
 
         let search = ["search", "--all", "kind", "shared"]
