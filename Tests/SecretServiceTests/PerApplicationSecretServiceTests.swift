@@ -18,17 +18,22 @@ struct PerApplicationSecretServiceTests {
         try PrivateBus.requirePython(module: "secretstorage", package: "python3-secretstorage")
     }
 
-    /// `program` in a bwrap sandbox whose `/.flatpak-info` names `appID` (a fresh root: the host's /usr,
-    /// /etc and /tmp, where the bus listens, bound in), as a client of `bus`.
-    func sandboxed(_ bus: PrivateBus, _ appID: String, _ program: String, _ args: [String], input: [UInt8] = [])
-        throws -> (status: Int32, out: String, err: String) {
+    /// bwrap's argv up to the program: a sandbox whose `/.flatpak-info` names `appID` (a fresh root: the
+    /// host's /usr, /etc and /tmp, where the bus listens, bound in).
+    func sandbox(_ bus: PrivateBus, _ appID: String) throws -> [String] {
         let info = "\(bus.directory)/\(appID).flatpak-info"
         try "[Application]\nname=\(appID)\n\n[Instance]\ninstance-id=1\n".write(toFile: info, atomically: true, encoding: .utf8)
-        let sandbox = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-                       "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--ro-bind", "/etc", "/etc",
-                       "--bind", "/tmp", "/tmp", "--proc", "/proc", "--dev", "/dev", "--ro-bind", info, "/.flatpak-info",
-                       "--unshare-pid", "--die-with-parent"]
-        let result = try run("/usr/bin/bwrap", sandbox + [program] + args, input: input, environment: ["DBUS_SESSION_BUS_ADDRESS": bus.address])
+        return ["/usr/bin/bwrap", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+                "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--ro-bind", "/etc", "/etc",
+                "--bind", "/tmp", "/tmp", "--proc", "/proc", "--dev", "/dev", "--ro-bind", info, "/.flatpak-info",
+                "--unshare-pid", "--die-with-parent"]
+    }
+
+    /// `program` in `appID`'s sandbox, as a client of `bus`.
+    func sandboxed(_ bus: PrivateBus, _ appID: String, _ program: String, _ args: [String], input: [UInt8] = [])
+        throws -> (status: Int32, out: String, err: String) {
+        let argv = try sandbox(bus, appID) + [program] + args
+        let result = try run(argv[0], Array(argv.dropFirst()), input: input, environment: ["DBUS_SESSION_BUS_ADDRESS": bus.address])
         return (result.status, String(decoding: result.stdout, as: UTF8.self), result.stderr)
     }
 
@@ -176,6 +181,40 @@ struct PerApplicationSecretServiceTests {
         #expect(decoded.secrets.isEmpty && decoded.delete == "org.freedesktop.Secret.Error.NoSuchObject", "A reaches nothing of the host's")
         #expect(try sandboxed(bus, "org.example.A", PrivateBus.secretTool, ["lookup", "kind", "a"]).out == "A's secret", "A's item is still there")
         #expect(try host(bus, PrivateBus.secretTool, ["lookup", "kind", "h"]).out == "host's secret")
+    }
+
+    /// A host connection that listens to every signal of the provider (after a call of its own) hears of
+    /// the host's new item and not of A's: signals go to their application's connections only.
+    @Test func theHostHearsNoSignalOfAnAppsItems() throws {
+        let bus = try PrivateBus()
+        #expect(try host(bus, PrivateBus.secretTool, ["store", "--label=first", "kind", "first"], input: Array("v".utf8)).status == 0)
+        let storeA = try sandbox(bus, "org.example.A") + [PrivateBus.secretTool, "store", "--label=A", "kind", "a"]
+        let storeHost = [PrivateBus.secretTool, "store", "--label=host", "kind", "h"]
+        let heard = try host(bus, PrivateBus.python3, ["-c", """
+            import sys, json, subprocess
+            from jeepney import DBusAddress, MatchRule, MessageType, new_method_call
+            from jeepney.bus_messages import message_bus
+            from jeepney.io.blocking import open_dbus_connection, Proxy
+            conn = open_dbus_connection('SESSION')
+            rule = MatchRule(type='signal', path_namespace='/org/freedesktop/secrets')
+            with conn.filter(rule, bufsize=1000) as heard:
+                Proxy(message_bus, conn).AddMatch(rule)
+                service = DBusAddress('/org/freedesktop/secrets', bus_name='org.freedesktop.secrets', interface='org.freedesktop.Secret.Service')
+                conn.send_and_get_reply(new_method_call(service, 'ReadAlias', 's', ('default',)))
+                for argv, value in [(json.loads(sys.argv[1]), b"A's secret"), (json.loads(sys.argv[2]), b"host's secret")]:
+                    assert subprocess.run(argv, input=value).returncode == 0
+                signals = []
+                try:
+                    while True:
+                        signals.append(conn.recv_until_filtered(heard, timeout=1))
+                except TimeoutError:
+                    pass
+                print(json.dumps([m.header.fields.get(3) for m in signals if m.header.message_type == MessageType.signal]))
+            """, String(decoding: try JSONEncoder().encode(storeA), as: UTF8.self),
+            String(decoding: try JSONEncoder().encode(storeHost), as: UTF8.self)])
+        #expect(heard.status == 0, "\(heard.err)")
+        let members = try JSONDecoder().decode([String].self, from: Data(heard.out.utf8))
+        #expect(members.filter { $0 == "ItemCreated" }.count == 1, "the host's item only: \(members)")
     }
 
     @Test func aHostProcessNamingAnAppOrWritingAFlatpakInfoOfItsOwnGainsNothing() throws {
