@@ -100,14 +100,15 @@ public final class Bus: @unchecked Sendable {
     }
 
     /// The pid and uid the bus daemon took from the kernel for a connection (`GetConnectionCredentials`
-    /// of `sender`, a unique name); nil when the bus does not tell them. A round trip to the bus.
+    /// of `sender`, a unique name: its `ProcessID` and `UnixUserID`, which sd-bus reports as the
+    /// effective uid); nil when the bus does not tell them. A round trip to the bus.
     public func credentials(of sender: String) -> (pid: Int32, uid: UInt32)? {
         var creds: OpaquePointer?
-        guard sd_bus_get_name_creds(bus, sender, UInt64(SD_BUS_CREDS_PID | SD_BUS_CREDS_UID), &creds) >= 0, let creds else { return nil }
+        guard sd_bus_get_name_creds(bus, sender, UInt64(SD_BUS_CREDS_PID | SD_BUS_CREDS_EUID), &creds) >= 0, let creds else { return nil }
         defer { sd_bus_creds_unref(creds) }
         var pid: pid_t = 0
         var uid: uid_t = 0
-        guard sd_bus_creds_get_pid(creds, &pid) >= 0, sd_bus_creds_get_uid(creds, &uid) >= 0, pid > 0 else { return nil }
+        guard sd_bus_creds_get_pid(creds, &pid) >= 0, sd_bus_creds_get_euid(creds, &uid) >= 0, pid > 0 else { return nil }
         return (pid, uid)
     }
 
