@@ -45,6 +45,23 @@ import Testing
         withExtendedLifetime(portal) {}
     }
 
+    /// Where gnome-keyring is installed, its `.portal` file (42.1: `DBusName=org.freedesktop.secrets`,
+    /// `UseIn=gnome`) is the one the portal chooses, in GNOME and elsewhere (it sorts first): once
+    /// keychain-secret-service owns org.freedesktop.secrets, the app gets the same secret that way.
+    @Test func gnomeKeyringsPortalFileReachesTheBackendUnderOrgFreedesktopSecrets() throws {
+        let tpm = try SoftwareTPM()
+        let bus = try Self.bus(tpm)
+        let ours = try App.sandboxed(bus, "org.example.A", through: try Portal(bus))
+        #expect(ours.response == "0" && ours.secret.count == 128, "\(ours) \(bus.log)")
+        let gnomeKeyrings = "[portal]\nDBusName=org.freedesktop.secrets\nInterfaces=org.freedesktop.impl.portal.Secret\nUseIn=gnome\n"
+        for desktop in ["GNOME", nil] {
+            let portal = try Portal(bus, others: ["gnome-keyring.portal": gnomeKeyrings], desktop: desktop)
+            #expect(try App.sandboxed(bus, "org.example.A", through: portal).secret == ours.secret, "desktop \(desktop ?? "none"): \(bus.log)")
+        }
+        #expect(bus.log.contains("Using gnome-keyring.portal for org.freedesktop.impl.portal.Secret in GNOME"), "\(bus.log)")
+        #expect(bus.log.contains("Falling back to gnome-keyring.portal for org.freedesktop.impl.portal.Secret"), "\(bus.log)")
+    }
+
     /// The app id comes from the portal, which takes it from the kernel; a program that calls the
     /// backend itself, naming an app, is not the portal and gets nothing.
     @Test func aProgramThatIsNotThePortalGetsNoAppsSecretFromTheBackend() throws {
@@ -105,19 +122,24 @@ import Testing
     final class Portal {
         let pid: pid_t
 
-        init(_ bus: PrivateBus) throws {
+        /// - Parameters:
+        ///   - others: more `.portal` files beside ours (name and contents).
+        ///   - desktop: the session's `XDG_CURRENT_DESKTOP`, none when nil.
+        init(_ bus: PrivateBus, others: [String: String] = [:], desktop: String? = nil) throws {
             let portals = bus.directory + "/portals"
+            try? FileManager.default.removeItem(atPath: portals)
             try FileManager.default.createDirectory(atPath: portals, withIntermediateDirectories: true)
             let source = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
                 .appendingPathComponent("dist/xdg-desktop-portal/keychain.portal").path
             try FileManager.default.copyItem(atPath: source, toPath: portals + "/keychain.portal")
+            for (name, contents) in others { try contents.write(toFile: portals + "/" + name, atomically: true, encoding: .utf8) }
             var environment = ProcessInfo.processInfo.environment
-            environment["XDG_CURRENT_DESKTOP"] = nil
+            environment["XDG_CURRENT_DESKTOP"] = desktop
             environment["XDG_DESKTOP_PORTAL_DIR"] = portals
             environment["DBUS_SESSION_BUS_ADDRESS"] = bus.address
             let log = open(bus.directory + "/bus.log", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
             defer { close(log) }
-            pid = try #require(Processes.spawn(PortalSecretTests.portalExecutable, [PortalSecretTests.portalExecutable, "-r"],
+            pid = try #require(Processes.spawn(PortalSecretTests.portalExecutable, [PortalSecretTests.portalExecutable, "-r", "-v"],
                                                environment: environment, stderr: log))
             try waitUntil("xdg-desktop-portal to own org.freedesktop.portal.Desktop") {
                 try bus.python("import dbus; print(dbus.SessionBus().name_has_owner('org.freedesktop.portal.Desktop'))") == "True\n"
@@ -138,8 +160,9 @@ import Testing
         }
 
         /// python3 in a bwrap sandbox whose `/.flatpak-info` names `appID`, asking the portal.
-        static func sandboxed(_ bus: PrivateBus, _ appID: String) throws -> Answer {
-            try answer(try bus.run("/usr/bin/bwrap", try sandbox(bus, appID) + [PrivateBus.python3, "-c", portalClient]))
+        static func sandboxed(_ bus: PrivateBus, _ appID: String, through portal: Portal? = nil) throws -> Answer {
+            defer { withExtendedLifetime(portal) {} }
+            return try answer(try bus.run("/usr/bin/bwrap", try sandbox(bus, appID) + [PrivateBus.python3, "-c", portalClient]))
         }
 
         /// python3 on the host (no sandbox) asking the portal.
