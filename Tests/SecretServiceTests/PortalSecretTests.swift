@@ -2,6 +2,7 @@ import Foundation
 import Keychain
 import KeychainTestSupport
 import KeychainTestThreads
+import Synchronization
 import Testing
 
 /// The Flatpak Secret portal's backend through a real xdg-desktop-portal (Debian 12's 1.16) on a
@@ -42,6 +43,28 @@ import Testing
         let portal = try Portal(bus)
         #expect(try App.sandboxed(bus, "org.example.B").secret == b, "B's after restarting everything: \(bus.log)")
         #expect(try App.sandboxed(bus, "org.example.A").secret == a, "A's after restarting everything")
+        withExtendedLifetime(portal) {}
+    }
+
+    /// An app's first calls, several at once (an app's processes starting together), make one secret:
+    /// every caller reads the one that is kept.
+    @Test func anAppsFirstCallsAtOnceAllGetTheOneSecretThatIsKept() throws {
+        let bus = try Self.bus(try SoftwareTPM())
+        let portal = try Portal(bus)
+        let answers = Mutex<[String]>([])
+        let go = bus.directory + "/go"
+        let release = Thread {
+            usleep(2_000_000)  // every client started and waiting (bwrap and python take ~0.2 s)
+            _ = FileManager.default.createFile(atPath: go, contents: nil)
+        }
+        release.start()
+        DispatchQueue.concurrentPerform(iterations: 6) { _ in
+            let answer = (try? App.sandboxed(bus, "org.example.C", startingAt: go))?.secret ?? "failed"
+            answers.withLock { $0.append(answer) }
+        }
+        let kept = try App.sandboxed(bus, "org.example.C").secret
+        #expect(kept.count == 128)
+        #expect(answers.withLock { $0 } == Array(repeating: kept, count: 6), "\(bus.log)")
         withExtendedLifetime(portal) {}
     }
 
@@ -160,9 +183,11 @@ import Testing
         }
 
         /// python3 in a bwrap sandbox whose `/.flatpak-info` names `appID`, asking the portal.
-        static func sandboxed(_ bus: PrivateBus, _ appID: String, through portal: Portal? = nil) throws -> Answer {
+        /// - Parameter go: the client calls once this file exists (several clients at once).
+        static func sandboxed(_ bus: PrivateBus, _ appID: String, through portal: Portal? = nil, startingAt go: String? = nil) throws -> Answer {
             defer { withExtendedLifetime(portal) {} }
-            return try answer(try bus.run("/usr/bin/bwrap", try sandbox(bus, appID) + [PrivateBus.python3, "-c", portalClient]))
+            let command = [PrivateBus.python3, "-c", portalClient] + (go.map { [$0] } ?? [])
+            return try answer(try bus.run("/usr/bin/bwrap", try sandbox(bus, appID) + command))
         }
 
         /// python3 on the host (no sandbox) asking the portal.
@@ -199,9 +224,10 @@ import Testing
         }
 
         /// What libsecret inside a Flatpak does: a pipe, the portal's RetrieveSecret with its write end,
-        /// the Response signal, then the pipe read to its end. Prints "RESPONSE HEX".
+        /// the Response signal, then the pipe read to its end. Prints "RESPONSE HEX". With an argument,
+        /// it calls once that file exists.
         static let portalClient = """
-            import dbus, os, select
+            import dbus, os, select, sys, time
             from dbus.mainloop.glib import DBusGMainLoop
             from gi.repository import GLib
             DBusGMainLoop(set_as_default=True)
@@ -215,6 +241,8 @@ import Testing
             bus.add_signal_receiver(done, 'Response', 'org.freedesktop.portal.Request', None, path)
             r, w = os.pipe()
             portal = bus.get_object('org.freedesktop.portal.Desktop', '/org/freedesktop/portal/desktop')
+            while len(sys.argv) > 1 and not os.path.exists(sys.argv[1]):
+                time.sleep(0.001)
             portal.RetrieveSecret(dbus.types.UnixFd(w), {'handle_token': token}, dbus_interface='org.freedesktop.portal.Secret')
             os.close(w)
             GLib.timeout_add_seconds(60, loop.quit)
