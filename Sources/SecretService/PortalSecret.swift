@@ -141,7 +141,8 @@ public final class PortalSecretBackend: @unchecked Sendable {
 }
 
 /// Who may call the backend: a connection of this uid whose process runs xdg-desktop-portal's
-/// executable (`/proc/PID/exe`, the kernel's link, as `GetConnectionCredentials` names the pid).
+/// executable (`/proc/PID/exe`, the kernel's link, as `GetConnectionCredentials` names the pid: its
+/// path, and the host's file of that path by device and inode).
 ///
 /// - Important: a speed bump, not a boundary: any program of the user can start that executable
 ///   with a library preloaded, or trace it, and call as it. It stops a program that merely asks the
@@ -159,11 +160,22 @@ struct PortalCaller {
             throw .accessDenied("The caller runs as uid \(peer.uid), not \(getuid()): only this user's xdg-desktop-portal may ask for an app's secret")
         }
         let exe = Self.executable(of: peer.pid)
-        guard let exe, Self.executables.contains(exe) else {
+        guard let exe, Self.executables.contains(exe), Self.isPortalsFile(pid: peer.pid) else {
             let what = exe.map { "'\(logField($0.utf8, limit: 128))'" } ?? "unknown (its /proc entry cannot be read)"
             throw .accessDenied("The caller (pid \(peer.pid), executable \(what)) is not xdg-desktop-portal "
                                 + "(\(Self.executables.sorted().joined(separator: " or "))): a sandboxed app asks "
                                 + "org.freedesktop.portal.Secret, which calls this backend with the app id the kernel vouches for")
+        }
+    }
+
+    /// Whether the file the process runs is one of `executables` on this host (device and inode),
+    /// not a file of that name in another mount namespace (a sandbox's own `/usr`).
+    static func isPortalsFile(pid: Int32) -> Bool {
+        var running = stat()
+        guard stat("/proc/\(pid)/exe", &running) == 0 else { return false }
+        return executables.contains { path in
+            var installed = stat()
+            return stat(path, &installed) == 0 && installed.st_dev == running.st_dev && installed.st_ino == running.st_ino
         }
     }
 
