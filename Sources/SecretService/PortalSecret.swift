@@ -101,7 +101,7 @@ public final class PortalSecretBackend: @unchecked Sendable {
             if let stored = try await storage.getSecureBytes(app.value) {
                 guard stored.count == secretBytes else {
                     return .failure(.failed("The stored portal secret of \(app.value) is \(stored.count) bytes, not \(secretBytes): "
-                                            + "the store is damaged (keychainctl delete --service \(service) \(app.value) makes a new one, "
+                                            + "the store is damaged (keychainctl rm \(service) \(app.value) makes a new one, "
                                             + "and the app's encrypted data is lost)"))
                 }
                 return .success(stored)
