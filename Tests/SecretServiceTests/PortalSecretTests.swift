@@ -46,6 +46,30 @@ import Testing
         withExtendedLifetime(portal) {}
     }
 
+    /// Through keychaind (`--socket`, as the package's user unit runs the provider): the secrets are
+    /// items of the user's namespace in keychaind's store, the same after restarting the provider,
+    /// keychaind and the TPM.
+    @Test func throughKeychaindEachAppsSecretIsAnItemOfTheUserAndOutlivesRestarts() throws {
+        let tpm = try SoftwareTPM()
+        let keychaind = try KeychainDaemon(tpm: tpm)
+        let socket = keychaind.socket
+        let bus = try Self.bus(tpm, providerArguments: ["--socket", socket])
+        let portal = try Portal(bus)
+        let a = try App.sandboxed(bus, "org.example.A"), b = try App.sandboxed(bus, "org.example.B")
+        #expect(a.response == "0" && a.secret.count == 128 && b.secret.count == 128 && a.secret != b.secret, "\(a) \(b) \(bus.log)")
+        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
+        let listed = try bus.run(keychainctl, ["ls", "org.freedesktop.impl.portal.Secret"], environment: keychaind.environment)
+        #expect(String(decoding: listed.stdout, as: UTF8.self).split(separator: "\n").sorted() == ["org.example.A", "org.example.B"], "\(listed.stderr)")
+
+        for pid in bus.providerPIDs() { kill(pid, SIGTERM) }
+        try waitUntil("the provider to stop") { bus.providerPIDs().isEmpty }
+        _ = keychaind.kill()
+        try tpm.reboot()
+        try keychaind.start()
+        #expect(try App.sandboxed(bus, "org.example.A").secret == a.secret, "A's after restarting the provider, keychaind and the TPM: \(bus.log)")
+        withExtendedLifetime(portal) {}
+    }
+
     /// An app's first calls, several at once (an app's processes starting together), make one secret:
     /// every caller reads the one that is kept.
     @Test func anAppsFirstCallsAtOnceAllGetTheOneSecretThatIsKept() throws {
@@ -130,8 +154,8 @@ import Testing
     // MARK: - Parts
 
     /// A private bus whose provider is also activated by the backend's name (as the package's file does).
-    static func bus(_ tpm: SoftwareTPM) throws -> PrivateBus {
-        let bus = try PrivateBus(tpm: tpm)
+    static func bus(_ tpm: SoftwareTPM, providerArguments: [String]? = nil) throws -> PrivateBus {
+        let bus = try PrivateBus(tpm: tpm, providerArguments: providerArguments.map { arguments in { _, _ in arguments } })
         let services = bus.directory + "/services/"
         let provider = try String(contentsOfFile: services + "org.freedesktop.secrets.service", encoding: .utf8)
         try provider.replacingOccurrences(of: "Name=org.freedesktop.secrets", with: "Name=org.freedesktop.impl.portal.desktop.keychain")
