@@ -23,6 +23,7 @@ packages=(
   python3-pytest python3-venv python3-setuptools python3-wheel python3-mypy git  # bindings/python: its pytest suite, a venv outside the checkout (pip install, offline), its type hints (mypy --strict), git's credential helper
   nodejs node-typescript                                 # the Node package (bindings/node): node --test, tsc's checks of index.d.ts and the seed's examples
   bubblewrap                                             # PerApplicationDaemonTests: sandboxes with a /.flatpak-info, as Flatpak makes them (bwrap)
+  xdg-desktop-portal python3-dbus                        # PortalSecretTests: the real Secret portal (1.16) in front of our backend, its sandboxed clients
 )
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

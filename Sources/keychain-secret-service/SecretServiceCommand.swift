@@ -171,7 +171,7 @@ private func keychainConfiguration(_ options: Options) -> (KeychainConfiguration
 }
 
 /// Serves the bus until SIGTERM or SIGINT (or another provider takes the name); then exit.
-@MainActor private func serve(_ bus: Bus, _ providers: ApplicationProviders) -> Never {
+@MainActor private func serve(_ bus: Bus, _ providers: ApplicationProviders, _ portal: PortalSecretBackend) -> Never {
     // SIGTERM and SIGINT end the loop, so the store is closed (its WAL checkpointed) on the way out.
     var stops: [DispatchSourceSignal] = []
     for number in [SIGTERM, SIGINT] {
@@ -186,13 +186,35 @@ private func keychainConfiguration(_ options: Options) -> (KeychainConfiguration
 
     var lostName = false
     do throws(DBusError) {
-        try bus.serve(handler: { providers.handle($0) }, vanished: { providers.clientVanished($0) }, lost: { lostName = true })
+        try bus.serve(handler: { PortalSecretBackend.owns($0) ? portal.handle($0) : providers.handle($0) },
+                      vanished: { providers.clientVanished($0) }, lost: { lostName = true })
     } catch {
         fail(error.message)
     }
     waitFor { await KeychainDevice.closeStores() }
     if lostName { writeAll(2, "keychain-secret-service: another provider took \(SecretServiceProvider.busName)\n") }
     exit(0)
+}
+
+/// The Flatpak Secret portal's backend, under its own name too when no other process owns that
+/// (it always answers under org.freedesktop.secrets, which gnome-keyring's `.portal` file names).
+@MainActor private func portalBackend(_ bus: Bus, _ configuration: KeychainConfiguration) -> PortalSecretBackend {
+    let portal: PortalSecretBackend
+    do throws(DBusError) {
+        portal = try PortalSecretBackend(configuration: configuration, credentials: { sender in
+            guard let peer = try? bus.credentials(of: sender) else { return nil }
+            if let pidfd = peer.pidfd { close(pidfd) }
+            return (peer.pid, peer.uid)
+        })
+        if case .ownedBy(let owner) = try bus.request(name: PortalSecretBackend.busName, replace: false) {
+            writeAll(2, "keychain-secret-service: \(PortalSecretBackend.busName) is owned by \(owner); "
+                     + "the Secret portal backend answers under \(SecretServiceProvider.busName) only\n")
+        }
+    } catch {
+        fail(error.message)
+    }
+    portal.post = { bus.post($0) }
+    return portal
 }
 
 /// keychain-secret-service's entry point: the arguments, the bus name, then serving until SIGTERM or SIGINT.
@@ -211,5 +233,5 @@ private func keychainConfiguration(_ options: Options) -> (KeychainConfiguration
     providers.post = { bus.post($0) }
     if options.importing { importAndExit(providers.host, from: bus, where: where_) }
     claimName(bus, replace: options.replace, where: where_)
-    serve(bus, providers)
+    serve(bus, providers, portalBackend(bus, configuration))
 }
