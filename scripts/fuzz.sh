@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 export PATH=/opt/swift/usr/bin:$PATH
 
 targets=(frame request credentials backup bundle identity attestation-request attestation-answer options pkcs11-uri
-         dbus secret-service reader journal-relay)
+         dbus secret-service reader journal-relay peer-process)
 # About a minute in all for CI.
 ci_seconds=5
 mode=${1:---ci}; shift || true

@@ -54,6 +54,9 @@ enum FuzzTarget: String, CaseIterable {
     /// A datagram on keychain-journal-relay's socket (`RelayedRefusal`): keychaind's, or a sender's that
     /// reached the socket; what the root relay writes of it into a unit's journal.
     case journalRelay = "journal-relay"
+    /// What keychaind and the Secret Service read of a peer in /proc (cgroup, `.flatpak-info`, mount
+    /// table, a pidfd's fdinfo) and the app id the Secret portal is handed (PeerProcessTarget.swift).
+    case peerProcess = "peer-process"
 
     /// The target `KEYCHAIN_FUZZ_TARGET` names; a missing or unknown name ends the run saying the names.
     static let chosen: FuzzTarget = {
@@ -86,6 +89,7 @@ enum FuzzTarget: String, CaseIterable {
         case .secretService: Self.secretService(bytes)
         case .reader: Self.reader(bytes)
         case .journalRelay: Self.journalRelay(bytes)
+        case .peerProcess: Self.peerProcess(bytes)
         }
     }
 
