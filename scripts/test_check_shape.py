@@ -124,11 +124,37 @@ class TreeTests(unittest.TestCase):
             self.write(root, "Sources/KeychainEngine/E.swift", "extension Engine {}\n")
             self.write(root, "Sources/Keychain/F.swift", "import KeychainEngine\nextension Engine {}\n")
             self.write(root, "Sources/KeychainEngine/G.swift", "import Keychain\n")
-            self.write(root, "Sources/KeychainDaemon/D.swift", "import Keychain\nlet c: DaemonClient? = nil\n")
+            self.write(root, "Sources/KeychainDaemon/D.swift", "import KeychainEngine\nlet c: DaemonClient? = nil\n")
             findings = shape.check_tree(root)
             self.assertEqual(len(findings), 2, findings)
             self.assertIn(os.path.join("Sources", "Keychain", "F.swift") + ":2: extension Engine outside", findings[0])
             self.assertIn(os.path.join("Sources", "KeychainEngine", "G.swift") + ":1: import Keychain in the core", findings[1])
+
+    def test_the_daemon_importing_the_facade_fails_and_importing_the_engine_passes(self):
+        with tempfile.TemporaryDirectory() as root:
+            self.write(root, "Sources/KeychainDaemon/D.swift", "import KeychainEngine\nimport KeychainWire\n// import Keychain\n")
+            self.write(root, "Sources/keychaind/K.swift", "import KeychainDaemon\nimport KeychainCLIText\n")
+            self.assertEqual(shape.check_tree(root), [])
+            self.write(root, "Sources/KeychainDaemon/E.swift", "import Glibc\n@preconcurrency import Keychain\n")
+            self.write(root, "Sources/keychaind/L.swift", "internal import SecretService\n")
+            findings = shape.check_tree(root)
+            self.assertEqual(len(findings), 2, findings)
+            self.assertIn(os.path.join("Sources", "KeychainDaemon", "E.swift") + ":2: import Keychain in the daemon", findings[0])
+            self.assertIn(os.path.join("Sources", "keychaind", "L.swift") + ":1: import SecretService in the daemon", findings[1])
+            self.assertEqual(shape.main(["check-shape", root]), 1)
+
+    def test_a_daemon_target_depending_on_the_facade_in_the_manifest_fails(self):
+        manifest = ('.target(name: "Keychain", dependencies: ["KeychainEngine"]),\n'
+                    '// .target(name: "KeychainDaemon", dependencies: ["Keychain"]),\n'
+                    '.target(name: "KeychainDaemon", dependencies: ["KeychainEngine", "KeychainWire"]),\n'
+                    '.target(name: "Keychaind", dependencies: ["KeychainDaemon", "Keychain", "KeychainCLIText"],\n    path: "x"),\n'
+                    '.target(name: "SecretService", dependencies: ["Keychain"]),\n')
+        self.assertEqual(shape.daemon_target_facade_dependencies(manifest), [(4, "Keychaind")])
+        with tempfile.TemporaryDirectory() as root:
+            self.write(root, "Package.swift", manifest)
+            self.write(root, "Sources/A/A.swift", "let a = 1\n")
+            findings = shape.check_tree(root)
+            self.assertEqual(findings, ["Package.swift:4: target Keychaind depends on Keychain (the daemon depends on KeychainEngine, not the facade)"])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 import Glibc
-import Keychain
+import KeychainEngine
 import KeychainCLIText
 internal import CSystemd
 
