@@ -82,8 +82,8 @@ struct TokenBackend: KeyBackend {
         let tpmPart = SecureBytes(random: Sodium.x25519KeyLength)
         let publicKey = Sodium.x25519Public(of: Self.combine(tpmPart: tpmPart, tokenPart: tokenPart))
         let tpmProtection = try ItemProtection(accessible: protection.accessible)
-        var (key, replaces) = try engine.tpmWrappingKey(service: service, tag: tag, protection: tpmProtection, stored: stored,
-                                                        readerDirectory: nil, part: (tpmPart, publicKey))
+        var (key, replaces) = try engine.tpmWrappingKey(service: service, tag: tag, protection: tpmProtection, stored: stored, readerDirectory: nil,
+                                                        sealing: Sodium.X25519KeyPair(publicKey: publicKey, secretKey: tpmPart))
         guard key.publicKey == publicKey else { return (key, replaces) }  // the stored key serves
         key.backend = .token
         key.tokenFormat = Self.withTPM
@@ -117,7 +117,7 @@ struct TokenBackend: KeyBackend {
             // Kept by the session until lock() or dropCaches().
             let tokenPart = try session(engine).openItemKey(wrapping.tokenSealed, service: Self.namespace(wrapping.service),
                                                              key: "", protection: Engine.liveTag(wrapping.protection))
-            return try await engine.unsealedSecret(for: wrapping, record: record, store: store, context: context, tokenPart: tokenPart)
+            return try combinedSecret(wrapping, tokenPart: tokenPart, record: record, store: store, context: context, engine: engine)
         }
         let id = Engine.WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
         let window = context.window(tag: record.protection)
@@ -129,9 +129,28 @@ struct TokenBackend: KeyBackend {
         if let availability = SealPolicy.decode(wrapping.policy)?.availability { try engine.refuseWhileLocked(availability) }
         let tokenPart = try await engine.tokenPasscodePart(for: wrapping, record: record, store: store, context: context)
         engine.unsealed[id] = nil
-        let secret = try await engine.unsealedSecret(for: wrapping, record: record, store: store, context: context, tokenPart: tokenPart)
+        let secret = try combinedSecret(wrapping, tokenPart: tokenPart, record: record, store: store, context: context, engine: engine)
         let generation = engine.unsealed[id]?.generation
         engine.unsealed[id] = window > 0 ? (secret, generation, .now) : nil
+        return secret
+    }
+
+    /// A split key's secret: the TPM's part, unsealed as a TPM key of the level is (the TPM checks the
+    /// lock state; the part's policy names no user), with the token's, checked and kept as that TPM
+    /// key's secret would be.
+    private func combinedSecret(_ wrapping: WrappingKeyRecord, tokenPart: SecureBytes, record: ItemRecord, store: Store,
+                                context: Engine.ReadContext, engine: isolated Engine) throws(KeychainError) -> SecureBytes {
+        let id = Engine.WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
+        if let cached = try engine.cachedSecret(id, window: context.window(tag: record.protection), store: store) { return cached }
+        let policy = try engine.sealPolicy(of: wrapping)
+        guard policy.branches.isEmpty else {
+            throw KeychainError(.dataCorrupted, "The wrapping key of service '\(ItemScope.shown(wrapping.service))' has an unreadable policy, "
+                                + "or one made for another key")
+        }
+        let generation: UInt64? = policy.availability == .whenUnlocked ? try engine.lockGeneration(store) : nil
+        let tpmPart = try engine.unsealedUnattended(wrapping, policy: policy, store: store)
+        let secret = try engine.checked(Self.combine(tpmPart: tpmPart, tokenPart: tokenPart), wrapping)
+        engine.unsealed[id] = (secret, generation, nil)
         return secret
     }
 
