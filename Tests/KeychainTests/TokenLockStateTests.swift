@@ -99,11 +99,7 @@ struct TokenLockStateCostTests {
     @Test func aColdTokenReadCostsTheTPMCommandsOfATPMRead() async throws {
         guard try isTheChildRun(of: "aColdTokenReadCostsTheTPMCommandsOfATPMRead", variable: Self.childVariable) else { return }
         let t = try TokenBackendTests.Token()
-        setenv("SOFTHSM2_CONF", t.env["SOFTHSM2_CONF"]!, 1)
-        var configuration = t.tpm.configuration(store: t.store)
-        configuration.pkcs11URI = t.uri()
-        let device = KeychainDevice(configuration: configuration)
-        try await device.initialize()
+        let (configuration, device) = try await t.inThisProcess()
         try await device.setPasscode(SecureBytes(copying: Array("2468".utf8)))
         for accessible in [Accessible.whenUnlocked, .afterFirstUnlock, .whenPasscodeSetThisDeviceOnly] {
             let tpm = try createKeychain(.init(service: "tpm", accessible: accessible), configuration: configuration)

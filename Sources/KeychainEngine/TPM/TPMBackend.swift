@@ -11,20 +11,20 @@ struct TPMBackend: KeyBackend {
     var readerDirectory: String?
 
     func wrappingKey(service: String, tag: String, protection: ItemProtection, stored: WrappingKeyRecord?,
-                     engine: isolated Engine) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
+                     engine: isolated any BackendContext) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
         try engine.tpmWrappingKey(service: service, tag: tag, protection: protection, stored: stored,
-                                  readerDirectory: readerDirectory)
+                                  readerDirectory: readerDirectory, sealing: nil)
     }
 
     func openSecret(_ wrapping: WrappingKeyRecord, for record: ItemRecord, store: Store, context: Engine.ReadContext,
-                    engine: isolated Engine) async throws(KeychainError) -> SecureBytes {
+                    engine: isolated any BackendContext) async throws(KeychainError) -> SecureBytes {
         try await engine.unsealedSecret(for: wrapping, record: record, store: store, context: context)
     }
 
     /// Sealed blobs live only in the store: removing their rows destroys them.
-    func destroyKeys(service: String, engine: isolated Engine) {}
+    func destroyKeys(service: String, engine: isolated any BackendContext) {}
 
-    func securityLevel(engine: isolated Engine) throws(KeychainError) -> ItemInfo.SecurityLevel {
+    func securityLevel(engine: isolated any BackendContext) throws(KeychainError) -> ItemInfo.SecurityLevel {
         let store = try engine.store()
         let manufacturer = try engine.read { try store.meta(StoreMeta.manufacturer) }
         return (manufacturer ?? []).starts(with: Array("IBM".utf8)) ? .softwareTPM : .hardwareTPM

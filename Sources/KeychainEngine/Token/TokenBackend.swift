@@ -23,7 +23,7 @@ struct TokenBackend: KeyBackend {
     static let withTPM: Int64 = 2
     var uri: String?
 
-    func session(_ engine: isolated Engine) throws(KeychainError) -> TokenSession {
+    func session(_ engine: isolated any BackendContext) throws(KeychainError) -> TokenSession {
         guard let uri else {
             throw KeychainError(.hardwareUnavailable, "This item's key is on a PKCS#11 token, and no token is configured "
                                 + "(KEYCHAIN_PKCS11_URI or --pkcs11-uri)")
@@ -55,7 +55,7 @@ struct TokenBackend: KeyBackend {
     }
 
     func wrappingKey(service: String, tag: String, protection: ItemProtection, stored: WrappingKeyRecord?,
-                     engine: isolated Engine) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
+                     engine: isolated any BackendContext) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
         if Self.needsTPM(protection.accessible) {
             // A token-only key of a lock-state level (made before levels were enforced) is replaced;
             // its items keep it (retired) and read as they were written.
@@ -76,7 +76,7 @@ struct TokenBackend: KeyBackend {
     /// A lock-state level: the TPM part is sealed as a TPM key of that level would be (a dead key,
     /// after a passcode removal, is replaced the same way), then the token seals its part.
     private func splitKey(service: String, tag: String, protection: ItemProtection, stored: WrappingKeyRecord?,
-                          engine: isolated Engine) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
+                          engine: isolated any BackendContext) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
         let session = try session(engine)
         let tokenPart = SecureBytes(random: Sodium.x25519KeyLength)
         let tpmPart = SecureBytes(random: Sodium.x25519KeyLength)
@@ -93,7 +93,7 @@ struct TokenBackend: KeyBackend {
     }
 
     func openSecret(_ wrapping: WrappingKeyRecord, for record: ItemRecord, store: Store, context: Engine.ReadContext,
-                    engine: isolated Engine) async throws(KeychainError) -> SecureBytes {
+                    engine: isolated any BackendContext) async throws(KeychainError) -> SecureBytes {
         if wrapping.tokenFormat == Self.withTPM {
             return try await openSplit(wrapping, for: record, store: store, context: context, engine: engine)
         }
@@ -112,7 +112,7 @@ struct TokenBackend: KeyBackend {
     /// The token's part (the PIN asked first for `passcode`), then the TPM's, opened and kept as a
     /// TPM key of the level is: the TPM checks the lock state, with the same commands.
     private func openSplit(_ wrapping: WrappingKeyRecord, for record: ItemRecord, store: Store, context: Engine.ReadContext,
-                           engine: isolated Engine) async throws(KeychainError) -> SecureBytes {
+                           engine: isolated any BackendContext) async throws(KeychainError) -> SecureBytes {
         guard TokenSession.usesPasscode(record.protection) else {
             // Kept by the session until lock() or dropCaches().
             let tokenPart = try session(engine).openItemKey(wrapping.tokenSealed, service: Self.namespace(wrapping.service),
@@ -139,7 +139,7 @@ struct TokenBackend: KeyBackend {
     /// lock state; the part's policy names no user), with the token's, checked and kept as that TPM
     /// key's secret would be.
     private func combinedSecret(_ wrapping: WrappingKeyRecord, tokenPart: SecureBytes, record: ItemRecord, store: Store,
-                                context: Engine.ReadContext, engine: isolated Engine) throws(KeychainError) -> SecureBytes {
+                                context: Engine.ReadContext, engine: isolated any BackendContext) throws(KeychainError) -> SecureBytes {
         let id = Engine.WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
         if let cached = try engine.cachedSecret(id, window: context.window(tag: record.protection), store: store) { return cached }
         let policy = try engine.sealPolicy(of: wrapping)
@@ -155,11 +155,11 @@ struct TokenBackend: KeyBackend {
     }
 
     /// The service's objects on the token (one per service, whatever the protection).
-    func destroyKeys(service: String, engine: isolated Engine) throws(KeychainError) {
+    func destroyKeys(service: String, engine: isolated any BackendContext) throws(KeychainError) {
         try session(engine).destroyKeys(service: Self.namespace(service))
     }
 
-    func securityLevel(engine: isolated Engine) -> ItemInfo.SecurityLevel { .pkcs11Token }
+    func securityLevel(engine: isolated any BackendContext) -> ItemInfo.SecurityLevel { .pkcs11Token }
 }
 
 extension Engine {
@@ -200,12 +200,6 @@ extension Engine {
             throw TokenSession.map(error, doing: "report its state")
         }
     }
-}
-
-/// A PKCS#11 token as `status` shows it.
-public struct TokenStatus: Sendable, Hashable, Codable {
-    public var label, manufacturer, model, serial: String
-    public var userPinLocked, userPinFinalTry, userPinCountLow: Bool
 }
 
 // MARK: 'strongbox' with the passcode: the token's user PIN, asked at read
