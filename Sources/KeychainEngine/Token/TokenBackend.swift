@@ -136,17 +136,14 @@ struct TokenBackend: KeyBackend {
     }
 
     /// A split key's secret: the TPM's part, unsealed as a TPM key of the level is (the TPM checks the
-    /// lock state; the part's policy names no user), with the token's, checked and kept as that TPM
-    /// key's secret would be.
+    /// lock state; the part's policy names no user, so nobody is asked), with the token's, checked and
+    /// kept as that TPM key's secret would be.
     private func combinedSecret(_ wrapping: WrappingKeyRecord, tokenPart: SecureBytes, record: ItemRecord, store: Store,
                                 context: Engine.ReadContext, engine: isolated any BackendContext) throws(KeychainError) -> SecureBytes {
         let id = Engine.WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
         if let cached = try engine.cachedSecret(id, window: context.window(tag: record.protection), store: store) { return cached }
+        // A policy edited to name a user fails the unseal's check of the stored policy against the sealed object.
         let policy = try engine.sealPolicy(of: wrapping)
-        guard policy.branches.isEmpty else {
-            throw KeychainError(.dataCorrupted, "The wrapping key of service '\(ItemScope.shown(wrapping.service))' has an unreadable policy, "
-                                + "or one made for another key")
-        }
         let generation: UInt64? = policy.availability == .whenUnlocked ? try engine.lockGeneration(store) : nil
         let tpmPart = try engine.unsealedUnattended(wrapping, policy: policy, store: store)
         let secret = try engine.checked(Self.combine(tpmPart: tpmPart, tokenPart: tokenPart), wrapping)
