@@ -53,7 +53,7 @@ let package = Package(
         // and nonce (it interposes OSSL_LIB_CTX_new and _free in every program linking TPM2; docs/performance.md).
         .target(name: "CTSSCrypto"),
         // The TPM 2.0 layer: one ESYS call point, sessions, policies, offline policy digests.
-        .target(name: "TPM2", dependencies: ["CTSS2", "CTSSCrypto", "CSodium", "COpenSSL", "SecureMemory"]),
+        .target(name: "TPM2", dependencies: ["CTSS2", "CTSSCrypto", "CSodium", "COpenSSL", "SecureMemory", "KeychainBasics"]),
         // Secrets on sodium_malloc, and the libsodium primitives the keychain uses.
         .target(name: "SecureMemory", dependencies: ["CSodium"]),
         // What every layer shares and no C library defines: the errno path of system calls (`valueOrErrno`), the hex codec.
@@ -86,9 +86,9 @@ let package = Package(
 
         // keychaind's service over the engine: the socket server, the request handler, access groups, the limits
         // on connections and each uid's turn, the log, and the systemd credentials socket. keychaind alone links it.
-        .target(name: "KeychainDaemon", dependencies: ["KeychainEngine", "Keychain", "KeychainWire", "SecureMemory", "TPM2", "KeychainCLIText", "KeychainBasics", "CSystemd"]),
+        .target(name: "KeychainDaemon", dependencies: ["KeychainEngine", "KeychainWire", "SecureMemory", "TPM2", "KeychainCLIText", "KeychainBasics", "CSystemd"]),
 
-        .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2", "KeychainTestThreads"]),
+        .target(name: "KeychainTestSupport", dependencies: ["Keychain", "TPM2", "KeychainTestThreads", "KeychainBasics"]),
         // C: the token tests' PKCS#11 module (see its product); p11-kit's pkcs11.h only, no C library of its own.
         .target(name: "KeychainTestRefusingToken", dependencies: ["CP11Kit"]),
         .target(name: "KeychainTestExitProbe", dependencies: ["COpenSSL"]),
@@ -106,7 +106,7 @@ let package = Package(
         .target(name: "KeychainctlFull", dependencies: ["Keychain", "TPM2", "SignInFlow", "KeychainCLIText", "KeychainWire", "DBus", "KeychainBasics"],
                 path: "Sources/keychainctl-full"),
         .target(name: "KeychainctlFront", dependencies: ["KeychainWire", "KeychainCLIText", "KeychainBasics"], path: "Sources/keychainctl"),
-        .target(name: "Keychaind", dependencies: ["KeychainDaemon", "Keychain", "KeychainCLIText", "CSystemd"], path: "Sources/keychaind"),
+        .target(name: "Keychaind", dependencies: ["KeychainDaemon", "KeychainEngine", "KeychainCLIText", "CSystemd"], path: "Sources/keychaind"),
         .target(name: "SecretServiceCommand", dependencies: ["SecretService", "Keychain", "KeychainCLIText"],
                 path: "Sources/keychain-secret-service"),
         .executableTarget(name: "keychainctl-full", dependencies: ["KeychainctlFull"], path: "Sources/Executables/keychainctl-full"),

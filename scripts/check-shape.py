@@ -11,7 +11,10 @@ Finds, under Sources/:
 - an `extension Engine` outside Sources/KeychainEngine (the engine is one target), and in the core or the engine
   (Sources/KeychainCore, Sources/KeychainEngine) an import of the facade, the daemon or D-Bus (`Keychain`,
   `KeychainDaemon`, `Keychaind`, `DBus`) or a name of the daemon's code or its client (`DaemonClient`,
-  `DaemonServer`, `DaemonRequestHandler`).
+  `DaemonServer`, `DaemonRequestHandler`);
+- in the daemon (Sources/KeychainDaemon, Sources/keychaind) an import of the facade or what stands on it
+  (`Keychain`, `SecretService`, `DBus`), and in Package.swift a `Keychain` among the KeychainDaemon or Keychaind
+  target's dependencies: keychaind is the engine's service, not a client of the public API.
 Prints one line a finding (path:line: what) and exits 1 when there is any, 0 when there is none.
 Braces, `!` and names inside string literals and comments do not count.
 
@@ -196,6 +199,10 @@ def daemon_callers(code):
 ENGINE_EXTENSION = re.compile(r"\bextension\s+Engine\b")
 UPWARD_IMPORT = re.compile(r"^[ \t]*(?:@\w+[ \t]+)*(?:(?:internal|package|public|private|fileprivate)[ \t]+)?import[ \t]+"
                            r"(Keychain|KeychainDaemon|Keychaind|DBus)\b", re.MULTILINE)
+DAEMON_FACADE_IMPORT = re.compile(r"^[ \t]*(?:@\w+[ \t]+)*(?:(?:internal|package|public|private|fileprivate)[ \t]+)?import[ \t]+"
+                                  r"(Keychain|SecretService|DBus)\b", re.MULTILINE)
+DAEMON_TARGETS = ("KeychainDaemon", "Keychaind")
+DAEMON_FOLDERS = ("Sources/KeychainDaemon/", "Sources/keychaind/")
 DAEMON_NAME = re.compile(r"\b(DaemonClient|DaemonServer|DaemonRequestHandler)\b")
 
 
@@ -208,6 +215,26 @@ def upward_references(code):
     found = [(code.count("\n", 0, m.start()) + 1, "import " + m.group(1)) for m in UPWARD_IMPORT.finditer(code)]
     found += [(code.count("\n", 0, m.start()) + 1, m.group(1)) for m in DAEMON_NAME.finditer(code)]
     return sorted(found)
+
+
+def daemon_facade_imports(code):
+    """(line, module) of each import of the facade, or of a module on it, in blanked `code`."""
+    return [(code.count("\n", 0, m.start()) + 1, m.group(1)) for m in DAEMON_FACADE_IMPORT.finditer(code)]
+
+
+def daemon_target_facade_dependencies(manifest):
+    """(line, target) of each daemon target in Package.swift's text whose dependencies name `Keychain`."""
+    code = blank_strings_kept(manifest)
+    found = []
+    for m in re.finditer(r'\.target\(\s*name:\s*"(\w+)"\s*,\s*dependencies:\s*\[([^\]]*)\]', code):
+        if m.group(1) in DAEMON_TARGETS and re.search(r'"Keychain"', m.group(2)):
+            found.append((code.count("\n", 0, m.start()) + 1, m.group(1)))
+    return found
+
+
+def blank_strings_kept(source):
+    """`source` with its comments blanked and its strings kept (the manifest names targets in strings)."""
+    return re.sub(r"//[^\n]*", lambda m: " " * len(m.group(0)), source)
 
 
 def check_file(path, relative, source):
@@ -231,6 +258,9 @@ def check_file(path, relative, source):
     if slashed.startswith(("Sources/KeychainCore/", "Sources/KeychainEngine/")):
         for line, name in upward_references(code):
             findings.append(f"{relative}:{line}: {name} in the core or the engine (they name no facade, daemon or D-Bus)")
+    if slashed.startswith(DAEMON_FOLDERS):
+        for line, module in daemon_facade_imports(code):
+            findings.append(f"{relative}:{line}: import {module} in the daemon (keychaind serves the engine: import KeychainEngine)")
     return findings
 
 
@@ -246,6 +276,11 @@ def check_tree(root):
             with open(path, encoding="utf-8") as handle:
                 source = handle.read()
             findings += check_file(path, os.path.relpath(path, root), source)
+    manifest = os.path.join(root, "Package.swift")
+    if os.path.exists(manifest):
+        with open(manifest, encoding="utf-8") as handle:
+            for line, target in daemon_target_facade_dependencies(handle.read()):
+                findings.append(f"Package.swift:{line}: target {target} depends on Keychain (the daemon depends on KeychainEngine, not the facade)")
     return findings
 
 
@@ -261,7 +296,7 @@ def main(argv):
         print(f"check-shape: {len(findings)} finding(s)", file=sys.stderr)
         return 1
     print("check-shape: no file over 600 lines, no function over 80, no D-Bus argument forced open, no DaemonCaller, "
-          "no extension Engine outside the engine, nothing above the engine named in it or the core")
+          "no extension Engine outside the engine, nothing above the engine named in it or the core, no facade in the daemon")
     return 0
 
 

@@ -102,6 +102,12 @@ class TreeTests(unittest.TestCase):
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(text)
 
+    def tree_findings(self, root, files):
+        """The findings in `root` once each of `files` (relative path: text) is written there."""
+        for relative, text in files.items():
+            self.write(root, relative, text)
+        return shape.check_tree(root)
+
     def test_a_clean_tree_passes(self):
         with tempfile.TemporaryDirectory() as root:
             self.write(root, "Sources/A/A.swift", function("small", 10))
@@ -121,14 +127,38 @@ class TreeTests(unittest.TestCase):
 
     def test_an_engine_extension_outside_the_engine_and_a_facade_import_in_it_fail(self):
         with tempfile.TemporaryDirectory() as root:
-            self.write(root, "Sources/KeychainEngine/E.swift", "extension Engine {}\n")
-            self.write(root, "Sources/Keychain/F.swift", "import KeychainEngine\nextension Engine {}\n")
-            self.write(root, "Sources/KeychainEngine/G.swift", "import Keychain\n")
-            self.write(root, "Sources/KeychainDaemon/D.swift", "import Keychain\nlet c: DaemonClient? = nil\n")
-            findings = shape.check_tree(root)
+            findings = self.tree_findings(root, {
+                "Sources/KeychainEngine/E.swift": "extension Engine {}\n",
+                "Sources/Keychain/F.swift": "import KeychainEngine\nextension Engine {}\n",
+                "Sources/KeychainEngine/G.swift": "import Keychain\n",
+                "Sources/KeychainDaemon/D.swift": "import KeychainEngine\nlet c: DaemonClient? = nil\n"})
             self.assertEqual(len(findings), 2, findings)
             self.assertIn(os.path.join("Sources", "Keychain", "F.swift") + ":2: extension Engine outside", findings[0])
             self.assertIn(os.path.join("Sources", "KeychainEngine", "G.swift") + ":1: import Keychain in the core", findings[1])
+
+    def test_the_daemon_importing_the_facade_fails_and_importing_the_engine_passes(self):
+        with tempfile.TemporaryDirectory() as root:
+            self.assertEqual(self.tree_findings(root, {
+                "Sources/KeychainDaemon/D.swift": "import KeychainEngine\nimport KeychainWire\n// import Keychain\n",
+                "Sources/keychaind/K.swift": "import KeychainDaemon\nimport KeychainCLIText\n"}), [])
+            findings = self.tree_findings(root, {
+                "Sources/KeychainDaemon/E.swift": "import Glibc\n@preconcurrency import Keychain\n",
+                "Sources/keychaind/L.swift": "internal import SecretService\n"})
+            self.assertEqual(len(findings), 2, findings)
+            self.assertIn(os.path.join("Sources", "KeychainDaemon", "E.swift") + ":2: import Keychain in the daemon", findings[0])
+            self.assertIn(os.path.join("Sources", "keychaind", "L.swift") + ":1: import SecretService in the daemon", findings[1])
+            self.assertEqual(shape.main(["check-shape", root]), 1)
+
+    def test_a_daemon_target_depending_on_the_facade_in_the_manifest_fails(self):
+        manifest = ('.target(name: "Keychain", dependencies: ["KeychainEngine"]),\n'
+                    '// .target(name: "KeychainDaemon", dependencies: ["Keychain"]),\n'
+                    '.target(name: "KeychainDaemon", dependencies: ["KeychainEngine", "KeychainWire"]),\n'
+                    '.target(name: "Keychaind", dependencies: ["KeychainDaemon", "Keychain", "KeychainCLIText"],\n    path: "x"),\n'
+                    '.target(name: "SecretService", dependencies: ["Keychain"]),\n')
+        self.assertEqual(shape.daemon_target_facade_dependencies(manifest), [(4, "Keychaind")])
+        with tempfile.TemporaryDirectory() as root:
+            findings = self.tree_findings(root, {"Package.swift": manifest, "Sources/A/A.swift": "let a = 1\n"})
+            self.assertEqual(findings, ["Package.swift:4: target Keychaind depends on Keychain (the daemon depends on KeychainEngine, not the facade)"])
 
 
 if __name__ == "__main__":

@@ -258,12 +258,12 @@ public struct KeychainDevice: Sendable {
         try await backing.lock()
     }
     public func setPasscode(_ passcode: SecureBytes) async throws(KeychainError) {
-        try Self.checkPasscode(passcode)
+        try passcode.checkAsNewPasscode()
         defer { Self.changedAvailability() }
         try await backing.setPasscode(old: nil, new: passcode)
     }
     public func changePasscode(from old: SecureBytes, to new: SecureBytes) async throws(KeychainError) {
-        try Self.checkPasscode(new)
+        try new.checkAsNewPasscode()
         try await backing.setPasscode(old: old, new: new)
     }
     /// Removes the passcode; `whenPasscodeSetThisDeviceOnly` items are destroyed, as on iOS, the
@@ -284,16 +284,4 @@ public struct KeychainDevice: Sendable {
     /// Forgets unsealed keys held in memory, as a new process would start (for benchmarks and tests);
     /// through keychaind, the daemon's (root or `admin` only).
     public func dropCaches() async { await backing.dropCaches() }
-
-    package static func checkPasscode(_ passcode: SecureBytes) throws(KeychainError) {
-        // The PIN index's authValue holds at most one SHA-256 digest: 32 bytes.
-        guard (4...32).contains(passcode.count) else {
-            throw KeychainError.invalidArgument("Invalid passcode: expected 4 to 32 bytes, got \(passcode.count)")
-        }
-    }
-}
-
-extension SecureBytes {
-    /// The bytes for a request field (the message is wiped once sent).
-    package var wireBytes: [UInt8] { withUnsafeBytes { Array($0) } }
 }

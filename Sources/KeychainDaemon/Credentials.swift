@@ -1,6 +1,6 @@
 import Glibc
 import Dispatch
-import Keychain
+import KeychainEngine
 import KeychainCLIText
 
 /// systemd's side of `LoadCredential=ID:/run/keychain/credentials.sock`: at a unit's start the service

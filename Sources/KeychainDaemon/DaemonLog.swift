@@ -1,4 +1,4 @@
-import Keychain
+import KeychainEngine
 import FoundationEssentials
 import Glibc
 import Synchronization

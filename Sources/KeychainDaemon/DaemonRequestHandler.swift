@@ -1,4 +1,4 @@
-import Keychain
+import KeychainEngine
 import FoundationEssentials
 import KeychainWire
 import SecureMemory
@@ -243,11 +243,11 @@ package struct DaemonRequestHandler: Sendable {
         case .unlock: try await service.unlock(passcode: passcode)
         case .setPasscode:
             let new = newPasscode ?? empty
-            try KeychainDevice.checkPasscode(new)
+            try new.checkAsNewPasscode()
             try await service.setPasscode(old: nil, new: new)
         case .changePasscode:
             let new = newPasscode ?? empty
-            try KeychainDevice.checkPasscode(new)
+            try new.checkAsNewPasscode()
             try await service.setPasscode(old: passcode ?? empty, new: new)
         case .removePasscode: try await service.setPasscode(old: passcode ?? empty, new: nil)
         default: throw KeychainError(.internal, "not a device call with a finger or passcode: \(op)")

@@ -1,4 +1,4 @@
-import Keychain
+import KeychainEngine
 import Glibc
 import KeychainWire
 import SecureMemory

@@ -1,4 +1,4 @@
-import Keychain
+import KeychainEngine
 import Synchronization
 
 /// One call of each uid in the engine at a time: the engine runs its jobs in arrival order, so

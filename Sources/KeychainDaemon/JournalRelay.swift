@@ -1,6 +1,7 @@
 import Glibc
-import Keychain
+import KeychainEngine
 import KeychainCLIText
+import KeychainBasics
 internal import CSystemd
 
 /// A refused credential's reason in the refused unit's own journal (`journalctl -u UNIT`).
@@ -142,9 +143,11 @@ public func journalRelayMain() -> Never {
     var drops = 0
     while true {
         var poller = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        let ready = poll(&poller, 1, idleSeconds * 1000)
-        if ready == 0 { exit(0) }
-        if ready < 0 { if errno == EINTR { continue }; relayFail("poll: errno \(errno)") }
+        switch valueOrErrno({ poll(&poller, 1, idleSeconds * 1000) }) {
+        case .failure(let error): relayFail("poll: errno \(error.rawValue)")
+        case .success(0): exit(0)
+        case .success: break
+        }
         guard let (bytes, uid) = receiveWithSender(fd) else { continue }
         guard let uid, allowed.contains(uid) else {
             drops += 1

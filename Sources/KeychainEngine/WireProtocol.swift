@@ -7,6 +7,11 @@ import SecureMemory
 // errors as the library throws them (code, message, cause), so a caller sees the same
 // `KeychainError` in-process and through the daemon.
 
+extension SecureBytes {
+    /// The bytes for a request field (the message is wiped once sent).
+    package var wireBytes: [UInt8] { withUnsafeBytes { Array($0) } }
+}
+
 extension KeychainError {
     /// A request the daemon cannot read: the client and the daemon disagree on the protocol.
     package init(wire error: WireError) {

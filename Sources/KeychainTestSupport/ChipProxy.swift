@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import TPM2
+import KeychainBasics
 
 /// A TPM that behaves like a chip: a proxy on swtpm's two Unix sockets that applies a `TPMProfile`.
 ///
@@ -233,9 +234,8 @@ final class ChipProxy: @unchecked Sendable {
         var bytes = [UInt8](repeating: 0, count: count)
         var done = 0
         while done < count {
-            let n = bytes.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress! + done, count - done) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { return nil }
+            let got = valueOrErrno { bytes.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress! + done, count - done) } }
+            guard case .success(let n) = got, n > 0 else { return nil }
             done += n
         }
         return bytes
@@ -244,9 +244,8 @@ final class ChipProxy: @unchecked Sendable {
     private static func write(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
         var done = 0
         while done < bytes.count {
-            let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + done, bytes.count - done, Int32(MSG_NOSIGNAL)) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { return false }
+            let sent = valueOrErrno { bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + done, bytes.count - done, Int32(MSG_NOSIGNAL)) } }
+            guard case .success(let n) = sent, n > 0 else { return false }
             done += n
         }
         return true

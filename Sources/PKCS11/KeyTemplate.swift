@@ -1,4 +1,5 @@
 internal import CP11Kit
+import KeychainBasics
 
 /// A key template as data: each attribute with what it is for, so that a template a token refuses can
 /// be asked again without what only narrows the key, what the token refuses can be named, and what
@@ -39,7 +40,7 @@ struct KeyTemplate {
     }
 
     mutating func add(_ type: CK_ATTRIBUTE_TYPE, bytes: [UInt8], _ role: Role = .needed, shown: String = "") {
-        let name = (Self.names[type] ?? "CKA_0x" + String(type, radix: 16)) + shown + (part.map { " (\($0))" } ?? "")
+        let name = (Self.names[type] ?? "CKA_0x" + Hex.encode(type, digits: 1)) + shown + (part.map { " (\($0))" } ?? "")
         entries.append(Entry(type: type, value: bytes, role: role, name: name))
     }
 

@@ -1,6 +1,7 @@
 internal import CTSS2
 internal import COpenSSL
 import SecureMemory
+import KeychainBasics
 
 /// SHA-384 (the high-range EK templates' name algorithm).
 public func sha384(_ bytes: [UInt8]) -> [UInt8] {
@@ -209,7 +210,7 @@ public enum Attestation {
         }
         let named = attributeNames.reduce(TPMA_OBJECT(0)) { $0 | $1.0 }
         if case let other = (attributes ^ expected) & ~named, other != 0 {
-            differences.append("reserved bits 0x" + String(other, radix: 16))
+            differences.append("reserved bits 0x" + Hex.encode(other, digits: 1))
         }
         return differences
     }

@@ -1,5 +1,6 @@
 internal import CTSS2
 import SecureMemory
+import KeychainBasics
 
 /// The TPM commands the keychain uses, each a thin typed wrapper over one ESAPI call.
 extension TPMContext {
@@ -311,7 +312,7 @@ extension TPMContext {
         var handle: ESYS_TR = 0
         let owner: ESYS_TR
         if let ownerSession { owner = ownerSession.tr } else { owner = try ownerAuthorization() }
-        try call("NV_DefineSpace(0x\(String(pub.index, radix: 16)))") {
+        try call("NV_DefineSpace(0x\(Hex.encode(pub.index, digits: 1)))") {
             Esys_NV_DefineSpace(esys, KC_ESYS_TR_RH_OWNER, owner, Self.none, Self.none,
                                 &authValue, &info, &handle)
         }

@@ -1,4 +1,5 @@
 internal import CTSS2
+import KeychainBasics
 
 /// What a process killed mid-operation leaves in a TPM that no resource manager cleans up.
 extension TPMContext {
@@ -71,7 +72,7 @@ extension TPMContext {
         let command = UInt16(0x8001).bigEndianBytes + UInt32(14).bigEndianBytes + UInt32(0x165).bigEndianBytes
             + tpmHandle.bigEndianBytes
         do {
-            try call("FlushContext(0x\(String(tpmHandle, radix: 16)))") {
+            try call("FlushContext(0x\(Hex.encode(tpmHandle, digits: 1)))") {
                 var rc = kc_tcti_transmit(tcti, command.count, command)
                 guard rc == 0 else { return rc }
                 var response = [UInt8](repeating: 0, count: 64)

@@ -3,6 +3,7 @@ internal import CTSS2
 import SecureMemory
 import FoundationEssentials
 import Synchronization
+import KeychainBasics
 
 /// A handle to a TPM entity, as ESAPI knows it. `mustFlush` is true for transient objects and sessions.
 public struct TPMHandle: Sendable, Hashable {
@@ -163,7 +164,7 @@ public final class TPMContext {
     /// Makes an ESAPI resource for a persistent object or NV index (one ReadPublic/NV_ReadPublic).
     public func resource(forPersistent tpmHandle: UInt32) throws(TPMError) -> TPMHandle {
         var tr: ESYS_TR = 0
-        try call("ReadPublic(0x\(String(tpmHandle, radix: 16)))") {
+        try call("ReadPublic(0x\(Hex.encode(tpmHandle, digits: 1)))") {
             Esys_TR_FromTPMPublic(esys, tpmHandle, KC_ESYS_TR_NONE, KC_ESYS_TR_NONE, KC_ESYS_TR_NONE, &tr)
         }
         resources.append(tr)

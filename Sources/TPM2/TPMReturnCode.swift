@@ -1,4 +1,5 @@
 internal import CTSS2
+import KeychainBasics
 
 /// A TSS2/TPM response code, decoded once at the call point so nothing else parses raw integers.
 ///
@@ -40,7 +41,7 @@ public struct TPMReturnCode: RawRepresentable, Hashable, Sendable, CustomStringC
 
     /// A readable name from the TSS decoder, e.g. "tpm:session(1):authorization failure without DA implications".
     public var description: String {
-        "0x" + String(rawValue, radix: 16, uppercase: true) + " " + String(cString: Tss2_RC_Decode(rawValue))
+        "0x" + Hex.encode(rawValue, digits: 1, uppercase: true) + " " + String(cString: Tss2_RC_Decode(rawValue))
     }
 
     public static let success = Self(rawValue: 0)

@@ -1,6 +1,6 @@
 import Glibc
 import FoundationEssentials
-import Keychain
+import KeychainEngine
 import KeychainDaemon
 import KeychainCLIText
 

@@ -314,6 +314,33 @@ extension RequestHandlerTests {
         }
         #expect(backing.names.isEmpty)
     }
+
+    /// A new passcode the PIN index cannot take (under 4 or over 32 bytes) is refused by keychaind in the
+    /// library's words before the service, for a set and a change alike; 4 and 32 bytes reach it.
+    @Test func aNewPasscodeOfTheWrongLengthIsRefusedBeforeTheService() async throws {
+        let backing = RecordingService()
+        let handler = DaemonRequestHandler(service: backing, groups: .init(directory: nil))
+        let root = Peer(pid: 1, uid: 0, gid: 0, groups: [])
+        func send(_ op: WireOp, old: [UInt8]?, new: [UInt8]) async -> WireMessage {
+            var request = WireMessage(kind: op.rawValue)
+            WireDevice(passcode: old, newPasscode: new).encode(into: &request)
+            return await handler.respond(to: request, from: root, options: Connection().options,
+                                         authenticator: { _ in fatalError("no prompt in these tests") })
+        }
+        let calls: [(WireOp, [UInt8]?)] = [(.setPasscode, nil), (.changePasscode, Array("1234".utf8))]
+        for (op, old) in calls {
+            for length in [0, 3, 33] {
+                let error = try KeychainError(decoding: await send(op, old: old, new: Array(repeating: 0x31, count: length)))
+                #expect(error.code == .invalidArgument && error.message == "Invalid passcode: expected 4 to 32 bytes, got \(length)",
+                        "\(op), \(length) bytes: \(error)")
+            }
+        }
+        #expect(backing.names.isEmpty)
+        for length in [4, 32] {
+            #expect(await send(.setPasscode, old: nil, new: Array(repeating: 0x31, count: length)).kind == WireKind.ok)
+        }
+        #expect(backing.names == ["setPasscode", "setPasscode"])
+    }
 }
 
 /// Scopes in the store: the process's own services can never spell one of keychaind's.

@@ -57,6 +57,17 @@ struct TokenBackendTests {
             }
         }
 
+        /// The token in this test process (SoftHSM2 takes one configuration per process: a child test's), and
+        /// its device initialized.
+        func inThisProcess() async throws -> (KeychainConfiguration, KeychainDevice) {
+            setenv("SOFTHSM2_CONF", env["SOFTHSM2_CONF"]!, 1)
+            var configuration = tpm.configuration(store: store)
+            configuration.pkcs11URI = uri()
+            let device = KeychainDevice(configuration: configuration)
+            try await device.initialize()
+            return (configuration, device)
+        }
+
         func cli(_ args: [String], input: [UInt8] = [], uri: String? = nil) throws -> (status: Int32, stdout: [UInt8], stderr: String) {
             try run(buildDirectory.appendingPathComponent("keychainctl").path,
                     ["--store", store, "--tcti", tpm.tcti, "--pkcs11-uri", uri ?? self.uri()] + args, input: input, environment: env)
@@ -345,11 +356,7 @@ struct TokenDataKeyCacheTests {
     @Test func aReadDataKeyIsForgottenByDropCachesAndByLock() async throws {
         guard try isTheChildRun(of: "aReadDataKeyIsForgottenByDropCachesAndByLock", variable: Self.childVariable) else { return }
         let t = try TokenBackendTests.Token()
-        setenv("SOFTHSM2_CONF", t.env["SOFTHSM2_CONF"]!, 1)
-        var configuration = t.tpm.configuration(store: t.store)
-        configuration.pkcs11URI = t.uri()
-        let device = KeychainDevice(configuration: configuration)
-        try await device.initialize()
+        let (configuration, device) = try await t.inThisProcess()
         for forget in ["dropCaches", "lock"] {
             let storage = try createKeychain(.init(service: "svc-\(forget)", android: .init(keyStorage: .strongbox)),
                                              configuration: configuration)
@@ -363,5 +370,24 @@ struct TokenDataKeyCacheTests {
             if forget == "lock" { try await device.lock() } else { await device.dropCaches() }
             await #expect(throws: KeychainError.self) { try await storage.getItem("k") }
         }
+    }
+
+    /// A `whenUnlocked` token key this process opened (its TPM part and the token's, combined and kept)
+    /// is not served from what it keeps once another process locks the device: the store's lock
+    /// generation moved, so the read goes to the TPM, which refuses the TPM part while locked.
+    @Test func aKeptWhenUnlockedTokenKeyIsRefusedAfterAnotherProcessLocks() async throws {
+        guard try isTheChildRun(of: "aKeptWhenUnlockedTokenKeyIsRefusedAfterAnotherProcessLocks", variable: Self.childVariable) else { return }
+        let t = try TokenBackendTests.Token()
+        let (configuration, device) = try await t.inThisProcess()
+        try await device.setPasscode(SecureBytes(copying: Array("2468".utf8)))
+        let storage = try createKeychain(.init(service: "svc", accessible: .whenUnlocked, android: .init(keyStorage: .strongbox)),
+                                         configuration: configuration)
+        try await storage.setItem("k", "locked away")
+        #expect(try await storage.getItem("k") == "locked away")
+        #expect(try await storage.getItem("k") == "locked away", "kept: read again without the TPM")
+        #expect(try t.cli(["lock"]).status == 0)
+        var code: KeychainError.Code?
+        do { _ = try await storage.getItem("k") } catch { code = error.code }
+        #expect(code == .interactionNotAllowed, "another process locked the device: the kept key must not answer")
     }
 }

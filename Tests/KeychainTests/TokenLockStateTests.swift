@@ -1,5 +1,6 @@
 import Foundation
 import Keychain
+@testable import KeychainEngine
 import KeychainStore
 import KeychainTestSupport
 import KeychainTestThreads
@@ -46,6 +47,26 @@ struct TokenLockStateTests {
         let attack = try t.cli(["--json", "get", "svc", "k"])
         #expect(t.errorCode(attack) == "DATA_CORRUPTED", "\(t.errorMessage(attack))")
         #expect(!String(decoding: attack.stdout, as: UTF8.self).contains("locked away"))
+    }
+
+    /// The store is edited so that a split key's TPM policy names a user (a passcode branch the key was
+    /// not sealed with): the read is refused as corrupted (the stored policy does not match the sealed
+    /// object's) before any prompt or policy session.
+    @Test func aSplitKeyWhosePolicyNamesAUserIsRefusedAsCorrupted() throws {
+        let t = try Token()
+        #expect(try t.cli(["passcode", "set"], input: Array("2468\n".utf8)).status == 0)
+        #expect(try t.cli(["set", "svc", "k", "--key-storage", "strongbox", "--accessible", "whenUnlocked"],
+                          input: Array("locked away".utf8)).status == 0)
+        let store = try Store(directory: t.store)
+        var key = try #require(try store.wrappingKey(service: "svc", protection: "whenUnlocked/none@strongbox"))
+        var policy = try #require(SealPolicy.decode(key.policy))
+        #expect(policy.branches.isEmpty)
+        policy.passcode = true
+        key.policy = policy.encoded()
+        try store.write { tx in try tx.putWrappingKey(key) }
+        let read = try t.cli(["--json", "get", "svc", "k", "--passcode-stdin"], input: Array("2468\n".utf8))
+        #expect(t.errorCode(read) == "DATA_CORRUPTED", "\(t.errorMessage(read))")
+        #expect(!String(decoding: read.stdout, as: UTF8.self).contains("locked away"))
     }
 
     /// A write that moves an item from the TPM to a split token key, killed after each of its TPM
@@ -99,11 +120,7 @@ struct TokenLockStateCostTests {
     @Test func aColdTokenReadCostsTheTPMCommandsOfATPMRead() async throws {
         guard try isTheChildRun(of: "aColdTokenReadCostsTheTPMCommandsOfATPMRead", variable: Self.childVariable) else { return }
         let t = try TokenBackendTests.Token()
-        setenv("SOFTHSM2_CONF", t.env["SOFTHSM2_CONF"]!, 1)
-        var configuration = t.tpm.configuration(store: t.store)
-        configuration.pkcs11URI = t.uri()
-        let device = KeychainDevice(configuration: configuration)
-        try await device.initialize()
+        let (configuration, device) = try await t.inThisProcess()
         try await device.setPasscode(SecureBytes(copying: Array("2468".utf8)))
         for accessible in [Accessible.whenUnlocked, .afterFirstUnlock, .whenPasscodeSetThisDeviceOnly] {
             let tpm = try createKeychain(.init(service: "tpm", accessible: accessible), configuration: configuration)

@@ -199,14 +199,9 @@ extension TPMKeyring {
         let data = BootApprovalLayout.contents(BootApprovalLayout.approvedPolicy(state))
         // Recorded before the TPM write, so a kill after it leaves the values known (crash-safe display).
         try writeMeta { tx in try tx.setMeta(StoreMeta.bootApprovedPending, state.encoded()) }
-        do {
-            let index = try context.resource(forPersistent: BootApprovalLayout.index)
-            try authorizingIndex(index, command: CommandCode.nvWrite, owner: owner, passcode: passcode) { auth, session throws(TPMError) in
-                try context.writeNV(index, data: data, authHandle: auth, session: session)
-            }
-        } catch {
-            if owner, let refused = Self.ownerRefused(error, nothing: "approved") { throw refused }
-            throw passcodeError(error, doing: "approve the boot state")
+        try writeIndex(BootApprovalLayout.index, command: CommandCode.nvWrite, owner: owner, passcode: passcode, nothing: "approved",
+                       failure: { error in passcodeError(error, doing: "approve the boot state") }) { index, auth, session throws(TPMError) in
+            try context.writeNV(index, data: data, authHandle: auth, session: session)
         }
         try writeMeta { tx in
             try tx.setMeta(StoreMeta.bootApproved, state.encoded())
@@ -214,13 +209,21 @@ extension TPMKeyring {
         }
     }
 
-    /// Runs an owner-or-passcode write of one of the boot-state indices: with the owner authorization,
-    /// or with the index's passcode branch (PolicySecret on the PIN index, for `command`).
-    func authorizingIndex(_ index: TPMHandle, command: UInt32, owner: Bool, passcode: SecureBytes?,
-                          _ write: (_ authHandle: TPMHandle, _ session: TPMHandle?) throws(TPMError) -> Void) throws(TPMError) {
-        if owner { return try write(TPMContext.owner, nil) }
-        try Self.withPasscode(passcode, command: command, context: context, srk: srk) { policy throws(TPMError) in
-            try write(index, policy)
+    /// Runs an owner-or-passcode write of the boot-state index at `persistent`: with the owner authorization,
+    /// or with the index's passcode branch (PolicySecret on the PIN index, for `command`). An owner
+    /// authorization the TPM refused is AUTHENTICATION_FAILED ("nothing was `what`"), any other error `failure`'s.
+    func writeIndex(_ persistent: UInt32, command: UInt32, owner: Bool, passcode: SecureBytes?, nothing what: String,
+                    failure: (TPMError) -> KeychainError,
+                    _ write: (_ index: TPMHandle, _ authHandle: TPMHandle, _ session: TPMHandle?) throws(TPMError) -> Void) throws(KeychainError) {
+        do {
+            let index = try context.resource(forPersistent: persistent)
+            if owner { return try write(index, TPMContext.owner, nil) }
+            try Self.withPasscode(passcode, command: command, context: context, srk: srk) { policy throws(TPMError) in
+                try write(index, index, policy)
+            }
+        } catch {
+            if owner, let refused = Self.ownerRefused(error, nothing: what) { throw refused }
+            throw failure(error)
         }
     }
 
@@ -230,7 +233,7 @@ extension TPMKeyring {
         return KeychainError(.authenticationFailed, "The TPM refused the owner authorization: nothing was \(what)", underlying: .tpm(error))
     }
 
-    private func writeMeta(_ body: (Transaction) throws -> Void) throws(KeychainError) {
+    func writeMeta(_ body: (Transaction) throws -> Void) throws(KeychainError) {
         do { try store.write(body) } catch let error as StoreError {
             throw KeychainError(store: error)
         } catch {

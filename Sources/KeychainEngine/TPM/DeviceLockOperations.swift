@@ -1,6 +1,5 @@
 import KeychainCore
 import KeychainStore
-import PKCS11
 import SecureMemory
 import TPM2
 

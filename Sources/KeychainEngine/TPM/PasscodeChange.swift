@@ -166,3 +166,13 @@ extension TPMKeyring {
         }
     }
 }
+
+extension SecureBytes {
+    /// Refuses a new passcode the PIN index cannot take: its authValue holds at most one SHA-256 digest
+    /// (32 bytes), and a passcode of fewer than 4 bytes is no passcode.
+    package func checkAsNewPasscode() throws(KeychainError) {
+        guard (4...32).contains(count) else {
+            throw KeychainError.invalidArgument("Invalid passcode: expected 4 to 32 bytes, got \(count)")
+        }
+    }
+}

@@ -1,7 +1,6 @@
 import KeychainCore
 import FoundationEssentials
 import KeychainStore
-import PKCS11
 import SecureMemory
 import TPM2
 

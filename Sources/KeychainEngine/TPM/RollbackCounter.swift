@@ -98,38 +98,6 @@ enum RollbackVerdict: Equatable {
     }
 }
 
-/// The rollback counter as `status` shows it.
-public struct RollbackCounterStatus: Sendable, Hashable, Codable {
-    public enum State: String, Sendable, Hashable, Codable {
-        /// The store has no counter: copies put back go unnoticed (`init` with the owner authorization binds it).
-        case unbound
-        /// A binding was interrupted (`init` again finishes it).
-        case interrupted
-        /// The store holds the counter's value.
-        case current
-        /// A write's NV_Increment did not happen: the next write catches up.
-        case oneAhead = "one-ahead"
-        /// Behind within the window after a TPM restart: the next operation accepts it.
-        case restartWindow = "restart-window"
-        /// Behind the counter: a copy was put back; every operation refuses it (`accept-store` to keep it).
-        case rolledBack = "rolled-back"
-        /// Ahead by more than one: the record was edited; every operation refuses it.
-        case forged
-        /// The TPM does not hold the store's counter (undefined, or the TPM cleared).
-        case missing
-        /// The counter at the store's handle refuses its authorization: a copy older than the store's
-        /// last binding (`accept-store`), or a counter someone with the owner authorization replaced.
-        case replaced
-    }
-    public var state: State
-    /// The counter's NV index, when bound.
-    public var index: UInt32?
-    public var storeValue: UInt64?
-    public var tpmValue: UInt64?
-    /// How far the counter may jump ahead after a TPM restart without TPM2_Shutdown.
-    public var window: UInt32?
-}
-
 extension Engine {
     /// The binding and record of `store`; nil binding: unbound; nil record: a binding was interrupted.
     nonisolated func rollbackState(_ store: Store) throws(KeychainError) -> (binding: RollbackBinding, record: RollbackRecord?)? {

@@ -1,7 +1,6 @@
 import KeychainCore
 import FoundationEssentials
 import KeychainStore
-import PKCS11
 import SecureMemory
 import TPM2
 import KeychainWire
@@ -12,20 +11,20 @@ struct TPMBackend: KeyBackend {
     var readerDirectory: String?
 
     func wrappingKey(service: String, tag: String, protection: ItemProtection, stored: WrappingKeyRecord?,
-                     engine: isolated Engine) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
+                     engine: isolated any BackendContext) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
         try engine.tpmWrappingKey(service: service, tag: tag, protection: protection, stored: stored,
-                                  readerDirectory: readerDirectory)
+                                  readerDirectory: readerDirectory, sealing: nil)
     }
 
     func openSecret(_ wrapping: WrappingKeyRecord, for record: ItemRecord, store: Store, context: Engine.ReadContext,
-                    engine: isolated Engine) async throws(KeychainError) -> SecureBytes {
+                    engine: isolated any BackendContext) async throws(KeychainError) -> SecureBytes {
         try await engine.unsealedSecret(for: wrapping, record: record, store: store, context: context)
     }
 
     /// Sealed blobs live only in the store: removing their rows destroys them.
-    func destroyKeys(service: String, engine: isolated Engine) {}
+    func destroyKeys(service: String, engine: isolated any BackendContext) {}
 
-    func securityLevel(engine: isolated Engine) throws(KeychainError) -> ItemInfo.SecurityLevel {
+    func securityLevel(engine: isolated any BackendContext) throws(KeychainError) -> ItemInfo.SecurityLevel {
         let store = try engine.store()
         let manufacturer = try engine.read { try store.meta(StoreMeta.manufacturer) }
         return (manufacturer ?? []).starts(with: Array("IBM".utf8)) ? .softwareTPM : .hardwareTPM
@@ -35,10 +34,10 @@ struct TPMBackend: KeyBackend {
 extension Engine {
     /// What a TPM write needs: the reader and passcode its access control asks for, and a key that is
     /// not dead (a CurrentSet key of an older enrollment set, a passcode key of an older passcode).
-    /// A new key seals a new X25519 secret, or `part`: the TPM's part of a key split with a token
-    /// (`TokenBackend`), and the public key of the whole.
+    /// A new key seals a new X25519 secret, or the secret of `pair` when one is given, under `pair`'s
+    /// public key (a token's split key: the TPM's part, and the public key of the whole).
     func tpmWrappingKey(service: String, tag: String, protection: ItemProtection, stored: WrappingKeyRecord?,
-                        readerDirectory: String?, part: (secret: SecureBytes, publicKey: [UInt8])? = nil)
+                        readerDirectory: String?, sealing pair: Sodium.X25519KeyPair? = nil)
         throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
         if protection.accessible.isThisDeviceOnly { try configuration.checkPCRSelection() }
         // The reader's state is read only for writes that need it.
@@ -78,7 +77,7 @@ extension Engine {
             if epoch != current { staleKey = existing.publicKey; wrapping = nil }
         }
         if wrapping == nil {
-            let pair = part.map { Sodium.X25519KeyPair(publicKey: $0.publicKey, secretKey: $0.secret) } ?? Sodium.generateX25519()
+            let pair = pair ?? Sodium.generateX25519()
             let (blob, policy) = try withKeyring { keyring throws(KeychainError) in
                 try keyring.seal(pair.secretKey, accessible: protection.accessible, pcrs: keyring.pcrSelection,
                                  biometry: requirements.biometry, passcode: requirements.passcode,
@@ -92,31 +91,21 @@ extension Engine {
         return (wrapping!, staleKey)
     }
 
-    /// The key's secret, opened by the TPM (and kept as its level allows). For a key split with a
-    /// token, `tokenPart` is the token's part: the secret is made from both (`TokenBackend.combine`).
-    func unsealedSecret(for wrapping: WrappingKeyRecord, record: ItemRecord, store: Store, context: ReadContext,
-                        tokenPart: SecureBytes? = nil) async throws(KeychainError) -> SecureBytes {
+    /// The key's secret, opened by the TPM (and kept as its level allows).
+    func unsealedSecret(for wrapping: WrappingKeyRecord, record: ItemRecord, store: Store,
+                        context: ReadContext) async throws(KeychainError) -> SecureBytes {
         let id = WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
         let window = context.window(tag: record.protection)
         // The warm path: no policy decoding, one meta read for whenUnlocked keys only.
         if let cached = try cachedSecret(id, window: window, store: store) { return cached }
-        let tag = Self.liveTag(wrapping.protection)
-        guard let policy = SealPolicy.decode(wrapping.policy),
-              policy.keyRef.map({ $0 == SealPolicy.keyRef(service: wrapping.service, protection: tag,
-                                                          publicKey: wrapping.publicKey) }) ?? true,
-              policy.authValidity == nil || policy.authValidity == ItemProtection.storedWindow(ofTag: tag) else {
-            throw KeychainError(.dataCorrupted, "The wrapping key of service '\(ItemScope.shown(wrapping.service))' has an unreadable policy, "
-                                + "or one made for another key")
-        }
+        let policy = try sealPolicy(of: wrapping)
         let generation: UInt64? = policy.availability == .whenUnlocked ? try lockGeneration(store) : nil
-        let blob = TPMContext.SealedBlob(publicArea: wrapping.sealedPublic, privateArea: wrapping.sealedPrivate)
         let secret: SecureBytes
         var opened: ContinuousClock.Instant?
         if policy.branches.isEmpty {
-            let opened = try unsealWithoutUser(blob, policy: policy)
-            secret = tokenPart.map { TokenBackend.combine(tpmPart: opened, tokenPart: $0) } ?? opened
-            if policy.isLiteralBootBinding { migrateBootBinding(secret, wrapping, policy, store: store) }
+            secret = try unsealedUnattended(wrapping, policy: policy, store: store)
         } else {
+            let blob = TPMContext.SealedBlob(publicArea: wrapping.sealedPublic, privateArea: wrapping.sealedPrivate)
             secret = try await unsealWithUser(blob, policy: policy, record: record, window: window, context: context)
             if policy.isLiteralBootBinding { migrateBootBinding(secret, wrapping, policy, store: store) }
             if policy.keyRef == nil, (try? checked(secret, wrapping)) != nil { rebind(secret, wrapping, policy, store: store) }
@@ -135,6 +124,29 @@ extension Engine {
 
     /// The window of one read: the item's own (stored in its tag, bound in its key's policy), shortened
     /// when the reading storage asks for less (a storage's 0, the default, asks for nothing). Items
+
+    /// The policy `wrapping`'s blob was sealed under, checked to be this key's (its reference, its window).
+    func sealPolicy(of wrapping: WrappingKeyRecord) throws(KeychainError) -> SealPolicy {
+        let tag = Self.liveTag(wrapping.protection)
+        guard let policy = SealPolicy.decode(wrapping.policy),
+              policy.keyRef.map({ $0 == SealPolicy.keyRef(service: wrapping.service, protection: tag,
+                                                          publicKey: wrapping.publicKey) }) ?? true,
+              policy.authValidity == nil || policy.authValidity == ItemProtection.storedWindow(ofTag: tag) else {
+            throw KeychainError(.dataCorrupted, "The wrapping key of service '\(ItemScope.shown(wrapping.service))' has an unreadable policy, "
+                                + "or one made for another key")
+        }
+        return policy
+    }
+
+    /// What the TPM sealed for `wrapping` under a `policy` that names no user (no prompt), a literal boot
+    /// binding moved to the approval index; neither checked against the public key nor kept: the
+    /// caller does both (a token's split key combines it with the token's part first).
+    func unsealedUnattended(_ wrapping: WrappingKeyRecord, policy: SealPolicy, store: Store) throws(KeychainError) -> SecureBytes {
+        let blob = TPMContext.SealedBlob(publicArea: wrapping.sealedPublic, privateArea: wrapping.sealedPrivate)
+        let secret = try unsealWithoutUser(blob, policy: policy)
+        if policy.isLiteralBootBinding { migrateBootBinding(secret, wrapping, policy, store: store) }
+        return secret
+    }
 
     func unsealWithoutUser(_ blob: TPMContext.SealedBlob, policy: SealPolicy) throws(KeychainError) -> SecureBytes {
         try withKeyring { keyring throws(KeychainError) -> SecureBytes in

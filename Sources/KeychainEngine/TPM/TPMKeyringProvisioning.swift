@@ -3,6 +3,7 @@ import FoundationEssentials
 import KeychainStore
 import SecureMemory
 import TPM2
+import KeychainBasics
 
 // The SRK and the device-lock indices, made when absent and recorded in the store (TPMKeyring.init).
 extension TPMKeyring {
@@ -38,7 +39,7 @@ extension TPMKeyring {
                                            (pin, DeviceLockLayout.pinIndex, [DeviceLockLayout.pinPublic.name(written: true)])]
             where try !names.contains(context.name(of: handle)) {
                 throw KeychainError(.hardwareUnavailable,
-                                    "The TPM's NV index 0x0\(String(index, radix: 16)) is not the device-lock index this library "
+                                    "The TPM's NV index 0x\(Hex.encode(index, digits: 8)) is not the device-lock index this library "
                                     + "defines (other attributes or policy): someone else's index at our handle; the owner must "
                                     + "undefine it (tpm2_nvundefine) before this TPM can hold a keychain")
             }
@@ -132,7 +133,7 @@ extension TPMKeyring {
 
     /// The device-lock policies name no NV index in a step.
     static func noIndex(_ index: UInt32) throws(TPMError) -> TPMHandle {
-        throw TPMError(command: "policy step on NV index 0x\(String(index, radix: 16))", code: .handle)
+        throw TPMError(command: "policy step on NV index 0x\(Hex.encode(index, digits: 1))", code: .handle)
     }
 
     var stateName: [UInt8] { DeviceLockLayout.statePublic(approvalKeyName: descriptor.approval.keyName).name(written: true) }

@@ -154,14 +154,7 @@ extension TPMKeyring {
         }
         var installed = installedBootPolicies().filter { $0.policy.pcrs != policy.pcrs }
         installed.append(InstalledBootPolicy(policy: policy, ticket: lowerHex(ticket)))
-        do {
-            let data = Array(try JSONEncoder().encode(installed))
-            try store.write { tx in try tx.setMeta(StoreMeta.bootVendorPolicies, data) }
-        } catch let error as StoreError {
-            throw KeychainError(store: error)
-        } catch {
-            throw KeychainError(.internal, "\(error)")
-        }
+        try writeMeta { tx in try tx.setMeta(StoreMeta.bootVendorPolicies, Array(try JSONEncoder().encode(installed))) }
     }
 
     /// Revokes every signed policy of a generation below `generation` (sets bits 0…generation−1).
@@ -170,18 +163,13 @@ extension TPMKeyring {
             throw KeychainError.invalidArgument("Invalid generation \(generation): revoke-before takes 1 to \(VendorBootLayout.maxGeneration + 1)")
         }
         let bits: UInt64 = generation > VendorBootLayout.maxGeneration ? .max : (UInt64(1) << UInt64(generation)) - 1
-        do {
-            let index = try context.resource(forPersistent: VendorBootLayout.generationIndex)
-            try authorizingIndex(index, command: CommandCode.nvSetBits, owner: owner, passcode: passcode) { auth, session throws(TPMError) in
-                try context.setBitsNV(index, bits: bits, authHandle: auth, session: session)
-            }
-        } catch {
-            if owner, let refused = Self.ownerRefused(error, nothing: "revoked") { throw refused }
-            if error.code.is(.handle) {
-                throw KeychainError(.invalidArgument, "This TPM has no boot-policy generation index: set up vendor-signed boot states first "
-                                    + "(keychainctl init --boot-policy-key VENDOR.pub)", underlying: .tpm(error))
-            }
-            throw passcodeError(error, doing: "revoke boot policies")
+        try writeIndex(VendorBootLayout.generationIndex, command: CommandCode.nvSetBits, owner: owner, passcode: passcode, nothing: "revoked",
+                       failure: { error in
+            guard error.code.is(.handle) else { return passcodeError(error, doing: "revoke boot policies") }
+            return KeychainError(.invalidArgument, "This TPM has no boot-policy generation index: set up vendor-signed boot states first "
+                                 + "(keychainctl init --boot-policy-key VENDOR.pub)", underlying: .tpm(error))
+        }) { index, auth, session throws(TPMError) in
+            try context.setBitsNV(index, bits: bits, authHandle: auth, session: session)
         }
     }
 

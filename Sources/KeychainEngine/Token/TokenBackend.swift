@@ -23,7 +23,7 @@ struct TokenBackend: KeyBackend {
     static let withTPM: Int64 = 2
     var uri: String?
 
-    func session(_ engine: isolated Engine) throws(KeychainError) -> TokenSession {
+    func session(_ engine: isolated any BackendContext) throws(KeychainError) -> TokenSession {
         guard let uri else {
             throw KeychainError(.hardwareUnavailable, "This item's key is on a PKCS#11 token, and no token is configured "
                                 + "(KEYCHAIN_PKCS11_URI or --pkcs11-uri)")
@@ -55,7 +55,7 @@ struct TokenBackend: KeyBackend {
     }
 
     func wrappingKey(service: String, tag: String, protection: ItemProtection, stored: WrappingKeyRecord?,
-                     engine: isolated Engine) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
+                     engine: isolated any BackendContext) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
         if Self.needsTPM(protection.accessible) {
             // A token-only key of a lock-state level (made before levels were enforced) is replaced;
             // its items keep it (retired) and read as they were written.
@@ -76,14 +76,14 @@ struct TokenBackend: KeyBackend {
     /// A lock-state level: the TPM part is sealed as a TPM key of that level would be (a dead key,
     /// after a passcode removal, is replaced the same way), then the token seals its part.
     private func splitKey(service: String, tag: String, protection: ItemProtection, stored: WrappingKeyRecord?,
-                          engine: isolated Engine) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
+                          engine: isolated any BackendContext) throws(KeychainError) -> (key: WrappingKeyRecord, replaces: [UInt8]?) {
         let session = try session(engine)
         let tokenPart = SecureBytes(random: Sodium.x25519KeyLength)
         let tpmPart = SecureBytes(random: Sodium.x25519KeyLength)
         let publicKey = Sodium.x25519Public(of: Self.combine(tpmPart: tpmPart, tokenPart: tokenPart))
         let tpmProtection = try ItemProtection(accessible: protection.accessible)
-        var (key, replaces) = try engine.tpmWrappingKey(service: service, tag: tag, protection: tpmProtection, stored: stored,
-                                                        readerDirectory: nil, part: (tpmPart, publicKey))
+        var (key, replaces) = try engine.tpmWrappingKey(service: service, tag: tag, protection: tpmProtection, stored: stored, readerDirectory: nil,
+                                                        sealing: Sodium.X25519KeyPair(publicKey: publicKey, secretKey: tpmPart))
         guard key.publicKey == publicKey else { return (key, replaces) }  // the stored key serves
         key.backend = .token
         key.tokenFormat = Self.withTPM
@@ -93,7 +93,7 @@ struct TokenBackend: KeyBackend {
     }
 
     func openSecret(_ wrapping: WrappingKeyRecord, for record: ItemRecord, store: Store, context: Engine.ReadContext,
-                    engine: isolated Engine) async throws(KeychainError) -> SecureBytes {
+                    engine: isolated any BackendContext) async throws(KeychainError) -> SecureBytes {
         if wrapping.tokenFormat == Self.withTPM {
             return try await openSplit(wrapping, for: record, store: store, context: context, engine: engine)
         }
@@ -112,12 +112,12 @@ struct TokenBackend: KeyBackend {
     /// The token's part (the PIN asked first for `passcode`), then the TPM's, opened and kept as a
     /// TPM key of the level is: the TPM checks the lock state, with the same commands.
     private func openSplit(_ wrapping: WrappingKeyRecord, for record: ItemRecord, store: Store, context: Engine.ReadContext,
-                           engine: isolated Engine) async throws(KeychainError) -> SecureBytes {
+                           engine: isolated any BackendContext) async throws(KeychainError) -> SecureBytes {
         guard TokenSession.usesPasscode(record.protection) else {
             // Kept by the session until lock() or dropCaches().
             let tokenPart = try session(engine).openItemKey(wrapping.tokenSealed, service: Self.namespace(wrapping.service),
                                                              key: "", protection: Engine.liveTag(wrapping.protection))
-            return try await engine.unsealedSecret(for: wrapping, record: record, store: store, context: context, tokenPart: tokenPart)
+            return try combinedSecret(wrapping, tokenPart: tokenPart, record: record, store: store, context: context, engine: engine)
         }
         let id = Engine.WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
         let window = context.window(tag: record.protection)
@@ -129,18 +129,34 @@ struct TokenBackend: KeyBackend {
         if let availability = SealPolicy.decode(wrapping.policy)?.availability { try engine.refuseWhileLocked(availability) }
         let tokenPart = try await engine.tokenPasscodePart(for: wrapping, record: record, store: store, context: context)
         engine.unsealed[id] = nil
-        let secret = try await engine.unsealedSecret(for: wrapping, record: record, store: store, context: context, tokenPart: tokenPart)
+        let secret = try combinedSecret(wrapping, tokenPart: tokenPart, record: record, store: store, context: context, engine: engine)
         let generation = engine.unsealed[id]?.generation
         engine.unsealed[id] = window > 0 ? (secret, generation, .now) : nil
         return secret
     }
 
+    /// A split key's secret: the TPM's part, unsealed as a TPM key of the level is (the TPM checks the
+    /// lock state; the part's policy names no user, so nobody is asked), with the token's, checked and
+    /// kept as that TPM key's secret would be.
+    private func combinedSecret(_ wrapping: WrappingKeyRecord, tokenPart: SecureBytes, record: ItemRecord, store: Store,
+                                context: Engine.ReadContext, engine: isolated any BackendContext) throws(KeychainError) -> SecureBytes {
+        let id = Engine.WrappingKeyID(service: wrapping.service, protection: wrapping.protection, publicKey: wrapping.publicKey)
+        if let cached = try engine.cachedSecret(id, window: context.window(tag: record.protection), store: store) { return cached }
+        // A policy edited to name a user fails the unseal's check of the stored policy against the sealed object.
+        let policy = try engine.sealPolicy(of: wrapping)
+        let generation: UInt64? = policy.availability == .whenUnlocked ? try engine.lockGeneration(store) : nil
+        let tpmPart = try engine.unsealedUnattended(wrapping, policy: policy, store: store)
+        let secret = try engine.checked(Self.combine(tpmPart: tpmPart, tokenPart: tokenPart), wrapping)
+        engine.unsealed[id] = (secret, generation, nil)
+        return secret
+    }
+
     /// The service's objects on the token (one per service, whatever the protection).
-    func destroyKeys(service: String, engine: isolated Engine) throws(KeychainError) {
+    func destroyKeys(service: String, engine: isolated any BackendContext) throws(KeychainError) {
         try session(engine).destroyKeys(service: Self.namespace(service))
     }
 
-    func securityLevel(engine: isolated Engine) -> ItemInfo.SecurityLevel { .pkcs11Token }
+    func securityLevel(engine: isolated any BackendContext) -> ItemInfo.SecurityLevel { .pkcs11Token }
 }
 
 extension Engine {
@@ -181,12 +197,6 @@ extension Engine {
             throw TokenSession.map(error, doing: "report its state")
         }
     }
-}
-
-/// A PKCS#11 token as `status` shows it.
-public struct TokenStatus: Sendable, Hashable, Codable {
-    public var label, manufacturer, model, serial: String
-    public var userPinLocked, userPinFinalTry, userPinCountLow: Bool
 }
 
 // MARK: 'strongbox' with the passcode: the token's user PIN, asked at read

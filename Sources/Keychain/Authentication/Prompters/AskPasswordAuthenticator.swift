@@ -3,6 +3,7 @@ import KeychainEngine
 import Glibc
 import FoundationEssentials
 import SecureMemory
+import KeychainBasics
 
 /// The prompt through systemd's password agents (the ask-password protocol,
 /// https://systemd.io/PASSWORD_AGENTS/): an `ask.*` file in the agents' directory names the question
@@ -55,7 +56,7 @@ public struct AskPasswordAuthenticator: Authenticator, LinePrompter {
 
     private static func ask(_ question: PromptQuestion, directory: String, timeout: Duration, cancel: PromptWait.Cancel) -> PromptLine {
         let deadline = ContinuousClock.now.advanced(by: timeout)
-        let name = (0..<8).map { _ in String(UInt8.random(in: 0...255), radix: 16) }.joined()
+        let name = (0..<8).map { _ in Hex.encode(UInt8.random(in: 0...255), digits: 1) }.joined()
         let socketPath = directory + "/sck." + name
         let askPath = directory + "/ask." + name
         let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)

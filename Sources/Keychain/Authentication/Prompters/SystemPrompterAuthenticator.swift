@@ -5,6 +5,7 @@ import FoundationEssentials
 import Dispatch
 import SecureMemory
 import Synchronization
+import KeychainBasics
 
 /// The desktop's prompt: gcr's system prompter (`org.gnome.keyring.SystemPrompter` on the session
 /// bus, `/usr/libexec/gcr-prompter`), the dialog gnome-keyring itself uses. Its protocol is gcr's
@@ -110,7 +111,7 @@ public struct SystemPrompterAuthenticator: Authenticator, LinePrompter {
     private final class Conversation: @unchecked Sendable {
         let bus: Bus
         let question: PromptQuestion
-        let callback = "/org/keychain/Prompt/p" + (0..<8).map { _ in String(UInt8.random(in: 16...255), radix: 16) }.joined()
+        let callback = "/org/keychain/Prompt/p" + (0..<8).map { _ in Hex.encode(UInt8.random(in: 16...255), digits: 1) }.joined()
         var prompter = ""
         var key: SecureBytes?
         var result: PromptLine?
