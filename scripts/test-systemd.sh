@@ -13,6 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/systemd-container.sh
+source scripts/test-systemd-units.sh
 
 deb=""
 while (($#)); do
@@ -127,6 +128,7 @@ for exe in /usr/bin/keychainctl /usr/bin/keychainctl-full /usr/bin/keychain-secr
   if grep -Eq 'not found|swift|Foundation|dispatch' <<<"$libs"; then fail "$exe loads only Debian's libraries" "$libs"
   else pass "$exe resolves every library from Debian 12 (no Swift toolchain in the container)"; fi
 done
+portal_files_checks
 
 # The container has no /dev/tpmrm0: keychaind uses the embedded software TPM in its store (swtpm, spawned
 # by keychaind under the unit's own sandbox), so the unit runs exactly as shipped, with no drop-in.
@@ -166,6 +168,9 @@ pid2=$(in_container systemctl show -p MainPID --value keychaind.service)
 [ "$out" = v-root ] && [ "$pid2" != "$pid1" ] && [ "$pid2" != 0 ] \
   && pass "killed (SIGKILL, pid $pid1), keychaind comes back (pid $pid2) and keeps what it had committed" \
   || fail "keychaind comes back after SIGKILL" "pid $pid1 -> $pid2: $out"
+
+echo "== two system units of one uid"
+unit_items_checks
 
 echo "== users"
 out=$(printf 'alice-secret' | as_user alice keychainctl set mail password 2>&1 && as_user alice keychainctl get mail password 2>&1)
