@@ -69,4 +69,11 @@ unit_items_checks() {
     && grep -q ACCESS_DENIED <<<"$sh" \
     && pass "kc-c.service and svc's shell, not in mailers, are refused: $(head -n1 <<<"$out")" \
     || fail "a unit and a shell not in the group are refused" "kc-c: $out; shell: $sh"
+  # A group listing the uid (user svc) lets in svc's shell, never one of svc's units.
+  in_container sh -c 'printf "user svc\n" >/etc/keychain/groups.d/svc-shell.conf && chmod 0644 /etc/keychain/groups.d/svc-shell.conf'
+  sh=$(in_shell "printf shell-group | keychainctl --access-group svc-shell set mail shared && keychainctl --access-group svc-shell get mail shared" 2>&1)
+  out=$(in_unit kc-a.service keychainctl --access-group svc-shell get mail shared 2>&1); rc=$?
+  [ "$sh" = shell-group ] && [ $rc -ne 0 ] && grep -q "as 'unit kc-a.service'" <<<"$out" && ! grep -q shell-group <<<"$out" \
+    && pass "a group listing 'user svc' lets svc's shell in and refuses svc's unit kc-a.service: $(head -n1 <<<"$out")" \
+    || fail "a uid's line lets in its shell, not its units" "shell: $sh; kc-a (exit $rc): $out"
 }
