@@ -208,7 +208,10 @@ log=$(in_container journalctl -u keychaind.service -o cat --no-pager | grep 'uni
   || fail "a second unit asking for the first one's ID fails to start" "exit $rc result $result log '$log'"
 # The reason in the refused unit's own journal too (keychain-journal-relay, root's: journalctl -u shows another
 # process's line about a unit only from uid 0 with OBJECT_SYSTEMD_UNIT=), never the value.
-unitlog=$(in_container journalctl -u other.service -o cat --no-pager | grep "keychaind refused this unit's credential")
+# The relay's line is in the unit's journal once journald has it (one run saw it only in the relay's): up to 10 s.
+for _ in $(seq 20); do
+  unitlog=$(in_container journalctl -u other.service -o cat --no-pager | grep "keychaind refused this unit's credential") && break; sleep 0.5
+done
 grep -q "credential db-password: no such credential (keychainctl credential set other.service db-password)" <<<"$unitlog" \
   && pass "journalctl -u other.service says why: $unitlog" \
   || fail "a refused credential's reason is in the unit's own journal" "$unitlog $(in_container journalctl -u keychain-journal-relay.service -o cat --no-pager | tail -n 5)"
