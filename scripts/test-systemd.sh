@@ -13,6 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/systemd-container.sh
+source scripts/test-systemd-units.sh
 
 deb=""
 while (($#)); do
@@ -127,6 +128,7 @@ for exe in /usr/bin/keychainctl /usr/bin/keychainctl-full /usr/bin/keychain-secr
   if grep -Eq 'not found|swift|Foundation|dispatch' <<<"$libs"; then fail "$exe loads only Debian's libraries" "$libs"
   else pass "$exe resolves every library from Debian 12 (no Swift toolchain in the container)"; fi
 done
+portal_files_checks
 
 # The container has no /dev/tpmrm0: keychaind uses the embedded software TPM in its store (swtpm, spawned
 # by keychaind under the unit's own sandbox), so the unit runs exactly as shipped, with no drop-in.
@@ -167,6 +169,9 @@ pid2=$(in_container systemctl show -p MainPID --value keychaind.service)
   && pass "killed (SIGKILL, pid $pid1), keychaind comes back (pid $pid2) and keeps what it had committed" \
   || fail "keychaind comes back after SIGKILL" "pid $pid1 -> $pid2: $out"
 
+echo "== two system units of one uid"
+unit_items_checks
+
 echo "== users"
 out=$(printf 'alice-secret' | as_user alice keychainctl set mail password 2>&1 && as_user alice keychainctl get mail password 2>&1)
 [ "$out" = alice-secret ] && pass "alice (a normal user) sets and gets her item through the socket" || fail "alice's set and get" "$out"
@@ -203,7 +208,10 @@ log=$(in_container journalctl -u keychaind.service -o cat --no-pager | grep 'uni
   || fail "a second unit asking for the first one's ID fails to start" "exit $rc result $result log '$log'"
 # The reason in the refused unit's own journal too (keychain-journal-relay, root's: journalctl -u shows another
 # process's line about a unit only from uid 0 with OBJECT_SYSTEMD_UNIT=), never the value.
-unitlog=$(in_container journalctl -u other.service -o cat --no-pager | grep "keychaind refused this unit's credential")
+# The relay's line is in the unit's journal once journald has it (one run saw it only in the relay's): up to 10 s.
+for _ in $(seq 20); do
+  unitlog=$(in_container journalctl -u other.service -o cat --no-pager | grep "keychaind refused this unit's credential") && break; sleep 0.5
+done
 grep -q "credential db-password: no such credential (keychainctl credential set other.service db-password)" <<<"$unitlog" \
   && pass "journalctl -u other.service says why: $unitlog" \
   || fail "a refused credential's reason is in the unit's own journal" "$unitlog $(in_container journalctl -u keychain-journal-relay.service -o cat --no-pager | tail -n 5)"
