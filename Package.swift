@@ -74,11 +74,11 @@ let package = Package(
         // provider, and the keychain's desktop prompt (gcr's system prompter).
         .target(name: "DBus", dependencies: ["CSystemd", "COpenSSL", "SecureMemory", "KeychainBasics"]),
         // The keychain's values: the options, KeychainError; no TPM, SQLite, token, D-Bus or daemon.
-        .target(name: "KeychainCore", dependencies: ["KeychainBasics", "KeychainWire"]),
+        .target(name: "KeychainCore", dependencies: ["KeychainBasics", "KeychainWire", "SecureMemory"]),
         // The engine: the Engine actor, the TPM and token backends, backup, provisioning, the local service, quotas and
         // budgets, the store's meta and the item envelope. Names no daemon code: keychaind's service depends on it.
         .target(name: "KeychainEngine", dependencies: ["KeychainCore", "TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn",
-                                                       "COpenSSL", "KeychainWire", "KeychainCLIText", "KeychainBasics"]),
+                                                       "COpenSSL", "KeychainWire", "KeychainBasics"]),
         // The public API on the engine: Keychain, KeychainDevice, the administration API, the prompters, and the
         // client of keychaind the library uses when the configuration names its socket.
         .target(name: "Keychain", dependencies: ["KeychainEngine", "KeychainCore", "SecureMemory", "CSpawn",

@@ -3,7 +3,6 @@ import FoundationEssentials
 import KeychainStore
 import SecureMemory
 import TPM2
-import KeychainCLIText
 import KeychainBasics
 
 /// The EK templates a credential can be made for: `rsa2048` (L-1), `eccP256` (L-2), `eccP384` (H-3).
@@ -309,14 +308,14 @@ public enum AttestationServer {
             format: VerifiedIdentity.formatName, version: 1, verified: Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down)),
             endorsementKey: request.endorsementKey, endorsementCertificateVerified: certified,
             attestationKey: request.attestationKey, storageRootKey: request.storageRootKey,
-            bootState: .init(bank: "sha256", pcrs: quote.pcrs, values: answer.pcrValues, digest: lowerHex(quote.pcrDigest),
+            bootState: .init(bank: "sha256", pcrs: quote.pcrs, values: answer.pcrValues, digest: Hex.encode(quote.pcrDigest),
                              resetCount: quote.resetCount, restartCount: quote.restartCount),
             nvIndices: request.nvIndices)
         if let signedApproval = answer.bootApprovalCertification {
             let approves = try approvalApprovesBootState(signedApproval, akPublic: ak, nonce: nonce, bootState: identity.bootState, refuse: refuse)
             let list = quote.pcrs.map(String.init).joined(separator: ",")
             identity.bootApproval = .init(
-                index: hexHandle(BootApprovalLayout.index), name: lowerHex(BootApprovalLayout.name), approvesQuotedBootState: approves,
+                index: hexHandle(BootApprovalLayout.index), name: Hex.encode(BootApprovalLayout.name), approvesQuotedBootState: approves,
                 statement: approves ? "the approval index approves the quoted boot state (PCRs \(list)): ThisDeviceOnly items open in it"
                     : "the approval index does not approve the quoted boot state (PCRs \(list)): ThisDeviceOnly items do not open "
                         + "until it is approved (keychainctl boot-state approve)")

@@ -3,7 +3,6 @@ import FoundationEssentials
 import KeychainStore
 import SecureMemory
 import TPM2
-import KeychainCLIText
 import KeychainBasics
 
 /// A provisioning bundle, format 1 (docs/formats.md): one item sealed to one device's TPM by a
@@ -348,9 +347,9 @@ extension Engine {
                         parentName = try context.name(of: keyring.srk)
                     }
                 } catch { throw keyring.diagnose(error, doing: "make the endorsement key") }
-                guard lowerHex(parentName) == bundle.target else {
+                guard Hex.encode(parentName) == bundle.target else {
                     throw KeychainError(.invalidArgument, "This bundle is sealed to another device's TPM (\(bundle.parent) \(bundle.target.prefix(16))…), "
-                                        + "not this one (\(lowerHex(parentName).prefix(16))…): seal it for this device's identity")
+                                        + "not this one (\(Hex.encode(parentName).prefix(16))…): seal it for this device's identity")
                 }
                 var approvalName = BootApprovalLayout.name
                 if let pcrs = bundle.pcrs {

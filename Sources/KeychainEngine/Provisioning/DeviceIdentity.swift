@@ -1,7 +1,7 @@
 import KeychainCore
 import FoundationEssentials
 import TPM2
-import KeychainCLIText
+import KeychainBasics
 
 /// A device's identity document, format 1 (docs/formats.md): what a server with no TPM needs to seal a
 /// secret to this device and to compute the policy it will be sealed under. Only public values.
@@ -108,14 +108,14 @@ extension DeviceIdentity {
         // TPM2B: u16 size, then TPMT_PUBLIC: u16 type, u16 nameAlg (0x000B = SHA-256, 0x000C = SHA-384), …
         guard bytes.count > 6, Int(bytes[0]) << 8 | Int(bytes[1]) == bytes.count - 2, bytes[4] == 0x00 else { return nil }
         switch bytes[5] {
-        case 0x0B: return lowerHex([0x00, 0x0B] + sha256(Array(bytes[2...])))
-        case 0x0C: return lowerHex([0x00, 0x0C] + sha384(Array(bytes[2...])))
+        case 0x0B: return Hex.encode([0x00, 0x0B] + sha256(Array(bytes[2...])))
+        case 0x0C: return Hex.encode([0x00, 0x0C] + sha384(Array(bytes[2...])))
         default: return nil
         }
     }
 }
 
-func hexHandle(_ value: UInt32) -> String { "0x" + lowerHex(value, digits: 8) }
+func hexHandle(_ value: UInt32) -> String { "0x" + Hex.encode(value, digits: 8) }
 
 extension Engine {
     func identity() throws(KeychainError) -> DeviceIdentity {
@@ -145,12 +145,12 @@ extension Engine {
                     format: DeviceIdentity.formatName, version: DeviceIdentity.currentVersion,
                     created: Date(timeIntervalSince1970: (Date().timeIntervalSince1970).rounded(.down)),
                     tpm: .init(manufacturer: text([vendor.manufacturer]), vendor: text(vendor.vendor),
-                               firmwareVersion: lowerHex(vendor.firmware.0, digits: 8) + "." + lowerHex(vendor.firmware.1, digits: 8)),
+                               firmwareVersion: Hex.encode(vendor.firmware.0, digits: 8) + "." + Hex.encode(vendor.firmware.1, digits: 8)),
                     endorsementKeys: keys,
                     storageRootKey: .init(handle: hexHandle(TPMKeyring.srkHandle), publicArea: Data(srkArea).base64EncodedString(),
-                                          name: lowerHex(try context.name(of: keyring.srk))),
+                                          name: Hex.encode(try context.name(of: keyring.srk))),
                     nvIndices: indices,
-                    bootState: .init(bank: "sha256", pcrs: pcrs, digest: lowerHex(sha256(values.flatMap { $0 }))))
+                    bootState: .init(bank: "sha256", pcrs: pcrs, digest: Hex.encode(sha256(values.flatMap { $0 }))))
             } catch {
                 throw keyring.diagnose(error, doing: "read the device identity")
             }
@@ -163,13 +163,13 @@ extension TPMKeyring {
     /// (the state index is unwritten until the first unlock). An identity and an attestation request carry them.
     func nvIndexNames() throws(TPMError) -> [String: DeviceIdentity.NVIndex] {
         var indices: [String: DeviceIdentity.NVIndex] = [:]
-        indices["pin"] = .init(index: hexHandle(DeviceLockLayout.pinIndex), name: lowerHex(DeviceLockLayout.pinName))
-        indices["state"] = .init(index: hexHandle(DeviceLockLayout.stateIndex), name: lowerHex(stateName))
-        indices["epoch"] = .init(index: hexHandle(DeviceLockLayout.epochIndex), name: lowerHex(DeviceLockLayout.epochPublic.name(written: true)))
+        indices["pin"] = .init(index: hexHandle(DeviceLockLayout.pinIndex), name: Hex.encode(DeviceLockLayout.pinName))
+        indices["state"] = .init(index: hexHandle(DeviceLockLayout.stateIndex), name: Hex.encode(stateName))
+        indices["epoch"] = .init(index: hexHandle(DeviceLockLayout.epochIndex), name: Hex.encode(DeviceLockLayout.epochPublic.name(written: true)))
         indices["descriptor"] = .init(index: hexHandle(DeviceLockLayout.descriptorIndex),
-                                      name: lowerHex(try context.name(of: try context.resource(forPersistent: DeviceLockLayout.descriptorIndex))))
+                                      name: Hex.encode(try context.name(of: try context.resource(forPersistent: DeviceLockLayout.descriptorIndex))))
         // The boot-state approval index (issue 12) may not exist yet; its name is fixed (written).
-        indices["bootApproval"] = .init(index: hexHandle(BootApprovalLayout.index), name: lowerHex(BootApprovalLayout.name))
+        indices["bootApproval"] = .init(index: hexHandle(BootApprovalLayout.index), name: Hex.encode(BootApprovalLayout.name))
         return indices
     }
 }

@@ -2,7 +2,7 @@ import KeychainCore
 import FoundationEssentials
 import KeychainStore
 import TPM2
-import KeychainCLIText
+import KeychainBasics
 
 /// The AK's statement of one wrapping key (`attest key`, docs/formats.md): the key's public area and
 /// stored policy, TPM2_CertifyCreation of it by the AK over the caller's nonce (the TPM made this
@@ -93,7 +93,7 @@ extension AttestationServer {
         guard let name = DeviceIdentity.name(ofPublic: publicArea), hexBytes(name) == certification.name else {
             throw refuse("the certified key is not the one whose public area the statement carries")
         }
-        guard lowerHex(parent) == identity.storageRootKey.name else { throw refuse("the key was made under another parent than the attested SRK") }
+        guard Hex.encode(parent) == identity.storageRootKey.name else { throw refuse("the key was made under another parent than the attested SRK") }
         let claim = attestation.claim
         let thisDeviceOnly = claim.accessible.isThisDeviceOnly
         guard !thisDeviceOnly || (object.fixedTPM && object.fixedParent) else {
@@ -160,7 +160,7 @@ extension AttestationServer {
         if control.takesWindow, policy.authValidity != claim.authValidity {
             out.append("the key's item window is \(policy.authValidity.map { "\($0) s" } ?? "not recorded"), the claim's \(claim.authValidity.map { "\($0) s" } ?? "none")")
         }
-        if let state = identity.nvIndices?["state"]?.name, lowerHex(policy.stateName) != state, policy.availability != .always {
+        if let state = identity.nvIndices?["state"]?.name, Hex.encode(policy.stateName) != state, policy.availability != .always {
             out.append("the key names another lock-state index than the device reported")
         }
         return out
@@ -170,7 +170,7 @@ extension AttestationServer {
     private static func conditions(_ policy: SealPolicy, object: Attestation.SealedObject) -> [String] {
         var out: [String] = []
         let window = policy.authValidity.flatMap { $0 > 0 ? " (or within \($0) s of one, by a TPM ticket)" : nil } ?? ""
-        let reader = policy.biometry.map { "a finger \($0.currentSet ? "of the enrollment set it was made with" : "enrolled") on the reader \(lowerHex($0.keyName).prefix(16))…" }
+        let reader = policy.biometry.map { "a finger \($0.currentSet ? "of the enrollment set it was made with" : "enrolled") on the reader \(Hex.encode($0.keyName).prefix(16))…" }
         switch (reader, policy.passcode == true) {
         case let (reader?, true): out.append("only with \(reader) or the device passcode\(window)")
         case let (reader?, false): out.append("only with \(reader)\(window)")
