@@ -65,6 +65,12 @@ package enum SystemdCredentials {
         return (.user(uid), String(rest[rest.index(after: slash)...]))
     }
 
+    /// The storage of `unit`'s credentials as `manager` asks for them at the unit's start.
+    /// - Throws: `INVALID_ARGUMENT` for a unit name no service can have.
+    package static func storage(unit: String, manager: Manager) throws(KeychainError) -> StorageRef {
+        try StorageRef(scope: .credentials(manager), options: KeychainOptions(service: unit), defaultService: nil)
+    }
+
     /// The unit types systemd knows (`unit_type_from_string`): a unit name ends in one of them.
     package static let unitSuffixes: Set<String> = ["service", "socket", "target", "device", "mount", "automount", "swap", "timer", "path",
                                             "slice", "scope"]
