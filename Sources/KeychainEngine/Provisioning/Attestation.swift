@@ -67,51 +67,6 @@ public struct AttestationState: Sendable, Hashable, Codable {
     public var created: Date
 }
 
-/// The device's answer: the activated credential, a quote of its PCRs, the AK's certification of
-/// its SRK and of the keychain's wrapping keys, and its NV_Certify of the boot-state approval index.
-public struct AttestationAnswer: Sendable, Hashable, Codable {
-    public static let formatName = "keychain-linux attestation answer"
-
-    public struct Signed: Sendable, Hashable, Codable {
-        /// TPMS_ATTEST as the TPM marshalled it, base64 (`tpm2_quote -m`).
-        public var attest: String
-        /// TPMT_SIGNATURE, base64 (`tpm2_quote -s`).
-        public var signature: String
-    }
-
-    /// One wrapping key of the store, as `attest key` gives it: the TPM made it under the SRK
-    /// (TPM2_CertifyCreation by the AK over the challenge's nonce), with the policy stored beside it.
-    public struct CertifiedKey: Sendable, Hashable, Codable {
-        /// The service's name in the store (`uid:N/…` for a keychaind user's) and the storage tag
-        /// ("<accessible>/<accessControl>[/<window>]"): the protection the key claims.
-        public var service: String
-        public var protection: String
-        /// The sealed object's TPM2B_PUBLIC, its stored policy (JSON) and TPM2B_CREATION_DATA, base64.
-        public var publicArea: String
-        public var policy: String
-        public var creationData: String
-        public var creationCertification: Signed
-    }
-
-    public var format: String
-    public var version: Int
-    /// The challenge's nonce, base64.
-    public var nonce: String
-    /// The credential ActivateCredential returned, base64.
-    public var credential: String
-    public var quote: Signed
-    /// The quoted PCRs' SHA-256 values read after the quote, by index, hex.
-    public var pcrValues: [String: String]
-    public var storageRootKeyCertification: Signed
-    /// Every wrapping key of the store the TPM holds and can certify (a token's keys, and keys
-    /// sealed before key attestation, are not in it), sorted by service then protection. Absent from
-    /// answers of keychains before it: such an answer is refused.
-    public var wrappingKeys: [CertifiedKey]?
-    /// NV_Certify of the whole boot-state approval index over the nonce; absent while the device
-    /// has none (no ThisDeviceOnly key sealed yet).
-    public var bootApprovalCertification: Signed?
-}
-
 /// What the server proved (format 1): this EK's TPM holds this AK and this SRK (fixedTPM and
 /// fixedParent) and was in this boot state when it answered this server's challenge.
 public struct VerifiedIdentity: Sendable, Hashable, Codable {

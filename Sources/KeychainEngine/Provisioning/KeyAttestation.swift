@@ -4,60 +4,6 @@ import KeychainStore
 import TPM2
 import KeychainBasics
 
-/// The AK's statement of one wrapping key (`attest key`, docs/formats.md): the key's public area and
-/// stored policy, TPM2_CertifyCreation of it by the AK over the caller's nonce (the TPM made this
-/// object, under this parent), and for a ThisDeviceOnly key TPM2_NV_Certify of the boot-state
-/// approval index its policy names.
-public struct KeyAttestation: Sendable, Hashable, Codable {
-    public static let formatName = "keychain-linux key attestation"
-
-    /// What the key is said to protect: the service (as the caller names it) and its items' protection.
-    public struct Claim: Sendable, Hashable, Codable {
-        public var service: String
-        public var accessible: Accessible
-        public var accessControl: AccessControl
-        /// The item window the key's tag stores, for the access controls that take one.
-        public var authValidity: Int?
-    }
-
-    public var format: String
-    public var version: Int
-    public var claim: Claim
-    public var attestationKeyName: String
-    /// The caller's nonce, base64.
-    public var nonce: String
-    /// The sealed object's TPM2B_PUBLIC, base64.
-    public var publicArea: String
-    /// The policy the keychain stored beside the key (JSON, base64): what the verifier hashes.
-    public var policy: String
-    /// TPM2B_CREATION_DATA of the key, base64.
-    public var creationData: String
-    public var creationCertification: AttestationAnswer.Signed
-    /// NV_Certify of the boot-state approval index, for a key whose policy names it.
-    public var bootApprovalCertification: AttestationAnswer.Signed?
-}
-
-/// What the verifier concluded of a key attestation (`attest verify-key`).
-public struct KeyAttestationReport: Sendable, Hashable, Codable {
-    public static let formatName = "keychain-linux key attestation report"
-    public var format: String
-    public var version: Int
-    public var claim: KeyAttestation.Claim
-    /// The key's TPM name, hex.
-    public var keyName: String
-    /// The key's authPolicy is the claimed protection's, and its attributes are those of that level.
-    public var matchesClaim: Bool
-    /// What the TPM enforces on the key, one condition each; empty when it does not match its claim.
-    public var enforced: [String]
-    /// The same in one sentence.
-    public var statement: String
-    /// Where the key is weaker (or other) than claimed; empty when it matches.
-    public var differences: [String]
-    /// For a key bound to the approved boot state: whether the approval index, as certified, approves
-    /// the boot state quoted when the identity was verified.
-    public var approvesVerifiedBootState: Bool?
-}
-
 extension KeyAttestation: AttestationDocument {}
 extension KeyAttestationReport: AttestationDocument {}
 
