@@ -56,7 +56,8 @@ let package = Package(
         .target(name: "TPM2", dependencies: ["CTSS2", "CTSSCrypto", "CSodium", "COpenSSL", "SecureMemory", "KeychainBasics"]),
         // Secrets on sodium_malloc, and the libsodium primitives the keychain uses.
         .target(name: "SecureMemory", dependencies: ["CSodium"]),
-        // What every layer shares and no C library defines: the errno path of system calls (`valueOrErrno`), the hex codec.
+        // What every layer shares and no C library defines: the errno path of system calls (`valueOrErrno`), the hex codec,
+        // printf's %.1f.
         .target(name: "KeychainBasics"),
         // The SQLite store: one database per store directory.
         .target(name: "KeychainStore", dependencies: ["CSQLite", "KeychainBasics"]),
@@ -67,18 +68,19 @@ let package = Package(
         // keychaind's item calls for a program that links nothing else: the wire, blocking calls.
         .target(name: "KeychainClient", dependencies: ["KeychainWire"]),
         // What keychainctl's front and keychainctl-full print alike (terminal-safe text, the option names), and the
-        // text the executables write without Foundation (hex, printf's %.1f, whole writes to stdout and stderr).
+        // text the executables write without Foundation (hex, whole writes to stdout and stderr).
         .target(name: "KeychainCLIText", dependencies: ["KeychainBasics"]),
         // The public API.
         // D-Bus over sd-bus (the connection, its values, the DH session crypto): the Secret Service
         // provider, and the keychain's desktop prompt (gcr's system prompter).
         .target(name: "DBus", dependencies: ["CSystemd", "COpenSSL", "SecureMemory", "KeychainBasics"]),
-        // The keychain's values: the options, KeychainError; no TPM, SQLite, token, D-Bus or daemon.
-        .target(name: "KeychainCore", dependencies: ["KeychainBasics", "KeychainWire"]),
+        // The keychain's values and protocols: the options, KeychainError, item and status values, the scopes, StorageRef,
+        // Caller, the authenticator protocol; no TPM, SQLite, token, D-Bus or daemon.
+        .target(name: "KeychainCore", dependencies: ["KeychainBasics", "KeychainWire", "SecureMemory"]),
         // The engine: the Engine actor, the TPM and token backends, backup, provisioning, the local service, quotas and
         // budgets, the store's meta and the item envelope. Names no daemon code: keychaind's service depends on it.
         .target(name: "KeychainEngine", dependencies: ["KeychainCore", "TPM2", "SecureMemory", "KeychainStore", "PKCS11", "CSpawn",
-                                                       "COpenSSL", "KeychainWire", "KeychainCLIText", "KeychainBasics"]),
+                                                       "COpenSSL", "KeychainWire", "KeychainBasics"]),
         // The public API on the engine: Keychain, KeychainDevice, the administration API, the prompters, and the
         // client of keychaind the library uses when the configuration names its socket.
         .target(name: "Keychain", dependencies: ["KeychainEngine", "KeychainCore", "SecureMemory", "CSpawn",

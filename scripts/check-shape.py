@@ -14,7 +14,10 @@ Finds, under Sources/:
   `DaemonServer`, `DaemonRequestHandler`);
 - in the daemon (Sources/KeychainDaemon, Sources/keychaind) an import of the facade or what stands on it
   (`Keychain`, `SecretService`, `DBus`), and in Package.swift a `Keychain` among the KeychainDaemon or Keychaind
-  target's dependencies: keychaind is the engine's service, not a client of the public API.
+  target's dependencies: keychaind is the engine's service, not a client of the public API;
+- in the core (Sources/KeychainCore) an import of the engine or of a TPM, SQLite, token or other C module
+  (`KeychainEngine`, `TPM2`, `KeychainStore`, `PKCS11`, `CTSS2`, `CTSSCrypto`, `CSQLite`, `CP11Kit`, `COpenSSL`,
+  `CSystemd`, `CSpawn`): the core is values and protocols.
 Prints one line a finding (path:line: what) and exits 1 when there is any, 0 when there is none.
 Braces, `!` and names inside string literals and comments do not count.
 
@@ -201,6 +204,9 @@ UPWARD_IMPORT = re.compile(r"^[ \t]*(?:@\w+[ \t]+)*(?:(?:internal|package|public
                            r"(Keychain|KeychainDaemon|Keychaind|DBus)\b", re.MULTILINE)
 DAEMON_FACADE_IMPORT = re.compile(r"^[ \t]*(?:@\w+[ \t]+)*(?:(?:internal|package|public|private|fileprivate)[ \t]+)?import[ \t]+"
                                   r"(Keychain|SecretService|DBus)\b", re.MULTILINE)
+CORE_DOWNWARD_IMPORT = re.compile(r"^[ \t]*(?:@\w+[ \t]+)*(?:(?:internal|package|public|private|fileprivate)[ \t]+)?import[ \t]+"
+                                  r"(KeychainEngine|TPM2|KeychainStore|PKCS11|CTSS2|CTSSCrypto|CSQLite|CP11Kit|COpenSSL|CSystemd|CSpawn)\b",
+                                  re.MULTILINE)
 DAEMON_TARGETS = ("KeychainDaemon", "Keychaind")
 DAEMON_FOLDERS = ("Sources/KeychainDaemon/", "Sources/keychaind/")
 DAEMON_NAME = re.compile(r"\b(DaemonClient|DaemonServer|DaemonRequestHandler)\b")
@@ -220,6 +226,11 @@ def upward_references(code):
 def daemon_facade_imports(code):
     """(line, module) of each import of the facade, or of a module on it, in blanked `code`."""
     return [(code.count("\n", 0, m.start()) + 1, m.group(1)) for m in DAEMON_FACADE_IMPORT.finditer(code)]
+
+
+def core_downward_imports(code):
+    """(line, module) of each import of the engine, or of a TPM, SQLite, token or other C module, in blanked `code`."""
+    return [(code.count("\n", 0, m.start()) + 1, m.group(1)) for m in CORE_DOWNWARD_IMPORT.finditer(code)]
 
 
 def daemon_target_facade_dependencies(manifest):
@@ -258,6 +269,9 @@ def check_file(path, relative, source):
     if slashed.startswith(("Sources/KeychainCore/", "Sources/KeychainEngine/")):
         for line, name in upward_references(code):
             findings.append(f"{relative}:{line}: {name} in the core or the engine (they name no facade, daemon or D-Bus)")
+    if slashed.startswith("Sources/KeychainCore/"):
+        for line, module in core_downward_imports(code):
+            findings.append(f"{relative}:{line}: import {module} in the core (values and protocols: no engine, TPM, SQLite or token)")
     if slashed.startswith(DAEMON_FOLDERS):
         for line, module in daemon_facade_imports(code):
             findings.append(f"{relative}:{line}: import {module} in the daemon (keychaind serves the engine: import KeychainEngine)")
@@ -296,7 +310,8 @@ def main(argv):
         print(f"check-shape: {len(findings)} finding(s)", file=sys.stderr)
         return 1
     print("check-shape: no file over 600 lines, no function over 80, no D-Bus argument forced open, no DaemonCaller, "
-          "no extension Engine outside the engine, nothing above the engine named in it or the core, no facade in the daemon")
+          "no extension Engine outside the engine, nothing above the engine named in it or the core, no facade in the daemon, "
+          "no engine, TPM, SQLite or token module in the core")
     return 0
 
 

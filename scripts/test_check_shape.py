@@ -149,6 +149,20 @@ class TreeTests(unittest.TestCase):
             self.assertIn(os.path.join("Sources", "keychaind", "L.swift") + ":1: import SecretService in the daemon", findings[1])
             self.assertEqual(shape.main(["check-shape", root]), 1)
 
+    def test_the_core_importing_the_engine_or_a_tpm_sqlite_or_token_module_fails(self):
+        with tempfile.TemporaryDirectory() as root:
+            self.assertEqual(self.tree_findings(root, {
+                "Sources/KeychainCore/C.swift": "import KeychainWire\nimport SecureMemory\n// import TPM2\nlet s = \"import KeychainStore\"\n",
+                "Sources/KeychainEngine/E.swift": "import TPM2\nimport KeychainStore\n"}), [])
+            findings = self.tree_findings(root, {
+                "Sources/KeychainCore/D.swift": "import KeychainBasics\ninternal import TPM2\n@preconcurrency import KeychainEngine\n",
+                "Sources/KeychainCore/Options/O.swift": "import CSQLite\n"})
+            self.assertEqual(len(findings), 3, findings)
+            self.assertIn(os.path.join("Sources", "KeychainCore", "D.swift") + ":2: import TPM2 in the core", findings[0])
+            self.assertIn(os.path.join("Sources", "KeychainCore", "D.swift") + ":3: import KeychainEngine in the core", findings[1])
+            self.assertIn(os.path.join("Sources", "KeychainCore", "Options", "O.swift") + ":1: import CSQLite in the core", findings[2])
+            self.assertEqual(shape.main(["check-shape", root]), 1)
+
     def test_a_daemon_target_depending_on_the_facade_in_the_manifest_fails(self):
         manifest = ('.target(name: "Keychain", dependencies: ["KeychainEngine"]),\n'
                     '// .target(name: "KeychainDaemon", dependencies: ["Keychain"]),\n'

@@ -69,15 +69,6 @@ public func lowerHex(_ bytes: some Sequence<UInt8>) -> String {
     Hex.encode(bytes)
 }
 
-/// `value` with one decimal, exactly as printf's `%.1f` writes it ("12.5").
-public func oneDecimal(_ value: Double) -> String {
-    // A double's %.1f is at most 309 digits, the point and one more.
-    withUnsafeTemporaryAllocation(of: CChar.self, capacity: 320) { buffer in
-        _ = withVaList([value]) { vsnprintf(buffer.baseAddress, buffer.count, "%.1f", $0) }
-        return String(cString: buffer.baseAddress!)
-    }
-}
-
 /// Writes everything it can; a closed stdout or stderr is not an error.
 public func writeAll(_ fd: Int32, _ bytes: [UInt8]) {
     var at = 0

@@ -3,7 +3,7 @@ import FoundationEssentials
 import KeychainStore
 import SecureMemory
 import TPM2
-import KeychainCLIText
+import KeychainBasics
 
 /// The boot state `ThisDeviceOnly` items are bound to, and its approval (docs/boot-state.md).
 public struct BootStateStatus: Sendable, Hashable, Codable {
@@ -209,5 +209,5 @@ extension Engine {
 }
 
 extension BootState {
-    var hexValues: [Int: String] { values.mapValues { lowerHex($0) } }
+    var hexValues: [Int: String] { values.mapValues { Hex.encode($0) } }
 }

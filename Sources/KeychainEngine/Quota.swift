@@ -1,7 +1,7 @@
 import KeychainCore
 import KeychainStore
 import SecureMemory
-import KeychainCLIText
+import KeychainBasics
 
 /// The engine's quota on each namespace of a server's scopes (keychaind's uids, access groups and
 /// credentials), so that one uid cannot take the store's space the others need (a quota of items and

@@ -3,7 +3,7 @@ import KeychainStore
 import PKCS11
 import SecureMemory
 import TPM2
-import KeychainCLIText
+import KeychainBasics
 
 /// Retired wrapping keys: a write replaced a dead key while items still use it.
 extension Engine {
@@ -12,7 +12,7 @@ extension Engine {
     /// each of its items gets a marker naming that key and the item's nonce (its version), so its next
     /// read goes to the old key, which the reader check or the TPM finds dead: KEY_INVALIDATED, once.
     static func retiredTag(_ tag: String, publicKey: [UInt8]) -> String {
-        tag + "~" + lowerHex(publicKey)
+        tag + "~" + Hex.encode(publicKey)
     }
 
     /// The tag a key was sealed with (its keyRef names it), for a live or a retired key.

@@ -1,5 +1,5 @@
 import KeychainCore
-import KeychainCLIText
+import KeychainBasics
 /// Every name this library keeps in the store's meta table, in one place (KeychainStore keeps its
 /// own, `Store.identityMeta`).
 ///
@@ -75,11 +75,11 @@ enum StoreMeta {
     static let readerKeys = "reader.keys"
     /// The enrollment changes of the reader whose TPM key has this name (UInt64, big endian), recorded
     /// by a counted write after each (`Engine.recordGeneration(of:)`); present in bound stores only.
-    static func readerGeneration(keyName: [UInt8]) -> String { "reader.generation:" + lowerHex(keyName) }
+    static func readerGeneration(keyName: [UInt8]) -> String { "reader.generation:" + Hex.encode(keyName) }
     /// The failed touches of that reader by account (JSON `[String: Int]`: `owner` for the in-process
     /// caller, keychaind's `uid:N`), recorded by a counted write before its file (`Engine.touch`);
     /// present in bound stores only, so a copy of the file put back does not end a lockout.
-    static func readerFailures(keyName: [UInt8]) -> String { "reader.failures:" + lowerHex(keyName) }
+    static func readerFailures(keyName: [UInt8]) -> String { "reader.failures:" + Hex.encode(keyName) }
 
     /// A TPM ticket (TPMKeyring.StoredTicket, JSON) for one wrapping key, kept for its authValidity window.
     static func ticket(service: String, protection: String) -> String { "\(ticketPrefix)\(service)/\(protection)" }

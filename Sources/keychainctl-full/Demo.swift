@@ -4,6 +4,7 @@ import Keychain
 import SecureMemory
 import SignInFlow
 import KeychainCLIText
+import KeychainBasics
 
 /// `keychainctl demo`: the seed's sign-in flow on a fresh store, a fresh embedded software TPM and
 /// the simulated fingerprint reader, printing each step, what the user answered, and what the TPM did.

@@ -3,7 +3,6 @@ import FoundationEssentials
 import KeychainStore
 import SecureMemory
 import TPM2
-import KeychainCLIText
 import KeychainBasics
 
 /// The EK templates a credential can be made for: `rsa2048` (L-1), `eccP256` (L-2), `eccP384` (H-3).
@@ -66,51 +65,6 @@ public struct AttestationState: Sendable, Hashable, Codable {
     public var credential: String
     public var nonce: String
     public var created: Date
-}
-
-/// The device's answer: the activated credential, a quote of its PCRs, the AK's certification of
-/// its SRK and of the keychain's wrapping keys, and its NV_Certify of the boot-state approval index.
-public struct AttestationAnswer: Sendable, Hashable, Codable {
-    public static let formatName = "keychain-linux attestation answer"
-
-    public struct Signed: Sendable, Hashable, Codable {
-        /// TPMS_ATTEST as the TPM marshalled it, base64 (`tpm2_quote -m`).
-        public var attest: String
-        /// TPMT_SIGNATURE, base64 (`tpm2_quote -s`).
-        public var signature: String
-    }
-
-    /// One wrapping key of the store, as `attest key` gives it: the TPM made it under the SRK
-    /// (TPM2_CertifyCreation by the AK over the challenge's nonce), with the policy stored beside it.
-    public struct CertifiedKey: Sendable, Hashable, Codable {
-        /// The service's name in the store (`uid:N/…` for a keychaind user's) and the storage tag
-        /// ("<accessible>/<accessControl>[/<window>]"): the protection the key claims.
-        public var service: String
-        public var protection: String
-        /// The sealed object's TPM2B_PUBLIC, its stored policy (JSON) and TPM2B_CREATION_DATA, base64.
-        public var publicArea: String
-        public var policy: String
-        public var creationData: String
-        public var creationCertification: Signed
-    }
-
-    public var format: String
-    public var version: Int
-    /// The challenge's nonce, base64.
-    public var nonce: String
-    /// The credential ActivateCredential returned, base64.
-    public var credential: String
-    public var quote: Signed
-    /// The quoted PCRs' SHA-256 values read after the quote, by index, hex.
-    public var pcrValues: [String: String]
-    public var storageRootKeyCertification: Signed
-    /// Every wrapping key of the store the TPM holds and can certify (a token's keys, and keys
-    /// sealed before key attestation, are not in it), sorted by service then protection. Absent from
-    /// answers of keychains before it: such an answer is refused.
-    public var wrappingKeys: [CertifiedKey]?
-    /// NV_Certify of the whole boot-state approval index over the nonce; absent while the device
-    /// has none (no ThisDeviceOnly key sealed yet).
-    public var bootApprovalCertification: Signed?
 }
 
 /// What the server proved (format 1): this EK's TPM holds this AK and this SRK (fixedTPM and
@@ -309,14 +263,14 @@ public enum AttestationServer {
             format: VerifiedIdentity.formatName, version: 1, verified: Date(timeIntervalSince1970: Date().timeIntervalSince1970.rounded(.down)),
             endorsementKey: request.endorsementKey, endorsementCertificateVerified: certified,
             attestationKey: request.attestationKey, storageRootKey: request.storageRootKey,
-            bootState: .init(bank: "sha256", pcrs: quote.pcrs, values: answer.pcrValues, digest: lowerHex(quote.pcrDigest),
+            bootState: .init(bank: "sha256", pcrs: quote.pcrs, values: answer.pcrValues, digest: Hex.encode(quote.pcrDigest),
                              resetCount: quote.resetCount, restartCount: quote.restartCount),
             nvIndices: request.nvIndices)
         if let signedApproval = answer.bootApprovalCertification {
             let approves = try approvalApprovesBootState(signedApproval, akPublic: ak, nonce: nonce, bootState: identity.bootState, refuse: refuse)
             let list = quote.pcrs.map(String.init).joined(separator: ",")
             identity.bootApproval = .init(
-                index: hexHandle(BootApprovalLayout.index), name: lowerHex(BootApprovalLayout.name), approvesQuotedBootState: approves,
+                index: hexHandle(BootApprovalLayout.index), name: Hex.encode(BootApprovalLayout.name), approvesQuotedBootState: approves,
                 statement: approves ? "the approval index approves the quoted boot state (PCRs \(list)): ThisDeviceOnly items open in it"
                     : "the approval index does not approve the quoted boot state (PCRs \(list)): ThisDeviceOnly items do not open "
                         + "until it is approved (keychainctl boot-state approve)")

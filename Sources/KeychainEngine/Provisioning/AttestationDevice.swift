@@ -3,7 +3,6 @@ import FoundationEssentials
 import KeychainStore
 import SecureMemory
 import TPM2
-import KeychainCLIText
 import KeychainBasics
 
 // MARK: The device
@@ -94,7 +93,7 @@ extension Engine {
                                           certificateIndex: hexHandle(type.certificateIndex)),
                     attestationKey: .init(publicArea: Data(blob.publicArea).base64EncodedString(), name: akName),
                     storageRootKey: .init(handle: hexHandle(TPMKeyring.srkHandle), publicArea: Data(srkArea).base64EncodedString(),
-                                          name: lowerHex(try context.name(of: keyring.srk))),
+                                          name: Hex.encode(try context.name(of: keyring.srk))),
                     pcrs: keyring.pcrSelection, nvIndices: try keyring.nvIndexNames())
             } catch {
                 throw keyring.diagnose(error, doing: "read the attestation request")
@@ -164,7 +163,7 @@ extension Engine {
                     return AttestationAnswer(
                         format: AttestationAnswer.formatName, version: 1, nonce: challenge.nonce,
                         credential: credential.withUnsafeBytes { Data($0).base64EncodedString() },
-                        quote: signed(quote), pcrValues: Dictionary(uniqueKeysWithValues: zip(pcrs.indices.map(String.init), values.map { lowerHex($0) })),
+                        quote: signed(quote), pcrValues: Dictionary(uniqueKeysWithValues: zip(pcrs.indices.map(String.init), values.map { Hex.encode($0) })),
                         storageRootKeyCertification: signed(certification), wrappingKeys: certified,
                         bootApprovalCertification: approval.map(signed))
                 }

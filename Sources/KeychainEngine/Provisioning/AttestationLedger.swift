@@ -2,7 +2,6 @@ import KeychainCore
 import FoundationEssentials
 import Glibc
 import KeychainBasics
-import KeychainCLIText
 import KeychainStore
 import TPM2
 
@@ -60,7 +59,7 @@ public struct AttestationLedger: Sendable {
     }
 
     private static func key(_ state: AttestationState) throws(KeychainError) -> String {
-        lowerHex(sha256(try decoded(state.nonce, "state's nonce", count: 32)))
+        Hex.encode(sha256(try decoded(state.nonce, "state's nonce", count: 32)))
     }
 
     private var file: String { directory + "/open-challenges" }

@@ -1,70 +1,7 @@
 import KeychainCore
 import FoundationEssentials
 import TPM2
-import KeychainCLIText
-
-/// A device's identity document, format 1 (docs/formats.md): what a server with no TPM needs to seal a
-/// secret to this device and to compute the policy it will be sealed under. Only public values.
-public struct DeviceIdentity: Sendable, Hashable, Codable {
-    public static let formatName = "keychain-linux identity"
-    public static let currentVersion = 1
-
-    public struct TPMInfo: Sendable, Hashable, Codable {
-        /// TPM_PT_MANUFACTURER as four ASCII characters (`IBM ` is swtpm).
-        public var manufacturer: String
-        /// TPM_PT_VENDOR_STRING_1…4 as text, trailing NULs and spaces removed.
-        public var vendor: String
-        /// TPM_PT_FIRMWARE_VERSION_1 and _2, 8 hex digits each.
-        public var firmwareVersion: String
-    }
-
-    public struct EndorsementKey: Sendable, Hashable, Codable {
-        /// `rsa2048` (template L-1), `eccP256` (template L-2) or `eccP384` (template H-3).
-        public var type: String
-        /// Marshalled TPM2B_PUBLIC, base64.
-        public var publicArea: String
-        /// The EK's TPM name (nameAlg SHA-256 and the digest of its public area), hex.
-        public var name: String
-        /// The EK certificate (DER, base64) from its NV index, when the TPM holds one.
-        public var certificate: String?
-        /// Where the certificate is read: `0x01c00002` (RSA), `0x01c0000a` (ECC P-256) or `0x01c00016` (ECC P-384).
-        public var certificateIndex: String
-    }
-
-    public struct PersistentKey: Sendable, Hashable, Codable {
-        public var handle: String
-        public var publicArea: String
-        public var name: String
-    }
-
-    /// An NV index and its TPM name with TPMA_NV_WRITTEN set (as the policies that name it use it).
-    public struct NVIndex: Sendable, Hashable, Codable {
-        public var index: String
-        public var name: String
-    }
-
-    public struct BootState: Sendable, Hashable, Codable {
-        public var bank: String
-        public var pcrs: [Int]
-        /// SHA-256 over the selected PCR values in index order when the identity was made (the values
-        /// the device approves at its first ThisDeviceOnly seal; keys are bound to the approved state
-        /// through `nvIndices.bootApproval`, not to this digest).
-        public var digest: String
-    }
-
-    public var format: String
-    public var version: Int
-    public var created: Date
-    public var tpm: TPMInfo
-    /// The endorsement keys, RSA first; empty when the endorsement hierarchy refuses CreatePrimary.
-    public var endorsementKeys: [EndorsementKey]
-    /// The keychain's storage root key (ECC P-256 at 0x81000001).
-    public var storageRootKey: PersistentKey
-    /// The keychain's NV indices by role: `state`, `pin`, `epoch`, `descriptor` (the device lock),
-    /// `bootApproval` (the approved boot state of ThisDeviceOnly keys).
-    public var nvIndices: [String: NVIndex]
-    public var bootState: BootState
-}
+import KeychainBasics
 
 extension DeviceIdentity {
     /// Reads a document, checking what a sealer relies on: the format, the version, well-formed
@@ -108,71 +45,14 @@ extension DeviceIdentity {
         // TPM2B: u16 size, then TPMT_PUBLIC: u16 type, u16 nameAlg (0x000B = SHA-256, 0x000C = SHA-384), …
         guard bytes.count > 6, Int(bytes[0]) << 8 | Int(bytes[1]) == bytes.count - 2, bytes[4] == 0x00 else { return nil }
         switch bytes[5] {
-        case 0x0B: return lowerHex([0x00, 0x0B] + sha256(Array(bytes[2...])))
-        case 0x0C: return lowerHex([0x00, 0x0C] + sha384(Array(bytes[2...])))
+        case 0x0B: return Hex.encode([0x00, 0x0B] + sha256(Array(bytes[2...])))
+        case 0x0C: return Hex.encode([0x00, 0x0C] + sha384(Array(bytes[2...])))
         default: return nil
         }
     }
 }
 
-func hexHandle(_ value: UInt32) -> String { "0x" + lowerHex(value, digits: 8) }
-
-extension Engine {
-    func identity() throws(KeychainError) -> DeviceIdentity {
-        try configuration.checkPCRSelection()
-        return try withKeyring { keyring throws(KeychainError) -> DeviceIdentity in
-            let pcrs = keyring.pcrSelection
-            let context = keyring.context
-            do throws(TPMError) {
-                let vendor = try context.vendorProperties()
-                func text(_ words: [UInt32]) -> String {
-                    let bytes = words.flatMap { $0.bigEndianBytes }.filter { $0 != 0 }
-                    return String(decoding: bytes, as: UTF8.self).trimmingSpaces()
-                }
-                var keys: [DeviceIdentity.EndorsementKey] = []
-                for type in TPMContext.EndorsementKeyType.allCases {
-                    // A TPM whose endorsement hierarchy has an authorization, or lacks the algorithm: no EK of that type.
-                    guard let area = try? context.endorsementKeyPublic(type), let name = DeviceIdentity.name(ofPublic: area) else { continue }
-                    let certificate = try context.readWholeNV(type.certificateIndex)
-                    keys.append(.init(type: type.rawValue, publicArea: Data(area).base64EncodedString(), name: name,
-                                      certificate: certificate.map { Data($0).base64EncodedString() },
-                                      certificateIndex: hexHandle(type.certificateIndex)))
-                }
-                let srkArea = try context.publicArea(of: keyring.srk)
-                let indices = try keyring.nvIndexNames()
-                let values = try context.readPCRs(PCRSelection(pcrs))
-                return DeviceIdentity(
-                    format: DeviceIdentity.formatName, version: DeviceIdentity.currentVersion,
-                    created: Date(timeIntervalSince1970: (Date().timeIntervalSince1970).rounded(.down)),
-                    tpm: .init(manufacturer: text([vendor.manufacturer]), vendor: text(vendor.vendor),
-                               firmwareVersion: lowerHex(vendor.firmware.0, digits: 8) + "." + lowerHex(vendor.firmware.1, digits: 8)),
-                    endorsementKeys: keys,
-                    storageRootKey: .init(handle: hexHandle(TPMKeyring.srkHandle), publicArea: Data(srkArea).base64EncodedString(),
-                                          name: lowerHex(try context.name(of: keyring.srk))),
-                    nvIndices: indices,
-                    bootState: .init(bank: "sha256", pcrs: pcrs, digest: lowerHex(sha256(values.flatMap { $0 }))))
-            } catch {
-                throw keyring.diagnose(error, doing: "read the device identity")
-            }
-        }
-    }
-}
-
-extension TPMKeyring {
-    /// The keychain's NV indices by role, with their names as policies use them: with TPMA_NV_WRITTEN
-    /// (the state index is unwritten until the first unlock). An identity and an attestation request carry them.
-    func nvIndexNames() throws(TPMError) -> [String: DeviceIdentity.NVIndex] {
-        var indices: [String: DeviceIdentity.NVIndex] = [:]
-        indices["pin"] = .init(index: hexHandle(DeviceLockLayout.pinIndex), name: lowerHex(DeviceLockLayout.pinName))
-        indices["state"] = .init(index: hexHandle(DeviceLockLayout.stateIndex), name: lowerHex(stateName))
-        indices["epoch"] = .init(index: hexHandle(DeviceLockLayout.epochIndex), name: lowerHex(DeviceLockLayout.epochPublic.name(written: true)))
-        indices["descriptor"] = .init(index: hexHandle(DeviceLockLayout.descriptorIndex),
-                                      name: lowerHex(try context.name(of: try context.resource(forPersistent: DeviceLockLayout.descriptorIndex))))
-        // The boot-state approval index (issue 12) may not exist yet; its name is fixed (written).
-        indices["bootApproval"] = .init(index: hexHandle(BootApprovalLayout.index), name: lowerHex(BootApprovalLayout.name))
-        return indices
-    }
-}
+func hexHandle(_ value: UInt32) -> String { "0x" + Hex.encode(value, digits: 8) }
 
 /// How the provisioning documents (identity, bundle, attestation) are written: one JSON form, keys
 /// sorted and dates in ISO 8601, so the same document always has the same bytes.

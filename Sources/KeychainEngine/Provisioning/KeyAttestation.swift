@@ -2,61 +2,7 @@ import KeychainCore
 import FoundationEssentials
 import KeychainStore
 import TPM2
-import KeychainCLIText
-
-/// The AK's statement of one wrapping key (`attest key`, docs/formats.md): the key's public area and
-/// stored policy, TPM2_CertifyCreation of it by the AK over the caller's nonce (the TPM made this
-/// object, under this parent), and for a ThisDeviceOnly key TPM2_NV_Certify of the boot-state
-/// approval index its policy names.
-public struct KeyAttestation: Sendable, Hashable, Codable {
-    public static let formatName = "keychain-linux key attestation"
-
-    /// What the key is said to protect: the service (as the caller names it) and its items' protection.
-    public struct Claim: Sendable, Hashable, Codable {
-        public var service: String
-        public var accessible: Accessible
-        public var accessControl: AccessControl
-        /// The item window the key's tag stores, for the access controls that take one.
-        public var authValidity: Int?
-    }
-
-    public var format: String
-    public var version: Int
-    public var claim: Claim
-    public var attestationKeyName: String
-    /// The caller's nonce, base64.
-    public var nonce: String
-    /// The sealed object's TPM2B_PUBLIC, base64.
-    public var publicArea: String
-    /// The policy the keychain stored beside the key (JSON, base64): what the verifier hashes.
-    public var policy: String
-    /// TPM2B_CREATION_DATA of the key, base64.
-    public var creationData: String
-    public var creationCertification: AttestationAnswer.Signed
-    /// NV_Certify of the boot-state approval index, for a key whose policy names it.
-    public var bootApprovalCertification: AttestationAnswer.Signed?
-}
-
-/// What the verifier concluded of a key attestation (`attest verify-key`).
-public struct KeyAttestationReport: Sendable, Hashable, Codable {
-    public static let formatName = "keychain-linux key attestation report"
-    public var format: String
-    public var version: Int
-    public var claim: KeyAttestation.Claim
-    /// The key's TPM name, hex.
-    public var keyName: String
-    /// The key's authPolicy is the claimed protection's, and its attributes are those of that level.
-    public var matchesClaim: Bool
-    /// What the TPM enforces on the key, one condition each; empty when it does not match its claim.
-    public var enforced: [String]
-    /// The same in one sentence.
-    public var statement: String
-    /// Where the key is weaker (or other) than claimed; empty when it matches.
-    public var differences: [String]
-    /// For a key bound to the approved boot state: whether the approval index, as certified, approves
-    /// the boot state quoted when the identity was verified.
-    public var approvesVerifiedBootState: Bool?
-}
+import KeychainBasics
 
 extension KeyAttestation: AttestationDocument {}
 extension KeyAttestationReport: AttestationDocument {}
@@ -93,7 +39,7 @@ extension AttestationServer {
         guard let name = DeviceIdentity.name(ofPublic: publicArea), hexBytes(name) == certification.name else {
             throw refuse("the certified key is not the one whose public area the statement carries")
         }
-        guard lowerHex(parent) == identity.storageRootKey.name else { throw refuse("the key was made under another parent than the attested SRK") }
+        guard Hex.encode(parent) == identity.storageRootKey.name else { throw refuse("the key was made under another parent than the attested SRK") }
         let claim = attestation.claim
         let thisDeviceOnly = claim.accessible.isThisDeviceOnly
         guard !thisDeviceOnly || (object.fixedTPM && object.fixedParent) else {
@@ -160,7 +106,7 @@ extension AttestationServer {
         if control.takesWindow, policy.authValidity != claim.authValidity {
             out.append("the key's item window is \(policy.authValidity.map { "\($0) s" } ?? "not recorded"), the claim's \(claim.authValidity.map { "\($0) s" } ?? "none")")
         }
-        if let state = identity.nvIndices?["state"]?.name, lowerHex(policy.stateName) != state, policy.availability != .always {
+        if let state = identity.nvIndices?["state"]?.name, Hex.encode(policy.stateName) != state, policy.availability != .always {
             out.append("the key names another lock-state index than the device reported")
         }
         return out
@@ -170,7 +116,7 @@ extension AttestationServer {
     private static func conditions(_ policy: SealPolicy, object: Attestation.SealedObject) -> [String] {
         var out: [String] = []
         let window = policy.authValidity.flatMap { $0 > 0 ? " (or within \($0) s of one, by a TPM ticket)" : nil } ?? ""
-        let reader = policy.biometry.map { "a finger \($0.currentSet ? "of the enrollment set it was made with" : "enrolled") on the reader \(lowerHex($0.keyName).prefix(16))…" }
+        let reader = policy.biometry.map { "a finger \($0.currentSet ? "of the enrollment set it was made with" : "enrolled") on the reader \(Hex.encode($0.keyName).prefix(16))…" }
         switch (reader, policy.passcode == true) {
         case let (reader?, true): out.append("only with \(reader) or the device passcode\(window)")
         case let (reader?, false): out.append("only with \(reader)\(window)")
@@ -195,71 +141,3 @@ extension AttestationServer {
 }
 
 // MARK: The device
-
-extension LocalService {
-    package func attestKey(nonce: [UInt8], in storage: StorageRef) async throws(KeychainError) -> KeyAttestation {
-        if let refusal { throw refusal }
-        return try await engine.attestKey(storeName: storage.storeName, service: storage.service,
-                                          protection: try storage.options.resolved(for: nil), nonce: nonce)
-    }
-}
-
-extension Engine {
-    /// - Parameters:
-    ///   - storeName: the service's name in the store (its scope's: the caller's uid under keychaind).
-    ///   - service: as the caller names it, for the claim and the messages.
-    func attestKey(storeName: String, service: String, protection: ItemProtection, nonce: [UInt8]) throws(KeychainError) -> KeyAttestation {
-        guard (1...32).contains(nonce.count) else { throw KeychainError.invalidArgument("The nonce is 1 to 32 bytes") }
-        let tag = protection.storageTag
-        return try withKeyring { keyring throws(KeychainError) -> KeyAttestation in
-            guard let akBlob = try Self.attestationKey(keyring), let akName = DeviceIdentity.name(ofPublic: akBlob.publicArea) else {
-                throw Self.noAttestationKey()
-            }
-            let stored: WrappingKeyRecord?
-            do { stored = try keyring.store.wrappingKey(service: storeName, protection: tag) } catch let error as StoreError {
-                throw KeychainError(store: error)
-            } catch {
-                throw KeychainError(.internal, "\(error)")
-            }
-            guard let record = stored else {
-                throw KeychainError.invalidArgument("Service '\(service)' has no key for items of \(tag): store an item with that protection first")
-            }
-            guard record.backend == .tpm, !record.sealedPublic.isEmpty else {
-                throw KeychainError(.unsupported, "The key of '\(service)' (\(tag)) is held by a token: the TPM cannot attest it")
-            }
-            guard let policy = SealPolicy.decode(record.policy, withCreation: true) else { throw KeychainError(.dataCorrupted, "The stored policy of '\(service)' (\(tag)) is malformed") }
-            guard let creation = policy.creation else {
-                throw KeychainError(.unsupported, "The key of '\(service)' (\(tag)) was sealed before key attestation and has no creation "
-                                    + "ticket: a new key of that protection (clear the service's items and store them again) can be attested")
-            }
-            let context = keyring.context
-            do throws(TPMError) {
-                return try context.withTransient { () throws(TPMError) -> KeyAttestation in
-                    let object = try context.load(TPMContext.SealedBlob(publicArea: record.sealedPublic, privateArea: record.sealedPrivate), parent: keyring.srk)
-                    // Three object slots: the key, the EK while it loads the AK, then the AK.
-                    let ek = try context.endorsementKey(.rsa2048)
-                    let ak = try context.load(akBlob, endorsementKey: ek)
-                    context.flush(ek)
-                    let certification = try context.certifyCreation(object, ak: ak, creation: creation, nonce: nonce)
-                    var approval: TPMContext.SignedAttestation?
-                    if policy.pcrs != nil, policy.bootApprovalName != nil {
-                        approval = try context.certifyNV(try keyring.bootApprovalIndex(), size: BootApprovalLayout.size, ak: ak, nonce: nonce)
-                    }
-                    func signed(_ s: TPMContext.SignedAttestation) -> AttestationAnswer.Signed {
-                        .init(attest: Data(s.attest).base64EncodedString(), signature: Data(s.signature).base64EncodedString())
-                    }
-                    return KeyAttestation(
-                        format: KeyAttestation.formatName, version: 1,
-                        claim: .init(service: service, accessible: protection.accessible, accessControl: protection.accessControl,
-                                     authValidity: protection.accessControl.takesWindow ? protection.authValidity : nil),
-                        attestationKeyName: akName, nonce: Data(nonce).base64EncodedString(),
-                        publicArea: Data(record.sealedPublic).base64EncodedString(), policy: Data(record.policy).base64EncodedString(),
-                        creationData: Data(creation.data).base64EncodedString(), creationCertification: signed(certification),
-                        bootApprovalCertification: approval.map(signed))
-                }
-            } catch {
-                throw keyring.diagnose(error, doing: "attest the key of '\(service)' (\(tag))")
-            }
-        }
-    }
-}

@@ -2,7 +2,7 @@ import KeychainCore
 import KeychainStore
 import SecureMemory
 import TPM2
-import KeychainCLIText
+import KeychainBasics
 
 /// Local approval of boot states (issue 12): `ThisDeviceOnly` keys are sealed not to PCR values but to
 /// "whatever PCR policy the approval index holds" (TPM2_PolicyAuthorizeNV), so a trusted firmware or
@@ -171,7 +171,7 @@ extension TPMKeyring {
                 let differing = current.values.keys.sorted().filter { approved.values[$0] != current.values[$0] }
                 which = differing.isEmpty
                     ? "the selection \(list(current.values.keys)) (the approved state covers \(list(approved.values.keys)))"
-                    : differing.map { "PCR \($0) (approved \(approved.values[$0].map { lowerHex($0) } ?? "none"), now \(current.values[$0].map { lowerHex($0) } ?? "none"))" }
+                    : differing.map { "PCR \($0) (approved \(approved.values[$0].map { Hex.encode($0) } ?? "none"), now \(current.values[$0].map { Hex.encode($0) } ?? "none"))" }
                         .joined(separator: ", ")
             } else {
                 which = "PCR " + current.values.keys.sorted().map(String.init).joined(separator: ", ")

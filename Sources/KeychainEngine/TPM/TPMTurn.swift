@@ -2,7 +2,7 @@ import KeychainCore
 import Glibc
 import SecureMemory
 import TPM2
-import KeychainCLIText
+import KeychainBasics
 
 /// One process's turn at a TPM that no resource manager shares out (swtpm, mssim, `/dev/tpm0`):
 /// an exclusive `flock` held for a whole operation, so no other process's commands interleave and
@@ -88,7 +88,7 @@ package final class TPMTurn {
 
     /// The lock's name in a user's directory: one per TPM, after its TCTI string.
     private static func lockName(_ device: TPMDevice) -> String {
-        "tpm-" + lowerHex(sha256(Array(device.tctiConfiguration.utf8)).prefix(8)) + ".lock"
+        "tpm-" + Hex.encode(sha256(Array(device.tctiConfiguration.utf8)).prefix(8)) + ".lock"
     }
 
     /// This user's lock file of `device` where this process takes its turns (nil when it takes them

@@ -3,7 +3,6 @@ import FoundationEssentials
 import KeychainStore
 import SecureMemory
 import TPM2
-import KeychainCLIText
 import KeychainBasics
 
 /// Vendor-signed boot states (issue 12, docs/boot-state.md): a store set up with the vendor's public
@@ -68,8 +67,8 @@ struct SignedBootPolicy: Codable, Equatable {
             throw .invalidArgument("Invalid generation \(generation): expected 0 to \(VendorBootLayout.maxGeneration)")
         }
         let (r, s) = try VendorKey.sign(digest: VendorBootLayout.signedDigest(state, generation: generation), privatePEM: privatePEM)
-        return SignedBootPolicy(pcrs: Dictionary(uniqueKeysWithValues: state.values.map { (String($0.key), lowerHex($0.value)) }),
-                                generation: generation, signature: lowerHex(TPMContext.ecdsaSignature(r: r, s: s)))
+        return SignedBootPolicy(pcrs: Dictionary(uniqueKeysWithValues: state.values.map { (String($0.key), Hex.encode($0.value)) }),
+                                generation: generation, signature: Hex.encode(TPMContext.ecdsaSignature(r: r, s: s)))
     }
 }
 
@@ -153,7 +152,7 @@ extension TPMKeyring {
                                 + "this keychain's boot-policy key (or was changed since)", underlying: .tpm(error))
         }
         var installed = installedBootPolicies().filter { $0.policy.pcrs != policy.pcrs }
-        installed.append(InstalledBootPolicy(policy: policy, ticket: lowerHex(ticket)))
+        installed.append(InstalledBootPolicy(policy: policy, ticket: Hex.encode(ticket)))
         try writeMeta { tx in try tx.setMeta(StoreMeta.bootVendorPolicies, Array(try JSONEncoder().encode(installed))) }
     }
 

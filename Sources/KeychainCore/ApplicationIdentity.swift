@@ -1,5 +1,3 @@
-import KeychainCore
-
 /// The application's identifier on Linux, the seed's default service ("the bundle identifier / the
 /// application id"). Linux has no bundle identifier; what it has, in this order:
 /// 1. `KEYCHAIN_APP_ID`, when set and not empty: the same for an app's daemon, its CLI and its tests;
@@ -12,13 +10,13 @@ import KeychainCore
 /// A process that has none of them (a program run by hand from a shell) has no identifier: a storage
 /// made without a service is then `INVALID_ARGUMENT`, since a guess such as the executable's name
 /// would lose the items when the binary is renamed.
-enum ApplicationIdentity {
-    static let missing = KeychainError(
+package enum ApplicationIdentity {
+    package static let missing = KeychainError(
         .invalidArgument,
         "No application identifier for the default service: set KEYCHAIN_APP_ID, run the program as its systemd unit "
         + "or from its desktop file, or give the storage a service (createKeychain(.init(service: …)))")
 
-    static func resolve(environment: [String: String], cgroup: String?) -> String? {
+    package static func resolve(environment: [String: String], cgroup: String?) -> String? {
         if let id = environment["KEYCHAIN_APP_ID"], !id.isEmpty { return id }
         if let cgroup, let id = unitApplication(cgroup: cgroup) { return id }
         if let file = environment["GIO_LAUNCHED_DESKTOP_FILE"], let id = desktopFileID(path: file) { return id }
@@ -28,7 +26,7 @@ enum ApplicationIdentity {
     /// The application of the innermost unit in the systemd hierarchy of `/proc/self/cgroup` (the
     /// unified `0::` line, or cgroup v1's `name=systemd`); nil for a slice, a user manager, a login
     /// session or any other scope (a terminal's `vte-spawn-….scope` names the terminal, not the app).
-    static func unitApplication(cgroup: String) -> String? {
+    package static func unitApplication(cgroup: String) -> String? {
         for line in cgroup.split(separator: "\n") {
             let fields = line.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false)
             guard fields.count == 3, (fields[0] == "0" && fields[1].isEmpty) || fields[1] == "name=systemd" else { continue }
@@ -39,7 +37,7 @@ enum ApplicationIdentity {
         return nil
     }
 
-    static func application(unit: String) -> String? {
+    package static func application(unit: String) -> String? {
         let isScope = unit.hasSuffix(".scope")
         var name = Substring(unit.dropLast(isScope ? ".scope".count : ".service".count))
         if name.hasPrefix("app-") {
@@ -58,7 +56,7 @@ enum ApplicationIdentity {
         return nonEmpty(unescaped(name))
     }
 
-    static func desktopFileID(path: String) -> String? {
+    package static func desktopFileID(path: String) -> String? {
         guard let base = path.split(separator: "/").last, base.hasSuffix(".desktop") else { return nil }
         return nonEmpty(String(base.dropLast(".desktop".count)))
     }

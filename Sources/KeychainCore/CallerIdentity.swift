@@ -1,5 +1,3 @@
-import KeychainCore
-
 /// Who calls a door of the keychain, as the kernel vouches for it (never as the caller says): its
 /// uid and, when the kernel sets it apart from the uid's other programs, its application. Taken once
 /// per connection (`CallerIdentity.ofPeer`: keychaind's socket; `ofProcess`: the Secret Service, from the

@@ -2,23 +2,6 @@ import KeychainCore
 import FoundationEssentials
 import KeychainStore
 
-/// Who a call comes from, passed with each call of a service that serves many users (keychaind: the
-/// kernel's `SO_PEERCRED`), for the budgets that are each user's own: the fingerprint reader's failed
-/// matches and the wrong passcodes a user may give. nil in-process: there the caller is the store's owner.
-package struct Caller: Sendable {
-    package var uid: UInt32
-    /// Root or a member of the access group `admin` (read only when a passcode is tried).
-    package var isAdmin: @Sendable () -> Bool
-
-    package init(uid: UInt32, isAdmin: @escaping @Sendable () -> Bool) {
-        self.uid = uid
-        self.isAdmin = isAdmin
-    }
-
-    /// The reader's failure count of this caller (`FingerprintReader`).
-    var readerAccount: String { "uid:\(uid)" }
-}
-
 /// The wrong passcodes keychaind lets users who are neither root nor `admin` give: each such uid at
 /// most `perUser`, and all of them together at most the TPM's limit less `reserve`, so that no one
 /// of them (nor all of them) can spend the TPM's PIN tries and lock the device's owner out. The TPM's

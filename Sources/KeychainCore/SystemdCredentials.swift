@@ -1,6 +1,4 @@
-import KeychainCore
 import KeychainBasics
-import KeychainStore
 
 /// The items keychaind hands to systemd units (`LoadCredential=ID:/run/keychain/credentials.sock`,
 /// docs/credentials.md): the item of service UNIT and key ID in the scope `ItemScope.credentials` of
@@ -29,7 +27,7 @@ package enum SystemdCredentials {
         }
     }
 
-    static let accessGroupPrefix = ".systemd-credentials"
+    package static let accessGroupPrefix = ".systemd-credentials"
 
     /// The access group an administrator's storage names to reach `manager`'s credentials.
     package static func accessGroup(for manager: Manager) -> String {
@@ -49,7 +47,7 @@ package enum SystemdCredentials {
     }
 
     /// Where the store keeps `manager`'s credentials: before the unit's name, as `uid:N/` is before a user's services.
-    static func namespace(of manager: Manager) -> String {
+    package static func namespace(of manager: Manager) -> String {
         switch manager {
         case .system: ItemNames.credentialsNamespacePrefix + "system/"
         case .user(let uid): ItemNames.credentialsNamespacePrefix + "uid:\(uid)/"
@@ -57,7 +55,7 @@ package enum SystemdCredentials {
     }
 
     /// The manager and unit of a store name in a credentials namespace, nil for any other name.
-    static func parse(_ storeName: String) -> (Manager, String)? {
+    package static func parse(_ storeName: String) -> (Manager, String)? {
         guard storeName.hasPrefix(ItemNames.credentialsNamespacePrefix) else { return nil }
         let rest = storeName.dropFirst(ItemNames.credentialsNamespacePrefix.count)
         if rest.hasPrefix("system/") { return (.system, String(rest.dropFirst("system/".count))) }
@@ -74,7 +72,7 @@ package enum SystemdCredentials {
     }
 
     /// The unit types systemd knows (`unit_type_from_string`): a unit name ends in one of them.
-    static let unitSuffixes: Set<String> = ["service", "socket", "target", "device", "mount", "automount", "swap", "timer", "path",
+    package static let unitSuffixes: Set<String> = ["service", "socket", "target", "device", "mount", "automount", "swap", "timer", "path",
                                             "slice", "scope"]
 
     /// `INVALID_ARGUMENT` naming the rule unless `unit` is a name systemd gives a unit that runs

@@ -1,4 +1,3 @@
-import KeychainCore
 import FoundationEssentials
 import KeychainWire
 import SecureMemory
