@@ -182,25 +182,30 @@ package final class DaemonServer: Sendable {
     private func respond(to request: WireMessage, from peer: Peer, connection: Connection, on reader: WireReader) -> WireMessage? {
         // A warm read on this thread: it never waits behind another call's TPM command.
         if let reply = handler.respondAtOnce(to: request, from: peer, options: connection.options) { return reply }
-        // The call's TPM deadline counts from when it was made (docs/security.md): its wait for its
-        // uid's turn and for the engine is part of it, a person's answer to its prompt is not.
-        var madeAt = ContinuousClock.now
+        // The call's deadline counts from when it was made (docs/security.md): its wait for its uid's
+        // turn, for the engine and for each TPM command is part of it, a person's answer to its prompt is not.
         let timeout = configuration.tpmTimeout
+        let deadline = CallDeadline(.now + timeout)
         let mailbox = Mailbox()
-        var holdingTurn = fairShare.enter(peer.uid, until: madeAt + timeout)
+        var holdingTurn = fairShare.enter(peer.uid, until: deadline.instant)
         defer { fairShare.leave(peer.uid, holdingTurn: holdingTurn) }
         guard holdingTurn else { return Self.overdue(timeout: timeout).wireMessage }
         /// Runs `start` and the engine's jobs on this thread until this call has its own work back.
-        func drive(_ start: () -> Void) { service.executor.drive(start, madeAt: madeAt, until: mailbox.hasEvent) }
+        func drive(_ start: () -> Void) {
+            service.executor.drive(start, madeAt: deadline.instant - timeout, until: mailbox.hasEvent)
+        }
         drive {
             Task(executorPreference: service.executor) { [self] in
                 // A call that waited its whole deadline for the engine (behind another call's TPM command
                 // that the TPM has not answered) ends here, even one that would need no TPM command.
-                guard service.executor.waitedSinceEnqueued() < timeout else {
+                guard !deadline.hasPassed else {
                     mailbox.post(.done(Self.overdue(timeout: timeout).wireMessage))
                     return
                 }
-                mailbox.post(.done(await handle(request, peer: peer, connection: connection, mailbox: mailbox)))
+                let reply = await CallDeadline.$current.withValue(deadline) {
+                    await handle(request, peer: peer, connection: connection, mailbox: mailbox)
+                }
+                mailbox.post(.done(reply))
             }
         }
         var broken = false
@@ -210,9 +215,9 @@ package final class DaemonServer: Sendable {
                 defer { prompt.wipe() }
                 guard !broken, holdingTurn else { drive { continuation.resume(returning: nil) }; continue }
                 // A person answers: the uid's other calls go in meanwhile.
-                let (asked, back) = fairShare.pause(peer.uid, until: { madeAt + timeout }) { () throws(WireError) in
+                let (asked, back) = fairShare.pause(peer.uid, until: { deadline.instant }) { () throws(WireError) in
                     let asked = ContinuousClock.now
-                    defer { madeAt += ContinuousClock.now - asked }
+                    defer { deadline.extend(by: .now - asked) }
                     try WireSocket.send(reader.fd, prompt)
                     return try reader.receive(idle: limits.promptTimeout, stall: limits.stallTimeout)
                 }
