@@ -198,6 +198,7 @@ package final class DaemonServer: Sendable {
             Task(executorPreference: service.executor) { [self] in
                 // A call that waited its whole deadline for the engine (behind another call's TPM command
                 // that the TPM has not answered) ends here, even one that would need no TPM command.
+                guard mailbox.begin() else { return }  // its thread answered at its deadline
                 guard !deadline.hasPassed else {
                     mailbox.post(.done(Self.overdue(timeout: timeout).wireMessage))
                     return
@@ -210,7 +211,13 @@ package final class DaemonServer: Sendable {
         }
         var broken = false
         while true {
-            switch mailbox.next() {
+            // Until its task begins, the call may wait behind a TPM command of a call made after it (one that
+            // entered the engine while this one waited for its uid's turn): at its deadline it ends (the task
+            // then does nothing), and its thread is free, as it runs no other call's jobs before its own.
+            guard let event = mailbox.next(until: deadline.instant) ?? (mailbox.giveUp() ? nil : mailbox.next()) else {
+                return Self.overdue(timeout: timeout).wireMessage
+            }
+            switch event {
             case .prompt(var prompt, let continuation):
                 defer { prompt.wipe() }
                 guard !broken, holdingTurn else { drive { continuation.resume(returning: nil) }; continue }
@@ -305,6 +312,8 @@ final class Mailbox: @unchecked Sendable {
     }
     private let condition = Condition()
     private var events: [Event] = []
+    /// Whether the call's task began its work (true) or its thread gave the call up before (false).
+    private var begun: Bool?
 
     func post(_ event: Event) {
         condition.lock()
@@ -320,11 +329,32 @@ final class Mailbox: @unchecked Sendable {
         return !events.isEmpty
     }
 
-    func next() -> Event {
+    /// The next event; nil when `deadline` passed first.
+    func next(until deadline: ContinuousClock.Instant? = nil) -> Event? {
         condition.lock()
         defer { condition.unlock() }
-        while events.isEmpty { condition.wait() }
+        while events.isEmpty {
+            guard let deadline else { condition.wait(); continue }
+            if !condition.wait(until: deadline) && events.isEmpty { return nil }
+        }
         return events.removeFirst()
+    }
+
+    /// The task's first step: whether it may do the call's work (its thread has not given it up).
+    func begin() -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        if begun == nil { begun = true }
+        return begun == true
+    }
+
+    /// The thread's, at the call's deadline: whether the call is given up, its task not begun (it then
+    /// does nothing). Once begun, the call's work may have changed something: its reply says what.
+    func giveUp() -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        if begun == nil { begun = false }
+        return begun == false
     }
 
     func ask(_ prompt: WireMessage) async -> WireMessage? {

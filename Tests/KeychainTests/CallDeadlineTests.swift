@@ -52,4 +52,44 @@ struct CallDeadlineTests {
                                                 "get", "mail", "token"], environment: daemon.environment)
         #expect(String(decoding: read.stdout, as: UTF8.self) == "v", "the TPM answers again: \(read.stderr)")
     }
+
+    /// Nobody's second cold write waits for nobody's turn behind the first, whose TPM command the stopped
+    /// TPM holds for its whole deadline; meanwhile root's cold write, made 19 s after it, enters the
+    /// engine. When the turn comes, the second write's job waits behind root's TPM command, which runs
+    /// to root's deadline, 19 s after its own: before, it ended there. Now its thread answers at its
+    /// own deadline, and its work, not begun, is never done.
+    @Test func aCallQueuedBehindALaterCallsTPMCommandEndsAtItsOwnDeadline() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm)
+        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
+        let pid = tpm.processIdentifier
+        try #require(pid > 0)
+        #expect(kill(pid, SIGSTOP) == 0)
+        defer { kill(pid, SIGCONT) }
+        let holding = try ColdCall(keychainctl, ["set", "first", "k"], environment: daemon.environment, uid: Self.nobody)
+        try waitUntil("nobody's first write to reach the frozen TPM") { try FrozenTPMTests.tpmHasUnreadInput(tpm) }
+        Thread.sleep(forTimeInterval: 1)
+        let queued = try ColdCall(keychainctl, ["set", "second", "k"], environment: daemon.environment, uid: Self.nobody)
+        Thread.sleep(forTimeInterval: 19)
+        #expect(holding.isRunning && queued.isRunning, "both of nobody's writes wait for the frozen TPM")
+        let later = try ColdCall(keychainctl, ["set", "other", "k"], environment: daemon.environment)
+
+        let result = try queued.wait()
+        let took = result.end - queued.started
+        // 5 s are for the client's own start and exit, as above.
+        #expect(took < .seconds(35), "the queued write took \(took) against a deadline of 30 s: \(result.stderr)")
+        #expect(result.status != 0)
+        #expect(result.stderr.contains("whole deadline (\(Duration.seconds(30)))"), "\(result.stderr)")
+        for (name, call) in [("nobody's first", holding), ("root's", later)] {
+            let ended = try call.wait()
+            #expect(ended.stderr.contains("did not answer within \(Duration.seconds(30))"), "\(name) write: \(ended.stderr)")
+        }
+
+        #expect(kill(pid, SIGCONT) == 0)
+        let read = try run("/usr/bin/setpriv", ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups", keychainctl,
+                                                "get", "second", "k"], environment: daemon.environment)
+        #expect(read.status != 0 && read.stdout.isEmpty, "the write given up at its deadline was not done later")
+        let after = try run(keychainctl, ["set", "other", "k"], input: Array("after".utf8), environment: daemon.environment)
+        #expect(after.status == 0, "the TPM answers again: \(after.stderr)")
+    }
 }
