@@ -9,7 +9,7 @@ import Synchronization
 /// when the call's first engine job was enqueued (`Engine.withKeyring`). Before (issue 38 item 13),
 /// keychaind's calls had only that too: each TPM command of an operation got what was left when the
 /// operation began, so an operation whose earlier commands the TPM answered slowly, or a later
-/// operation of the same call, ran past the call's deadline (a `set` of the soak: 43.6 s for 30).
+/// operation of the same call, ran past the call's deadline (the soak's 43.6 s `set` may have been one).
 package final class CallDeadline: Sendable {
     @TaskLocal package static var current: CallDeadline?
 
