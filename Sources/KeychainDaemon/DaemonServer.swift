@@ -182,37 +182,49 @@ package final class DaemonServer: Sendable {
     private func respond(to request: WireMessage, from peer: Peer, connection: Connection, on reader: WireReader) -> WireMessage? {
         // A warm read on this thread: it never waits behind another call's TPM command.
         if let reply = handler.respondAtOnce(to: request, from: peer, options: connection.options) { return reply }
-        // The call's TPM deadline counts from when it was made (docs/security.md): its wait for its
-        // uid's turn and for the engine is part of it, a person's answer to its prompt is not.
-        var madeAt = ContinuousClock.now
+        // The call's deadline counts from when it was made (docs/security.md): its wait for its uid's
+        // turn, for the engine and for each TPM command is part of it, a person's answer to its prompt is not.
         let timeout = configuration.tpmTimeout
+        let deadline = CallDeadline(.now + timeout)
         let mailbox = Mailbox()
-        var holdingTurn = fairShare.enter(peer.uid, until: madeAt + timeout)
+        var holdingTurn = fairShare.enter(peer.uid, until: deadline.instant)
         defer { fairShare.leave(peer.uid, holdingTurn: holdingTurn) }
         guard holdingTurn else { return Self.overdue(timeout: timeout).wireMessage }
         /// Runs `start` and the engine's jobs on this thread until this call has its own work back.
-        func drive(_ start: () -> Void) { service.executor.drive(start, madeAt: madeAt, until: mailbox.hasEvent) }
+        func drive(_ start: () -> Void) {
+            service.executor.drive(start, madeAt: deadline.instant - timeout, until: mailbox.hasEvent)
+        }
         drive {
             Task(executorPreference: service.executor) { [self] in
                 // A call that waited its whole deadline for the engine (behind another call's TPM command
                 // that the TPM has not answered) ends here, even one that would need no TPM command.
-                guard service.executor.waitedSinceEnqueued() < timeout else {
+                guard mailbox.begin() else { return }  // its thread answered at its deadline
+                guard !deadline.hasPassed else {
                     mailbox.post(.done(Self.overdue(timeout: timeout).wireMessage))
                     return
                 }
-                mailbox.post(.done(await handle(request, peer: peer, connection: connection, mailbox: mailbox)))
+                let reply = await CallDeadline.$current.withValue(deadline) {
+                    await handle(request, peer: peer, connection: connection, mailbox: mailbox)
+                }
+                mailbox.post(.done(reply))
             }
         }
         var broken = false
         while true {
-            switch mailbox.next() {
+            // Until its task begins, the call may wait behind a TPM command of a call made after it (one that
+            // entered the engine while this one waited for its uid's turn): at its deadline it ends (the task
+            // then does nothing), and its thread is free, as it runs no other call's jobs before its own.
+            guard let event = mailbox.next(until: deadline.instant) ?? (mailbox.giveUp() ? nil : mailbox.next()) else {
+                return Self.overdue(timeout: timeout).wireMessage
+            }
+            switch event {
             case .prompt(var prompt, let continuation):
                 defer { prompt.wipe() }
                 guard !broken, holdingTurn else { drive { continuation.resume(returning: nil) }; continue }
                 // A person answers: the uid's other calls go in meanwhile.
-                let (asked, back) = fairShare.pause(peer.uid, until: { madeAt + timeout }) { () throws(WireError) in
+                let (asked, back) = fairShare.pause(peer.uid, until: { deadline.instant }) { () throws(WireError) in
                     let asked = ContinuousClock.now
-                    defer { madeAt += ContinuousClock.now - asked }
+                    defer { deadline.extend(by: .now - asked) }
                     try WireSocket.send(reader.fd, prompt)
                     return try reader.receive(idle: limits.promptTimeout, stall: limits.stallTimeout)
                 }
@@ -300,6 +312,8 @@ final class Mailbox: @unchecked Sendable {
     }
     private let condition = Condition()
     private var events: [Event] = []
+    /// Whether the call's task began its work (true) or its thread gave the call up before (false).
+    private var begun: Bool?
 
     func post(_ event: Event) {
         condition.lock()
@@ -315,11 +329,32 @@ final class Mailbox: @unchecked Sendable {
         return !events.isEmpty
     }
 
-    func next() -> Event {
+    /// The next event; nil when `deadline` passed first.
+    func next(until deadline: ContinuousClock.Instant? = nil) -> Event? {
         condition.lock()
         defer { condition.unlock() }
-        while events.isEmpty { condition.wait() }
+        while events.isEmpty {
+            guard let deadline else { condition.wait(); continue }
+            if !condition.wait(until: deadline) && events.isEmpty { return nil }
+        }
         return events.removeFirst()
+    }
+
+    /// The task's first step: whether it may do the call's work (its thread has not given it up).
+    func begin() -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        if begun == nil { begun = true }
+        return begun == true
+    }
+
+    /// The thread's, at the call's deadline: whether the call is given up, its task not begun (it then
+    /// does nothing). Once begun, the call's work may have changed something: its reply says what.
+    func giveUp() -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        if begun == nil { begun = false }
+        return begun == false
     }
 
     func ask(_ prompt: WireMessage) async -> WireMessage? {

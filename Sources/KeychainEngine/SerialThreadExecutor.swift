@@ -70,7 +70,7 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
     }
 
     /// Calls `start` (which enqueues work, e.g. makes a task that prefers this executor) and, when no
-    /// other thread is running jobs, runs them on the calling thread until none is left or `done`
+    /// other thread is running jobs and none is queued, runs them on the calling thread until none is left or `done`
     /// says the caller has its own work back (the rest go to the executor's thread: a driver does
     /// not keep its own client waiting while it serves others).
     ///
@@ -83,8 +83,10 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
         let thread = pthread_self()
         condition.lock()
         self.madeAt[thread] = madeAt
-        let driving = !running
-        running = true
+        // Jobs left by the last driver are its thread's, woken for them: a driver runs its own call's
+        // first, so it can give that call up at its deadline rather than block in another's TPM command.
+        let driving = !running && jobs.isEmpty
+        if driving { running = true }
         condition.unlock()
         start()  // when another thread runs jobs, it takes the new ones
         condition.lock()

@@ -36,6 +36,9 @@ final class AnswerDeadline {
 
     /// How long each exchange may take; an operation sets its own (`TPMContext.setAnswerTimeout`).
     var timeout: Duration
+    /// The deadline of the call the exchanges serve (keychaind's, counted from when it read the
+    /// request): no exchange runs past it, however much of `timeout` it has left (issue 38 item 13).
+    var until: ContinuousClock.Instant?
     let peers: Set<Peer>
     private let watch: Watch?
 
@@ -61,7 +64,7 @@ final class AnswerDeadline {
         sigaddset(&interrupt, SIGURG)
         // Threads of libdispatch's pool block most signals; the exchange's thread must take this one.
         pthread_sigmask(SIG_UNBLOCK, &interrupt, &previous)
-        watch.arm(timeout)
+        watch.arm(until.map { min(timeout, $0 - .now) } ?? timeout)
         let result = body()
         let timedOut = watch.disarm()
         if timedOut {

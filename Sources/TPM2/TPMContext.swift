@@ -81,8 +81,11 @@ public final class TPMContext {
 
     /// How long each later command may wait for the TPM's answer: a context kept between operations
     /// takes each operation's own deadline.
-    public func setAnswerTimeout(_ timeout: Duration) {
+    /// - Parameter callDeadline: the deadline of the call the commands serve: no command is sent
+    ///   after it, and none waits past it (`AnswerDeadline.until`).
+    public func setAnswerTimeout(_ timeout: Duration, until callDeadline: ContinuousClock.Instant? = nil) {
         deadline.timeout = timeout
+        deadline.until = callDeadline
     }
 
     /// Ends one operation: the owner's session (and anything made outside a scope) is flushed and the
@@ -130,6 +133,13 @@ public final class TPMContext {
         var attempt = 0
         while true {
             if let unanswered { throw unanswered }
+            if let until = deadline.until, until <= .now {
+                // The call's deadline passed before this command was sent (the TPM answered each
+                // earlier one, slowly): it fails as one the TPM did not answer in time would.
+                let error = TPMError(command: command, code: .success, timedOut: true)
+                unanswered = error
+                throw error
+            }
             commandCount += 1
             TPMActivity.begin(command)
             let (raw, timedOut) = deadline.run(body)

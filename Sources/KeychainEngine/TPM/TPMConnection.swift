@@ -47,7 +47,10 @@ extension Engine {
         // a cold read's several operations took the whole deadline of a TPM that answered each.
         let call = executor.callMadeAt
         let ownTime = callTPMTime.flatMap { $0.call == call ? $0.spent : nil } ?? .zero
-        let answerTimeout = configuration.tpmTimeout - (executor.waitedSinceEnqueued() - ownTime)
+        // keychaind's calls have a deadline of their own, which bounds each TPM command (`CallDeadline`).
+        let callDeadline = CallDeadline.current?.instant
+        let answerTimeout = min(configuration.tpmTimeout - (executor.waitedSinceEnqueued() - ownTime),
+                                callDeadline.map { $0 - .now } ?? configuration.tpmTimeout)
         guard answerTimeout > .zero else {
             throw .tpmDidNotAnswer(device, timeout: configuration.tpmTimeout,
                                    TPMError(command: "wait for earlier calls' TPM commands", code: .success, timedOut: true))
@@ -56,12 +59,12 @@ extension Engine {
         defer { callTPMTime = (call, ownTime + (ContinuousClock.now - began)) }
         let context: TPMContext
         if let kept = keptConnection, kept.device == device, kept.unanswered == nil {
-            kept.setAnswerTimeout(answerTimeout)
             context = kept
         } else {
             keptConnection = nil
             context = try TPMKeyring.connect(device, configuration: configuration, answerTimeout: answerTimeout)
         }
+        context.setAnswerTimeout(answerTimeout, until: callDeadline)
         context.keepsSession = keepsTPMSession
         defer { withExtendedLifetime(turn) {} }
         let failedFlushes = context.failedFlushes

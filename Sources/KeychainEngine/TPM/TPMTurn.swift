@@ -58,13 +58,16 @@ package final class TPMTurn {
             close(fd)
             throw KeychainError(.storageError, "The TPM lock \(path) is not a private file of this user: remove it")
         }
-        let deadline = ContinuousClock.now + Self.maximumWait
+        // keychaind's call waits no longer than its own deadline (`CallDeadline`).
+        let longest = ContinuousClock.now + Self.maximumWait
+        let deadline = min(longest, CallDeadline.current?.instant ?? longest)
         var pause: UInt32 = 200
         while flock(fd, LOCK_EX | LOCK_NB) != 0 {
             guard errno == EWOULDBLOCK || errno == EINTR, ContinuousClock.now < deadline else {
                 close(fd)
+                let waited = deadline < longest ? "for this call's whole deadline" : "for over 30 s"
                 throw KeychainError(.hardwareUnavailable,
-                                    "Another process has been using the TPM for over 30 s (lock \(path)): "
+                                    "Another process has been using the TPM \(waited) (lock \(path)): "
                                     + "wait for it to finish, or stop it")
             }
             usleep(pause)
