@@ -13,6 +13,11 @@ import Synchronization
 package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @unchecked Sendable {
     private let condition = Condition()
     private var jobs: [(job: UnownedJob, enqueued: ContinuousClock.Instant)] = []
+    /// Jobs that a running job enqueued (its call moving on: a hop back from the engine, the rest of a
+    /// write's reply): they run before the next call's first job, so a call that began finishes before
+    /// one queued after it can hold the executor in a TPM command (issue 38 item 13: a `set` that wrote
+    /// at once answered 14 s later, its reply queued behind a later call's command to a stopped TPM).
+    private var resumed: [(job: UnownedJob, enqueued: ContinuousClock.Instant)] = []
     /// When the job running now was enqueued: the start of its wait for this executor. Written by the
     /// thread that runs jobs before each one, read by that job (`waitedSinceEnqueued`).
     private var runningEnqueued = ContinuousClock.now
@@ -63,7 +68,11 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
         let now = ContinuousClock.now
         condition.lock()
         let inJob = jobThread.map { pthread_equal($0, pthread_self()) != 0 } ?? false
-        jobs.append((unowned, inJob ? runningEnqueued : madeAt[pthread_self()] ?? now))
+        if inJob {
+            resumed.append((unowned, runningEnqueued))
+        } else {
+            jobs.append((unowned, madeAt[pthread_self()] ?? now))
+        }
         // Whoever runs jobs now takes this one too; only an idle executor wakes its thread.
         if !running { condition.signal() }
         condition.unlock()
@@ -85,7 +94,7 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
         self.madeAt[thread] = madeAt
         // Jobs left by the last driver are its thread's, woken for them: a driver runs its own call's
         // first, so it can give that call up at its deadline rather than block in another's TPM command.
-        let driving = !running && jobs.isEmpty
+        let driving = !running && jobs.isEmpty && resumed.isEmpty
         if driving { running = true }
         condition.unlock()
         start()  // when another thread runs jobs, it takes the new ones
@@ -110,8 +119,8 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
         pthread_setspecific(Self.ownThreadKey, Unmanaged.passUnretained(self).toOpaque())
         while true {
             condition.lock()
-            while running || (jobs.isEmpty && !stopping) { condition.wait() }
-            if jobs.isEmpty {
+            while running || (jobs.isEmpty && resumed.isEmpty && !stopping) { condition.wait() }
+            if jobs.isEmpty && resumed.isEmpty {
                 ended = true
                 condition.unlock()
                 return
@@ -135,18 +144,23 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
                 jobs.insert(contentsOf: batch[next...], at: 0)
                 (batch, next) = ([], 0)
             }
-            if next == batch.count {
-                if jobs.isEmpty || stop {
+            if next == batch.count && (resumed.isEmpty || stop) {
+                if (jobs.isEmpty && resumed.isEmpty) || stop {
                     running = false
-                    if !jobs.isEmpty || stopping { condition.signal() }  // the thread takes them, or ends
+                    if !jobs.isEmpty || !resumed.isEmpty || stopping { condition.signal() }  // the thread takes them, or ends
                     condition.unlock()
                     return
                 }
                 (batch, next) = (jobs, 0)
                 jobs.removeAll(keepingCapacity: true)
             }
-            let (job, enqueued) = batch[next]
-            next += 1
+            let job: UnownedJob, enqueued: ContinuousClock.Instant
+            if resumed.isEmpty {
+                (job, enqueued) = batch[next]
+                next += 1
+            } else {
+                (job, enqueued) = resumed.removeFirst()
+            }
             runningEnqueued = enqueued
             jobThread = pthread_self()
             condition.unlock()

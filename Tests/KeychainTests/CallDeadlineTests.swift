@@ -92,4 +92,41 @@ struct CallDeadlineTests {
         let after = try run(keychainctl, ["set", "other", "k"], input: Array("after".utf8), environment: daemon.environment)
         #expect(after.status == 0, "the TPM answers again: \(after.stderr)")
     }
+
+    /// Nobody's warm write (its key open: no TPM command) is made while root's cold write waits for the
+    /// stopped TPM; root's second cold write, made 14 s later, queues behind it. When root's first ends
+    /// at its deadline, nobody's write runs and writes at once, but the rest of its task (the hop back
+    /// from the engine that posts its reply) was queued behind root's second, which the TPM holds to its
+    /// own deadline, 14 s after nobody's: the write answered `ok` 44 s after it was made (the soak's
+    /// 30-minute run). Now a running call's next job goes before the next call's first.
+    @Test func aBegunCallIsAnsweredBeforeALaterCallsTPMCommandHoldsTheEngine() throws {
+        let tpm = try SoftwareTPM()
+        let daemon = try KeychainDaemon(tpm: tpm)
+        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
+        let pid = tpm.processIdentifier
+        try #require(pid > 0)
+        let nobody = ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups", keychainctl]
+        let warm = try run("/usr/bin/setpriv", nobody + ["set", "mail", "token"], input: Array("before".utf8), environment: daemon.environment)
+        try #require(warm.status == 0, "\(warm.stderr)")
+        #expect(kill(pid, SIGSTOP) == 0)
+        defer { kill(pid, SIGCONT) }
+        let holding = try ColdCall(keychainctl, ["set", "first", "k"], environment: daemon.environment)
+        try waitUntil("root's first write to reach the frozen TPM") { try FrozenTPMTests.tpmHasUnreadInput(tpm) }
+        Thread.sleep(forTimeInterval: 1)
+        let write = try ColdCall(keychainctl, ["set", "mail", "token"], environment: daemon.environment, uid: Self.nobody)
+        Thread.sleep(forTimeInterval: 14)
+        let later = try ColdCall(keychainctl, ["set", "second", "k"], environment: daemon.environment)
+
+        let result = try write.wait()
+        let took = result.end - write.started
+        // 5 s are for the client's own start and exit, as above.
+        #expect(took < .seconds(35), "nobody's write took \(took) against a deadline of 30 s: \(result.stderr)")
+        for call in [holding, later] { _ = try call.wait() }
+
+        #expect(kill(pid, SIGCONT) == 0)
+        // What it answered is what it did: `ok` and the new value, or a failure and the old one.
+        let read = try run("/usr/bin/setpriv", nobody + ["get", "mail", "token"], environment: daemon.environment)
+        let value = String(decoding: read.stdout, as: UTF8.self)
+        #expect(value == (result.status == 0 ? "v" : "before"), "the write answered \(result.status): \(result.stderr); reads \(value)")
+    }
 }
