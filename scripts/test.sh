@@ -43,10 +43,12 @@ if (($# == 0)); then timeout 1800 scripts/sanitize.sh thread --slice; fi
 # (5 minutes in all on the shared 2-core machine); `FILTER='TPM2Tests|KeychainTests' scripts/tpm-profiles.sh` runs every suite on them.
 if (($# == 0)); then timeout 1200 scripts/tpm-profiles.sh "fast typical old"
 else echo "test.sh: a filter was given: the suites on TPM profiles (scripts/tpm-profiles.sh) were not run"; fi
-# The soak (scripts/soak.py, issue 38 item 13; docs/performance.md, "Soak") is not run here yet: its 30-minute run at
-# 78578a6 had three one-request `set`s made as the TPM stall began end `ok` 44.3-44.6 s after keychaind read them, when
-# the TPM came back (deadline 30 s + 5 s grace): a call's later engine jobs are not held to its deadline (not fixed); a check that
-# fails by chance would fail landings. Run it by hand: python3 scripts/soak.py --short (2 minutes) or with no option.
+# The soak's bounded slice (issue 38 item 13; docs/performance.md, "Soak"): 2 minutes of 16 clients of five uids
+# against keychaind on its own swtpm, one 45 s TPM stall; every call answered within its requests' deadlines + 5 s,
+# nothing acknowledged lost, descriptors and threads back at rest. The 30-minute run is by hand
+# (python3 scripts/soak.py). The whole run only.
+if (($# == 0)); then timeout 600 python3 scripts/soak.py --short
+else echo "test.sh: a filter was given: the soak's slice (scripts/soak.py --short) was not run"; fi
 # The package under a booted systemd, built once (dpkg-buildpackage) and installed as devices get it, on two cached
 # Debian 12 roots: bookworm's main alone (the point release, no security updates) and one with bookworm-updates and
 # bookworm-security, whatever this machine's own apt state. The whole run only.
