@@ -15,16 +15,20 @@ struct CallDeadlineTests {
     /// How long the chip takes for each Create: a cold write's one slow command.
     static let createTime: Duration = .seconds(12)
 
+    /// keychaind on `tpm`, the keychainctl to call it with, and the TPM's pid (to stop and continue it).
+    private static func started(_ tpm: SoftwareTPM) throws -> (SoftwareTPM, KeychainDaemon, String, pid_t) {
+        let daemon = try KeychainDaemon(tpm: tpm)
+        let pid = tpm.processIdentifier
+        try #require(pid > 0)
+        return (tpm, daemon, buildDirectory.appendingPathComponent("keychainctl").path, pid)
+    }
+
     /// Root's cold write holds the TPM for a Create; nobody's cold write, made 1 s after it, waits for
     /// it (11 s), then its own Create is answered slowly (12 s), and the TPM stops (SIGSTOP) before its
     /// next command. Without the call's deadline on each command, that command waited what was left of
     /// the deadline when the operation began (19 s): the write ended about 42 s after it was made.
     @Test func aQueuedCallsCommandAfterASlowOneEndsAtTheCallsDeadline() throws {
-        let tpm = try SoftwareTPM(profile: TPMProfile(name: "slow Create", latencies: [TPMProfile.Command.create: Self.createTime]))
-        let daemon = try KeychainDaemon(tpm: tpm)
-        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
-        let pid = tpm.processIdentifier
-        try #require(pid > 0)
+        let (tpm, daemon, keychainctl, pid) = try Self.started(SoftwareTPM(profile: TPMProfile(name: "slow Create", latencies: [TPMProfile.Command.create: Self.createTime])))
         defer { kill(pid, SIGCONT) }
         func creates() -> Int { tpm.exchangesSeen.filter { $0.command == TPMProfile.Command.create }.count }
         let before = creates()
@@ -59,11 +63,7 @@ struct CallDeadlineTests {
     /// to root's deadline, 19 s after its own: before, it ended there. Now its thread answers at its
     /// own deadline, and its work, not begun, is never done.
     @Test func aCallQueuedBehindALaterCallsTPMCommandEndsAtItsOwnDeadline() throws {
-        let tpm = try SoftwareTPM()
-        let daemon = try KeychainDaemon(tpm: tpm)
-        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
-        let pid = tpm.processIdentifier
-        try #require(pid > 0)
+        let (tpm, daemon, keychainctl, pid) = try Self.started(SoftwareTPM())
         #expect(kill(pid, SIGSTOP) == 0)
         defer { kill(pid, SIGCONT) }
         let holding = try ColdCall(keychainctl, ["set", "first", "k"], environment: daemon.environment, uid: Self.nobody)
@@ -100,11 +100,7 @@ struct CallDeadlineTests {
     /// own deadline, 14 s after nobody's: the write answered `ok` 44 s after it was made (the soak's
     /// 30-minute run). Now a running call's next job goes before the next call's first.
     @Test func aBegunCallIsAnsweredBeforeALaterCallsTPMCommandHoldsTheEngine() throws {
-        let tpm = try SoftwareTPM()
-        let daemon = try KeychainDaemon(tpm: tpm)
-        let keychainctl = buildDirectory.appendingPathComponent("keychainctl").path
-        let pid = tpm.processIdentifier
-        try #require(pid > 0)
+        let (tpm, daemon, keychainctl, pid) = try Self.started(SoftwareTPM())
         let nobody = ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups", keychainctl]
         let warm = try run("/usr/bin/setpriv", nobody + ["set", "mail", "token"], input: Array("before".utf8), environment: daemon.environment)
         try #require(warm.status == 0, "\(warm.stderr)")
