@@ -17,7 +17,7 @@ case $kind in
   *) echo "sanitize.sh: thread or address, not $kind" >&2; exit 2 ;;
 esac
 
-daemon='KeychainTests\.(Daemon\w*|KeptConnection|CredentialsSocket|RequestHandler|Transport|SerialExecutor|WarmRead|WarmState|Client|Wire|WireReader|OffThePool|EngineSharing|JournalRelay)Tests'
+daemon='KeychainTests\.(Daemon\w*|KeptConnection|CredentialsSocket|RequestHandler|Transport|SerialExecutor|WarmRead|WarmState|Client|Wire|WireReader|OffThePool|EngineSharing|JournalRelay)Tests|KeychainBasicsTests\.HandoverTests'
 suites=(
   "$daemon"
   'KeychainTests\.ContractThroughDaemonTests'

@@ -1,4 +1,5 @@
 import KeychainEngine
+import KeychainBasics
 import Glibc
 import KeychainWire
 import SecureMemory
@@ -218,9 +219,9 @@ package final class DaemonServer: Sendable {
                 return Self.overdue(timeout: timeout).wireMessage
             }
             switch event {
-            case .prompt(var prompt, let continuation):
+            case .prompt(var prompt, let handover):
                 defer { prompt.wipe() }
-                guard !broken, holdingTurn else { drive { continuation.resume(returning: nil) }; continue }
+                guard !broken, holdingTurn else { drive { handover.deliver(nil) }; continue }
                 // A person answers: the uid's other calls go in meanwhile.
                 let (asked, back) = fairShare.pause(peer.uid, until: { deadline.instant }) { () throws(WireError) in
                     let asked = ContinuousClock.now
@@ -231,16 +232,16 @@ package final class DaemonServer: Sendable {
                 holdingTurn = back
                 guard case .success(var answer) = asked, answer.kind == WireKind.answer else {
                     broken = true  // the connection broke, or it sent no answer: its stream may be out of step
-                    drive { continuation.resume(returning: nil) }
+                    drive { handover.deliver(nil) }
                     continue
                 }
                 guard back else {
                     // No turn back before the deadline: the call ends as interrupted, and its reply says why.
                     answer.wipe()
-                    drive { continuation.resume(returning: nil) }
+                    drive { handover.deliver(nil) }
                     continue
                 }
-                drive { continuation.resume(returning: answer) }
+                drive { handover.deliver(answer) }
             case .done(var reply):
                 if broken { reply.wipe(); return nil }
                 guard holdingTurn else {
@@ -307,7 +308,7 @@ final class RemoteAuthenticator: Authenticator {
 /// Between a call's task and its connection's thread: prompts to send, then the reply.
 final class Mailbox: @unchecked Sendable {
     enum Event {
-        case prompt(WireMessage, CheckedContinuation<WireMessage?, Never>)
+        case prompt(WireMessage, Handover<WireMessage?>)
         case done(WireMessage)
     }
     private let condition = Condition()
@@ -358,7 +359,7 @@ final class Mailbox: @unchecked Sendable {
     }
 
     func ask(_ prompt: WireMessage) async -> WireMessage? {
-        await withCheckedContinuation { post(.prompt(prompt, $0)) }
+        await handedOver { post(.prompt(prompt, $0)) }
     }
 }
 

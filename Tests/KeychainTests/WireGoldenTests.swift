@@ -281,8 +281,8 @@ struct WireGoldenTests {
         let request = AuthenticationRequest(prompt: Prompt(title: "T", cancel: "C"), methods: [.fingerprint, .passcode], service: "mail",
                                             key: "token", attempt: 2, previousFailure: "no match")
         let asked = Task { await remote.authenticate(request) }
-        guard case .prompt(let prompt, let continuation) = mailbox.next() else { Issue.record("no prompt"); return }
-        continuation.resume(returning: nil)
+        guard case .prompt(let prompt, let handover) = mailbox.next() else { Issue.record("no prompt"); return }
+        handover.deliver(nil)
         guard case .interrupted = await asked.value else { Issue.record("not interrupted"); return }
         #expect(hex(prompt.encoded()) == Self.goldenPrompt)
     }

@@ -1,5 +1,6 @@
 import KeychainCore
 import KeychainEngine
+import KeychainBasics
 import Glibc
 import FoundationEssentials
 import Dispatch
@@ -236,13 +237,14 @@ struct DaemonClient: Sendable {
         }
         hops.count.add(1, ordering: .relaxed)
         let hops = hops, onGlobalQueue = Self.takeWaitingPlace()
-        let result: Result<T, WireError> = await withCheckedContinuation { continuation in
+        // Handed over through a lock: the connection's reader and the reply were written on that thread.
+        let result: Result<T, WireError> = await handedOver { handover in
             (onGlobalQueue ? DispatchQueue.global() : DispatchQueue(label: "keychain.exchange")).async {
                 hops.waiting(onGlobalQueue, 1)
                 let result = Result { () throws(WireError) in try body() }
                 hops.waiting(onGlobalQueue, -1)
                 Self.leaveWaitingPlace(onGlobalQueue)
-                continuation.resume(returning: result)
+                handover.deliver(result)
             }
         }
         switch result {

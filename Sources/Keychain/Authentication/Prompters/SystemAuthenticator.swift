@@ -1,5 +1,6 @@
 import KeychainCore
 import KeychainEngine
+import KeychainBasics
 import Glibc
 import FoundationEssentials
 import KeychainCLIText
@@ -171,8 +172,8 @@ enum PromptWait {
     static func run<T: Sendable>(_ body: @escaping @Sendable (_ cancel: Cancel) -> T) async -> T {
         let cancel = Cancel()
         return await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                let failed = DetachedThread.start(name: "keychain prompt") { continuation.resume(returning: body(cancel)) }
+            await handedOver { handover in
+                let failed = DetachedThread.start(name: "keychain prompt") { handover.deliver(body(cancel)) }
                 precondition(failed == nil, "cannot start the prompt's thread: pthread_create: errno \(failed ?? 0)")
             }
         } onCancel: {
