@@ -3,9 +3,9 @@ import Glibc
 import KeychainBasics
 import Testing
 
-/// Run by scripts/sanitize.sh's ThreadSanitizer slice: with the value handed over through the
-/// continuation alone, TSan reports the buffer's bytes as raced (the task reads what the other
-/// thread wrote before the task suspended), and the slice fails.
+/// `handedOver` delivers what another thread made, in both orders: before the task suspended (the
+/// runtime's fast path, which ThreadSanitizer cannot see as an ordering) and after. In the sanitizer
+/// slice (scripts/sanitize.sh) it runs instrumented.
 @Suite struct HandoverTests {
     /// Written by one thread, then read by the awaiting task: a connection's reader, a reply.
     final class Buffer: @unchecked Sendable {
