@@ -50,6 +50,10 @@ if [[ $kind == thread ]]; then
   if (($(check mutex "suppressions=$supp") > 0 || $(check race "suppressions=$supp") == 0)); then
     echo "sanitize.sh: tsan.supp does not do what it says (mutex-blind-spot.swift)" >&2; exit 1
   fi
+  nice swiftc -parse-as-library -sanitize=thread -g scripts/sanitizers/continuation-blind-spot.swift -o "$build/continuation-blind-spot"
+  if (($(TSAN_OPTIONS="halt_on_error=0:suppressions=$supp" "$build/continuation-blind-spot" 2>&1 | grep -c "WARNING: ThreadSanitizer" || true) == 0)); then
+    echo "sanitize.sh: a continuation resumed before its task suspends is no longer misreported: handedOver's lock can go" >&2; exit 1
+  fi
   export TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:suppressions=$supp:log_path=$reports/report"
 else
   # Leaks are not looked for: the tests' processes are killed on purpose, and the runtime keeps its metadata.
