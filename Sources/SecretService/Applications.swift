@@ -14,9 +14,16 @@ import KeychainEngine
 /// attribute key of their own, made at its first call. Paths are the same words for each (`…/login`)
 /// and resolve in the caller's own provider only, so a path of another's names nothing. Signals go to
 /// the connections of their application only. A sender whose identity cannot be read is refused.
+///
+/// At most `maxApplications` applications' providers are kept. One is let go when its application's
+/// last connection leaves and it holds nothing a provider opened again from the store would lack
+/// (`holdsNothingInMemory`: a session collection's items keep it); a new application past the limit
+/// is refused (`LimitsExceeded`) while every kept one holds something.
 public final class ApplicationProviders: @unchecked Sendable {
     let configuration: KeychainConfiguration
     let bus: Bus
+    public let maxApplications: Int
+    public static let defaultMaxApplications = 64
     /// The user's unconfined programs' provider, made at start (`--import` feeds it).
     public let host: SecretServiceProvider
     private var confined: [ConfinedApplication: SecretServiceProvider] = [:]
@@ -28,9 +35,10 @@ public final class ApplicationProviders: @unchecked Sendable {
     }
 
     /// The host's provider opened (and the first time made) in the keychain of `configuration`.
-    public init(configuration: KeychainConfiguration, bus: Bus) throws(DBusError) {
+    public init(configuration: KeychainConfiguration, bus: Bus, maxApplications: Int = defaultMaxApplications) throws(DBusError) {
         self.configuration = configuration
         self.bus = bus
+        self.maxApplications = maxApplications
         host = try SecretServiceProvider(configuration: configuration)
         host.emit = { [unowned self] in emit($0, for: nil) }
     }
@@ -48,6 +56,14 @@ public final class ApplicationProviders: @unchecked Sendable {
     public func clientVanished(_ name: String) {
         guard let identity = identities.removeValue(forKey: name) else { return }
         provider(identity.application)?.clientVanished(name)
+        if let application = identity.application { letGoIfUnused(application) }
+    }
+
+    /// Drops `application`'s provider when no connection of it is left and it holds nothing in memory.
+    private func letGoIfUnused(_ application: ConfinedApplication) {
+        guard let provider = confined[application], provider.holdsNothingInMemory,
+              !identities.values.contains(where: { $0.application == application }) else { return }
+        confined[application] = nil
     }
 
     private func provider(_ application: ConfinedApplication?) -> SecretServiceProvider? {
@@ -60,6 +76,14 @@ public final class ApplicationProviders: @unchecked Sendable {
         let identity = try identity(of: sender)
         guard let application = identity.application else { return host }
         if let provider = confined[application] { return provider }
+        if confined.count >= maxApplications {
+            for kept in Array(confined.keys) { letGoIfUnused(kept) }  // one whose work ended after its last connection left
+            guard confined.count < maxApplications else {
+                throw .limitsExceeded("The Secret Service serves at most \(maxApplications) applications at once and each of them "
+                                      + "has a connection or items of its session collection; \(application.words.prefix(300)) is "
+                                      + "served once one of them ends (keychain-secret-service --max-applications)")
+            }
+        }
         let namespace = SecretServiceProvider.metaService + "@" + application.storeWords
         // Its collections' services (`NAMESPACE/NAME`, a name of up to 64 characters) must fit the keychain's bound.
         let room = KeychainOptions.maxServiceLength - 1 - SecretServiceProvider.maxCollectionNameLength - (namespace.utf16.count - application.storeWords.utf16.count)

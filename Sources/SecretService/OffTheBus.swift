@@ -9,6 +9,9 @@ final class TurnTaking {
 
     func isFree(_ key: Turns.Key) -> Bool { turns.isFree(key) }
 
+    /// No work runs, waits or is left to start.
+    var isIdle: Bool { turns.isIdle && work.isEmpty && ready.isEmpty }
+
     /// `keys` held by work that started at once, until `release`.
     func hold(_ keys: Set<Turns.Key>) { turns.hold(keys) }
 

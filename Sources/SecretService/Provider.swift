@@ -194,6 +194,14 @@ public final class SecretServiceProvider: @unchecked Sendable {
         prompts = prompts.filter { $0.value.owner != name }
     }
 
+    /// Whether a provider opened again from the store would be this one: no session, prompt or call in
+    /// flight, no item in the session collection (memory only), each collection locked as it opens.
+    var holdsNothingInMemory: Bool {
+        sessions.isEmpty && prompts.isEmpty && turns.isIdle && collections.values.allSatisfy { collection in
+            (collection.storage != nil || collection.items.entries.isEmpty) && collection.locked == (collection.record.accessControl != .none)
+        }
+    }
+
     /// What a path names.
     enum Object {
         case service, collection(Collection), item(Collection, String), session(String), prompt(String)

@@ -24,6 +24,9 @@ struct Turns {
         !held.contains(key) && !waiting.contains { $0.keys.contains(key) }
     }
 
+    /// Nothing runs and nothing waits.
+    var isIdle: Bool { held.isEmpty && waiting.isEmpty }
+
     /// Work that started at once holds `keys` until `release`.
     mutating func hold(_ keys: Set<Key>) { held.formUnion(keys) }
 

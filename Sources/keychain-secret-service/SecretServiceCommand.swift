@@ -9,7 +9,7 @@ import KeychainCLIText
 /// keychain-secret-service: the freedesktop Secret Service (org.freedesktop.secrets) on the caller's
 /// session bus, its collections stored in the keychain (docs/secret-service.md).
 let usage = """
-    usage: keychain-secret-service [--store DIR [--tcti CONF] | --socket PATH] [--prompter scripted:FILE] [--replace | --import]
+    usage: keychain-secret-service [--store DIR [--tcti CONF] | --socket PATH] [--prompter scripted:FILE] [--max-applications N] [--replace | --import]
       --store DIR    the keychain store in this process (the embedded software TPM unless --tcti)
       --tcti CONF    the TPM for --store (device:/dev/tpmrm0, swtpm:host=…,port=…)
       --socket PATH  the user's items through keychaind at PATH
@@ -17,6 +17,9 @@ let usage = """
                      passcode:PIN, finger:NAME, cancel, fallback (tests and appliances);
                      a line delay:SECONDS makes the next answer come that much later.
                      Without it, the system's prompters: the desktop's (gcr), then the password agents
+      --max-applications N   Flatpak apps and system units served at once, each by a provider of its
+                     own (1 to 4096, default 64); a provider is let go when its app's last connection
+                     leaves and it holds no session-collection item
       --replace      take org.freedesktop.secrets from the provider that owns it
       --import       copy every item of the provider that owns org.freedesktop.secrets (gnome-keyring)
                      into this keychain, its locked collections unlocked through its own prompt; then exit
@@ -37,6 +40,7 @@ private struct Options {
     var replace = false
     var importing = false
     var prompter: String?
+    var maxApplications = ApplicationProviders.defaultMaxApplications
 }
 
 private func parseOptions() -> Options {
@@ -54,6 +58,12 @@ private func parseOptions() -> Options {
         case "--replace": options.replace = true
         case "--import": options.importing = true
         case "--prompter": options.prompter = value()
+        case "--max-applications":
+            let given = value()
+            guard let count = Int(given), (1...4096).contains(count) else {
+                fail("--max-applications takes a number from 1 to 4096, not '\(given.prefix(64))'\n\(usage)", code: 2)
+            }
+            options.maxApplications = count
         case "--help", "-h":
             print(usage, terminator: "")
             exit(0)
@@ -226,7 +236,7 @@ private func keychainConfiguration(_ options: Options) -> (KeychainConfiguration
     let providers: ApplicationProviders
     do throws(DBusError) {
         bus = try Bus()
-        providers = try ApplicationProviders(configuration: configuration, bus: bus)
+        providers = try ApplicationProviders(configuration: configuration, bus: bus, maxApplications: options.maxApplications)
     } catch {
         fail(error.message)
     }

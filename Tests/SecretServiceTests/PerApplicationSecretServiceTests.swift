@@ -283,4 +283,53 @@ struct PerApplicationSecretServiceTests {
         #expect(lookUps == 1, "one look-up for the client's connection, got \(lookUps)")
         print("PerApplicationSecretServiceTests: GetSecrets of one warm item, \(out.trimmingCharacters(in: .whitespacesAndNewlines)) µs a call; \(lookUps) identity look-up for 300 calls")
     }
+
+    /// At most `--max-applications` applications' providers are kept: one whose last connection left holding
+    /// nothing in memory is let go (its items stay in the store), one holding a session-collection item is kept,
+    /// and a new application past the limit while each kept one holds something is refused `LimitsExceeded`,
+    /// then served once one of them ends.
+    @Test func theApplicationsServedAtOnceAreBoundedAndAnIdleOneIsLetGo() throws {
+        let bus = try PrivateBus(providerArguments: { tcti, store in ["--store", store, "--tcti", tcti, "--max-applications", "2"] })
+        func store(_ app: String, _ kind: String, collection: String? = nil) throws -> (status: Int32, out: String, err: String) {
+            try sandboxed(bus, app, PrivateBus.secretTool, ["store", "--label=\(kind)"] + (collection.map { ["--collection=\($0)"] } ?? []) + ["kind", kind],
+                          input: Array("\(kind)'s secret".utf8))
+        }
+        #expect(try store("org.example.A", "a").status == 0)
+        #expect(try store("org.example.B", "b", collection: "session").status == 0)
+        // A's provider was let go when A left (B's holds its session item): C is served, and so is A again, from the store.
+        let third = try store("org.example.C", "c")
+        #expect(third.status == 0, "an idle application's provider is let go for a new one: \(third.err)")
+        #expect(try sandboxed(bus, "org.example.A", PrivateBus.secretTool, ["lookup", "kind", "a"]).out == "a's secret")
+        #expect(try sandboxed(bus, "org.example.B", PrivateBus.secretTool, ["lookup", "kind", "b"]).out == "b's secret",
+                "B's provider, holding its session item, was kept")
+
+        // D keeps a connection (and a session) open: with B's, two providers hold something, and E is refused.
+        let holder = Process()
+        let argv = try sandbox(bus, "org.example.D") + [PrivateBus.python3, "-c", """
+            import sys, secretstorage
+            conn = secretstorage.dbus_init()
+            secretstorage.get_default_collection(conn).create_item('d', {'kind': 'd'}, b"d's secret")
+            print('ready', flush=True)
+            sys.stdin.read()
+            """]
+        holder.executableURL = URL(fileURLWithPath: argv[0])
+        holder.arguments = Array(argv.dropFirst())
+        holder.environment = ["DBUS_SESSION_BUS_ADDRESS": bus.address, "PATH": "/usr/bin:/bin"]
+        let (input, output) = (Pipe(), Pipe())
+        holder.standardInput = input
+        holder.standardOutput = output
+        try holder.run()
+        defer { if holder.isRunning { holder.terminate() } }
+        let ready = String(decoding: output.fileHandleForReading.readData(ofLength: 6), as: UTF8.self)
+        #expect(ready == "ready\n", "D did not start: \(bus.log)")
+        let refused = try store("org.example.E", "e")
+        #expect(refused.status != 0, "a third application past the limit is refused while both kept ones hold something")
+        #expect(refused.err.contains("at most 2 applications"), "\(refused.err)")
+        try input.fileHandleForWriting.close()
+        holder.waitUntilExit()
+        #expect(holder.terminationStatus == 0)
+        let served = try store("org.example.E", "e")
+        #expect(served.status == 0, "E is served once D has left: \(served.err)")
+        #expect(try sandboxed(bus, "org.example.D", PrivateBus.secretTool, ["lookup", "kind", "d"]).out == "d's secret")
+    }
 }
