@@ -97,7 +97,7 @@ let package = Package(
         // Our test suites' trait that runs tests which block off Swift's cooperative pool (Swift Testing: tests only).
         .target(name: "KeychainTestThreads"),
         // The Secret Service API over the public Keychain API: the bus (sd-bus), the sessions' crypto, the items.
-        .target(name: "SecretService", dependencies: ["Keychain", "KeychainEngine", "DBus", "SecureMemory", "KeychainCLIText"]),
+        .target(name: "SecretService", dependencies: ["Keychain", "KeychainEngine", "DBus", "SecureMemory", "KeychainCLIText", "KeychainBasics"]),
         // BiometricsVault: biometric sign-in as a state machine over the public Keychain API.
         .target(name: "BiometricsVault", dependencies: ["Keychain"]),
         // The seed's "sign in with Face ID" guide as code: where each token lives, the fallbacks.

@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainBasics
 import Glibc
 internal import CSpawn
 
@@ -144,9 +145,11 @@ extension CallerIdentity {
         var table = MountTable()
         var chunk = [UInt8](repeating: 0, count: 16384)
         while true {
-            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if count < 0 && errno == EINTR { continue }
-            guard count >= 0 else { throw unreadable(path, pid: pid, errno) }
+            let count: Int
+            switch valueOrErrno({ chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) } }) {
+            case .success(let read): count = read
+            case .failure(let error): throw unreadable(path, pid: pid, error.rawValue)
+            }
             do throws(MountTable.Refusal) {
                 if count == 0 { return try table.finish() }
                 if try table.scan(chunk[..<count]) { return true }
@@ -161,9 +164,11 @@ extension CallerIdentity {
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 4096)
         while bytes.count <= 65536 {
-            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if count < 0 && errno == EINTR { continue }
-            guard count >= 0 else { throw unreadable(path, pid: pid, errno) }
+            let count: Int
+            switch valueOrErrno({ chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) } }) {
+            case .success(let read): count = read
+            case .failure(let error): throw unreadable(path, pid: pid, error.rawValue)
+            }
             if count == 0 { return String(decoding: bytes, as: UTF8.self) }
             bytes += chunk.prefix(count)
         }

@@ -1,5 +1,6 @@
 import Glibc
 import Keychain
+import KeychainBasics
 import KeychainCLIText
 
 /// The Flatpak Secret portal's backend (`org.freedesktop.impl.portal.Secret`): each sandboxed app's
@@ -214,10 +215,11 @@ struct SecretPipe: Sendable {
                 throw .failed("The fd of RetrieveSecret cannot take the secret now (a full pipe, or its reader closed it)")
             }
             // SIGPIPE is ignored in the provider: a reader gone since the poll is EPIPE here.
-            let wrote = secret.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + done, $0.count - done) }
-            if wrote < 0 && errno == EINTR { continue }
-            guard wrote > 0 else { throw .failed("Cannot write the secret to the fd of RetrieveSecret: \(String(cString: strerror(errno)))") }
-            done += wrote
+            switch valueOrErrno({ secret.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + done, $0.count - done) } }) {
+            case .success(let wrote) where wrote > 0: done += wrote
+            case .success: throw .failed("Cannot write the secret to the fd of RetrieveSecret: it took none of it")
+            case .failure(let error): throw .failed("Cannot write the secret to the fd of RetrieveSecret: \(error)")
+            }
         }
     }
 
