@@ -184,10 +184,13 @@ enum FuzzTarget: String, CaseIterable {
     }
 
     /// The provider that answers the `dbus` target's calls: its own store and embedded swtpm in a
-    /// directory made once per run, no prompter (a locked collection stays locked).
+    /// directory made once per run, no prompter (a locked collection stays locked). At the run's exit
+    /// its swtpm is stopped and the directory removed (an embedded swtpm otherwise outlives its owner).
     private static let provider: SecretServiceProvider = {
         var template = Array("/tmp/keychain-fuzz-dbus.XXXXXX".utf8CString)
         guard let made = mkdtemp(&template) else { fatalError("mkdtemp: errno \(errno)") }
+        dbusDirectory.withLock { $0 = String(cString: made) }
+        atexit { FuzzTarget.removeDBusStore() }
         let configuration = KeychainConfiguration(storeDirectory: String(cString: made) + "/store", tpm: .embedded, authenticator: nil)
         do throws(DBusError) {
             let provider = try SecretServiceProvider(configuration: configuration)
@@ -199,6 +202,13 @@ enum FuzzTarget: String, CaseIterable {
         }
     }()
     private static let posted = Mutex<[@Sendable () -> Void]>([])
+    private static let dbusDirectory = Mutex<String?>(nil)
+
+    private static func removeDBusStore() {
+        guard let directory = dbusDirectory.withLock({ $0 }) else { return }
+        EmbeddedTPM.stop(storeDirectory: directory + "/store")
+        try? FileManager.default.removeItem(atPath: directory)
+    }
 
     /// The bytes follow a client's authentication on a connection whose other end is an sd-bus
     /// server: sd-bus reads the messages, `Bus.call` decodes each call, the provider answers it.
