@@ -23,7 +23,16 @@ extension CallerIdentity {
     /// pidfd, `pidfd_open(pid)`: a pid reused before that names the new process (docs/security.md).
     /// - Throws: `ACCESS_DENIED` as `ofPeer`: the process is gone, or its application cannot be read.
     package static func ofProcess(uid: UInt32, pid: Int32, pidfd given: Int32?) throws(KeychainError) -> CallerIdentity {
-        if let given { return try of(pidfd: given, uid: uid, pid: pid) }
+        try readingProcess(pid: pid, pidfd: given) { pid throws(KeychainError) in try application(uid: uid, pid: pid) }
+    }
+
+    /// What `read` reads of the process a D-Bus sender's credentials name (`/proc/PID/…`, given the
+    /// pid), race-free where the bus gives a pidfd: `read` runs on the pid the pidfd names, and what
+    /// it read counts only when the pidfd still names that pid after it. Without one, `pidfd_open(pid)`.
+    /// - Throws: `ACCESS_DENIED` when the process is gone (or its pid reused) before the check after.
+    package static func readingProcess<T>(pid: Int32, pidfd given: Int32?,
+                                          _ read: (_ pid: Int32) throws(KeychainError) -> T) throws(KeychainError) -> T {
+        if let given { return try reading(pidfd: given, pid: pid, read) }
         let opened = pidfd_open(pid, 0)
         guard opened >= 0 else {
             let code = errno
@@ -31,18 +40,28 @@ extension CallerIdentity {
             throw KeychainError(.internal, "Cannot open pid \(pid)'s pidfd (pidfd_open: errno \(code))", underlying: .errno(code))
         }
         defer { close(opened) }
-        return try of(pidfd: opened, uid: uid, pid: pid)
+        return try reading(pidfd: opened, pid: pid, read)
     }
 
-    /// The application of the process `pidfd` names: its pid from the pidfd, its `/proc` files read,
-    /// then the pidfd checked to still name a living process of that pid (what was read was its own).
-    private static func of(pidfd: Int32, uid: UInt32, pid: Int32) throws(KeychainError) -> CallerIdentity {
+    /// `read` of the process `pidfd` names: its pid from the pidfd, `read` given it, then the pidfd
+    /// checked to still name a living process of that pid (what was read was its own).
+    private static func reading<T>(pidfd: Int32, pid: Int32, _ read: (_ pid: Int32) throws(KeychainError) -> T) throws(KeychainError) -> T {
         guard let peerPid = pidOf(pidfd: pidfd), peerPid > 0 else { throw gone(pid) }
-        let cgroup = try procText("/proc/\(peerPid)/cgroup", pid: peerPid)
-        let flatpak = try flatpakApplication(pid: peerPid, cgroup: cgroup)
+        let value = try read(peerPid)
         // After the reads: a pid that still names the pidfd's process was that process's all along.
         guard pidOf(pidfd: pidfd) == peerPid else { throw gone(peerPid) }
-        if let flatpak { return CallerIdentity(uid: uid, application: .flatpak(flatpak)) }
+        return value
+    }
+
+    /// The application of the process `pidfd` names (`reading`).
+    private static func of(pidfd: Int32, uid: UInt32, pid: Int32) throws(KeychainError) -> CallerIdentity {
+        try reading(pidfd: pidfd, pid: pid) { pid throws(KeychainError) in try application(uid: uid, pid: pid) }
+    }
+
+    /// The application of `pid` from its `/proc` files (the caller checks afterwards that they were its own).
+    private static func application(uid: UInt32, pid: Int32) throws(KeychainError) -> CallerIdentity {
+        let cgroup = try procText("/proc/\(pid)/cgroup", pid: pid)
+        if let flatpak = try flatpakApplication(pid: pid, cgroup: cgroup) { return CallerIdentity(uid: uid, application: .flatpak(flatpak)) }
         return CallerIdentity(uid: uid, application: systemUnit(cgroup: cgroup).map(ConfinedApplication.unit))
     }
 

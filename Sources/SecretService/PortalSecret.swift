@@ -33,8 +33,17 @@ public final class PortalSecretBackend: @unchecked Sendable {
     /// Runs work on the bus thread (`Bus.post`).
     public var post: (@escaping @Sendable () -> Void) -> Void = { $0() }
 
+    /// What the bus says of a sender: its pid, its uid and, where the bus gives one, a pidfd of its
+    /// process (the backend closes it).
+    public struct Credentials {
+        public var pid: Int32
+        public var uid: UInt32
+        public var pidfd: Int32?
+        public init(pid: Int32, uid: UInt32, pidfd: Int32?) { (self.pid, self.uid, self.pidfd) = (pid, uid, pidfd) }
+    }
+
     /// The backend over the keychain of `configuration`; `credentials` tells a sender's pid and uid.
-    public init(configuration: KeychainConfiguration, credentials: @escaping (String) -> (pid: Int32, uid: UInt32)?) throws(DBusError) {
+    public init(configuration: KeychainConfiguration, credentials: @escaping (String) -> Credentials?) throws(DBusError) {
         let options = KeychainOptions(service: Self.service, accessible: .afterFirstUnlockThisDeviceOnly)
         storage = try SecretServiceProvider.keychainCall { () throws(KeychainError) in
             try createKeychain(options, configuration: configuration)
@@ -151,7 +160,7 @@ public final class PortalSecretBackend: @unchecked Sendable {
 struct PortalCaller {
     /// Where Debian (and Fedora) install the portal, and where Arch does.
     static let executables: Set<String> = ["/usr/libexec/xdg-desktop-portal", "/usr/lib/xdg-desktop-portal"]
-    let credentials: (String) -> (pid: Int32, uid: UInt32)?
+    let credentials: (String) -> PortalSecretBackend.Credentials?
 
     func check(_ sender: String) throws(DBusError) {
         guard let peer = credentials(sender) else {
@@ -160,8 +169,18 @@ struct PortalCaller {
         guard peer.uid == getuid() else {
             throw .accessDenied("The caller runs as uid \(peer.uid), not \(getuid()): only this user's xdg-desktop-portal may ask for an app's secret")
         }
-        let exe = Self.executable(of: peer.pid)
-        guard let exe, Self.executables.contains(exe), Self.isPortalsFile(pid: peer.pid) else {
+        defer { if let pidfd = peer.pidfd { close(pidfd) } }
+        // Read as keychaind reads its peers: of the process the bus's pidfd names, where it gives one.
+        let exe: String?, isPortals: Bool
+        do throws(KeychainError) {
+            (exe, isPortals) = try CallerIdentity.readingProcess(pid: peer.pid, pidfd: peer.pidfd) { pid in
+                (Self.executable(of: pid), Self.isPortalsFile(pid: pid))
+            }
+        } catch {
+            throw .accessDenied("The caller (pid \(peer.pid)) is gone, or its pid names another process now: only xdg-desktop-portal "
+                                + "may ask for an app's secret")
+        }
+        guard let exe, Self.executables.contains(exe), isPortals else {
             let what = exe.map { "'\(logField($0.utf8, limit: 128))'" } ?? "unknown (its /proc entry cannot be read)"
             throw .accessDenied("The caller (pid \(peer.pid), executable \(what)) is not xdg-desktop-portal "
                                 + "(\(Self.executables.sorted().joined(separator: " or "))): a sandboxed app asks "

@@ -213,8 +213,7 @@ private func keychainConfiguration(_ options: Options) -> (KeychainConfiguration
     do throws(DBusError) {
         portal = try PortalSecretBackend(configuration: configuration, credentials: { sender in
             guard let peer = try? bus.credentials(of: sender) else { return nil }
-            if let pidfd = peer.pidfd { close(pidfd) }
-            return (peer.pid, peer.uid)
+            return PortalSecretBackend.Credentials(pid: peer.pid, uid: peer.uid, pidfd: peer.pidfd)
         })
         if case .ownedBy(let owner) = try bus.request(name: PortalSecretBackend.busName, replace: false) {
             writeAll(2, "keychain-secret-service: \(PortalSecretBackend.busName) is owned by \(owner); "
