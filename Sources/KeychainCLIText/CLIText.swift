@@ -22,17 +22,24 @@ public enum CLIOptions {
 /// Makes text safe for a terminal: control characters (C0, DEL, C1), bidirectional overrides and
 /// the backslash are written as escapes, so a key cannot move the cursor, forge lines or recolour.
 public func escaped(_ text: String) -> String {
+    replacingScalars(of: text) { value in
+        switch value {
+        case 0x5C: "\\\\"
+        case 0x0A: "\\n"
+        case 0x0D: "\\r"
+        case 0x09: "\\t"
+        case 0x00..<0x20, 0x7F: "\\x" + lowerHex(value, digits: 2)
+        case 0x80..<0xA0, 0x202A...0x202E, 0x2066...0x2069: "\\u{" + lowerHex(value, digits: 4) + "}"
+        default: nil
+        }
+    }
+}
+
+/// `text` with every scalar `escape` gives an escape for written as that escape, the others as they are.
+public func replacingScalars(of text: String, with escape: (UInt32) -> String?) -> String {
     var out = ""
     for scalar in text.unicodeScalars {
-        switch scalar.value {
-        case 0x5C: out += "\\\\"
-        case 0x0A: out += "\\n"
-        case 0x0D: out += "\\r"
-        case 0x09: out += "\\t"
-        case 0x00..<0x20, 0x7F: out += "\\x" + lowerHex(scalar.value, digits: 2)
-        case 0x80..<0xA0, 0x202A...0x202E, 0x2066...0x2069: out += "\\u{" + lowerHex(scalar.value, digits: 4) + "}"
-        default: out.unicodeScalars.append(scalar)
-        }
+        if let escaped = escape(scalar.value) { out += escaped } else { out.unicodeScalars.append(scalar) }
     }
     return out
 }

@@ -141,14 +141,34 @@ final class Connection {
         }
     }
 
-    /// Runs a data-changing statement and returns how many rows it touched.
-    func change(
-        _ sql: StaticString, _ doing: String, bind: (inout Statement) throws(StoreError) -> Void
-    ) throws(StoreError) -> Int {
+    /// Runs a data-changing statement with `values` bound to ?1, ?2, … and returns how many rows it touched.
+    func change(_ sql: StaticString, _ doing: String, _ values: any QueryValue...) throws(StoreError) -> Int {
         try withStatement(sql) { (statement: inout Statement) throws(StoreError) in
-            try bind(&statement)
+            try statement.bind(values)
             while try statement.step(doing) {}
             return Int(sqlite3_changes(handle))
+        }
+    }
+
+    /// Runs a query with `values` bound to ?1, ?2, … and reads its first row, if there is one.
+    func row<R>(
+        _ sql: StaticString, _ doing: String, _ values: any QueryValue..., read: (Statement) -> R
+    ) throws(StoreError) -> R? {
+        try withStatement(sql) { (statement: inout Statement) throws(StoreError) in
+            try statement.bind(values)
+            return try statement.step(doing) ? read(statement) : nil
+        }
+    }
+
+    /// Runs a query with `values` bound to ?1, ?2, … and reads every row.
+    func rows<R>(
+        _ sql: StaticString, _ doing: String, _ values: any QueryValue..., read: (Statement) -> R
+    ) throws(StoreError) -> [R] {
+        try withStatement(sql) { (statement: inout Statement) throws(StoreError) in
+            try statement.bind(values)
+            var rows: [R] = []
+            while try statement.step(doing) { rows.append(read(statement)) }
+            return rows
         }
     }
 
@@ -278,6 +298,11 @@ struct Statement {
         try check(sqlite3_bind_int64(handle, index, value))
     }
 
+    /// Binds `values` to ?1, ?2, … in order.
+    func bind(_ values: [any QueryValue]) throws(StoreError) {
+        for (offset, value) in values.enumerated() { try value.bind(to: self, at: Int32(offset + 1)) }
+    }
+
     private func check(_ rc: Int32) throws(StoreError) {
         guard rc == SQLITE_OK else { throw connection.error(rc, "binding a query parameter") }
     }
@@ -348,3 +373,24 @@ nonisolated(unsafe) private let emptyText: UnsafeRawPointer = {
     pointer.initialize(to: 0)
     return UnsafeRawPointer(pointer)
 }()
+
+/// A value a query binds to one of its parameters: text (nil binds NULL), a blob or an integer.
+protocol QueryValue {
+    func bind(to statement: Statement, at index: Int32) throws(StoreError)
+}
+
+extension String: QueryValue {
+    func bind(to statement: Statement, at index: Int32) throws(StoreError) { try statement.bind(index, self) }
+}
+
+extension Optional: QueryValue where Wrapped == String {
+    func bind(to statement: Statement, at index: Int32) throws(StoreError) { try statement.bind(index, self) }
+}
+
+extension Array: QueryValue where Element == UInt8 {
+    func bind(to statement: Statement, at index: Int32) throws(StoreError) { try statement.bind(index, self) }
+}
+
+extension Int64: QueryValue {
+    func bind(to statement: Statement, at index: Int32) throws(StoreError) { try statement.bind(index, self) }
+}

@@ -73,86 +73,50 @@ extension Connection {
     // MARK: Meta
 
     func meta(_ name: String) throws(StoreError) -> [UInt8]? {
-        try withStatement("SELECT value FROM meta WHERE name = ?1") { (s: inout Statement) throws(StoreError) in
-            try s.bind(1, name)
-            return try s.step("reading meta \(name)") ? s.blob(0) : nil
-        }
+        try row("SELECT value FROM meta WHERE name = ?1", "reading meta \(name)", name) { $0.blob(0) }
     }
 
     func setMeta(_ name: String, _ value: [UInt8]) throws(StoreError) {
-        _ = try change("INSERT OR REPLACE INTO meta(name, value) VALUES(?1, ?2)", "writing meta \(name)") {
-            (s: inout Statement) throws(StoreError) in
-            try s.bind(1, name)
-            try s.bind(2, value)
-        }
+        _ = try change("INSERT OR REPLACE INTO meta(name, value) VALUES(?1, ?2)", "writing meta \(name)", name, value)
     }
 
     func deleteMeta(_ name: String) throws(StoreError) -> Bool {
-        try change("DELETE FROM meta WHERE name = ?1", "deleting meta \(name)") {
-            (s: inout Statement) throws(StoreError) in try s.bind(1, name)
-        } > 0
+        try change("DELETE FROM meta WHERE name = ?1", "deleting meta \(name)", name) > 0
     }
 
     // MARK: Items
 
     func item(service: String, key: String) throws(StoreError) -> ItemRecord? {
-        try withStatement("""
+        try row("""
             SELECT service, key, protection, label, created, modified, writer_public, salt, nonce, ciphertext
             FROM items WHERE service = ?1 AND key = ?2
-            """) { (s: inout Statement) throws(StoreError) in
-            try s.bind(1, service)
-            try s.bind(2, key)
-            return try s.step("reading an item") ? itemRecord(s) : nil
-        }
+            """, "reading an item", service, key, read: itemRecord)
     }
 
     func hasItem(service: String, key: String) throws(StoreError) -> Bool {
-        try withStatement("SELECT 1 FROM items WHERE service = ?1 AND key = ?2") {
-            (s: inout Statement) throws(StoreError) in
-            try s.bind(1, service)
-            try s.bind(2, key)
-            return try s.step("looking up an item")
-        }
+        try row("SELECT 1 FROM items WHERE service = ?1 AND key = ?2", "looking up an item", service, key) { _ in } != nil
     }
 
     func keys(service: String) throws(StoreError) -> [String] {
-        try withStatement("SELECT key FROM items WHERE service = ?1 ORDER BY key") {
-            (s: inout Statement) throws(StoreError) in
-            try s.bind(1, service)
-            var keys: [String] = []
-            while try s.step("listing keys") { keys.append(s.text(0)) }
-            return keys
-        }
+        try rows("SELECT key FROM items WHERE service = ?1 ORDER BY key", "listing keys", service) { $0.text(0) }
     }
 
     func items(protection: String) throws(StoreError) -> [ItemRecord] {
-        try withStatement("""
+        try rows("""
             SELECT service, key, protection, label, created, modified, writer_public, salt, nonce, ciphertext
             FROM items WHERE protection = ?1 ORDER BY service, key
-            """) { (s: inout Statement) throws(StoreError) in
-            try s.bind(1, protection)
-            var records: [ItemRecord] = []
-            while try s.step("listing items") { records.append(itemRecord(s)) }
-            return records
-        }
+            """, "listing items", protection, read: itemRecord)
     }
 
     func itemCount(service: String, protection: String) throws(StoreError) -> Int {
-        try withStatement("SELECT count(*) FROM items WHERE service = ?1 AND protection = ?2") {
-            (s: inout Statement) throws(StoreError) in
-            try s.bind(1, service)
-            try s.bind(2, protection)
-            _ = try s.step("counting items")
-            return Int(s.int64(0))
-        }
+        try row(
+            "SELECT count(*) FROM items WHERE service = ?1 AND protection = ?2", "counting items", service, protection
+        ) { Int($0.int64(0)) } ?? 0
     }
 
     func services() throws(StoreError) -> [String] {
-        try withStatement("SELECT service FROM items UNION SELECT service FROM wrapping_keys ORDER BY 1") {
-            (s: inout Statement) throws(StoreError) in
-            var services: [String] = []
-            while try s.step("listing services") { services.append(s.text(0)) }
-            return services
+        try rows("SELECT service FROM items UNION SELECT service FROM wrapping_keys ORDER BY 1", "listing services") {
+            $0.text(0)
         }
     }
 
@@ -161,77 +125,45 @@ extension Connection {
             INSERT OR REPLACE INTO items(
                 service, key, protection, label, created, modified, writer_public, salt, nonce, ciphertext)
             VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
-            """, "writing an item") { (s: inout Statement) throws(StoreError) in
-            try s.bind(1, r.service)
-            try s.bind(2, r.key)
-            try s.bind(3, r.protection)
-            try s.bind(4, r.label)
-            try s.bind(5, r.created)
-            try s.bind(6, r.modified)
-            try s.bind(7, r.writerPublic)
-            try s.bind(8, r.salt)
-            try s.bind(9, r.nonce)
-            try s.bind(10, r.ciphertext)
-        }
+            """, "writing an item",
+            r.service, r.key, r.protection, r.label, r.created, r.modified, r.writerPublic, r.salt, r.nonce, r.ciphertext)
     }
 
     func deleteItem(service: String, key: String) throws(StoreError) -> Bool {
-        try change("DELETE FROM items WHERE service = ?1 AND key = ?2", "deleting an item") {
-            (s: inout Statement) throws(StoreError) in
-            try s.bind(1, service)
-            try s.bind(2, key)
-        } > 0
+        try change("DELETE FROM items WHERE service = ?1 AND key = ?2", "deleting an item", service, key) > 0
     }
 
     func deleteItems(service: String) throws(StoreError) -> Int {
-        try change("DELETE FROM items WHERE service = ?1", "deleting a service's items") {
-            (s: inout Statement) throws(StoreError) in try s.bind(1, service)
-        }
+        try change("DELETE FROM items WHERE service = ?1", "deleting a service's items", service)
     }
 
     func deleteItems(protection: String) throws(StoreError) -> Int {
-        try change("DELETE FROM items WHERE protection = ?1", "deleting items by protection") {
-            (s: inout Statement) throws(StoreError) in try s.bind(1, protection)
-        }
+        try change("DELETE FROM items WHERE protection = ?1", "deleting items by protection", protection)
     }
 
     // MARK: Wrapping keys
 
     func wrappingKey(service: String, protection: String) throws(StoreError) -> WrappingKeyRecord? {
-        try withStatement("""
+        try row("""
             SELECT service, protection, public_key, sealed_public, sealed_private, policy, created, backend, token_format, token, token_sealed
             FROM wrapping_keys WHERE service = ?1 AND protection = ?2
-            """) { (s: inout Statement) throws(StoreError) in
-            try s.bind(1, service)
-            try s.bind(2, protection)
-            return try s.step("reading a wrapping key") ? wrappingKeyRecord(s) : nil
-        }
+            """, "reading a wrapping key", service, protection, read: wrappingKeyRecord)
     }
 
     func wrappingKeys(service: String) throws(StoreError) -> [WrappingKeyRecord] {
-        try withStatement("""
+        try rows("""
             SELECT service, protection, public_key, sealed_public, sealed_private, policy, created, backend, token_format, token, token_sealed
             FROM wrapping_keys WHERE service = ?1 ORDER BY protection
-            """) { (s: inout Statement) throws(StoreError) in
-            try s.bind(1, service)
-            var records: [WrappingKeyRecord] = []
-            while try s.step("listing wrapping keys") { records.append(wrappingKeyRecord(s)) }
-            return records
-        }
+            """, "listing wrapping keys", service, read: wrappingKeyRecord)
     }
 
     func wrappingKeys(protectionPrefix prefix: String) throws(StoreError) -> [WrappingKeyRecord] {
         // substr/length count characters alike, so this is an exact prefix test
         // with no LIKE wildcards or case folding to escape.
-        try withStatement("""
+        try rows("""
             SELECT service, protection, public_key, sealed_public, sealed_private, policy, created, backend, token_format, token, token_sealed
             FROM wrapping_keys WHERE substr(protection, 1, length(?1)) = ?1 ORDER BY service, protection
-            """) { (s: inout Statement) throws(StoreError) in
-            try s.bind(1, prefix)
-            var records: [WrappingKeyRecord] = []
-            while try s.step("listing wrapping keys") { records.append(wrappingKeyRecord(s)) }
-            return records
-        }
+            """, "listing wrapping keys", prefix, read: wrappingKeyRecord)
     }
 
     func putWrappingKey(_ r: WrappingKeyRecord) throws(StoreError) {
@@ -240,39 +172,23 @@ extension Connection {
                 service, protection, public_key, sealed_public, sealed_private, policy, created,
                 backend, token_format, token, token_sealed)
             VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-            """, "writing a wrapping key") { (s: inout Statement) throws(StoreError) in
-            try s.bind(1, r.service)
-            try s.bind(2, r.protection)
-            try s.bind(3, r.publicKey)
-            try s.bind(4, r.sealedPublic)
-            try s.bind(5, r.sealedPrivate)
-            try s.bind(6, r.policy)
-            try s.bind(7, r.created)
-            try s.bind(8, r.backend.rawValue)
-            try s.bind(9, r.tokenFormat)
-            try s.bind(10, r.token)
-            try s.bind(11, r.tokenSealed)
-        }
+            """, "writing a wrapping key",
+            r.service, r.protection, r.publicKey, r.sealedPublic, r.sealedPrivate, r.policy, r.created,
+            r.backend.rawValue, r.tokenFormat, r.token, r.tokenSealed)
     }
 
     func deleteWrappingKey(service: String, protection: String) throws(StoreError) -> Bool {
-        try change("DELETE FROM wrapping_keys WHERE service = ?1 AND protection = ?2", "deleting a wrapping key") {
-            (s: inout Statement) throws(StoreError) in
-            try s.bind(1, service)
-            try s.bind(2, protection)
-        } > 0
+        try change(
+            "DELETE FROM wrapping_keys WHERE service = ?1 AND protection = ?2", "deleting a wrapping key", service, protection
+        ) > 0
     }
 
     func deleteWrappingKeys(service: String) throws(StoreError) -> Int {
-        try change("DELETE FROM wrapping_keys WHERE service = ?1", "deleting a service's wrapping keys") {
-            (s: inout Statement) throws(StoreError) in try s.bind(1, service)
-        }
+        try change("DELETE FROM wrapping_keys WHERE service = ?1", "deleting a service's wrapping keys", service)
     }
 
     func deleteWrappingKeys(protection: String) throws(StoreError) -> Int {
-        try change("DELETE FROM wrapping_keys WHERE protection = ?1", "deleting wrapping keys by protection") {
-            (s: inout Statement) throws(StoreError) in try s.bind(1, protection)
-        }
+        try change("DELETE FROM wrapping_keys WHERE protection = ?1", "deleting wrapping keys by protection", protection)
     }
 
     // MARK: Usage
@@ -301,26 +217,16 @@ extension Connection {
         }
         upper.append(last + 1)
         let bound = String(decoding: upper, as: UTF8.self)
-        let items = try withStatement("""
+        let items = try row("""
             SELECT count(*), total(length(CAST(service AS BLOB)) + length(CAST(key AS BLOB)) + ifnull(length(CAST(label AS BLOB)), 0)
                 + length(writer_public) + length(salt) + length(nonce) + length(ciphertext))
             FROM items WHERE service >= ?1 AND service < ?2
-            """) { (s: inout Statement) throws(StoreError) -> (Int, Int) in
-            try s.bind(1, prefix)
-            try s.bind(2, bound)
-            _ = try s.step("measuring a namespace's items")
-            return (Int(s.int64(0)), Int(s.double(1)))
-        }
-        let keys = try withStatement("""
+            """, "measuring a namespace's items", prefix, bound) { (Int($0.int64(0)), Int($0.double(1))) } ?? (0, 0)
+        let keys = try row("""
             SELECT total(length(CAST(service AS BLOB)) + length(CAST(protection AS BLOB)) + length(public_key)
                 + length(sealed_public) + length(sealed_private) + length(policy) + length(token_sealed))
             FROM wrapping_keys WHERE service >= ?1 AND service < ?2
-            """) { (s: inout Statement) throws(StoreError) -> Int in
-            try s.bind(1, prefix)
-            try s.bind(2, bound)
-            _ = try s.step("measuring a namespace's wrapping keys")
-            return Int(s.double(0))
-        }
+            """, "measuring a namespace's wrapping keys", prefix, bound) { Int($0.double(0)) } ?? 0
         return StoreUsage(items: items.0, bytes: items.1 + keys)
     }
 

@@ -178,24 +178,22 @@ public struct WirePrompt: Sendable, Equatable {
     public var description: String?
     public var cancel: String?
 
-    enum Tag { static let title: UInt8 = 1, subtitle: UInt8 = 2, description: UInt8 = 3, cancel: UInt8 = 4 }
+    /// Each text's tag, in the order they are written: the four are coded alike.
+    private static let texts: [(tag: UInt8, text: WritableKeyPath<WirePrompt, String?> & Sendable)] = [
+        (1, \.title), (2, \.subtitle), (3, \.description), (4, \.cancel),
+    ]
 
     public init(title: String? = nil, subtitle: String? = nil, description: String? = nil, cancel: String? = nil) {
         (self.title, self.subtitle, self.description, self.cancel) = (title, subtitle, description, cancel)
     }
 
     public func encode(into message: inout WireMessage) {
-        message.add(Tag.title, title)
-        message.add(Tag.subtitle, subtitle)
-        message.add(Tag.description, description)
-        message.add(Tag.cancel, cancel)
+        for (tag, text) in Self.texts { message.add(tag, self[keyPath: text]) }
     }
 
     public init(from message: WireMessage) throws(WireError) {
-        title = try message.string(Tag.title)
-        subtitle = try message.string(Tag.subtitle)
-        description = try message.string(Tag.description)
-        cancel = try message.string(Tag.cancel)
+        self.init()
+        for (tag, text) in Self.texts { self[keyPath: text] = try message.string(tag) }
     }
 }
 

@@ -351,23 +351,17 @@ extension PKCS11Module {
     func encrypt(_ session: CK_SESSION_HANDLE, _ mechanism: UnsafeMutablePointer<CK_MECHANISM>, key: CK_OBJECT_HANDLE,
                  _ plaintext: SecureBytes, overhead: Int) throws(PKCS11Error) -> [UInt8] {
         try call("C_EncryptInit") { $0.C_EncryptInit(session, mechanism, key) }
-        var output = [UInt8](repeating: 0, count: plaintext.count + overhead)
-        while true {
-            var length = CK_ULONG(output.count)
-            do {
-                try call("C_Encrypt") { f in
-                    plaintext.withUnsafeBytes { input in
-                        output.withUnsafeMutableBufferPointer { out in
-                            f.C_Encrypt(session, UnsafeMutablePointer(mutating: input.baseAddress?.assumingMemoryBound(to: UInt8.self)),
-                                        CK_ULONG(input.count), out.baseAddress, &length)
-                        }
-                    }
+        let (output, length) = try singlePart("C_Encrypt", count: plaintext.count + overhead) {
+            [UInt8](repeating: 0, count: $0)
+        } run: { f, output, length in
+            plaintext.withUnsafeBytes { input in
+                output.withUnsafeMutableBufferPointer { out in
+                    f.C_Encrypt(session, UnsafeMutablePointer(mutating: input.baseAddress?.assumingMemoryBound(to: UInt8.self)),
+                                CK_ULONG(input.count), out.baseAddress, &length)
                 }
-                return Array(output.prefix(Int(length)))
-            } catch where error.returnValue == .bufferTooSmall && Int(length) > output.count {
-                output = [UInt8](repeating: 0, count: Int(length))  // The operation stays active (PKCS#11 5.2).
             }
         }
+        return Array(output.prefix(length))
     }
 
     /// One single-part decryption, straight into locked memory.
@@ -376,22 +370,38 @@ extension PKCS11Module {
     func decrypt(_ session: CK_SESSION_HANDLE, _ mechanism: UnsafeMutablePointer<CK_MECHANISM>, key: CK_OBJECT_HANDLE,
                  _ ciphertext: ArraySlice<UInt8>) throws(PKCS11Error) -> SecureBytes {
         try call("C_DecryptInit") { $0.C_DecryptInit(session, mechanism, key) }
-        var output = SecureBytes(count: ciphertext.count)
-        while true {
-            var length = CK_ULONG(output.count)
-            do {
-                try call("C_Decrypt") { f in
-                    ciphertext.withUnsafeBufferPointer { input in
-                        output.withUnsafeMutableBytes { out in
-                            f.C_Decrypt(session, UnsafeMutablePointer(mutating: input.baseAddress), CK_ULONG(input.count),
-                                        out.baseAddress?.assumingMemoryBound(to: UInt8.self), &length)
-                        }
-                    }
+        let (output, length) = try singlePart("C_Decrypt", count: ciphertext.count) {
+            SecureBytes(count: $0)
+        } run: { f, output, length in
+            ciphertext.withUnsafeBufferPointer { input in
+                output.withUnsafeMutableBytes { out in
+                    f.C_Decrypt(session, UnsafeMutablePointer(mutating: input.baseAddress), CK_ULONG(input.count),
+                                out.baseAddress?.assumingMemoryBound(to: UInt8.self), &length)
                 }
-                if Int(length) == output.count { return output }
-                return output.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[..<Int(length)])) }
-            } catch where error.returnValue == .bufferTooSmall && Int(length) > output.count {
-                output = SecureBytes(count: Int(length))
+            }
+        }
+        if length == output.count { return output }
+        return output.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[..<length])) }
+    }
+
+    /// A single-part C_Encrypt or C_Decrypt (`run`: the output buffer, and its length in and the
+    /// length written out) into a buffer of `count` bytes from `make`; when the token asks for a larger
+    /// one, it is made at that size and the call repeated (the operation stays active, PKCS#11 5.2).
+    /// Returns the buffer and the length written.
+    private func singlePart<Buffer>(
+        _ operation: String, count: Int, make: (Int) -> Buffer,
+        run: (CK_FUNCTION_LIST, inout Buffer, inout CK_ULONG) -> CK_RV
+    ) throws(PKCS11Error) -> (Buffer, Int) {
+        var output = make(count)
+        var size = count
+        while true {
+            var length = CK_ULONG(size)
+            do {
+                try call(operation) { f in run(f, &output, &length) }
+                return (output, Int(length))
+            } catch where error.returnValue == .bufferTooSmall && Int(length) > size {
+                size = Int(length)
+                output = make(size)
             }
         }
     }

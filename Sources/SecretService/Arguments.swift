@@ -22,63 +22,56 @@ struct Arguments {
         .invalidArgs("\(call.member)'s argument '\(name)' is \(type), got (\(value.signature))")
     }
 
+    /// The next argument as `read` finds it; `InvalidArgs` saying it is not `expected` when `read` finds nothing.
+    private mutating func take<T>(
+        _ name: String, as expected: String, _ read: (DBusValue) -> T?
+    ) throws(DBusError) -> T {
+        let value = try take(name)
+        guard let found = read(value) else { throw mismatch(name, expected, value) }
+        return found
+    }
+
     /// `s`.
     mutating func string(_ name: String) throws(DBusError) -> String {
-        let value = try take(name)
-        guard case .string(let text) = value else { throw mismatch(name, "a string (s)", value) }
-        return text
+        try take(name, as: "a string (s)") { if case .string(let text) = $0 { text } else { nil } }
     }
 
     /// `o`.
     mutating func objectPath(_ name: String) throws(DBusError) -> String {
-        let value = try take(name)
-        guard case .objectPath(let path) = value else { throw mismatch(name, "an object path (o)", value) }
-        return path
+        try take(name, as: "an object path (o)") { if case .objectPath(let path) = $0 { path } else { nil } }
     }
 
     /// `b`.
     mutating func bool(_ name: String) throws(DBusError) -> Bool {
-        let value = try take(name)
-        guard case .bool(let flag) = value else { throw mismatch(name, "a boolean (b)", value) }
-        return flag
+        try take(name, as: "a boolean (b)") { if case .bool(let flag) = $0 { flag } else { nil } }
     }
 
     /// `v`: its content.
     mutating func variant(_ name: String) throws(DBusError) -> DBusValue {
-        let value = try take(name)
-        guard case .variant(let inner) = value else { throw mismatch(name, "a variant (v)", value) }
-        return inner
+        try take(name, as: "a variant (v)") { if case .variant(let inner) = $0 { inner } else { nil } }
     }
 
     /// `ao`.
     mutating func paths(_ name: String) throws(DBusError) -> [String] {
-        let value = try take(name)
-        guard case .array("o", let elements) = value else { throw mismatch(name, "a list of object paths (ao)", value) }
-        var paths: [String] = []
-        for element in elements {
-            guard case .objectPath(let path) = element else { throw mismatch(name, "a list of object paths (ao)", value) }
-            paths.append(path)
+        try take(name, as: "a list of object paths (ao)") { value in
+            guard case .array("o", let elements) = value else { return nil }
+            let paths = elements.compactMap { if case .objectPath(let path) = $0 { path } else { nil } }
+            return paths.count == elements.count ? paths : nil
         }
-        return paths
     }
 
     /// `a{ss}`.
     mutating func stringMap(_ name: String) throws(DBusError) -> [String: String] {
-        let value = try take(name)
-        guard let map = value.stringDictionary else { throw mismatch(name, "a string map (a{ss})", value) }
-        return map
+        try take(name, as: "a string map (a{ss})") { $0.stringDictionary }
     }
 
     /// `a{sv}`: each property's name and the content of its variant, in order.
     mutating func properties(_ name: String) throws(DBusError) -> [(String, DBusValue)] {
-        let value = try take(name)
-        guard let entries = value.entries else { throw mismatch(name, "a property map (a{sv})", value) }
-        var properties: [(String, DBusValue)] = []
-        for (key, entry) in entries {
-            guard case .variant(let inner) = entry else { throw mismatch(name, "a property map (a{sv})", value) }
-            properties.append((key, inner))
+        try take(name, as: "a property map (a{sv})") { value in
+            guard let entries = value.entries else { return nil }
+            let properties = entries.compactMap { key, entry in if case .variant(let inner) = entry { (key, inner) } else { nil } }
+            return properties.count == entries.count ? properties : nil
         }
-        return properties
     }
 
     /// `(oayays)`: a secret as a client sends it.

@@ -62,22 +62,10 @@ extension TPMContext {
     /// Runs PolicyAuthorize on `session` for an approved policy: LoadExternal, VerifySignature, flush.
     public func policyAuthorize(_ session: TPMHandle, approvedPolicy: [UInt8], policyRef: [UInt8],
                                 keyPublic: [UInt8], keyName: [UInt8], signature: [UInt8]) throws(TPMError) {
-        try withTransient { () throws(TPMError) -> Void in
-            var pub = try Marshal.public(keyPublic)
-            var key: ESYS_TR = 0
-            try call("LoadExternal(approval key)") {
-                Esys_LoadExternal(esys, Self.none, Self.none, Self.none, nil, &pub, KC_ESYS_TR_RH_OWNER, &key)
-            }
-            _ = adopt(key)
-            var sig = try Marshal.decode("TPMT_SIGNATURE", signature, as: TPMT_SIGNATURE(), Tss2_MU_TPMT_SIGNATURE_Unmarshal)
-            var digest = TPM2B_DIGEST()
-            digest.size = TPM2B.set(&digest.buffer, sha256(approvedPolicy, policyRef))
-            var ticket: UnsafeMutablePointer<TPMT_TK_VERIFIED>?
-            try call("VerifySignature(approval)") {
-                Esys_VerifySignature(esys, key, Self.none, Self.none, Self.none, &digest, &sig, &ticket)
-            }
-            defer { Esys_Free(ticket) }
-            guard let ticket else { throw TPMError(command: "VerifySignature(approval)", code: .size) }
+        try withVerifiedSignature(
+            keyPublic: keyPublic, digest: sha256(approvedPolicy, policyRef), signature: signature,
+            loading: "LoadExternal(approval key)", verifying: "VerifySignature(approval)"
+        ) { ticket throws(TPMError) in
             try policyAuthorize(session, approvedPolicy: approvedPolicy, policyRef: policyRef, keyName: keyName, verified: ticket)
         }
     }

@@ -36,10 +36,25 @@ extension TPMContext {
     /// hierarchy, VerifySignature, FlushContext): returns the marshalled TPMT_TK_VERIFIED, which stays
     /// valid on this TPM until it is cleared.
     public func verifySignature(keyPublic: [UInt8], digest: [UInt8], signature: [UInt8]) throws(TPMError) -> [UInt8] {
-        try withTransient { () throws(TPMError) -> [UInt8] in
+        try withVerifiedSignature(
+            keyPublic: keyPublic, digest: digest, signature: signature,
+            loading: "LoadExternal(boot-policy key)", verifying: "VerifySignature(boot policy)"
+        ) { ticket throws(TPMError) in
+            try Marshal.encode("TPMT_TK_VERIFIED", ticket.pointee, Tss2_MU_TPMT_TK_VERIFIED_Marshal)
+        }
+    }
+
+    /// LoadExternal of `keyPublic` in the owner hierarchy, VerifySignature of `signature` over `digest`,
+    /// then `body` with the TPM's ticket while the key is still loaded; the key is flushed after.
+    /// `loading` and `verifying` name the two commands in errors.
+    func withVerifiedSignature<T>(
+        keyPublic: [UInt8], digest: [UInt8], signature: [UInt8], loading: String, verifying: String,
+        _ body: (UnsafePointer<TPMT_TK_VERIFIED>) throws(TPMError) -> T
+    ) throws(TPMError) -> T {
+        try withTransient { () throws(TPMError) -> T in
             var pub = try Marshal.public(keyPublic)
             var key: ESYS_TR = 0
-            try call("LoadExternal(boot-policy key)") {
+            try call(loading) {
                 Esys_LoadExternal(esys, Self.none, Self.none, Self.none, nil, &pub, KC_ESYS_TR_RH_OWNER, &key)
             }
             _ = adopt(key)
@@ -47,12 +62,12 @@ extension TPMContext {
             var hash = TPM2B_DIGEST()
             hash.size = TPM2B.set(&hash.buffer, digest)
             var ticket: UnsafeMutablePointer<TPMT_TK_VERIFIED>?
-            try call("VerifySignature(boot policy)") {
+            try call(verifying) {
                 Esys_VerifySignature(esys, key, Self.none, Self.none, Self.none, &hash, &sig, &ticket)
             }
             defer { Esys_Free(ticket) }
-            guard let ticket else { throw TPMError(command: "VerifySignature(boot policy)", code: .size) }
-            return try Marshal.encode("TPMT_TK_VERIFIED", ticket.pointee, Tss2_MU_TPMT_TK_VERIFIED_Marshal)
+            guard let ticket else { throw TPMError(command: verifying, code: .size) }
+            return try body(ticket)
         }
     }
 

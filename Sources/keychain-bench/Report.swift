@@ -40,33 +40,26 @@ struct Report: CustomStringConvertible {
         var reads = Table("accessible", "cold p50", "cold p99", "cold ops/s", "cold cmds",
                           "warm p50", "warm p99", "warm ops/s", "warm cmds")
         for level in levels {
-            reads.add(level.accessible.rawValue,
-                      Format.duration(level.coldGet.p50), Format.duration(level.coldGet.p99),
-                      Format.rate(level.coldGet.opsPerSecond), Format.commands(level.coldGet.commandsPerOp),
-                      Format.duration(level.warmGet.p50), Format.duration(level.warmGet.p99),
-                      Format.rate(level.warmGet.opsPerSecond), Format.commands(level.warmGet.commandsPerOp))
+            reads.add([level.accessible.rawValue] + Format.figures(level.coldGet) + Format.figures(level.warmGet))
         }
         out.append("## getItem\n\n" + reads.render())
 
         var others = Table("accessible", "set p50", "set p99", "set ops/s", "set cmds", "first set p50", "first set cmds",
                            "hasItem ops/s", "hasItem cmds", "getAllKeys ops/s", "getAllKeys cmds")
         for level in levels {
-            others.add(level.accessible.rawValue,
-                       Format.duration(level.set.p50), Format.duration(level.set.p99),
-                       Format.rate(level.set.opsPerSecond), Format.commands(level.set.commandsPerOp),
-                       Format.duration(level.firstWrite.p50), Format.commands(level.firstWrite.commandsPerOp),
-                       Format.rate(level.has.opsPerSecond), Format.commands(level.has.commandsPerOp),
-                       Format.rate(level.keys.opsPerSecond), Format.commands(level.keys.commandsPerOp))
+            others.add([level.accessible.rawValue] + Format.figures(level.set) + [
+                Format.duration(level.firstWrite.p50), Format.commands(level.firstWrite.commandsPerOp),
+                Format.rate(level.has.opsPerSecond), Format.commands(level.has.commandsPerOp),
+                Format.rate(level.keys.opsPerSecond), Format.commands(level.keys.commandsPerOp),
+            ])
         }
         out.append("## setItem (existing service, first write of a new service), hasItem, getAllKeys\n\n" + others.render())
 
         var controls = Table("accessControl", "accessible", "answer", "p50", "p99", "ops/s", "cmds", "prompts/read",
                              text: 3)
         for row in prompted {
-            controls.add(row.accessControl.rawValue, row.accessible.rawValue, row.answer.rawValue,
-                         Format.duration(row.reads.p50), Format.duration(row.reads.p99),
-                         Format.rate(row.reads.opsPerSecond), Format.commands(row.reads.commandsPerOp),
-                         Format.commands(row.promptsPerRead))
+            controls.add([row.accessControl.rawValue, row.accessible.rawValue, row.answer.rawValue]
+                         + Format.figures(row.reads) + [Format.commands(row.promptsPerRead)])
         }
         out.append("## getItem behind an access control (authValidity 0: every read prompts and unseals)\n\n"
                    + controls.render())
@@ -77,25 +70,16 @@ struct Report: CustomStringConvertible {
         func perRead(_ prompts: Int, _ samples: Samples) -> String {
             Format.commands(samples.count == 0 ? 0 : Double(prompts) / Double(samples.count))
         }
-        windowTable.add("first read of a service (prompt, PolicySigned, ticket saved)",
-                        Format.duration(window.firstRead.p50), Format.duration(window.firstRead.p99),
-                        Format.rate(window.firstRead.opsPerSecond), Format.commands(window.firstRead.commandsPerOp),
-                        perRead(window.firstPrompts, window.firstRead))
-        windowTable.add("later read, same engine (key kept for the window)",
-                        Format.duration(window.windowRead.p50), Format.duration(window.windowRead.p99),
-                        Format.rate(window.windowRead.opsPerSecond), Format.commands(window.windowRead.commandsPerOp), "0")
-        windowTable.add("later read, fresh engine (dropCaches(): PolicyTicket)",
-                        Format.duration(window.ticketRead.p50), Format.duration(window.ticketRead.p99),
-                        Format.rate(window.ticketRead.opsPerSecond), Format.commands(window.ticketRead.commandsPerOp),
-                        perRead(window.laterPrompts, window.ticketRead))
+        windowTable.add(["first read of a service (prompt, PolicySigned, ticket saved)"] + Format.figures(window.firstRead)
+                        + [perRead(window.firstPrompts, window.firstRead)])
+        windowTable.add(["later read, same engine (key kept for the window)"] + Format.figures(window.windowRead) + ["0"])
+        windowTable.add(["later read, fresh engine (dropCaches(): PolicyTicket)"] + Format.figures(window.ticketRead)
+                        + [perRead(window.laterPrompts, window.ticketRead)])
         out.append("## authValidity\n\n" + windowTable.render())
 
         if let token {
             var ops = Table("keyStorage strongbox (SoftHSM2)", "p50", "p99", "ops/s", "TPM cmds")
-            func add(_ name: String, _ samples: Samples) {
-                ops.add(name, Format.duration(samples.p50), Format.duration(samples.p99),
-                        Format.rate(samples.opsPerSecond), Format.commands(samples.commandsPerOp))
-            }
+            func add(_ name: String, _ samples: Samples) { ops.add([name] + Format.figures(samples)) }
             add("first token call of the process: setItem (module, login, key generated; 1 sample)", token.firstUse)
             add("setItem, first write of a new service (wrapping key generated on the token)", token.firstWrite)
             add("setItem, existing service", token.set)

@@ -70,6 +70,11 @@ enum Format {
         perOp == perOp.rounded() ? String(Int(perOp)) : String(format: "%.2f", perOp)
     }
 
+    /// The columns most tables give a sample set: p50, p99, ops/s and TPM commands per operation.
+    static func figures(_ samples: Samples) -> [String] {
+        [duration(samples.p50), duration(samples.p99), rate(samples.opsPerSecond), commands(samples.commandsPerOp)]
+    }
+
     static func ratio(_ value: Double) -> String { String(format: "%.1f×", value) }
 }
 
@@ -85,7 +90,8 @@ struct Table {
         self.textColumns = textColumns
     }
 
-    mutating func add(_ row: String...) { rows.append(row) }
+    mutating func add(_ row: String...) { add(row) }
+    mutating func add(_ row: [String]) { rows.append(row) }
 
     func render() -> String {
         let widths = header.indices.map { column in

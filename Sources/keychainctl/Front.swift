@@ -231,22 +231,21 @@ extension Failure {
 /// A string as Foundation's JSONEncoder writes it: `"`, `\\` and `/` escaped, \b \t \n \f \r, other
 /// control characters as \u00xx, everything else as it is.
 func jsonEncoded(_ text: String) -> String {
-    var out = "\""
-    for scalar in text.unicodeScalars {
-        switch scalar.value {
-        case 0x22: out += "\\\""
-        case 0x5C: out += "\\\\"
-        case 0x2F: out += "\\/"
-        case 0x08: out += "\\b"
-        case 0x09: out += "\\t"
-        case 0x0A: out += "\\n"
-        case 0x0C: out += "\\f"
-        case 0x0D: out += "\\r"
-        case 0x00..<0x20: out += "\\u00" + lowerHex(scalar.value, digits: 2)
-        default: out.unicodeScalars.append(scalar)
+    let body = replacingScalars(of: text) { value in
+        switch value {
+        case 0x22: "\\\""
+        case 0x5C: "\\\\"
+        case 0x2F: "\\/"
+        case 0x08: "\\b"
+        case 0x09: "\\t"
+        case 0x0A: "\\n"
+        case 0x0C: "\\f"
+        case 0x0D: "\\r"
+        case 0x00..<0x20: "\\u00" + lowerHex(value, digits: 2)
+        default: nil
         }
     }
-    return out + "\""
+    return "\"" + body + "\""
 }
 
 /// Stdin to EOF, as the full tool reads a value: at most 16 MiB (INVALID_ARGUMENT beyond, the rest

@@ -109,22 +109,30 @@ final class TokenSession {
     }
 
     func seal(_ dataKey: SecureBytes, service: String, key: String, protection: String) throws(KeychainError) -> [UInt8] {
-        let handle = try wrappingKey(service: service, create: true)
-        do {
-            return try token.seal(dataKey, with: handle,
-                                  associatedData: Self.associatedData(service: service, key: key, protection: protection))
-        } catch {
-            throw Self.map(error, doing: "seal a data key")
+        try withItemKey(service: service, key: key, protection: protection, create: true, doing: "seal a data key") {
+            (handle, associatedData) throws(PKCS11Error) in
+            try token.seal(dataKey, with: handle, associatedData: associatedData)
         }
     }
 
     func open(_ sealed: [UInt8], service: String, key: String, protection: String) throws(KeychainError) -> SecureBytes {
-        let handle = try wrappingKey(service: service, create: false)
+        try withItemKey(service: service, key: key, protection: protection, create: false, doing: "open item '\(key)'") {
+            (handle, associatedData) throws(PKCS11Error) in
+            try token.open(sealed, with: handle, associatedData: associatedData)
+        }
+    }
+
+    /// Runs one token operation on an item's data key with its service's wrapping key and the item's
+    /// associated data; a token error becomes the keychain's, saying what failed to be done.
+    private func withItemKey<R>(
+        service: String, key: String, protection: String, create: Bool, doing what: @autoclosure () -> String,
+        _ operation: (WrappingKey, [UInt8]) throws(PKCS11Error) -> R
+    ) throws(KeychainError) -> R {
+        let handle = try wrappingKey(service: service, create: create)
         do {
-            return try token.open(sealed, with: handle,
-                                  associatedData: Self.associatedData(service: service, key: key, protection: protection))
+            return try operation(handle, Self.associatedData(service: service, key: key, protection: protection))
         } catch {
-            throw Self.map(error, doing: "open item '\(key)'")
+            throw Self.map(error, doing: what())
         }
     }
 
