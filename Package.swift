@@ -95,7 +95,7 @@ let package = Package(
         .target(name: "KeychainTestRefusingToken", dependencies: ["CP11Kit"]),
         .target(name: "KeychainTestExitProbe", dependencies: ["COpenSSL"]),
         // Our test suites' trait that runs tests which block off Swift's cooperative pool (Swift Testing: tests only).
-        .target(name: "KeychainTestThreads"),
+        .target(name: "KeychainTestThreads", dependencies: ["KeychainBasics"]),
         // The Secret Service API over the public Keychain API: the bus (sd-bus), the sessions' crypto, the items.
         .target(name: "SecretService", dependencies: ["Keychain", "KeychainEngine", "DBus", "SecureMemory", "KeychainCLIText", "KeychainBasics"]),
         // BiometricsVault: biometric sign-in as a state machine over the public Keychain API.

@@ -19,6 +19,22 @@ package enum SystemdCredentials {
         ///   only what uid N stores for itself (docs/credentials.md, "Who can ask for which credential").
         package init(uid: UInt32) { self = uid == 0 ? .system : .user(uid) }
 
+        /// The manager `word` names, as `word` spells it; nil for any other text (`uid:01`, `root`).
+        package init?<S: StringProtocol>(word: S) {
+            if word == "system" { self = .system; return }
+            guard word.hasPrefix("uid:"), let uid = UInt32(word.dropFirst(4)), "uid:\(uid)" == word else { return nil }
+            self = .user(uid)
+        }
+
+        /// How the store's credentials namespaces and keychain-journal-relay's datagrams name it:
+        /// `system`, or `uid:N` (N in decimal, no leading zero).
+        package var word: String {
+            switch self {
+            case .system: "system"
+            case .user(let uid): "uid:\(uid)"
+            }
+        }
+
         package var description: String {
             switch self {
             case .system: "system manager"
@@ -48,21 +64,15 @@ package enum SystemdCredentials {
 
     /// Where the store keeps `manager`'s credentials: before the unit's name, as `uid:N/` is before a user's services.
     package static func namespace(of manager: Manager) -> String {
-        switch manager {
-        case .system: ItemNames.credentialsNamespacePrefix + "system/"
-        case .user(let uid): ItemNames.credentialsNamespacePrefix + "uid:\(uid)/"
-        }
+        ItemNames.credentialsNamespacePrefix + manager.word + "/"
     }
 
     /// The manager and unit of a store name in a credentials namespace, nil for any other name.
     package static func parse(_ storeName: String) -> (Manager, String)? {
         guard storeName.hasPrefix(ItemNames.credentialsNamespacePrefix) else { return nil }
         let rest = storeName.dropFirst(ItemNames.credentialsNamespacePrefix.count)
-        if rest.hasPrefix("system/") { return (.system, String(rest.dropFirst("system/".count))) }
-        guard rest.hasPrefix("uid:"), let slash = rest.firstIndex(of: "/") else { return nil }
-        let digits = rest[rest.index(rest.startIndex, offsetBy: 4)..<slash]
-        guard let uid = UInt32(digits), String(uid) == digits else { return nil }
-        return (.user(uid), String(rest[rest.index(after: slash)...]))
+        guard let slash = rest.firstIndex(of: "/"), let manager = Manager(word: rest[..<slash]) else { return nil }
+        return (manager, String(rest[rest.index(after: slash)...]))
     }
 
     /// The storage of `unit`'s credentials as `manager` asks for them at the unit's start.

@@ -317,17 +317,15 @@ final class Mailbox: @unchecked Sendable {
     private var begun: Bool?
 
     func post(_ event: Event) {
-        condition.lock()
-        events.append(event)
-        condition.signal()
-        condition.unlock()
+        condition.withLock {
+            events.append(event)
+            condition.signal()
+        }
     }
 
     /// Whether `next()` would return at once: the call's thread has its own work back.
     func hasEvent() -> Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        return !events.isEmpty
+        condition.withLock { !events.isEmpty }
     }
 
     /// The next event; nil when `deadline` passed first.
@@ -343,19 +341,19 @@ final class Mailbox: @unchecked Sendable {
 
     /// The task's first step: whether it may do the call's work (its thread has not given it up).
     func begin() -> Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        if begun == nil { begun = true }
-        return begun == true
+        condition.withLock {
+            if begun == nil { begun = true }
+            return begun == true
+        }
     }
 
     /// The thread's, at the call's deadline: whether the call is given up, its task not begun (it then
     /// does nothing). Once begun, the call's work may have changed something: its reply says what.
     func giveUp() -> Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        if begun == nil { begun = false }
-        return begun == false
+        condition.withLock {
+            if begun == nil { begun = false }
+            return begun == false
+        }
     }
 
     func ask(_ prompt: WireMessage) async -> WireMessage? {

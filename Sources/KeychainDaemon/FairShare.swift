@@ -1,4 +1,5 @@
 import KeychainEngine
+import KeychainBasics
 import Synchronization
 
 /// One call of each uid in the engine at a time: the engine runs its jobs in arrival order, so
@@ -38,10 +39,10 @@ final class FairShare: Sendable {
         }
 
         func give() {
-            condition.lock()
-            busy = false
-            condition.broadcast()
-            condition.unlock()
+            condition.withLock {
+                busy = false
+                condition.broadcast()
+            }
         }
     }
     private let gates = Mutex<(byUid: [UInt32: Gate], tickets: UInt64)>(([:], 0))

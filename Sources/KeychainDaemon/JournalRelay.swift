@@ -25,10 +25,7 @@ struct RelayedRefusal: Equatable {
     static let datagramLimit = 2048
 
     var encoded: [UInt8] {
-        let who = switch manager {
-        case .system: "system"
-        case .user(let uid): "uid:\(uid)"
-        }
+        let who = manager.word
         // One byte past the limit, so that the relay sees a longer reason and says it was cut (at most
         // 14 + 255 + 1,025 bytes and two NULs: always within `datagramLimit`).
         return Array(who.utf8) + [0] + Array(unit.utf8) + [0] + Array(reason.utf8.prefix(Self.reasonLimit + 1))
@@ -40,13 +37,7 @@ struct RelayedRefusal: Equatable {
         guard bytes.count <= datagramLimit else { return .failure(.init("a datagram of \(bytes.count) bytes (at most \(datagramLimit))")) }
         let parts = bytes.split(separator: 0, maxSplits: 2, omittingEmptySubsequences: false)
         guard parts.count == 3 else { return .failure(.init("not MANAGER\\0UNIT\\0REASON")) }
-        let who = String(decoding: parts[0], as: UTF8.self)
-        let manager: SystemdCredentials.Manager
-        if who == "system" {
-            manager = .system
-        } else if who.hasPrefix("uid:"), let uid = UInt32(who.dropFirst(4)), "uid:\(uid)" == who {
-            manager = .user(uid)
-        } else {
+        guard let manager = SystemdCredentials.Manager(word: String(decoding: parts[0], as: UTF8.self)) else {
             return .failure(.init("a manager that is neither system nor uid:N"))
         }
         guard let unit = String(validating: parts[1], as: UTF8.self) else { return .failure(.init("a unit name that is not UTF-8")) }

@@ -1,4 +1,5 @@
 import KeychainCore
+import KeychainBasics
 import Glibc
 import FoundationEssentials
 import Synchronization
@@ -35,9 +36,7 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
 
     /// Whether the thread has ended (after `stop()`).
     package var hasEnded: Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        return ended
+        condition.withLock { ended }
     }
 
     /// The thread holds the executor until `stop()` lets it end.
@@ -48,10 +47,10 @@ package final class SerialThreadExecutor: SerialExecutor, TaskExecutor, @uncheck
 
     /// Ends the thread once the jobs already enqueued have run (its owner is gone: none can come).
     package func stop() {
-        condition.lock()
-        stopping = true
-        condition.signal()
-        condition.unlock()
+        condition.withLock {
+            stopping = true
+            condition.signal()
+        }
     }
 
     /// How long the job running now waited for this executor and has run since: from the moment the

@@ -1,5 +1,9 @@
 internal import CSQLite
 import KeychainBasics
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The keychain's durable store: one SQLite database, `keychain.db`, in a
 /// private directory. Safe to share between threads, and between processes
@@ -15,10 +19,12 @@ public final class Store: @unchecked Sendable {
     public private(set) var identity: [UInt8] = []
 
     private let reader: Connection
-    private let readLock = Lock()
+    private let readLock = Mutex(())
     private let writer: Connection
-    // Recursive so that `write` called inside a write body fails with an error instead of deadlocking.
-    private let writeLock = Lock(recursive: true)
+    private let writeLock = Mutex(())
+    /// The thread running a `write` body (0 when none): a `write` inside it fails with an error
+    /// instead of waiting for itself.
+    private let writingThread = Atomic<UInt>(0)
 
     /// The file beside `keychain.db` that records the store's identity outside the database.
     public static let identityFileName = "keychain.id"
@@ -155,7 +161,7 @@ public final class Store: @unchecked Sendable {
     /// `keychain.db` (truncated to its new size) and empties the log (it held the zeroed pages of
     /// `secure_delete`). It does not wait for other readers: then the log is cut at its next restart
     /// (`journal_size_limit`). Best effort: a failure leaves the pages free for the next writes.
-    private func reclaim() {
+    private static func reclaim(_ writer: Connection) {
         guard let free = try? writer.freePageBytes(), free > Store.reclaimThreshold else { return }
         try? writer.execute("PRAGMA incremental_vacuum", "giving freed pages back")
         _ = try? writer.truncatingCheckpointWithoutWaiting()
@@ -193,8 +199,14 @@ public final class Store: @unchecked Sendable {
 
     // MARK: Reads (a consistent snapshot per call; never take the write lock)
 
+    // The locks' bodies throw nothing: a body of that shape is what scripts/sanitizers/tsan.supp knows to
+    // be under a lock when the lock is contended. Their outcome is the caller's alone (made from this
+    // store's connection under the lock), so it is handed out unchecked: `R` need not be `Sendable`.
     private func read<R>(_ body: (Connection) throws(StoreError) -> R) throws(StoreError) -> R {
-        try readLock.withLock { () throws(StoreError) -> R in try body(reader) }
+        try readLock.withLock { _ in
+            nonisolated(unsafe) let outcome = Result { () throws(StoreError) -> R in try body(reader) }
+            return outcome
+        }.get()
     }
 
     /// A number that changes whenever the store's data may have changed since it was last read: a
@@ -265,26 +277,33 @@ public final class Store: @unchecked Sendable {
     /// `.busy` StoreError, after about 30 s past SQLite's own 10 s wait.
     /// The Transaction is valid only inside `body`.
     public func write<T>(_ body: (Transaction) throws -> T) throws -> T {
-        try writeLock.withLock { () throws -> T in
-            guard !writer.inTransaction else {
-                throw StoreError(
-                    kind: .sqlite, path: databasePath,
-                    message: "Store.write was called inside another write on the same store (\(databasePath)); "
-                        + "use the Transaction passed to the outer body instead")
-            }
-            try writer.begin()
-            let transaction = Transaction(writer)
-            defer { transaction.close() }
-            let result: T
-            do {
-                result = try body(transaction)
-                try writer.commit()
-            } catch {
-                writer.rollback()
-                throw error
-            }
-            reclaim()
-            return result
+        guard writingThread.load(ordering: .acquiring) != UInt(pthread_self()) else {
+            throw StoreError(
+                kind: .sqlite, path: databasePath,
+                message: "Store.write was called inside another write on the same store (\(databasePath)); "
+                    + "use the Transaction passed to the outer body instead")
         }
+        return try writeLock.withLock { _ in
+            writingThread.store(UInt(pthread_self()), ordering: .releasing)
+            defer { writingThread.store(0, ordering: .releasing) }
+            nonisolated(unsafe) let outcome = Result { () throws -> T in try Store.transact(writer, body) }
+            return outcome
+        }.get()
+    }
+
+    private static func transact<T>(_ writer: Connection, _ body: (Transaction) throws -> T) throws -> T {
+        try writer.begin()
+        let transaction = Transaction(writer)
+        defer { transaction.close() }
+        let result: T
+        do {
+            result = try body(transaction)
+            try writer.commit()
+        } catch {
+            writer.rollback()
+            throw error
+        }
+        reclaim(writer)
+        return result
     }
 }

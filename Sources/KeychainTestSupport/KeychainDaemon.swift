@@ -1,6 +1,7 @@
 import Foundation
 import Keychain
 import KeychainTestThreads
+import Synchronization
 
 /// keychaind for tests: serving a store on a `SoftwareTPM`, its socket in a folder of its own that
 /// every uid can reach (`/tmp/keychaind-<id>/keychaind.sock`, `groups.d/` beside it), killed and
@@ -37,8 +38,8 @@ public final class KeychainDaemon: @unchecked Sendable {
     public var credentialsSocket: String { directory + "/credentials/credentials.sock" }
     /// prlimit(1) options keychaind starts under (`--nproc=64`).
     private let processLimits: [String]
-    private let lock = NSLock()
-    private var pid: pid_t = 0
+    /// keychaind's pid while it runs (0 when none); held across a start, a kill or a wait.
+    private let pid = Mutex<pid_t>(0)
 
     /// - Parameters:
     ///   - store: the daemon's store (default `tpm.directory/store`).
@@ -110,11 +111,11 @@ public final class KeychainDaemon: @unchecked Sendable {
     /// The name a service of the uid `uid` has in the daemon's store.
     public static func storeService(_ service: String, uid: uid_t = getuid()) -> String { "uid:\(uid)/\(service)" }
 
-    public var processIdentifier: pid_t { lock.withLock { pid } }
+    public var processIdentifier: pid_t { pid.withLock { $0 } }
 
     /// Starts keychaind on the socket (after `kill()`, or a crash) and waits until it says it is ready.
     public func start(environment: [String: String] = [:]) throws {
-        try lock.withLock {
+        try pid.withLock { pid in
             precondition(pid == 0, "keychaind is running")
             let out = Pipe()
             let log = open(directory + "/keychaind.log", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
@@ -174,7 +175,7 @@ public final class KeychainDaemon: @unchecked Sendable {
 
     @discardableResult
     public func kill() -> Int32? {
-        lock.withLock {
+        pid.withLock { pid in
             guard pid != 0 else { return nil }
             Glibc.kill(pid, SIGKILL)
             defer { pid = 0 }
@@ -184,7 +185,7 @@ public final class KeychainDaemon: @unchecked Sendable {
 
     /// Waits for keychaind to end by itself (a test hook's abort); its exit status.
     public func waitForExit() -> Int32? {
-        lock.withLock {
+        pid.withLock { pid in
             guard pid != 0 else { return nil }
             defer { pid = 0 }
             return Processes.wait(pid)

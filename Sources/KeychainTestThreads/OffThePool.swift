@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import KeychainBasics
 // Swift Testing is in the toolchain's shared libraries only, not its static ones: a release build of
 // every target with `--static-swift-stdlib` (scripts/package-deb.sh, docs/daemon.md) compiles this
 // target without the trait, and only test bundles, which never link statically, use it.
@@ -97,7 +98,7 @@ extension Trait where Self == OffThePool {
 /// unstructured task that outlived the test) still runs, on a thread that then ends.
 public final class OwnThreadsExecutor: TaskExecutor, @unchecked Sendable {
     private let name: String
-    private let condition = NSCondition()
+    private let condition = Condition()
     private var jobs: [UnownedJob] = []
     /// Threads waiting for a job; the jobs queued are theirs to take.
     private var idle = 0

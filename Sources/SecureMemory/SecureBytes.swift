@@ -1,4 +1,5 @@
 internal import CSodium
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -122,24 +123,23 @@ public final class SecureBytes: @unchecked Sendable {
 /// (mmap, mprotect, mlock, madvise and their undoing): ~24 µs on our VMs, more
 /// than a whole warm keychain read. So small regions are recycled: wiped on
 /// release, then handed out again still locked and guarded.
-final class RegionPool: @unchecked Sendable {
+final class RegionPool: Sendable {
     static let shared = RegionPool()
     /// Region sizes; a request uses the smallest that fits.
     static let sizes = [32, 64, 128, 256, 512, 1024, 2048]
     /// Bounds the locked memory held idle: at most 7 x 32 regions of one page each.
     static let keptPerSize = 32
 
-    private var free: [[UnsafeMutableRawPointer]]
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    /// The addresses of the idle regions of each size class (addresses, not pointers: a pointer is not
+    /// `Sendable`, so it cannot go into a `Mutex`'s value).
+    private let free: Mutex<[[UInt]]>
 
     private init() {
-        free = Self.sizes.map { _ in
-            var list: [UnsafeMutableRawPointer] = []
+        free = Mutex(Self.sizes.map { _ in
+            var list: [UInt] = []
             list.reserveCapacity(Self.keptPerSize)  // No allocation under the lock later.
             return list
-        }
-        mutex = .allocate(capacity: 1)
-        pthread_mutex_init(mutex, nil)
+        })
     }
 
     @inline(__always)
@@ -150,10 +150,9 @@ final class RegionPool: @unchecked Sendable {
     }
 
     func acquire(_ sizeClass: Int) -> UnsafeMutableRawPointer {
-        pthread_mutex_lock(mutex)
-        let reused = free[sizeClass].popLast()
-        pthread_mutex_unlock(mutex)
-        if let reused { return reused }
+        if let reused = free.withLock({ $0[sizeClass].popLast() }), let region = UnsafeMutableRawPointer(bitPattern: reused) {
+            return region
+        }
         guard let fresh = sodium_malloc(Self.sizes[sizeClass]) else {
             fatalError("sodium_malloc(\(Self.sizes[sizeClass])) failed: out of memory")
         }
@@ -162,14 +161,12 @@ final class RegionPool: @unchecked Sendable {
 
     func release(_ region: UnsafeMutableRawPointer, _ sizeClass: Int) {
         sodium_memzero(region, Self.sizes[sizeClass])
-        pthread_mutex_lock(mutex)
-        if free[sizeClass].count < Self.keptPerSize {
-            free[sizeClass].append(region)
-            pthread_mutex_unlock(mutex)
-            return
+        let kept = free.withLock { free in
+            guard free[sizeClass].count < Self.keptPerSize else { return false }
+            free[sizeClass].append(UInt(bitPattern: region))
+            return true
         }
-        pthread_mutex_unlock(mutex)
-        sodium_free(region)
+        if !kept { sodium_free(region) }
     }
 }
 

@@ -38,6 +38,11 @@ struct HandleManager {
         if let i = live.lastIndex(where: { $0.tr == tr }) { live[i].scope = Self.kept }
     }
 
+    /// Gives `tr`, made in the current scope, to the enclosing one.
+    mutating func handOut(_ tr: UInt32) {
+        if let i = live.lastIndex(where: { $0.tr == tr && $0.scope == depth }) { live[i].scope = depth - 1 }
+    }
+
     mutating func enter() { depth += 1 }
 
     /// Leaves the current scope: what it left, newest first, to be flushed.
@@ -66,6 +71,17 @@ extension TPMContext {
         handles.enter()
         defer { flush(handles.leave()) }
         return try body()
+    }
+
+    /// As `withTransient`, but the object `kept` picks from what `body` returns outlives the scope: it
+    /// belongs to the enclosing one. For an object loaded under a parent that is needed for a while only
+    /// (the AK under the EK: three object slots), the parent goes when the scope ends.
+    public func withTransient<T, E: Error>(keeping kept: (T) -> TPMHandle, _ body: () throws(E) -> T) throws(E) -> T {
+        handles.enter()
+        defer { flush(handles.leave()) }
+        let result = try body()
+        handles.handOut(kept(result).tr)
+        return result
     }
 
     /// Flushes `handle` now (a slot needed before the scope ends); a handle not live is left alone.

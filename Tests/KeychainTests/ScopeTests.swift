@@ -361,6 +361,20 @@ struct ItemScopeTests {
         }
     }
 
+    /// A service manager has one spelling, read back the same way by the store's credentials
+    /// namespaces and keychain-journal-relay's datagrams; no other text reads as a manager.
+    @Test func aManagersWordReadsBackAndNothingElseReadsAsOne() throws {
+        for manager in [SystemdCredentials.Manager.system, .user(0), .user(1000), .user(UInt32.max)] {
+            #expect(SystemdCredentials.Manager(word: manager.word) == manager)
+            let parsed = try #require(SystemdCredentials.parse(SystemdCredentials.namespace(of: manager) + "db.service"))
+            #expect(parsed == (manager, "db.service"))
+        }
+        #expect(SystemdCredentials.Manager.user(1000).word == "uid:1000" && SystemdCredentials.Manager.system.word == "system")
+        for word in ["", "root", "System", "system ", "systemd", "uid:", "uid:01", "uid:+1", "uid:-1", "uid: 1", "uid:4294967296", "uid:1/", "uid:x"] {
+            #expect(SystemdCredentials.Manager(word: word) == nil, "\(word)")
+        }
+    }
+
     @Test func aServiceOfThisProcessCannotNameAnotherScope() {
         for spelled in ["uid:1600/bank", "uid:0/", "group:team/vpn", "credential:system/db.service", "credential:uid:1000/app.service"] {
             #expect(throws: KeychainError(.invalidArgument)) { try ItemScope.process.storeName(spelled) }

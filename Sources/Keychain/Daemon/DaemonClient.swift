@@ -20,7 +20,8 @@ struct DaemonClient: Sendable {
     static let maxIdle = 16
 
     let socketPath: String
-    /// This client's exchanges that hopped to a blocking thread (for tests).
+    #if DEBUG
+    /// This client's exchanges that hopped to a blocking thread: tests read it, release builds have none.
     let hops = HopCount()
     final class HopCount: Sendable {
         let count = Atomic<Int>(0)
@@ -31,6 +32,7 @@ struct DaemonClient: Sendable {
             if onGlobalQueue { waitingOnGlobalQueue.add(change, ordering: .relaxed) } else { waitingOnOwnThread.add(change, ordering: .relaxed) }
         }
     }
+    #endif
     /// This process's exchanges waiting on Dispatch's global queue now: at most `globalQueueWaits`.
     private static let waitingOnGlobalQueue = Atomic<Int>(0)
     /// Dispatch's global queue runs as many threads as there are processors, and Swift's tasks run on
@@ -235,14 +237,21 @@ struct DaemonClient: Sendable {
         if SerialThreadExecutor.isOwnThread {
             do { return try body() } catch { throw failure(error) }
         }
+        #if DEBUG
         hops.count.add(1, ordering: .relaxed)
-        let hops = hops, onGlobalQueue = Self.takeWaitingPlace()
+        let hops = hops
+        #endif
+        let onGlobalQueue = Self.takeWaitingPlace()
         // Handed over through a lock: the connection's reader and the reply were written on that thread.
         let result: Result<T, WireError> = await handedOver { handover in
             (onGlobalQueue ? DispatchQueue.global() : DispatchQueue(label: "keychain.exchange")).async {
+                #if DEBUG
                 hops.waiting(onGlobalQueue, 1)
+                #endif
                 let result = Result { () throws(WireError) in try body() }
+                #if DEBUG
                 hops.waiting(onGlobalQueue, -1)
+                #endif
                 Self.leaveWaitingPlace(onGlobalQueue)
                 handover.deliver(result)
             }

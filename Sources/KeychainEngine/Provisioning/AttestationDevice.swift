@@ -128,24 +128,9 @@ extension Engine {
             }
             do throws(TPMError) {
                 return try context.withTransient { () throws(TPMError) -> AttestationAnswer in
-                    let ek = try context.endorsementKey(.rsa2048)
-                    let ak = try context.load(blob, endorsementKey: ek)
-                    let credential: SecureBytes
-                    if ekType == .rsa2048 {
-                        credential = try context.activateCredential(ak: ak, endorsementKey: ek, credentialBlob: credentialBlob, secret: secret)
-                    } else {
-                        // The AK is the RSA EK's child, but activation needs only both loaded in one TPM:
-                        // the RSA EK makes room (three slots) for the ECC EK the secret is sealed to.
-                        context.flush(ek)
-                        credential = try context.withTransient { () throws(TPMError) -> SecureBytes in
-                            try context.activateCredential(ak: ak, endorsementKey: try context.endorsementKey(ekType), type: ekType,
-                                                           credentialBlob: credentialBlob, secret: secret)
-                        }
-                    }
-                    let quote = try context.quote(ak: ak, selection: pcrs, nonce: nonce)
-                    let certification = try context.certify(keyring.srk, ak: ak, nonce: nonce)
-                    // Three object slots: the EK goes, so each wrapping key loads beside the AK.
-                    context.flush(ek)
+                    let (ak, credential, quote, certification) = try Self.activate(
+                        ekType, context: context, ak: blob, srk: keyring.srk, credentialBlob: credentialBlob, secret: secret,
+                        pcrs: pcrs, nonce: nonce)
                     var certified: [AttestationAnswer.CertifiedKey] = []
                     for (record, creation) in keys {
                         let statement = try context.withTransient { () throws(TPMError) -> TPMContext.SignedAttestation in
@@ -174,5 +159,37 @@ extension Engine {
                 throw keyring.diagnose(error, doing: "answer the attestation challenge")
             }
         }
+    }
+
+    /// The AK loaded under the RSA EK, the credential activated, the quote and the SRK's
+    /// certification; the EK is its scope's, gone when they are made, so that each wrapping key
+    /// loads beside the AK (three object slots). The AK is the caller's scope's.
+    private static func activate(_ ekType: TPMContext.EndorsementKeyType, context: TPMContext, ak blob: TPMContext.SealedBlob,
+                                 srk: TPMHandle, credentialBlob: [UInt8], secret: [UInt8], pcrs: PCRSelection, nonce: [UInt8])
+        throws(TPMError) -> (ak: TPMHandle, credential: SecureBytes, quote: TPMContext.SignedAttestation,
+                            certification: TPMContext.SignedAttestation)
+    {
+        func signing(_ ak: TPMHandle, _ credential: SecureBytes) throws(TPMError)
+            -> (ak: TPMHandle, credential: SecureBytes, quote: TPMContext.SignedAttestation, certification: TPMContext.SignedAttestation)
+        {
+            (ak, credential, try context.quote(ak: ak, selection: pcrs, nonce: nonce), try context.certify(srk, ak: ak, nonce: nonce))
+        }
+        guard ekType != .rsa2048 else {
+            return try context.withTransient(keeping: { $0.ak }) { () throws(TPMError) in
+                let ek = try context.endorsementKey(.rsa2048)
+                let ak = try context.load(blob, endorsementKey: ek)
+                return try signing(ak, try context.activateCredential(ak: ak, endorsementKey: ek, credentialBlob: credentialBlob, secret: secret))
+            }
+        }
+        // The AK is the RSA EK's child, but activation needs only both loaded in one TPM: the RSA EK
+        // makes room (three slots) for the ECC EK the secret is sealed to.
+        let ak = try context.withTransient(keeping: { $0 }) { () throws(TPMError) -> TPMHandle in
+            try context.load(blob, endorsementKey: try context.endorsementKey(.rsa2048))
+        }
+        let credential = try context.withTransient { () throws(TPMError) -> SecureBytes in
+            try context.activateCredential(ak: ak, endorsementKey: try context.endorsementKey(ekType), type: ekType,
+                                           credentialBlob: credentialBlob, secret: secret)
+        }
+        return try signing(ak, credential)
     }
 }

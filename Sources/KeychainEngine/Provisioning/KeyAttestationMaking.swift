@@ -44,10 +44,10 @@ extension Engine {
             do throws(TPMError) {
                 return try context.withTransient { () throws(TPMError) -> KeyAttestation in
                     let object = try context.load(TPMContext.SealedBlob(publicArea: record.sealedPublic, privateArea: record.sealedPrivate), parent: keyring.srk)
-                    // Three object slots: the key, the EK while it loads the AK, then the AK.
-                    let ek = try context.endorsementKey(.rsa2048)
-                    let ak = try context.load(akBlob, endorsementKey: ek)
-                    context.flush(ek)
+                    // Three object slots: the key, the EK while it loads the AK (its scope's), then the AK.
+                    let ak = try context.withTransient(keeping: { $0 }) { () throws(TPMError) -> TPMHandle in
+                        try context.load(akBlob, endorsementKey: try context.endorsementKey(.rsa2048))
+                    }
                     let certification = try context.certifyCreation(object, ak: ak, creation: creation, nonce: nonce)
                     var approval: TPMContext.SignedAttestation?
                     if policy.pcrs != nil, policy.bootApprovalName != nil {
