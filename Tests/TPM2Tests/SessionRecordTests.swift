@@ -19,10 +19,7 @@ struct SessionRecordTests {
     @Test func aSessionTheTPMClosedLeavesNoRecordBehind() throws {
         let tpm = try SoftwareTPM()
         let ctx = try TPMContext(device: tpm.device)
-        let passcode = SecureBytes(copying: Array("record-pin".utf8))
-        let pin = try ctx.defineNV(Lock.pin, auth: passcode)
-        try ctx.writeNV(pin, data: Lock.pinParameters, authHandle: TPMContext.owner, session: nil)
-        try ctx.setAuth(pin, passcode)
+        let pin = try Lock.writtenPin(on: ctx, passcode: SecureBytes(copying: Array("record-pin".utf8)))
         let policy = try ctx.startSession(.policy, saltKey: nil, continueSession: true)
         defer { ctx.flush(policy) }
 
