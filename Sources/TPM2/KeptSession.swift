@@ -30,8 +30,7 @@ extension TPMContext {
     /// to flush every session. Its handle may be another program's session by now.
     public func forgetKeptSession() {
         guard let session = kept else { return }
-        var tr = session.tr
-        _ = Esys_TR_Close(esys, &tr)
+        closeResources([session.tr])
         kept = nil
     }
 

@@ -94,10 +94,7 @@ public final class TPMContext {
         flush(handles.unscoped())
         ownerSession = nil
         ownerSaltKey = nil  // the SRK's resource is closed below; the next operation sets it again
-        for tr in resources {
-            var handle = tr
-            _ = Esys_TR_Close(esys, &handle)
-        }
+        closeResources(resources)
         resources.removeAll()
     }
 
@@ -154,7 +151,7 @@ public final class TPMContext {
                 throw error
             }
             if rc == .success {
-                if !sessions.isEmpty { handles.authorized(sessions) }
+                if !sessions.isEmpty { closeResources(handles.authorized(sessions)) }
                 return
             }
             if rc.isRetryable && attempt < 50 {

@@ -13,13 +13,6 @@ import Testing
 struct StatusMemoryTests {
     static let nobody: UInt32 = 65534
 
-    /// A process's resident memory in KiB (`VmRSS` of /proc/PID/status).
-    static func residentKiB(_ pid: pid_t) throws -> Int {
-        let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
-        let line = try #require(status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") })
-        return try #require(Int(line.split(whereSeparator: \.isWhitespace)[1]))
-    }
-
     @Test func anotherUidsStatusCallsLeaveKeychaindsMemoryFlat() throws {
         let tpm = try SoftwareTPM()
         let daemon = try KeychainDaemon(tpm: tpm)
@@ -35,7 +28,7 @@ struct StatusMemoryTests {
             let round = try run("/usr/bin/setpriv", ["--reuid=\(Self.nobody)", "--regid=\(Self.nobody)", "--clear-groups",
                                                      "/usr/bin/python3", "-c", calls, daemon.socket, "500"])
             try #require(round.status == 0, "another uid's status calls: \(round.stderr)")
-            resident.append(try Self.residentKiB(daemon.processIdentifier))
+            resident.append(try processStatusKiB(daemon.processIdentifier, "VmRSS"))
         }
         print("keychaind's resident memory after each 500 status calls (KiB): \(resident)")
         // After a warm-up of 1,000 calls, the next 3,000 leave it flat; before, they added about

@@ -67,6 +67,13 @@ struct EmbeddedStore {
 
 func bytes(_ text: String) -> SecureBytes { SecureBytes(copying: Array(text.utf8)) }
 
+/// A field of a process's /proc/PID/status in KiB: `VmRSS` (resident memory), `RssAnon` (its anonymous part).
+func processStatusKiB(_ pid: pid_t, _ field: String) throws -> Int {
+    let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
+    let line = try #require(status.split(separator: "\n").first { $0.hasPrefix(field + ":") })
+    return try #require(Int(line.split(whereSeparator: \.isWhitespace)[1]))
+}
+
 /// The code of the KeychainError `body` throws, or nil when it does not throw.
 func code<T>(_ body: () async throws -> T) async -> KeychainError.Code? {
     do { _ = try await body(); return nil } catch let error as KeychainError { return error.code } catch {

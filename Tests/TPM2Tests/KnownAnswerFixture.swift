@@ -1,3 +1,4 @@
+import SecureMemory
 import TPM2
 
 /// The device-lock layout of Sources/Keychain/TPM/DeviceLock.swift, restated with TPM2 values
@@ -44,6 +45,15 @@ enum DeviceLockFixture {
         attributes: NVAttributes.typeCounter | NVAttributes.policyWrite | NVAttributes.authRead | NVAttributes.noDA,
         authPolicy: PolicyDigest.compute([.commandCode(CommandCode.nvIncrement)]),
         size: 8)
+
+    /// The PIN index defined on `ctx` with `passcode` as its authValue, and written (PolicyNV needs
+    /// written indices); ESAPI holds the passcode for it, so a session can prove it (PolicySecret).
+    static func writtenPin(on ctx: TPMContext, passcode: SecureBytes) throws(TPMError) -> TPMHandle {
+        let index = try ctx.defineNV(pin, auth: passcode)
+        try ctx.writeNV(index, data: pinParameters, authHandle: TPMContext.owner, session: nil)
+        try ctx.setAuth(index, passcode)
+        return index
+    }
 
     /// PolicyNV on the state index as SealPolicy asserts it.
     static func stateIs(_ operand: UInt8, _ comparison: NVComparison) -> PolicyStep {

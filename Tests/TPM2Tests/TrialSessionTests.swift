@@ -16,8 +16,7 @@ struct TrialSessionTests {
         let passcode = SecureBytes(copying: Array("kat-pin".utf8))
 
         // The PIN index, written; the epoch counter, incremented once (PolicyNV needs written indices).
-        let pin = try ctx.defineNV(Lock.pin, auth: passcode)
-        try ctx.writeNV(pin, data: Lock.pinParameters, authHandle: TPMContext.owner, session: nil)
+        let pin = try Lock.writtenPin(on: ctx, passcode: passcode)
         let epoch = try ctx.defineNV(Lock.epoch, auth: nil)
         try ctx.withSession(.policy, saltKey: nil) { session throws(TPMError) in
             try ctx.policyCommandCode(session, CommandCode.nvIncrement)
@@ -39,7 +38,6 @@ struct TrialSessionTests {
             .cpHash(Lock.state.writeCpHash(data: [0], offset: 0, written: true)),
         ]
 
-        try ctx.setAuth(pin, passcode)
         let auth = try ctx.startSession(.hmac, saltKey: nil, continueSession: true)
         defer { ctx.flush(auth) }
         let trial = try ctx.startSession(.trial, saltKey: nil)
