@@ -40,6 +40,12 @@ public final class TPMContext {
     /// The command whose deadline the TPM let pass: the connection is then given up, and every later
     /// command fails at once instead of waiting again.
     public private(set) var unanswered: TPMError?
+    /// The exchange that failed below the TPM (the connection, or ESAPI's own state): ESAPI accepts no
+    /// command after a failed receive ("called in the wrong order"), so every later command fails at
+    /// once with this error, and the connection is not kept for another operation.
+    public private(set) var broken: TPMError?
+    /// Whether this connection may serve another operation: every command it was sent was answered.
+    public var isUsable: Bool { unanswered == nil && broken == nil }
     /// keychaind on a chip: a salted HMAC session kept from one operation to the next, the Unseal's
     /// second session (`keptSession`); nil until first used and after it is dropped.
     var kept: TPMHandle?
@@ -130,6 +136,7 @@ public final class TPMContext {
         var attempt = 0
         while true {
             if let unanswered { throw unanswered }
+            if let broken { throw TPMError(command: command, code: broken.code, timedOut: false) }
             if let until = deadline.until, until <= .now {
                 // The call's deadline passed before this command was sent (the TPM answered each
                 // earlier one, slowly): it fails as one the TPM did not answer in time would.
@@ -159,7 +166,9 @@ public final class TPMContext {
                 usleep(useconds_t(min(100_000, 1_000 * attempt)))
                 continue
             }
-            throw TPMError(command: command, code: rc)
+            let error = TPMError(command: command, code: rc)
+            if error.isConnectionFailure { broken = error }
+            throw error
         }
     }
 

@@ -96,8 +96,9 @@ public struct TPMError: Error, Sendable, CustomStringConvertible {
 
     /// The TPM could not be reached at all (TCTI layer, or ESAPI failing to talk to it).
     public var isConnectionFailure: Bool {
-        // TCTI failures, and ESAPI's "no connection" (8), "try again" (9) and "I/O error" (10).
+        // TCTI failures, and ESAPI's "called in the wrong order" (7: its state after a failed exchange),
+        // "no connection" (8), "try again" (9) and "I/O error" (10).
         timedOut || code.layer == 10 || (code.layer == 11 && !code.isResourceManagerRefusal)
-            || (code.layer == 7 && [8, 9, 10].contains(code.rawValue & 0xFFFF))
+            || (code.layer == 7 && [7, 8, 9, 10].contains(code.rawValue & 0xFFFF))
     }
 }

@@ -56,4 +56,25 @@ struct TPMTransportTests {
         let connect = #expect(throws: TPMError.self) { try TPMContext(device: tpm.device, timeout: .milliseconds(500)) }
         #expect(connect?.timedOut == true)
     }
+
+    /// A TPM that went away mid-connection: the command fails as a lost connection, and the context
+    /// takes no later command, even once a TPM answers again (after a failed receive ESAPI answers
+    /// every call "called in the wrong order"; seen in CI as a kept connection's next operation blaming
+    /// the storage root key), so keychaind does not keep it for another operation.
+    @Test func aConnectionThatFailedBelowTheTPMTakesNoLaterCommand() throws {
+        let tpm = try SoftwareTPM()
+        let context = try TPMContext(device: tpm.device)
+        _ = try context.readPCRs(PCRSelection([7]))
+        #expect(context.isUsable)
+        tpm.stop()
+        let error = #expect(throws: TPMError.self) { try context.readPCRs(PCRSelection([7])) }
+        #expect(error?.isConnectionFailure == true && error?.timedOut == false, "\(String(describing: error))")
+        #expect(!context.isUsable)
+        try tpm.reboot()
+        let next = #expect(throws: TPMError.self) { try context.readPCRs(PCRSelection([7])) }
+        #expect(next?.isConnectionFailure == true)
+        #expect(next?.code == error?.code, "the first failure's code, not ESAPI's sequence error: \(String(describing: next))")
+        _ = try TPMContext(device: tpm.device).readPCRs(PCRSelection([7]))  // a new connection is served
+        #expect(TPMError(command: "StartAuthSession", code: TPMReturnCode(rawValue: 0x70007)).isConnectionFailure)
+    }
 }

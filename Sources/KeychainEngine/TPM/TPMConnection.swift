@@ -58,7 +58,7 @@ extension Engine {
         let began = ContinuousClock.now
         defer { callTPMTime = (call, ownTime + (ContinuousClock.now - began)) }
         let context: TPMContext
-        if let kept = keptConnection, kept.device == device, kept.unanswered == nil {
+        if let kept = keptConnection, kept.device == device, kept.isUsable {
             context = kept
         } else {
             keptConnection = nil
@@ -70,7 +70,7 @@ extension Engine {
         let failedFlushes = context.failedFlushes
         do {
             let result = try withConnection(context, store: store, flushLeftovers: turn != nil && !followsOurLastTurn, body)
-            keptConnection = device.allowsAKeptConnection && context.unanswered == nil ? context : nil
+            keptConnection = device.allowsAKeptConnection && context.isUsable ? context : nil
             if context.failedFlushes == failedFlushes { lastTurnMark = turn?.mark }
             return result
         } catch {
