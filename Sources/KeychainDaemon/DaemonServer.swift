@@ -204,8 +204,11 @@ package final class DaemonServer: Sendable {
                     mailbox.post(.done(Self.overdue(timeout: timeout).wireMessage))
                     return
                 }
+                // A write is not made once its client has gone (`CallerPresence`).
                 let reply = await CallDeadline.$current.withValue(deadline) {
-                    await handle(request, peer: peer, connection: connection, mailbox: mailbox)
+                    await CallerPresence.$current.withValue(CallerPresence(socket: reader.fd)) {
+                        await handle(request, peer: peer, connection: connection, mailbox: mailbox)
+                    }
                 }
                 mailbox.post(.done(reply))
             }

@@ -258,6 +258,7 @@ package actor Engine {
             if let old = existing?.protection, old != tag, try tx.itemCount(service: service, protection: old) == 0 {
                 _ = try tx.deleteWrappingKey(service: service, protection: old)
             }
+            try CallerPresence.checkBeforeWriting()
         }
     }
 
@@ -386,6 +387,7 @@ package actor Engine {
         return try writeStore(store) { tx in
             let removed = try tx.deleteItem(service: service, key: key)
             try Self.releaseRetired(service: service, key: key, tx)
+            try CallerPresence.checkBeforeWriting()
             return removed
         }
     }
@@ -408,6 +410,7 @@ package actor Engine {
             for key in try tx.keys(service: service) { _ = try tx.deleteMeta(StoreMeta.retired(service: service, key: key)) }
             _ = try tx.deleteItems(service: service)
             _ = try tx.deleteWrappingKeys(service: service)
+            try CallerPresence.checkBeforeWriting()
         }
         unsealed = unsealed.filter { $0.key.service != service }
         agreed.removeAll()
