@@ -14,6 +14,8 @@ import Testing
 struct CredentialsSocketTests {
     static let attacker: UInt32 = 65534
     static let other: UInt32 = 65533
+    /// keychaind's uid in the task-limit test, run by no other test.
+    static let threadLimitedUser: uid_t = 65528
 
     static var keychainctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
 
@@ -130,11 +132,12 @@ struct CredentialsSocketTests {
     /// at once, and once threads can start a unit's credential is served.
     @Test func aCredentialsConnectionWhoseThreadCannotStartIsClosedAtOnce() throws {
         let tpm = try SoftwareTPM()
-        let daemon = try KeychainDaemon(tpm: tpm, user: DaemonResourceTests.daemonUser, processLimits: ["--nproc=64"],
+        // A uid of its own: its task count must be this daemon's and the filler's alone (DaemonResourceTests.daemonUser).
+        let daemon = try KeychainDaemon(tpm: tpm, user: Self.threadLimitedUser, processLimits: ["--nproc=64"],
                                         credentialsSocket: true)
         #expect(try run(Self.keychainctl, ["credential", "set", "db.service", "password"], input: Array("s3cret".utf8),
                         environment: daemon.environment).status == 0)
-        let (filler, hold, refill) = try DaemonResourceTests().fillTasksKept(of: DaemonResourceTests.daemonUser, to: 65)
+        let (filler, hold, refill) = try DaemonResourceTests().fillTasksKept(of: Self.threadLimitedUser, to: 65)
         try refill()  // after the `credential set`'s connection thread has ended
 
         // 80 connections that never read: when does keychaind close each?

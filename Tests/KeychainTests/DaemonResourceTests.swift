@@ -9,8 +9,14 @@ import Testing
 /// held by RLIMIT_NPROC) under `prlimit`, on a real swtpm.
 @Suite("keychaind: under its task and descriptor limits", .offThePool)
 struct DaemonResourceTests {
-    /// keychaind's uid in these tests: no other test runs tasks as it, so its task count is the daemon's.
+    /// keychaind's uid in the task-limit test (`aConnectionWhoseThreadCannotStartIsRefusedAndItsSlotGivenBack`):
+    /// no other test runs tasks as it, so its task count is the daemon's. Before, two other tests of
+    /// this suite, one of the per-application suite and the credentials socket's task-limit test ran
+    /// keychaind as it too, in parallel: a filler held the uid at 65 tasks while the credentials test's
+    /// keychaind started under `--nproc=64`, and its `setpriv` failed (EAGAIN; the CI at 357c71b).
     static let daemonUser: uid_t = 65531
+    /// keychaind as a user of its own in tests that neither limit nor count its tasks.
+    static let unlimitedDaemonUser: uid_t = 65529
 
     static var keychainctl: String { buildDirectory.appendingPathComponent("keychainctl").path }
 
@@ -142,16 +148,16 @@ struct DaemonResourceTests {
     }
 
     /// Before, a keychaind run as another uid made `/tmp/keychain-<uid>` for its TPM turn's lock (it
-    /// had no XDG_RUNTIME_DIR) and the directory outlived every test: `/tmp/keychain-65531` was left on
+    /// had no XDG_RUNTIME_DIR) and the directory outlived every test: `/tmp/keychain-<uid>` was left on
     /// the machine. Now its runtime directory is in the daemon's folder: the lock is made there, never
     /// in `/tmp/keychain-<uid>`, and goes with the folder.
     @Test func aDaemonRunAsAnotherUserLeavesNoDirectoryOfItsUserBehind() throws {
-        let shared = "/tmp/keychain-\(Self.daemonUser)"
+        let shared = "/tmp/keychain-\(Self.unlimitedDaemonUser)"
         let existed = FileManager.default.fileExists(atPath: shared)
         let folder: String
         do {
             let tpm = try SoftwareTPM()
-            let daemon = try KeychainDaemon(tpm: tpm, user: Self.daemonUser)
+            let daemon = try KeychainDaemon(tpm: tpm, user: Self.unlimitedDaemonUser)
             folder = daemon.directory
             // A write seals: a TPM operation, which takes the turn.
             #expect(try run(Self.keychainctl, ["set", "svc", "k"], input: Array("v".utf8), environment: daemon.environment).status == 0)

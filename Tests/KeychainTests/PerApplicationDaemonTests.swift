@@ -172,7 +172,7 @@ struct PerApplicationDaemonTests {
     @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/bwrap"), "bwrap is not installed (apt install bubblewrap)"))
     func keychaindWithoutCapabilitiesTellsUnitsAndFlatpakAppsAndRefusesAnUnnamedSandbox() throws {
         let tpm = try SoftwareTPM()
-        let daemon = try KeychainDaemon(tpm: tpm, user: DaemonResourceTests.daemonUser)
+        let daemon = try KeychainDaemon(tpm: tpm, user: DaemonResourceTests.unlimitedDaemonUser)
         #expect(try ctl(daemon, ["set", "bank", "token"], input: "the shell's").status == 0)
         #expect(try ctl(daemon, ["get", "bank", "token"]).out == "the shell's", "the uid's shell is served")
 
