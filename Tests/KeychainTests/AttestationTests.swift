@@ -592,6 +592,15 @@ struct AttestationTests: TwoDeviceTest {
                 #expect(outcome(bad) == nil, "change \(n) of field \(field)")
             }
         }
+        // Each field of the policy renamed (a name this version does not know): before, an optional one that
+        // is not in the digest (`keyRef`, `creation`) was read as absent and the key matched its claim.
+        let policyText = String(decoding: Data(base64Encoded: good.policy)!, as: UTF8.self)
+        for field in ["availability", "pcrs", "pcrDigest", "bootApprovalName", "bootVendorKeyName", "passcodeEpoch", "stateName",
+                      "biometry", "passcode", "keyRef", "authValidity", "creation"] where policyText.contains("\"\(field)\":") {
+            var renamed = good
+            renamed.policy = Data(policyText.replacingOccurrences(of: "\"\(field)\":", with: "\"\(field)_\":").utf8).base64EncodedString()
+            #expect(outcome(renamed) == nil, "the policy's \(field) renamed")
+        }
         // The two statements swapped, the approval left out, the documents' JSON cut.
         var swapped = good
         (swapped.creationCertification, swapped.bootApprovalCertification) = (good.bootApprovalCertification!, good.creationCertification)

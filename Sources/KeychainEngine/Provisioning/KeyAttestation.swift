@@ -45,7 +45,7 @@ extension AttestationServer {
         guard !thisDeviceOnly || (object.fixedTPM && object.fixedParent) else {
             throw refuse("the key claims \(claim.accessible.rawValue) but its public area lacks fixedTPM or fixedParent: it could leave its TPM")
         }
-        guard let policy = SealPolicy.decode(try decoded(attestation.policy, "key's policy"), withCreation: true) else {
+        guard let policy = SealPolicy.decode(try decoded(attestation.policy, "key's policy"), withCreation: true, strictly: true) else {
             throw KeychainError(.dataCorrupted, "The key attestation's policy is not a keychain policy")
         }
 

@@ -134,18 +134,39 @@ struct SealPolicy: Codable, Equatable {
     /// - Parameter withCreation: also decode `creation`, which only key attestation reads. Left out,
     ///   it is nil: its byte arrays, numbers in JSON, were about a sixth of a cold read's instructions.
     ///   A policy is encoded again only with a new blob's creation (`seal`, `reseal`), so none is lost.
-    static func decode(_ bytes: [UInt8], withCreation: Bool = false) -> SealPolicy? {
+    /// - Parameter strictly: a field this version does not know makes it nil (the verifier's reading of
+    ///   a policy sent to it). Before, a policy sent for verification with an optional field's name
+    ///   changed (`keyRef`, `creation`: not in the digest) was read without that field and verified as
+    ///   matching its claim (`AttestationTests.hostileKeyAttestationsGetAClearErrorNeverAMatchingReport`,
+    ///   the CI at 9f50b41). A store's own policies are read as before: a newer version's fields are left.
+    static func decode(_ bytes: [UInt8], withCreation: Bool = false, strictly: Bool = false) -> SealPolicy? {
         let decoder = JSONDecoder()
         decoder.userInfo[decodesCreation] = withCreation
+        decoder.userInfo[decodesStrictly] = strictly
         return try? decoder.decode(SealPolicy.self, from: Data(bytes))
     }
 
     fileprivate static let decodesCreation = CodingUserInfoKey(rawValue: "SealPolicy.decodesCreation")!
+    fileprivate static let decodesStrictly = CodingUserInfoKey(rawValue: "SealPolicy.decodesStrictly")!
+}
+
+/// Any field's name, to see the fields a document has beside those a type knows.
+private struct AnyKey: CodingKey {
+    let stringValue: String
+    init(stringValue: String) { self.stringValue = stringValue }
+    var intValue: Int? { nil }
+    init?(intValue: Int) { nil }
 }
 
 /// In an extension, so the memberwise initializer stays.
 extension SealPolicy {
     init(from decoder: any Decoder) throws {
+        if decoder.userInfo[Self.decodesStrictly] as? Bool == true {
+            let unknown = try decoder.container(keyedBy: AnyKey.self).allKeys.first { CodingKeys(stringValue: $0.stringValue) == nil }
+            if let unknown {
+                throw DecodingError.dataCorrupted(.init(codingPath: [unknown], debugDescription: "a field this version does not know"))
+            }
+        }
         let c = try decoder.container(keyedBy: CodingKeys.self)
         availability = try c.decode(Availability.self, forKey: .availability)
         pcrs = try c.decodeIfPresent([Int].self, forKey: .pcrs)
