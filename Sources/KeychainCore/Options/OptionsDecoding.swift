@@ -16,16 +16,16 @@ extension RawRepresentable where Self: CaseIterable, RawValue == String {
     }
 }
 
-/// Any key of an options object, so that the ones we don't know can be seen.
-struct AnyOptionKey: CodingKey {
-    let stringValue: String
-    var intValue: Int? { nil }
+/// Any key of an options object (or of a sealed key's policy), so that the ones we don't know can be seen.
+package struct AnyOptionKey: CodingKey {
+    package let stringValue: String
+    package var intValue: Int? { nil }
 
-    init(stringValue: String) {
+    package init(stringValue: String) {
         self.stringValue = stringValue
     }
 
-    init?(intValue: Int) {
+    package init?(intValue: Int) {
         nil
     }
 }

@@ -150,19 +150,11 @@ struct SealPolicy: Codable, Equatable {
     fileprivate static let decodesStrictly = CodingUserInfoKey(rawValue: "SealPolicy.decodesStrictly")!
 }
 
-/// Any field's name, to see the fields a document has beside those a type knows.
-private struct AnyKey: CodingKey {
-    let stringValue: String
-    init(stringValue: String) { self.stringValue = stringValue }
-    var intValue: Int? { nil }
-    init?(intValue: Int) { nil }
-}
-
 /// In an extension, so the memberwise initializer stays.
 extension SealPolicy {
     init(from decoder: any Decoder) throws {
         if decoder.userInfo[Self.decodesStrictly] as? Bool == true {
-            let unknown = try decoder.container(keyedBy: AnyKey.self).allKeys.first { CodingKeys(stringValue: $0.stringValue) == nil }
+            let unknown = try decoder.container(keyedBy: AnyOptionKey.self).allKeys.first { CodingKeys(stringValue: $0.stringValue) == nil }
             if let unknown {
                 throw DecodingError.dataCorrupted(.init(codingPath: [unknown], debugDescription: "a field this version does not know"))
             }
